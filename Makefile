@@ -1,0 +1,93 @@
+# tide - build, test, run.  `make V=1` shows full commands.
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -MMD -MP -Isrc
+LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lm -pthread
+BUILD   ?= build
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# CUDA: used when the toolkit is there and there are .cu files to build.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      := $(wildcard $(CUDA_HOME)/bin/nvcc)
+CU_SRC    := $(shell find src -name '*.cu' 2>/dev/null)
+ifneq ($(and $(NVCC),$(CU_SRC)),)
+CFLAGS    += -DTIDE_CUDA -I$(CUDA_HOME)/include
+NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -Isrc -MMD -MP
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -lcublas_static -lcublasLt_static -lculibos -ldl -lrt -lstdc++
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+endif
+
+LIB_SRC  := $(filter-out src/server/main.c,$(shell find src -name '*.c'))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
+UNIT_SRC := $(wildcard tests/unit/*.c)
+E2E_SRC  := $(wildcard tests/e2e/*.c)
+
+DEFAULT_MODEL := models/tide-moe.gguf
+
+.PHONY: all test unit e2e run clean deps models
+all: $(BUILD)/tide $(BUILD)/tide-mkmodel models
+
+$(BUILD)/libtide.a: $(LIB_OBJ)
+	@echo "  AR    $@"
+	$(Q)ar rcs $@ $^
+
+$(BUILD)/tide: $(BUILD)/obj/src/server/main.o $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tide-mkmodel: $(BUILD)/obj/tools/mkmodel.o $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test-unit: $(UNIT_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+
+$(BUILD)/test-e2e: $(E2E_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ -lcriterion -lcurl $(LDLIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	$(Q)$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+# The embedded default model: generated, deterministic, never committed.
+models: $(DEFAULT_MODEL)
+$(DEFAULT_MODEL): $(BUILD)/tide-mkmodel
+	@mkdir -p models
+	@echo "  GEN   $@"
+	$(Q)$(BUILD)/tide-mkmodel --preset moe --out $@
+
+deps:
+	$(Q)scripts/install-deps.sh
+
+unit: $(BUILD)/test-unit
+	$(Q)$(BUILD)/test-unit
+
+e2e: $(BUILD)/test-e2e all
+	$(Q)$(BUILD)/test-e2e
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e
+	$(Q)$(BUILD)/test-unit
+	$(Q)$(BUILD)/test-e2e
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(BUILD)/tide --config config/tide.json
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# bench-cpu.sh - CPU prefill/decode throughput on the generated `big` preset.
+#
+# Skeleton: builds the model with tide-mkmodel, then times a prefill and a short decode
+# through a tiny C driver compiled against libtide (no server in the loop, so the numbers
+# are the engine's alone). Usage: scripts/bench-cpu.sh [threads]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS="${1:-0}"
+MODEL=/tmp/tide-big.gguf
+make -s build/libtide.a build/tide-mkmodel
+[ -f "$MODEL" ] || build/tide-mkmodel --preset big --out "$MODEL"
+
+DRV=$(mktemp -d)/bench.c
+cat > "$DRV" <<'C'
+#include "engine/forward.h"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv)
+{
+    struct model m;
+    char err[256];
+    if (model_load(&m, argv[1], err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
+    struct backend be;
+    backend_cpu_init(&be, atoi(argv[2]));
+    struct forward_state f;
+    if (forward_init(&f, &m, be, 1024) < 0) return 1;
+    int n_prompt = 256, n_gen = 32, toks[256];
+    for (int i = 0; i < n_prompt; i++) toks[i] = (i * 7 + 1) % (int)m.cfg.n_vocab;
+    double t0 = tide_now();
+    if (forward_eval(&f, toks, n_prompt, 0) < 0) return 1;
+    double t1 = tide_now();
+    for (int i = 0; i < n_gen; i++)
+        if (forward_eval(&f, toks + i, 1, n_prompt + i) < 0) return 1;
+    double t2 = tide_now();
+    printf("prefill %.1f tok/s  decode %.1f tok/s\n", n_prompt / (t1 - t0), n_gen / (t2 - t1));
+    forward_free(&f);
+    backend_cpu_free(&be);
+    model_free(&m);
+    return 0;
+}
+C
+gcc -std=c11 -D_GNU_SOURCE -O2 -Isrc -pthread "$DRV" build/libtide.a -lm -o "${DRV%.c}"
+"${DRV%.c}" "$MODEL" "$THREADS"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install the Debian packages tide builds and tests with. Idempotent: when everything is
+# there it only runs dpkg-query and returns.
+set -euo pipefail
+pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcurl4-openssl-dev
+      libcriterion-dev libpcre2-dev python3 curl)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,47 @@
+/* backend.h - the operations the forward pass needs, as a table of function pointers.
+ *
+ * The CPU backend (backend_cpu.c) and the CUDA backend fill the same slots; the forward
+ * (forward.c) calls only these, so switching a layer's device is switching a table.
+ * Vectors are f32 in the backend's memory; matrices are struct tensor views of any
+ * supported type (f32, f16, bf16, q8_0) dequantised on the fly. */
+#ifndef TIDE_BACKEND_H
+#define TIDE_BACKEND_H
+
+#include "model.h"
+
+struct backend_i {
+    const char *name;
+    void *(*alloc)(void *ctx, size_t bytes);          /* device memory, NULL on failure */
+    void (*free)(void *ctx, void *ptr);
+    /* y(rows, n) = W x(cols, n): x and y are n vectors laid out one after another. */
+    void (*matmul)(void *ctx, const struct tensor *w, const float *x, float *y, int n);
+    /* out = x / rms(x) * w, per vector of length dim, n vectors. */
+    void (*rmsnorm)(void *ctx, const float *x, const struct tensor *w, float *out, int dim,
+                    int n, float eps);
+    /* Rotate n_heads heads of head_dim in vec (one token) for position pos. */
+    void (*rope)(void *ctx, float *vec, int n_heads, int head_dim, int pos, float theta,
+                 enum rope_kind kind);
+    /* Causal attention for one query token at position pos over kv positions 0..pos.
+     * q (n_head*head_dim), k_cache/v_cache (n_ctx, n_head_kv*head_dim) for this layer,
+     * out (n_head*head_dim), att scratch (n_head, n_ctx). */
+    void (*attention)(void *ctx, const float *q, const float *k_cache, const float *v_cache,
+                      float *out, float *att, int pos, int n_head, int n_head_kv,
+                      int head_dim);
+    /* gate = silu(gate) * up, n elements. */
+    void (*swiglu)(void *ctx, float *gate, const float *up, int n);
+    /* y += a * x */
+    void (*axpy)(void *ctx, float *y, const float *x, float a, int n);
+    /* row `id` of an embedding table (any type) as f32 into out. */
+    void (*get_row)(void *ctx, const struct tensor *t, int id, float *out);
+};
+
+struct backend {
+    const struct backend_i *i;
+    void *ctx;
+};
+
+/* CPU backend using n_threads worker threads for matmul (0 = all cores). */
+int backend_cpu_init(struct backend *b, int n_threads);
+void backend_cpu_free(struct backend *b);
+
+#endif

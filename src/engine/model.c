@@ -1,0 +1,311 @@
+/* model.c - load a GGUF text model: hyper-parameters, tensor views, shape checks.
+ *
+ * Every tensor is checked against the config here, once, so the forward pass can trust
+ * shapes and never bounds-check. Weights are views into the mapping, never copies. */
+#include "model.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case ARCH_LLAMA: return "llama";
+    case ARCH_QWEN3: return "qwen3";
+    case ARCH_QWEN3MOE: return "qwen3moe";
+    }
+    return "?";
+}
+
+static bool type_ok(uint32_t t)
+{
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 ||
+           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0;
+}
+
+/* Find NAME and check it is (ne0, ne1) (ne1 = 1 for vectors). required=false lets an
+ * absent tensor through as data == NULL. */
+static int get_tensor(const struct gguf_file *g, const char *name, uint64_t ne0,
+                      uint64_t ne1, bool required, struct tensor *out, char *err,
+                      size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    const struct gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t) {
+        if (!required)
+            return 0;
+        return fail(err, errlen, TIDE_EFORMAT, "missing tensor %s (expected [%llu, %llu])",
+                    name, (unsigned long long)ne0, (unsigned long long)ne1);
+    }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(err, errlen, TIDE_EFORMAT,
+                    "tensor %s has shape [%llu, %llu, %llu], expected [%llu, %llu]", name,
+                    (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    (unsigned long long)t->ne[2], (unsigned long long)ne0,
+                    (unsigned long long)ne1);
+    if (!type_ok(t->type) || ggml_row_size(t->type, ne0) == 0)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "tensor %s has unsupported type %s",
+                    name, ggml_type_name(t->type));
+    out->type = t->type;
+    out->ne[0] = ne0;
+    out->ne[1] = ne1;
+    out->data = t->data;
+    out->row_bytes = ggml_row_size(t->type, ne0);
+    if (out->row_bytes * ne1 > t->nbytes)
+        return fail(err, errlen, TIDE_EFORMAT, "tensor %s is truncated", name);
+    return 0;
+}
+
+static int get_exps(const struct gguf_file *g, const char *name, uint64_t ne0, uint64_t ne1,
+                    uint64_t ne2, const struct gguf_tensor **out, char *err, size_t errlen)
+{
+    const struct gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        return fail(err, errlen, TIDE_EFORMAT,
+                    "missing tensor %s (expected [%llu, %llu, %llu])", name,
+                    (unsigned long long)ne0, (unsigned long long)ne1,
+                    (unsigned long long)ne2);
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1)
+        return fail(err, errlen, TIDE_EFORMAT,
+                    "tensor %s has shape [%llu, %llu, %llu], expected [%llu, %llu, %llu]",
+                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    (unsigned long long)t->ne[2], (unsigned long long)ne0,
+                    (unsigned long long)ne1, (unsigned long long)ne2);
+    if (!type_ok(t->type) || ggml_row_size(t->type, ne0) == 0)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "tensor %s has unsupported type %s",
+                    name, ggml_type_name(t->type));
+    if (ggml_row_size(t->type, ne0) * ne1 * ne2 > t->nbytes)
+        return fail(err, errlen, TIDE_EFORMAT, "tensor %s is truncated", name);
+    *out = t;
+    return 0;
+}
+
+/* "<arch>.<suffix>" as u32; absent -> def (or an error when required). */
+static int arch_u32(const struct gguf_file *g, const char *arch, const char *suffix,
+                    uint32_t def, bool required, uint32_t *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    int rc = gguf_get_u32(g, key, out);
+    if (rc == TIDE_ENOTFOUND && !required) {
+        *out = def;
+        return 0;
+    }
+    if (rc < 0)
+        return fail(err, errlen, TIDE_EFORMAT, "%s key %s", rc == TIDE_ENOTFOUND ?
+                    "missing" : "bad", key);
+    return 0;
+}
+
+static int arch_f32(const struct gguf_file *g, const char *arch, const char *suffix,
+                    float def, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    if (gguf_get_f32(g, key, out) < 0)
+        *out = def;
+    return 0;
+}
+
+static int load_config(struct model *m, char *err, size_t errlen)
+{
+    const struct gguf_file *g = &m->gguf;
+    struct model_config *c = &m->cfg;
+    struct gguf_str a;
+    if (gguf_get_str(g, "general.architecture", &a) < 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing general.architecture");
+    const char *arch;
+    if (gguf_str_eq(a, "llama")) { c->arch = ARCH_LLAMA; arch = "llama"; }
+    else if (gguf_str_eq(a, "qwen3")) { c->arch = ARCH_QWEN3; arch = "qwen3"; }
+    else if (gguf_str_eq(a, "qwen3moe")) { c->arch = ARCH_QWEN3MOE; arch = "qwen3moe"; }
+    else
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
+                    (int)(a.len > 64 ? 64 : a.len), a.ptr);
+    int rc;
+    uint32_t n_ff = 0, n_ff_exp = 0;
+    if ((rc = arch_u32(g, arch, "embedding_length", 0, true, &c->n_embd, err, errlen)) ||
+        (rc = arch_u32(g, arch, "block_count", 0, true, &c->n_layer, err, errlen)) ||
+        (rc = arch_u32(g, arch, "attention.head_count", 0, true, &c->n_head, err, errlen)) ||
+        (rc = arch_u32(g, arch, "attention.head_count_kv", c->n_head, false, &c->n_head_kv,
+                       err, errlen)) ||
+        (rc = arch_u32(g, arch, "feed_forward_length", 0, false, &n_ff, err, errlen)) ||
+        (rc = arch_u32(g, arch, "expert_count", 0, false, &c->n_expert, err, errlen)) ||
+        (rc = arch_u32(g, arch, "expert_used_count", 0, false, &c->n_expert_used, err,
+                       errlen)) ||
+        (rc = arch_u32(g, arch, "expert_feed_forward_length", 0, false, &n_ff_exp, err,
+                       errlen)) ||
+        (rc = arch_u32(g, arch, "context_length", 2048, false, &c->n_ctx_train, err,
+                       errlen)))
+        return rc;
+    if (c->n_embd == 0 || c->n_layer == 0 || c->n_head == 0 || c->n_head_kv == 0 ||
+        c->n_head % c->n_head_kv != 0)
+        return fail(err, errlen, TIDE_EFORMAT, "bad head/embedding counts");
+    if ((rc = arch_u32(g, arch, "attention.key_length", c->n_embd / c->n_head, false,
+                       &c->head_dim, err, errlen)))
+        return rc;
+    if (c->head_dim == 0 || c->head_dim % 2)
+        return fail(err, errlen, TIDE_EFORMAT, "head_dim %u must be even", c->head_dim);
+    arch_f32(g, arch, "rope.freq_base", 10000.0f, &c->rope_theta);
+    arch_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps);
+    c->rope = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+
+    if (c->n_expert > 0) {
+        if (c->n_expert_used == 0 || c->n_expert_used > c->n_expert)
+            return fail(err, errlen, TIDE_EFORMAT, "bad expert_used_count %u",
+                        c->n_expert_used);
+        c->n_ff_exp = n_ff_exp ? n_ff_exp : n_ff;
+        c->n_ff = 0;
+        if (c->n_ff_exp == 0)
+            return fail(err, errlen, TIDE_EFORMAT, "missing expert FFN width");
+        /* Mixtral's softmax over the top-k logits equals softmax-all then renormalise */
+        c->expert_weights_norm = true;
+        char key[128];
+        snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);
+        bool b;
+        if (gguf_get_bool(g, key, &b) == 0)
+            c->expert_weights_norm = b;
+    } else {
+        if (n_ff == 0)
+            return fail(err, errlen, TIDE_EFORMAT, "missing %s.feed_forward_length", arch);
+        c->n_ff = n_ff;
+    }
+
+    const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (kv && kv->type == GGUF_TYPE_ARRAY)
+        c->n_vocab = (uint32_t)kv->v.arr.n;
+    else if ((rc = arch_u32(g, arch, "vocab_size", 0, true, &c->n_vocab, err, errlen)))
+        return rc;
+    if (c->n_vocab == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "empty vocabulary");
+    return 0;
+}
+
+static int load_tensors(struct model *m, char *err, size_t errlen)
+{
+    const struct gguf_file *g = &m->gguf;
+    const struct model_config *c = &m->cfg;
+    uint64_t E = c->n_embd, qd = (uint64_t)c->n_head * c->head_dim;
+    uint64_t kvd = (uint64_t)c->n_head_kv * c->head_dim;
+    int rc;
+    if ((rc = get_tensor(g, "token_embd.weight", E, c->n_vocab, true, &m->tok_embd, err,
+                         errlen)) ||
+        (rc = get_tensor(g, "output_norm.weight", E, 1, true, &m->output_norm, err,
+                         errlen)) ||
+        (rc = get_tensor(g, "output.weight", E, c->n_vocab, false, &m->output, err,
+                         errlen)))
+        return rc;
+    if (!m->output.data)
+        m->output = m->tok_embd; /* tied embeddings */
+    m->layers = calloc(c->n_layer, sizeof(*m->layers));
+    if (!m->layers)
+        return TIDE_ENOMEM;
+    bool qk = c->arch != ARCH_LLAMA;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        struct model_layer *L = &m->layers[l];
+        char n[96];
+#define T(field, nm, a, b, req)                                                      \
+    do {                                                                             \
+        snprintf(n, sizeof(n), "blk.%u." nm ".weight", l);                           \
+        if ((rc = get_tensor(g, n, a, b, req, &L->field, err, errlen)))              \
+            return rc;                                                               \
+    } while (0)
+        T(attn_norm, "attn_norm", E, 1, true);
+        T(wq, "attn_q", E, qd, true);
+        T(wk, "attn_k", E, kvd, true);
+        T(wv, "attn_v", E, kvd, true);
+        T(wo, "attn_output", qd, E, true);
+        T(q_norm, "attn_q_norm", c->head_dim, 1, qk);
+        T(k_norm, "attn_k_norm", c->head_dim, 1, qk);
+        T(ffn_norm, "ffn_norm", E, 1, true);
+        if (c->n_expert == 0) {
+            T(ffn_gate, "ffn_gate", E, c->n_ff, true);
+            T(ffn_up, "ffn_up", E, c->n_ff, true);
+            T(ffn_down, "ffn_down", c->n_ff, E, true);
+        } else {
+            T(ffn_gate_inp, "ffn_gate_inp", E, c->n_expert, true);
+            snprintf(n, sizeof(n), "blk.%u.ffn_gate_exps.weight", l);
+            if ((rc = get_exps(g, n, E, c->n_ff_exp, c->n_expert, &L->gate_exps, err,
+                               errlen)))
+                return rc;
+            snprintf(n, sizeof(n), "blk.%u.ffn_up_exps.weight", l);
+            if ((rc = get_exps(g, n, E, c->n_ff_exp, c->n_expert, &L->up_exps, err,
+                               errlen)))
+                return rc;
+            snprintf(n, sizeof(n), "blk.%u.ffn_down_exps.weight", l);
+            if ((rc = get_exps(g, n, c->n_ff_exp, E, c->n_expert, &L->down_exps, err,
+                               errlen)))
+                return rc;
+        }
+#undef T
+    }
+    return 0;
+}
+
+int model_load(struct model *m, const char *path, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof(*m));
+    int rc = gguf_open(&m->gguf, path, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = load_config(m, err, errlen)) < 0 || (rc = load_tensors(m, err, errlen)) < 0) {
+        if (rc == TIDE_ENOMEM)
+            fail(err, errlen, rc, "out of memory loading %s", path);
+        model_free(m);
+        return rc;
+    }
+    m->name = gguf_dup_str(&m->gguf, "general.name");
+    if (!m->name) {
+        const char *b = strrchr(path, '/');
+        m->name = strdup(b ? b + 1 : path);
+    }
+    return 0;
+}
+
+void model_free(struct model *m)
+{
+    free(m->layers);
+    free(m->name);
+    gguf_close(&m->gguf);
+    memset(m, 0, sizeof(*m));
+}
+
+static void slice(const struct gguf_tensor *t, uint32_t e, struct tensor *out)
+{
+    out->type = t->type;
+    out->ne[0] = t->ne[0];
+    out->ne[1] = t->ne[1];
+    out->row_bytes = ggml_row_size(t->type, t->ne[0]);
+    out->data = (const uint8_t *)t->data + (size_t)e * out->row_bytes * t->ne[1];
+}
+
+void model_expert_host(const struct model *m, uint32_t l, uint32_t e,
+                       struct expert_weights *out)
+{
+    const struct model_layer *L = &m->layers[l];
+    slice(L->gate_exps, e, &out->gate);
+    slice(L->up_exps, e, &out->up);
+    slice(L->down_exps, e, &out->down);
+}
+
+size_t model_expert_bytes(const struct model *m, uint32_t l)
+{
+    const struct model_layer *L = &m->layers[l];
+    if (!L->gate_exps)
+        return 0;
+    return ggml_row_size(L->gate_exps->type, L->gate_exps->ne[0]) * L->gate_exps->ne[1] +
+           ggml_row_size(L->up_exps->type, L->up_exps->ne[0]) * L->up_exps->ne[1] +
+           ggml_row_size(L->down_exps->type, L->down_exps->ne[0]) * L->down_exps->ne[1];
+}

@@ -1,0 +1,89 @@
+/* model.h - a text model's hyper-parameters and weights as found in the GGUF.
+ *
+ * Architectures: llama (dense, or Mixtral-style MoE with ffn_gate_inp + ffn_*_exps),
+ * qwen3 (dense, QK-norm), qwen3moe (MoE, QK-norm, normalised top-k weights).
+ * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
+ * Experts are reached only through expert_lookup (see forward.h) so that the elastic
+ * expert cache can sit in between. */
+#ifndef TIDE_MODEL_H
+#define TIDE_MODEL_H
+
+#include "gguf.h"
+
+/* A 1-D or 2-D view. For a matrix, ne[0] = columns (input dim, contiguous), ne[1] = rows
+ * (output dim); y = W x means y[r] = sum_c W[r][c] x[c]. */
+struct tensor {
+    uint32_t type;       /* enum ggml_type */
+    uint64_t ne[2];
+    const void *data;    /* NULL when absent */
+    size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
+};
+
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE };
+enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
+
+struct model_config {
+    enum model_arch arch;
+    uint32_t n_vocab;
+    uint32_t n_embd;
+    uint32_t n_layer;
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t head_dim;        /* key_length (default n_embd / n_head) */
+    uint32_t n_ff;            /* dense FFN width (0 for MoE) */
+    uint32_t n_ff_exp;        /* expert FFN width (0 for dense) */
+    uint32_t n_expert;        /* 0 for dense */
+    uint32_t n_expert_used;
+    bool expert_weights_norm; /* renormalise the top-k softmax weights to sum 1 */
+    float rope_theta;
+    float rms_eps;
+    enum rope_kind rope;
+    uint32_t n_ctx_train;
+};
+
+struct model_layer {
+    struct tensor attn_norm;     /* (n_embd) */
+    struct tensor wq;            /* (n_embd -> n_head*head_dim) */
+    struct tensor wk;            /* (n_embd -> n_head_kv*head_dim) */
+    struct tensor wv;            /* (n_embd -> n_head_kv*head_dim) */
+    struct tensor wo;            /* (n_head*head_dim -> n_embd) */
+    struct tensor q_norm;        /* (head_dim) qwen3 only */
+    struct tensor k_norm;        /* (head_dim) qwen3 only */
+    struct tensor ffn_norm;      /* (n_embd) */
+    /* dense */
+    struct tensor ffn_gate;      /* (n_embd -> n_ff) */
+    struct tensor ffn_up;        /* (n_embd -> n_ff) */
+    struct tensor ffn_down;      /* (n_ff -> n_embd) */
+    /* MoE */
+    struct tensor ffn_gate_inp;  /* router (n_embd -> n_expert) */
+    const struct gguf_tensor *gate_exps; /* (n_embd, n_ff_exp, n_expert) in host RAM */
+    const struct gguf_tensor *up_exps;   /* (n_embd, n_ff_exp, n_expert) */
+    const struct gguf_tensor *down_exps; /* (n_ff_exp, n_embd, n_expert) */
+};
+
+/* One expert of one layer: the unit the expert cache moves around. */
+struct expert_weights {
+    struct tensor gate;  /* (n_embd -> n_ff_exp) */
+    struct tensor up;    /* (n_embd -> n_ff_exp) */
+    struct tensor down;  /* (n_ff_exp -> n_embd) */
+};
+
+struct model {
+    struct model_config cfg;
+    struct gguf_file gguf;       /* owned: the mapping the tensors point into */
+    struct tensor tok_embd;      /* (n_embd, n_vocab): row t is token t's embedding */
+    struct tensor output_norm;   /* (n_embd) */
+    struct tensor output;        /* (n_embd -> n_vocab); tied to tok_embd when absent */
+    struct model_layer *layers;  /* (n_layer) owned */
+    char *name;                  /* general.name or the file's base name, owned */
+};
+
+int model_load(struct model *m, const char *path, char *err, size_t errlen);
+void model_free(struct model *m);
+const char *model_arch_name(enum model_arch a);
+/* Views of expert e of layer l straight in host RAM (the GGUF mapping). */
+void model_expert_host(const struct model *m, uint32_t l, uint32_t e, struct expert_weights *out);
+/* Bytes of one expert (gate + up + down) of layer l. */
+size_t model_expert_bytes(const struct model *m, uint32_t l);
+
+#endif

@@ -1,0 +1,402 @@
+/* modelgen.c - deterministic synthetic GGUF models: presets, a byte-level BPE trained
+ * on an embedded corpus (so the tokenizer is real, not a stub) and scaled random
+ * weights (so greedy decoding does not collapse to a single repeated token). */
+#include "modelgen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Training text for the merges: short, repetitive English so that common words
+ * become single tokens. */
+static const char corpus[] =
+    "Hello! Hello there. Hi, how are you? I am fine, thank you. Good morning. Good evening. "
+    "Good night. Hello world. Hi there, friend. How are you today? I am very well. "
+    "The sky is blue. The grass is green. The sun is yellow. The apple is red. "
+    "The orange is orange. The night is black. The snow is white. The sea is blue and green. "
+    "My favourite colour is blue. Her favourite colour is red. His favourite colour is green. "
+    "What colour is the sky? The sky is blue. What colour is the grass? The grass is green. "
+    "A circle is round. A square has four sides. A triangle has three sides. "
+    "A rectangle has four sides and four corners. A hexagon has six sides. "
+    "A pentagon has five sides. An octagon has eight sides. The ball is a round shape. "
+    "The box is a square shape. The red circle is next to the blue square. "
+    "One, two, three, four, five, six, seven, eight, nine, ten. "
+    "Count with me: one two three four five six seven eight nine ten eleven twelve. "
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20. "
+    "One plus one is two. Two plus two is four. Three plus three is six. "
+    "Four plus four is eight. Five plus five is ten. Two times three is six. "
+    "Ten minus four is six. Nine minus three is six. Six divided by two is three. "
+    "1 + 1 = 2. 2 + 2 = 4. 3 + 4 = 7. 5 + 5 = 10. 10 - 3 = 7. 6 * 7 = 42. 8 / 2 = 4. "
+    "What is two plus two? Two plus two is four. What is three times three? "
+    "Three times three is nine. What is ten minus one? Ten minus one is nine. "
+    "I like to count the red apples and the green apples. There are three red apples. "
+    "There are five green apples. Three plus five is eight apples in all. "
+    "The cat is black. The dog is brown. The bird is blue. The fish is orange. "
+    "Thank you very much. You are welcome. Goodbye! See you later. Have a nice day. "
+    "Please tell me a story about the colours and the shapes. Once upon a time there was "
+    "a small red circle who wanted to be a big blue square. The circle asked the triangle "
+    "for help, and the triangle said: count your sides! The circle had no sides at all. "
+    "So the circle stayed round, and it was happy. The end. "
+    "Yes. No. Maybe. I think so. I do not know. Let me think. The answer is four. "
+    "The answer is yes. The answer is blue. What is your name? My name is Tide. "
+    "I am a small model. I can count and name colours and shapes. "
+    "Purple is a mix of red and blue. Green is a mix of blue and yellow. "
+    "Orange is a mix of red and yellow. Grey is a mix of black and white. "
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday are the days of the week. "
+    "January, February, March, April, May, June, July, August, September, October, November, December. "
+    "The little brown fox jumps over the lazy dog. Quick brown foxes like to jump and run. "
+    "Twenty, thirty, forty, fifty, sixty, seventy, eighty, ninety, one hundred, one thousand. "
+    "Seven plus eight is fifteen. Twelve minus five is seven. Four times five is twenty. "
+    "A cube has six faces. A sphere has no corners. A cylinder has two circles and one curved side. "
+    "Which shape has the most sides? The octagon has more sides than the hexagon. "
+    "Could you help me, please? Of course, I would be glad to help you. Welcome back, my friend! "
+    "It is sunny today, and tomorrow it might rain. The rainbow shows red, orange, yellow, green, "
+    "blue, indigo and violet. Pink flowers grow near the purple trees by the silver river. "
+    "Counting backwards: ten, nine, eight, seven, six, five, four, three, two, one, zero. "
+    "Numbers can be even or odd. Two, four and six are even. One, three and five are odd. "
+    "Zero is an even number. Half of ten is five. Double of six is twelve. ";
+
+/* ---- deterministic PRNG: splitmix64 + Box-Muller ---- */
+struct rng { uint64_t s; };
+static uint64_t rnext(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double runif(struct rng *r) { return ((rnext(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static float rnorm(struct rng *r)
+{
+    double u = runif(r), v = runif(r);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* ---- BPE vocabulary ---- */
+#define N_NORMAL 768
+
+struct vocab {
+    char **tok;        /* n entries, UTF-8 (byte-level mapped) */
+    int32_t *type;
+    uint32_t n;
+    char **merges;
+    uint32_t n_merges;
+};
+
+/* GPT-2 byte -> unicode code point */
+static uint32_t byte_cp(int b)
+{
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
+        return (uint32_t)b;
+    int k = 0;
+    for (int i = 0; i < b; i++)
+        if (!((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255))) k++;
+    return 256u + (uint32_t)k;
+}
+
+static char *cp_utf8(uint32_t cp)
+{
+    char *s = malloc(4);
+    if (!s) return NULL;
+    if (cp < 0x80) { s[0] = (char)cp; s[1] = 0; }
+    else { s[0] = (char)(0xc0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3f)); s[2] = 0; }
+    return s;
+}
+
+static char *str_cat2(const char *a, const char *sep, const char *b)
+{
+    size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
+    char *s = malloc(la + ls + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, sep, ls);
+    memcpy(s + la + ls, b, lb + 1);
+    return s;
+}
+
+struct word { int *ids; int len; int count; };
+
+static int cls(unsigned char c)
+{
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return 1;
+    if (c >= '0' && c <= '9') return 2;
+    if (c == ' ') return 0;
+    return 3;
+}
+
+static void vocab_free(struct vocab *v)
+{
+    for (uint32_t i = 0; i < v->n; i++) free(v->tok[i]);
+    for (uint32_t i = 0; i < v->n_merges; i++) free(v->merges[i]);
+    free(v->tok);
+    free(v->type);
+    free(v->merges);
+    memset(v, 0, sizeof(*v));
+}
+
+/* Plain BPE: pre-tokenise GPT-2 style (a leading space sticks to the following
+ * word), then repeatedly merge the most frequent adjacent pair; ties go to the lowest
+ * (left, right) ids so the result is deterministic. */
+static int vocab_build(struct vocab *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->tok = calloc(N_NORMAL + 3, sizeof(char *));
+    v->type = calloc(N_NORMAL + 3, sizeof(int32_t));
+    v->merges = calloc(N_NORMAL, sizeof(char *));
+    size_t clen = strlen(corpus);
+    struct word *w = calloc(clen, sizeof(*w));
+    int nw = 0, rc = TIDE_ENOMEM;
+    if (!v->tok || !v->type || !v->merges || !w) goto out;
+    for (int b = 0; b < 256; b++) {
+        if (!(v->tok[b] = cp_utf8(byte_cp(b)))) goto out;
+        v->type[b] = 1;
+        v->n++;
+    }
+    for (size_t i = 0; i < clen;) {
+        size_t st = i;
+        if (corpus[i] == ' ' && i + 1 < clen && cls((unsigned char)corpus[i + 1]) != 0) i++;
+        int c = cls((unsigned char)corpus[i]);
+        while (i < clen && cls((unsigned char)corpus[i]) == c) {
+            i++;
+            if (c == 3) break; /* punctuation: one at a time */
+        }
+        int len = (int)(i - st), found = -1;
+        for (int k = 0; k < nw; k++)
+            if (w[k].len == len) {
+                int same = 1;
+                for (int j = 0; j < len && same; j++) same = w[k].ids[j] == (unsigned char)corpus[st + j];
+                if (same) { found = k; break; }
+            }
+        if (found >= 0) { w[found].count++; continue; }
+        if (!(w[nw].ids = malloc(sizeof(int) * (size_t)len))) goto out;
+        for (int j = 0; j < len; j++) w[nw].ids[j] = (unsigned char)corpus[st + j];
+        w[nw].len = len;
+        w[nw].count = 1;
+        nw++;
+    }
+    while (v->n < N_NORMAL) {
+        int best_a = -1, best_b = -1, best_c = 0;
+        /* count pairs with a small open-addressing table keyed by (a, b) */
+        enum { HT = 1 << 16 };
+        static uint64_t key[HT];
+        static int cnt[HT];
+        memset(cnt, 0, sizeof(cnt));
+        for (int k = 0; k < nw; k++)
+            for (int j = 0; j + 1 < w[k].len; j++) {
+                uint64_t kk = ((uint64_t)w[k].ids[j] << 32) | (uint32_t)w[k].ids[j + 1];
+                uint32_t h = (uint32_t)((kk * 0x9e3779b97f4a7c15ull) >> 48);
+                while (cnt[h] && key[h] != kk) h = (h + 1) & (HT - 1);
+                key[h] = kk;
+                cnt[h] += w[k].count;
+            }
+        for (int h = 0; h < HT; h++) {
+            if (!cnt[h]) continue;
+            int a = (int)(key[h] >> 32), b = (int)(key[h] & 0xffffffff);
+            if (cnt[h] > best_c || (cnt[h] == best_c && (a < best_a || (a == best_a && b < best_b)))) {
+                best_c = cnt[h];
+                best_a = a;
+                best_b = b;
+            }
+        }
+        if (best_c == 0) break;
+        int id = (int)v->n;
+        if (!(v->tok[id] = str_cat2(v->tok[best_a], "", v->tok[best_b]))) goto out;
+        if (!(v->merges[v->n_merges] = str_cat2(v->tok[best_a], " ", v->tok[best_b]))) goto out;
+        v->type[id] = 1;
+        v->n++;
+        v->n_merges++;
+        for (int k = 0; k < nw; k++) {
+            int o = 0;
+            for (int j = 0; j < w[k].len; j++) {
+                if (j + 1 < w[k].len && w[k].ids[j] == best_a && w[k].ids[j + 1] == best_b) {
+                    w[k].ids[o++] = id;
+                    j++;
+                } else {
+                    w[k].ids[o++] = w[k].ids[j];
+                }
+            }
+            w[k].len = o;
+        }
+    }
+    static const char *special[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    for (int s = 0; s < 3; s++) {
+        if (!(v->tok[v->n] = str_cat2(special[s], "", ""))) goto out;
+        v->type[v->n++] = 3;
+    }
+    rc = 0;
+out:
+    for (int k = 0; k < nw; k++) free(w[k].ids);
+    free(w);
+    if (rc) vocab_free(v);
+    return rc;
+}
+
+/* ---- presets ---- */
+struct preset {
+    const char *name, *arch;
+    uint32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_expert, n_used;
+    int type;
+    bool qk_norm;
+    float eps;
+};
+
+static const struct preset presets[] = {
+    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f},
+    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f},
+    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f},
+    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f},
+};
+
+static const char chatml[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+struct gen {
+    struct gguf_writer *w;
+    struct rng r;
+    float *buf;
+    uint64_t params;
+};
+
+/* kind: 0 = normal matrix scaled std * N(0,1), 1 = norm (1 + std * N) */
+static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
+                   uint64_t a, uint64_t b, uint64_t c, float std, int norm)
+{
+    uint64_t ne[3] = {a, b, c}, n = a * b * c;
+    for (uint64_t i = 0; i < n; i++)
+        g->buf[i] = (norm ? 1.0f : 0.0f) + std * rnorm(&g->r);
+    gguf_w_tensor(g->w, name, type, nd, ne, g->buf);
+    g->params += n;
+}
+
+static int efail(char *err, size_t errlen, int rc, const char *msg)
+{
+    if (err && errlen) snprintf(err, errlen, "modelgen: %s", msg);
+    return rc;
+}
+
+int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *sum,
+                   char *err, size_t errlen)
+{
+    const struct preset *p = NULL;
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+        if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, big)");
+    struct preset c = *p;
+    if (o->n_layer) c.n_layer = o->n_layer;
+    if (o->n_embd) c.n_embd = o->n_embd;
+    if (o->n_head) c.n_head = o->n_head;
+    if (o->n_head_kv) c.n_head_kv = o->n_head_kv;
+    if (o->n_ff) c.n_ff = o->n_ff;
+    if (o->n_expert) c.n_expert = o->n_expert;
+    if (o->n_expert_used) c.n_used = o->n_expert_used;
+    if (o->type >= 0) c.type = o->type;
+    uint32_t hd = c.head_dim && !o->n_embd && !o->n_head ? c.head_dim : c.n_embd / (c.n_head ? c.n_head : 1);
+    if (!c.n_head || !c.n_head_kv || c.n_head % c.n_head_kv || c.n_embd % 32 || hd % 2 || (c.n_head * hd) % 32 ||
+        c.n_ff % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
+        return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");
+    if (c.type != GGML_TYPE_F32 && c.type != GGML_TYPE_F16 && c.type != GGML_TYPE_BF16 &&
+        c.type != GGML_TYPE_Q8_0)
+        return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16 or q8_0");
+
+    struct vocab v;
+    if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
+    struct gen g = {0};
+    g.r.s = o->seed * 0x2545f4914f6cdd1dull + 12345;
+    g.w = gguf_writer_new();
+    uint64_t E = c.n_embd, V = v.n, Q = (uint64_t)c.n_head * hd, KV = (uint64_t)c.n_head_kv * hd;
+    uint64_t F = c.n_ff, X = c.n_expert ? c.n_expert : 1;
+    uint64_t maxn = E * V;
+    if (E * F * X > maxn) maxn = E * F * X;
+    if (E * Q > maxn) maxn = E * Q;
+    g.buf = malloc(maxn * sizeof(float));
+    if (!g.w || !g.buf) {
+        vocab_free(&v);
+        gguf_writer_free(g.w);
+        free(g.buf);
+        return efail(err, errlen, TIDE_ENOMEM, "out of memory");
+    }
+    struct gguf_writer *w = g.w;
+    char k[160];
+#define AK(s) (snprintf(k, sizeof k, "%s." s, c.arch), k)
+    gguf_w_str(w, "general.architecture", c.arch);
+    snprintf(k, sizeof k, "tide-%s", c.name);
+    gguf_w_str(w, "general.name", k);
+    gguf_w_u32(w, AK("context_length"), 4096);
+    gguf_w_u32(w, AK("embedding_length"), c.n_embd);
+    gguf_w_u32(w, AK("block_count"), c.n_layer);
+    gguf_w_u32(w, AK("feed_forward_length"), c.n_ff);
+    gguf_w_u32(w, AK("attention.head_count"), c.n_head);
+    gguf_w_u32(w, AK("attention.head_count_kv"), c.n_head_kv);
+    gguf_w_u32(w, AK("attention.key_length"), hd);
+    gguf_w_u32(w, AK("attention.value_length"), hd);
+    gguf_w_f32(w, AK("rope.freq_base"), 10000.0f);
+    gguf_w_u32(w, AK("rope.dimension_count"), hd);
+    gguf_w_f32(w, AK("attention.layer_norm_rms_epsilon"), c.eps);
+    gguf_w_u32(w, AK("vocab_size"), (uint32_t)V);
+    if (c.n_expert) {
+        gguf_w_u32(w, AK("expert_count"), c.n_expert);
+        gguf_w_u32(w, AK("expert_used_count"), c.n_used);
+        gguf_w_u32(w, AK("expert_feed_forward_length"), c.n_ff);
+        if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
+    }
+    gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_w_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
+    gguf_w_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
+    gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, v.n_merges);
+    gguf_w_u32(w, "tokenizer.ggml.bos_token_id", v.n - 3);
+    gguf_w_u32(w, "tokenizer.ggml.eos_token_id", v.n - 1);
+    gguf_w_u32(w, "tokenizer.ggml.padding_token_id", v.n - 3);
+    gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false);
+    gguf_w_str(w, "tokenizer.chat_template", chatml);
+
+    /* std 1/sqrt(fan_in) keeps activations O(1); the output matrix is scaled up so the
+     * logits spread (std ~3) and greedy decoding moves between tokens. */
+    uint32_t T = c.type;
+    tensor(&g, "token_embd.weight", T, 2, E, V, 1, 0.7f, 0);
+    tensor(&g, "output_norm.weight", GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+    tensor(&g, "output.weight", T, 2, E, V, 1, 3.0f / sqrtf((float)E), 0);
+    char n[96];
+    for (uint32_t l = 0; l < c.n_layer; l++) {
+#define BN(s) (snprintf(n, sizeof n, "blk.%u." s ".weight", l), n)
+        tensor(&g, BN("attn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+        tensor(&g, BN("attn_q"), T, 2, E, Q, 1, 1.0f / sqrtf((float)E), 0);
+        tensor(&g, BN("attn_k"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
+        tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
+        tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
+        if (c.qk_norm) {
+            tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
+            tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
+        }
+        tensor(&g, BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+        if (c.n_expert) {
+            /* a wide router so that different tokens pick different experts */
+            tensor(&g, BN("ffn_gate_inp"), GGML_TYPE_F32, 2, E, X, 1, 3.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_gate_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_up_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_down_exps"), T, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+        } else {
+            tensor(&g, BN("ffn_gate"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_up"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_down"), T, 2, F, E, 1, 1.0f / sqrtf((float)F), 0);
+        }
+#undef BN
+    }
+#undef AK
+    free(g.buf);
+    int rc = gguf_writer_write(w, o->out);
+    gguf_writer_free(w);
+    if (sum) {
+        struct stat st;
+        sum->n_params = g.params;
+        sum->n_vocab = v.n;
+        sum->n_bytes = stat(o->out, &st) == 0 ? (uint64_t)st.st_size : 0;
+    }
+    vocab_free(&v);
+    if (rc) return efail(err, errlen, rc, rc == TIDE_EIO ? "cannot write output file" : "writer failed");
+    return 0;
+}

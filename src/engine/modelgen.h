@@ -1,0 +1,28 @@
+/* modelgen.h - generate small deterministic GGUF models (random weights + a real
+ * byte-level BPE vocabulary trained on an embedded corpus) for tests, the default
+ * daemon model and benchmarks. Used by tools/mkmodel.c and the unit tests. */
+#ifndef TIDE_MODELGEN_H
+#define TIDE_MODELGEN_H
+
+#include "gguf.h"
+
+struct modelgen_options {
+    const char *preset;   /* "dense", "moe", "qwen3moe", "big" */
+    const char *out;      /* output path */
+    uint64_t seed;        /* PRNG seed; same options -> byte-identical file */
+    int type;             /* ggml type of the big matrices, or -1 for the preset's */
+    /* overrides; 0 keeps the preset's value */
+    uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
+};
+
+struct modelgen_summary {
+    uint64_t n_params;
+    uint64_t n_bytes;     /* file size */
+    uint32_t n_vocab;
+};
+
+/* Write the model. Returns 0 or a negative TIDE_E* code with a message in err. */
+int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *sum,
+                   char *err, size_t errlen);
+
+#endif

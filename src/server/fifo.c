@@ -1,0 +1,240 @@
+/* fifo.c - bounded FIFO of jobs and the single engine thread that runs them in arrival
+ * order. The engine thread is the only one that touches the model; HTTP threads only
+ * queue jobs and read their output channels. */
+#include "server/fifo.h"
+#include "server/metrics.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct fifo {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job *head, *tail;
+    int n, max;
+    bool stop;
+    struct job *running;
+    void *engine_ctx;
+    pthread_t thread;
+};
+
+struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *))
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    atomic_init(&j->refs, 1);
+    atomic_init(&j->cancel, 0);
+    j->run = run;
+    j->ud = ud;
+    j->free_ud = free_ud;
+    j->status = 200;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    return j;
+}
+
+void job_ref(struct job *j) { atomic_fetch_add(&j->refs, 1); }
+
+void job_unref(struct job *j)
+{
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
+    if (j->free_ud) j->free_ud(j->ud);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->buf);
+    free(j);
+}
+
+void job_cancel(struct job *j)
+{
+    atomic_store(&j->cancel, 1);
+    pthread_mutex_lock(&j->mu);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+bool job_cancelled(const struct job *j) { return atomic_load(&j->cancel) != 0; }
+
+int job_write(struct job *j, const char *data, size_t len)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->len + len + 1 > j->cap) {
+        size_t nc = j->cap ? j->cap : 4096;
+        while (nc < j->len + len + 1) nc *= 2;
+        char *nb = realloc(j->buf, nc);
+        if (!nb) { pthread_mutex_unlock(&j->mu); return TIDE_ENOMEM; }
+        j->buf = nb;
+        j->cap = nc;
+    }
+    memcpy(j->buf + j->len, data, len);
+    j->len += len;
+    j->buf[j->len] = 0;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+void job_finish(struct job *j, int status)
+{
+    pthread_mutex_lock(&j->mu);
+    j->status = status;
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void deadline(struct timespec *ts, double s)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    long ns = ts->tv_nsec + (long)((s - (long)s) * 1e9);
+    ts->tv_sec += (time_t)s + ns / 1000000000L;
+    ts->tv_nsec = ns % 1000000000L;
+}
+
+long job_read(struct job *j, char *out, size_t max, double timeout_s)
+{
+    struct timespec ts;
+    deadline(&ts, timeout_s);
+    pthread_mutex_lock(&j->mu);
+    while (j->rd == j->len && !j->done && !job_cancelled(j)) {
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
+    }
+    long r;
+    if (j->rd < j->len) {
+        size_t n = j->len - j->rd;
+        if (n > max) n = max;
+        memcpy(out, j->buf + j->rd, n);
+        j->rd += n;
+        r = (long)n;
+    } else if (j->done || job_cancelled(j)) {
+        r = -1;
+    } else {
+        r = 0;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return r;
+}
+
+bool job_wait_done(struct job *j, double timeout_s)
+{
+    struct timespec ts;
+    deadline(&ts, timeout_s);
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
+    }
+    bool d = j->done;
+    pthread_mutex_unlock(&j->mu);
+    return d;
+}
+
+static void *engine_main(void *arg)
+{
+    struct fifo *f = arg;
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        while (!f->head && !f->stop) pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop) { pthread_mutex_unlock(&f->mu); break; }
+        struct job *j = f->head;
+        f->head = j->next;
+        if (!f->head) f->tail = NULL;
+        f->n--;
+        f->running = j;
+        pthread_mutex_unlock(&f->mu);
+        metrics_waiting_add(-1);
+
+        pthread_mutex_lock(&j->mu);
+        j->started = true;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        if (job_cancelled(j)) {
+            /* The client left while waiting: do not spend the model on it. */
+            job_finish(j, 499);
+        } else {
+            metrics_running_add(1);
+            j->run(j, f->engine_ctx);
+            metrics_running_add(-1);
+            if (!j->done) job_finish(j, 200);
+        }
+        pthread_mutex_lock(&f->mu);
+        f->running = NULL;
+        pthread_mutex_unlock(&f->mu);
+        job_unref(j);
+    }
+    return NULL;
+}
+
+int fifo_create(struct fifo **out, int queue_max, void *engine_ctx)
+{
+    struct fifo *f = calloc(1, sizeof *f);
+    if (!f) return TIDE_ENOMEM;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->max = queue_max;
+    f->engine_ctx = engine_ctx;
+    if (pthread_create(&f->thread, NULL, engine_main, f) != 0) {
+        free(f);
+        return TIDE_EINTERNAL;
+    }
+    *out = f;
+    return 0;
+}
+
+int fifo_push(struct fifo *f, struct job *j)
+{
+    pthread_mutex_lock(&f->mu);
+    if (f->stop) { pthread_mutex_unlock(&f->mu); return TIDE_ECANCELED; }
+    if (f->n >= f->max) { pthread_mutex_unlock(&f->mu); return TIDE_EFULL; }
+    job_ref(j);
+    j->next = NULL;
+    j->t_enqueue = tide_now();
+    if (f->tail) f->tail->next = j;
+    else f->head = j;
+    f->tail = j;
+    f->n++;
+    metrics_waiting_add(1);
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+int fifo_waiting(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->n;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+void fifo_stop(struct fifo *f)
+{
+    if (!f) return;
+    pthread_mutex_lock(&f->mu);
+    f->stop = true;
+    if (f->running) job_cancel(f->running);
+    struct job *q = f->head;
+    f->head = f->tail = NULL;
+    f->n = 0;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    pthread_join(f->thread, NULL);
+    /* Queued jobs never ran: tell their readers and drop the queue's references. */
+    while (q) {
+        struct job *nx = q->next;
+        job_cancel(q);
+        job_finish(q, 503);
+        metrics_waiting_add(-1);
+        job_unref(q);
+        q = nx;
+    }
+}
+
+void fifo_free(struct fifo *f)
+{
+    if (!f) return;
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+    free(f);
+}

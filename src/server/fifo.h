@@ -1,0 +1,60 @@
+/* fifo.h - the bounded job queue, the engine thread, and per-job output channels.
+ *
+ * HTTP threads create a job, push it, and read its output channel; only the engine
+ * thread runs jobs (job->run). A job is refcounted: the queue/engine holds one ref, the
+ * HTTP side another; whoever drops the last frees it. */
+#ifndef TIDE_FIFO_H
+#define TIDE_FIFO_H
+
+#include "common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+struct job;
+typedef void (*job_run_fn)(struct job *j, void *engine_ctx);
+
+struct job {
+    atomic_int refs;
+    atomic_int cancel;        /* set by the HTTP side (disconnect) or shutdown */
+    job_run_fn run;           /* engine thread */
+    void *ud;                 /* owner data (the parsed request) */
+    void (*free_ud)(void *ud);
+    struct job *next;         /* queue link */
+    double t_enqueue;
+    /* output channel */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *buf;
+    size_t len, cap, rd;      /* rd: bytes already taken by the reader */
+    bool started;             /* the engine picked it up */
+    bool done;
+    int status;               /* HTTP status of the finished job (200 unless failed) */
+};
+
+struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *));
+void job_ref(struct job *j);
+void job_unref(struct job *j);
+void job_cancel(struct job *j);
+bool job_cancelled(const struct job *j);
+/* Engine side: append output; finish with an HTTP status. */
+int job_write(struct job *j, const char *data, size_t len);
+void job_finish(struct job *j, int status);
+/* HTTP side: wait up to timeout_s for output or completion; copies up to max bytes.
+ * Returns bytes copied (>0), 0 on timeout with nothing new, -1 when done and drained. */
+long job_read(struct job *j, char *out, size_t max, double timeout_s);
+/* Wait until done (or timeout); returns true when done. */
+bool job_wait_done(struct job *j, double timeout_s);
+
+struct fifo;
+int fifo_create(struct fifo **out, int queue_max, void *engine_ctx);
+/* Takes a reference on success. TIDE_EFULL when queue_max jobs are waiting; TIDE_ECANCELED
+ * after shutdown began. */
+int fifo_push(struct fifo *f, struct job *j);
+int fifo_waiting(struct fifo *f);
+/* Stop: refuse new jobs, cancel the running and queued ones, join the engine thread. */
+void fifo_stop(struct fifo *f);
+/* Free after fifo_stop, once no HTTP thread can call fifo_push any more. */
+void fifo_free(struct fifo *f);
+
+#endif

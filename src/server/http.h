@@ -1,0 +1,49 @@
+/* http.h - the HTTP front: libmicrohttpd, a route table, body limits, API key, and
+ * OpenAI-shaped error replies. Handlers run on connection threads and never touch the
+ * model: they queue jobs and wait on them. */
+#ifndef TIDE_HTTP_H
+#define TIDE_HTTP_H
+
+#include "common.h"
+#include "server/fifo.h"
+
+#define HTTP_MAX_BODY (32u * 1024 * 1024)
+
+struct MHD_Connection;
+
+struct http_request {
+    const char *method, *path;
+    const char *body;         /* NUL-terminated, body_len bytes */
+    size_t body_len;
+    struct MHD_Connection *conn;
+};
+
+struct http_response {
+    int status;               /* default 200 */
+    char *body;               /* malloc'd; freed by http.c */
+    const char *content_type; /* default application/json */
+    int retry_after;          /* >0: Retry-After header */
+    struct job *stream;       /* set: SSE response read from this job (http.c takes the ref) */
+};
+
+typedef void (*http_handler_fn)(void *app, const struct http_request *rq, struct http_response *rs);
+
+struct http_route {
+    const char *method, *path;
+    http_handler_fn fn;
+};
+
+struct http_server;
+int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
+               int n_routes, void *app, const char *api_key, char *err, size_t errlen);
+/* Stop accepting new connections (SIGTERM, first step). */
+void http_quiesce(struct http_server *s);
+/* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */
+void http_stop(struct http_server *s);
+/* True when the client closed its side (handlers poll this while waiting). */
+bool http_client_gone(const struct http_request *rq);
+/* Fill rs with an OpenAI error object. */
+void http_error(struct http_response *rs, int status, const char *type, const char *message,
+                const char *param, const char *code);
+
+#endif

@@ -1,0 +1,379 @@
+/* test_server.c - end-to-end tests: start the real daemon (build/tide, or $TIDE_BIN) on a
+ * free port with a temporary config, talk HTTP to it with libcurl, kill it at the end.
+ * $TIDE_MODEL overrides the model path (default models/tide-moe.gguf). */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static pid_t pid;
+static int port;
+static char cfg_path[64];
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    socklen_t l = sizeof a;
+    getsockname(s, (struct sockaddr *)&a, &l);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+struct buf { char *p; size_t n; };
+static size_t sink(char *d, size_t sz, size_t nm, void *ud)
+{
+    struct buf *b = ud;
+    b->p = realloc(b->p, b->n + sz * nm + 1);
+    memcpy(b->p + b->n, d, sz * nm);
+    b->n += sz * nm;
+    b->p[b->n] = 0;
+    return sz * nm;
+}
+
+/* One request; returns the status, *out the body (caller frees). */
+static long req(const char *method, const char *path, const char *ctype, const char *body,
+                const char *auth, char **out)
+{
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    struct buf b = { calloc(1, 1), 0 };
+    struct curl_slist *h = NULL;
+    if (ctype) { char x[128]; snprintf(x, sizeof x, "Content-Type: %s", ctype); h = curl_slist_append(h, x); }
+    if (auth) { char x[256]; snprintf(x, sizeof x, "Authorization: Bearer %s", auth); h = curl_slist_append(h, x); }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    long code = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (out) *out = b.p; else free(b.p);
+    return code;
+}
+
+static long chat(const char *body, char **out)
+{
+    return req("POST", "/v1/chat/completions", "application/json", body, NULL, out);
+}
+
+static void start(const char *extra_cfg, const char *flag, const char *flagval)
+{
+    const char *bin = getenv("TIDE_BIN") ? getenv("TIDE_BIN") : "build/tide";
+    const char *model = getenv("TIDE_MODEL") ? getenv("TIDE_MODEL") : "models/tide-moe.gguf";
+    port = free_port();
+    snprintf(cfg_path, sizeof cfg_path, "/tmp/tide-e2e-%d.json", (int)getpid());
+    FILE *f = fopen(cfg_path, "w");
+    fprintf(f, "{\"model\":\"%s\",\"context\":1024%s%s}", model, extra_cfg ? "," : "", extra_cfg ? extra_cfg : "");
+    fclose(f);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        if (flag) execl(bin, bin, "--config", cfg_path, "--port", ps, flag, flagval, (char *)NULL);
+        else execl(bin, bin, "--config", cfg_path, "--port", ps, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        if (req("GET", "/health", NULL, NULL, NULL, NULL) == 200) return;
+        usleep(100000);
+    }
+    cr_assert_fail("daemon did not become healthy");
+}
+
+static void stop(void)
+{
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        int st;
+        double t0 = now();
+        while (waitpid(pid, &st, WNOHANG) == 0) {
+            if (now() - t0 > 10) { kill(pid, SIGKILL); waitpid(pid, &st, 0); cr_assert_fail("no exit after SIGTERM"); }
+            usleep(50000);
+        }
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon exit status");
+    }
+    unlink(cfg_path);
+    pid = 0;
+}
+
+static void start_default(void) { start(NULL, NULL, NULL); }
+TestSuite(server, .init = start_default, .fini = stop, .timeout = 120);
+
+static cJSON *parse(const char *s) { cJSON *j = cJSON_Parse(s); cr_assert(j, "not JSON: %s", s); return j; }
+static const char *content_of(cJSON *j)
+{
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    return cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content")->valuestring;
+}
+
+#define HELLO "\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}]"
+
+Test(server, chat_shape_and_usage)
+{
+    char *b;
+    cr_assert_eq(chat("{\"model\":\"x\"," HELLO ",\"max_tokens\":8,\"temperature\":0}", &b), 200, "%s", b);
+    cJSON *j = parse(b);
+    cr_expect_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion");
+    cr_expect(strncmp(cJSON_GetObjectItem(j, "id")->valuestring, "chatcmpl-", 9) == 0);
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cr_expect_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "role")->valuestring, "assistant");
+    const char *fr = cJSON_GetObjectItem(c, "finish_reason")->valuestring;
+    cr_expect(!strcmp(fr, "stop") || !strcmp(fr, "length"));
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    int p = cJSON_GetObjectItem(u, "prompt_tokens")->valueint, n = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+    cr_expect(p > 0 && n >= 1 && n <= 8);
+    cr_expect_eq(cJSON_GetObjectItem(u, "total_tokens")->valueint, p + n);
+    cJSON_Delete(j);
+    free(b);
+}
+
+/* Concatenate delta contents of an SSE body; checks [DONE] is last. */
+static char *sse_text(const char *body, bool *usage_seen)
+{
+    char *text = calloc(1, strlen(body) + 1), *copy = strdup(body), *save, *last = NULL;
+    *usage_seen = false;
+    for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(l, "data: ", 6)) continue;
+        last = l;
+        if (!strcmp(l + 6, "[DONE]")) continue;
+        cJSON *j = parse(l + 6);
+        cr_expect_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+        if (cJSON_GetObjectItem(j, "usage")) *usage_seen = true;
+        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *ct = c ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "delta"), "content") : NULL;
+        if (cJSON_IsString(ct)) strcat(text, ct->valuestring);
+        cJSON_Delete(j);
+    }
+    cr_expect(last && !strcmp(last, "data: [DONE]"), "[DONE] is not last");
+    free(copy);
+    return text;
+}
+
+Test(server, greedy_reproducible_and_stream_matches)
+{
+    char *a, *b, *s;
+    chat("{" HELLO ",\"max_tokens\":8,\"temperature\":0}", &a);
+    chat("{" HELLO ",\"max_tokens\":8,\"temperature\":0}", &b);
+    cJSON *ja = parse(a), *jb = parse(b);
+    cr_expect_str_eq(content_of(ja), content_of(jb));
+    cr_assert_eq(chat("{" HELLO ",\"max_tokens\":8,\"temperature\":0,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true}}", &s), 200);
+    bool usage;
+    char *t = sse_text(s, &usage);
+    cr_expect_str_eq(t, content_of(ja));
+    cr_expect(usage, "no usage chunk");
+    cJSON_Delete(ja); cJSON_Delete(jb);
+    free(a); free(b); free(s); free(t);
+}
+
+Test(server, max_tokens_one_is_length)
+{
+    char *b;
+    chat("{" HELLO ",\"max_tokens\":1,\"temperature\":0}", &b);
+    cJSON *j = parse(b);
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cr_expect_str_eq(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "length");
+    cr_expect_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint, 1);
+    cJSON_Delete(j); free(b);
+}
+
+Test(server, stop_string_not_in_output)
+{
+    char *b;
+    chat("{" HELLO ",\"max_tokens\":16,\"temperature\":0}", &b);
+    cJSON *j = parse(b);
+    const char *t = content_of(j);
+    /* Use a piece of the greedy output as the stop string. */
+    if (strlen(t) >= 4) {
+        char stop[8] = { 0 };
+        memcpy(stop, t + strlen(t) / 2, 3);
+        char body[512], *b2;
+        snprintf(body, sizeof body, "{" HELLO ",\"max_tokens\":16,\"temperature\":0,\"stop\":[\"%s\"]}", stop);
+        for (char *p = stop; *p; p++) cr_assert(*p != '"' && *p != '\\');
+        chat(body, &b2);
+        cJSON *j2 = parse(b2);
+        cr_expect(strstr(content_of(j2), stop) == NULL, "stop %s in %s", stop, content_of(j2));
+        cJSON_Delete(j2); free(b2);
+    }
+    cJSON_Delete(j); free(b);
+}
+
+Test(server, seed_reproducible)
+{
+    char *a, *b;
+    const char *body = "{" HELLO ",\"max_tokens\":8,\"temperature\":1,\"seed\":42}";
+    chat(body, &a);
+    chat(body, &b);
+    cJSON *ja = parse(a), *jb = parse(b);
+    cr_expect_str_eq(content_of(ja), content_of(jb));
+    cJSON_Delete(ja); cJSON_Delete(jb); free(a); free(b);
+}
+
+Test(server, completions_shape)
+{
+    char *b;
+    cr_assert_eq(req("POST", "/v1/completions", "application/json",
+                     "{\"prompt\":\"Once upon\",\"max_tokens\":4,\"temperature\":0}", NULL, &b), 200, "%s", b);
+    cJSON *j = parse(b);
+    cr_expect_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cr_expect(cJSON_IsString(cJSON_GetObjectItem(c, "text")));
+    cr_expect(cJSON_GetObjectItem(j, "usage") != NULL);
+    cJSON_Delete(j); free(b);
+}
+
+Test(server, health_and_models)
+{
+    char *b;
+    cr_expect_eq(req("GET", "/health", NULL, NULL, NULL, &b), 200);
+    cr_expect(strstr(b, "\"ok\""));
+    free(b);
+    cr_expect_eq(req("GET", "/v1/models", NULL, NULL, NULL, &b), 200);
+    cJSON *j = parse(b);
+    cr_expect_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
+    cr_expect(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0), "id")));
+    cJSON_Delete(j); free(b);
+}
+
+static void expect_error(long code, long want, const char *body, const char *param)
+{
+    cr_expect_eq(code, want, "status %ld, want %ld: %s", code, want, body);
+    cJSON *j = cJSON_Parse(body);
+    cJSON *e = j ? cJSON_GetObjectItem(j, "error") : NULL;
+    cr_expect(e && cJSON_IsString(cJSON_GetObjectItem(e, "message")), "not an error object: %s", body);
+    if (e && param) {
+        cJSON *p = cJSON_GetObjectItem(e, "param");
+        cr_expect(cJSON_IsString(p) && !strcmp(p->valuestring, param), "param: %s", body);
+    }
+    cJSON_Delete(j);
+}
+
+Test(server, errors)
+{
+    char *b;
+    { long code_ = req("GET", "/nope", NULL, NULL, NULL, &b); expect_error(code_, 404, b, NULL); free(b); }
+    { long code_ = req("GET", "/v1/chat/completions", NULL, NULL, NULL, &b); expect_error(code_, 405, b, NULL); free(b); }
+    { long code_ = req("POST", "/v1/chat/completions", "text/plain", "{}", NULL, &b); expect_error(code_, 415, b, NULL); free(b); }
+    { long code_ = chat("{" HELLO ",\"temperature\":3}", &b); expect_error(code_, 400, b, "temperature"); free(b); }
+    { long code_ = chat("{\"messages\":", &b); expect_error(code_, 400, b, NULL); free(b); }
+    { long code_ = chat("{\"max_tokens\":3}", &b); expect_error(code_, 400, b, "messages"); free(b); }
+    { long code_ = chat("{" HELLO ",\"top_logprobs\":3}", &b); expect_error(code_, 400, b, "top_logprobs"); free(b); }
+    /* 33 MiB real body */
+    size_t n = 33u << 20;
+    char *big = malloc(n + 1);
+    memset(big, ' ', n);
+    big[0] = '{'; big[n - 1] = '}'; big[n] = 0;
+    long c413 = chat(big, &b);
+    expect_error(c413, 413, b, NULL);
+    free(b); free(big);
+}
+
+Test(server, api_key)
+{
+    stop();
+    start(NULL, "--api-key", "sekrit");
+    char *b;
+    { long code_ = req("GET", "/v1/models", NULL, NULL, NULL, &b); expect_error(code_, 401, b, NULL); free(b); }
+    { long code_ = req("GET", "/v1/models", NULL, NULL, "wrong", &b); expect_error(code_, 401, b, NULL); free(b); }
+    cr_expect_eq(req("GET", "/v1/models", NULL, NULL, "sekrit", &b), 200); free(b);
+    cr_expect_eq(req("GET", "/health", NULL, NULL, NULL, &b), 200); free(b);
+}
+
+struct par { const char *body; long code; double t_end; int idx; };
+static void *par_run(void *p)
+{
+    struct par *x = p;
+    char *b;
+    x->code = chat(x->body, &b);
+    x->t_end = now();
+    free(b);
+    return NULL;
+}
+
+Test(server, queue_full_503)
+{
+    stop();
+    start("\"queue_max\":1", NULL, NULL);
+    /* 8 clients at once against 1 running + 1 waiting slot: some must be turned away. */
+    struct par ps[8];
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        ps[i] = (struct par){ "{" HELLO ",\"max_tokens\":500,\"temperature\":0}", 0, 0, i };
+        pthread_create(&th[i], NULL, par_run, &ps[i]);
+        usleep(5000);
+    }
+    int n503 = 0, n200 = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        n503 += ps[i].code == 503;
+        n200 += ps[i].code == 200;
+    }
+    cr_expect(n503 >= 1, "no 503 with queue_max 1 (200s: %d)", n200);
+    cr_expect(n200 >= 1);
+}
+
+Test(server, fifo_order)
+{
+    struct par ps[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        ps[i] = (struct par){ "{" HELLO ",\"max_tokens\":12,\"temperature\":0}", 0, 0, i };
+        pthread_create(&th[i], NULL, par_run, &ps[i]);
+        usleep(30000);   /* arrival order 0,1,2,3 */
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 1; i < 4; i++) cr_expect(ps[i].t_end >= ps[i - 1].t_end, "request %d finished before %d", i, i - 1);
+}
+
+static size_t abort_after_data(char *d, size_t sz, size_t nm, void *ud)
+{
+    int *seen = ud;
+    if (strstr(d, "\"content\"") && ++*seen >= 2) return 0;   /* abort the transfer */
+    return sz * nm;
+}
+
+Test(server, disconnect_cancels)
+{
+    CURL *c = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    int seen = 0;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{" HELLO ",\"max_tokens\":100000,\"stream\":true}");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, abort_after_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &seen);
+    curl_easy_perform(c);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    double t0 = now();
+    char *b;
+    cr_expect_eq(chat("{" HELLO ",\"max_tokens\":2,\"temperature\":0}", &b), 200);
+    free(b);
+    cr_expect(now() - t0 < 10, "follow-up took %.1f s: the aborted stream kept running", now() - t0);
+}

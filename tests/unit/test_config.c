@@ -1,0 +1,121 @@
+/* test_config.c - config loading: defaults, valid files, one-line errors naming the
+ * key path, and command-line flags overriding keys. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/config.h"
+
+static int parse(const char *json, struct config *c, char *err)
+{
+    config_defaults(c);
+    return config_parse(c, json, err, 256);
+}
+
+Test(config, valid_file)
+{
+    struct config c;
+    char err[256] = "";
+    int rc = parse("{\"host\":\"0.0.0.0\",\"port\":9000,\"model\":\"m.gguf\",\"mmproj\":null,"
+                   "\"context\":2048,\"threads\":4,\"api_key\":\"k\",\"queue_max\":3,"
+                   "\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":96},{\"backend\":\"cuda\",\"index\":0}],"
+                   "\"layer_split\":[0.6,0.4],\"vram_elastic\":false,\"vram_reserve_mib\":[1,2],"
+                   "\"vision\":{\"lazy\":false,\"idle_s\":5,\"vram_mib\":null,\"device\":1,"
+                   "\"max_image_tokens\":256,\"max_images\":2}}", &c, err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect_str_eq(c.host, "0.0.0.0");
+    cr_expect_eq(c.port, 9000);
+    cr_expect_eq(c.context, 2048);
+    cr_expect_eq(c.queue_max, 3);
+    cr_expect_str_eq(c.api_key, "k");
+    cr_expect(!c.devices_auto);
+    cr_expect_eq(c.n_devices, 2);
+    cr_expect_eq(c.devices[0].vram_mib, 96);
+    cr_expect_eq(c.devices[1].backend, DEVICE_CUDA);
+    cr_expect_eq(c.n_layer_split, 2);
+    cr_expect_eq(c.n_vram_reserve, 2);
+    cr_expect(!c.vision.lazy);
+    cr_expect_eq(c.vision.idle_s, 5);
+    cr_expect_eq(c.vision.max_images, 2);
+    config_free(&c);
+}
+
+Test(config, defaults)
+{
+    struct config c;
+    config_defaults(&c);
+    cr_expect_str_eq(c.host, "127.0.0.1");
+    cr_expect_eq(c.port, 8080);
+    cr_expect_eq(c.context, 4096);
+    cr_expect_eq(c.queue_max, 64);
+    cr_expect(c.devices_auto && c.vram_elastic && c.vision.lazy);
+    cr_expect_eq(c.vision.idle_s, 900);
+    config_free(&c);
+}
+
+static void expect_err(const char *json, const char *want)
+{
+    struct config c;
+    char err[256] = "";
+    int rc = parse(json, &c, err);
+    cr_expect(rc < 0, "accepted %s", json);
+    cr_expect(strstr(err, want) != NULL, "error \"%s\" lacks \"%s\"", err, want);
+    cr_expect(strchr(err, '\n') == NULL, "more than one line: %s", err);
+    config_free(&c);
+}
+
+Test(config, errors_name_the_key)
+{
+    expect_err("{\"vision\":{\"idle_s\":\"abc\"}}", "config: vision.idle_s: expected a non-negative integer, got \"abc\"");
+    expect_err("{\"prot\":1}", "config: prot: unknown key");
+    expect_err("{\"port\":70000}", "config: port:");
+    expect_err("{\"port\":\"80\"}", "config: port:");
+    expect_err("{\"context\":1.5}", "config: context:");
+    expect_err("{\"queue_max\":0}", "config: queue_max:");
+    expect_err("{\"api_key\":5}", "config: api_key:");
+    expect_err("{\"devices\":\"gpu\"}", "config: devices:");
+    expect_err("{\"devices\":[{\"backend\":\"tpu\"}]}", "config: devices[0].backend:");
+    expect_err("{\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":-1}]}", "config: devices[0].vram_mib:");
+    expect_err("{\"devices\":[{\"backend\":\"cpu\",\"colour\":1}]}", "config: devices[0].colour: unknown key");
+    expect_err("{\"layer_split\":[0.5,\"x\"]}", "config: layer_split[1]:");
+    expect_err("{\"vram_reserve_mib\":[-3]}", "config: vram_reserve_mib[0]:");
+    expect_err("{\"vram_elastic\":1}", "config: vram_elastic:");
+    expect_err("{\"vision\":{\"lazy\":\"yes\"}}", "config: vision.lazy:");
+    expect_err("{\"vision\":{\"zoom\":1}}", "config: vision.zoom: unknown key");
+    expect_err("{\"model\":", "config:");
+}
+
+Test(config, flags_override)
+{
+    char path[] = "/tmp/tide-cfg-XXXXXX";
+    int fd = mkstemp(path);
+    const char *j = "{\"host\":\"127.0.0.1\",\"port\":1234,\"model\":\"a.gguf\",\"api_key\":null}";
+    cr_assert(write(fd, j, strlen(j)) == (ssize_t)strlen(j));
+    close(fd);
+    char *argv[] = { "tide", "--config", path, "--port", "4321", "--host", "0.0.0.0", "--model", "b.gguf",
+                     "--api-key", "k2", "--threads", "3", "--mmproj", "p.gguf", NULL };
+    struct config c;
+    char err[256] = "";
+    int rc = config_load(&c, 15, argv, err, sizeof err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect_eq(c.port, 4321);
+    cr_expect_str_eq(c.host, "0.0.0.0");
+    cr_expect_str_eq(c.model, "b.gguf");
+    cr_expect_str_eq(c.api_key, "k2");
+    cr_expect_str_eq(c.mmproj, "p.gguf");
+    cr_expect_eq(c.threads, 3);
+    config_free(&c);
+    char *bad[] = { "tide", "--config", path, "--port", "x", NULL };
+    cr_expect_lt(config_load(&c, 5, bad, err, sizeof err), 0);
+    cr_expect(strstr(err, "--port") != NULL, "%s", err);
+    config_free(&c);
+    char *unk[] = { "tide", "--colour", "x", NULL };
+    cr_expect_lt(config_load(&c, 3, unk, err, sizeof err), 0);
+    config_free(&c);
+    char *missing[] = { "tide", "--config", "/nonexistent/tide.json", NULL };
+    cr_expect_lt(config_load(&c, 3, missing, err, sizeof err), 0);
+    cr_expect(strstr(err, "/nonexistent/tide.json") != NULL, "%s", err);
+    config_free(&c);
+    unlink(path);
+}

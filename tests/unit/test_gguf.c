@@ -1,0 +1,318 @@
+/* test_gguf.c - GGUF reader/writer round trips, type conversions, corrupt-input
+ * handling, and the model generator's output loading back. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/gguf.h"
+#include "engine/modelgen.h"
+
+static void *small_file(size_t *size)
+{
+    struct gguf_writer *w = gguf_writer_new();
+    cr_assert(w);
+    gguf_w_u32(w, "a.u32", 7);
+    gguf_w_str(w, "a.str", "hi");
+    const char *ss[2] = {"x", "yz"};
+    gguf_w_arr_str(w, "a.strs", ss, 2);
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = (float)i;
+    uint64_t ne[1] = {32};
+    gguf_w_tensor(w, "t", GGML_TYPE_F32, 1, ne, d);
+    void *buf;
+    cr_assert_eq(gguf_writer_to_memory(w, &buf, size), 0);
+    gguf_writer_free(w);
+    return buf;
+}
+
+Test(gguf, roundtrip_kv_and_tensors)
+{
+    struct gguf_writer *w = gguf_writer_new();
+    gguf_w_u32(w, "k.u32", 4000000000u);
+    gguf_w_i32(w, "k.i32", -5);
+    gguf_w_f32(w, "k.f32", 1.5f);
+    gguf_w_bool(w, "k.bool", true);
+    gguf_w_str(w, "k.str", "hello");
+    const char *ss[3] = {"a", "", "ccc"};
+    gguf_w_arr_str(w, "k.astr", ss, 3);
+    int32_t ai[4] = {1, -2, 3, -4};
+    gguf_w_arr_i32(w, "k.ai32", ai, 4);
+    float af[2] = {0.25f, -8.0f};
+    gguf_w_arr_f32(w, "k.af32", af, 2);
+    float data[64 * 3];
+    for (int i = 0; i < 64 * 3; i++) data[i] = sinf((float)i) * 2.0f;
+    uint64_t ne[2] = {64, 3};
+    uint32_t types[4] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0};
+    const char *names[4] = {"t.f32", "t.f16", "t.bf16", "t.q8"};
+    for (int t = 0; t < 4; t++) gguf_w_tensor(w, names[t], types[t], 2, ne, data);
+    void *buf;
+    size_t size;
+    cr_assert_eq(gguf_writer_to_memory(w, &buf, &size), 0);
+    gguf_writer_free(w);
+
+    struct gguf_file g;
+    char err[200];
+    cr_assert_eq(gguf_open_memory(&g, buf, size, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(g.version, 3);
+    cr_assert_eq(g.alignment, 32);
+    uint32_t u;
+    uint64_t u64;
+    float f;
+    bool b;
+    struct gguf_str s;
+    cr_assert_eq(gguf_get_u32(&g, "k.u32", &u), 0);
+    cr_assert_eq(u, 4000000000u);
+    cr_assert_eq(gguf_get_u64(&g, "k.u32", &u64), 0);
+    cr_assert_eq(gguf_get_u32(&g, "k.i32", &u), TIDE_EFORMAT); /* negative */
+    cr_assert_eq(gguf_find_kv(&g, "k.i32")->v.i64, -5);
+    cr_assert_eq(gguf_get_f32(&g, "k.f32", &f), 0);
+    cr_assert_eq(f, 1.5f);
+    cr_assert_eq(gguf_get_bool(&g, "k.bool", &b), 0);
+    cr_assert(b);
+    cr_assert_eq(gguf_get_str(&g, "k.str", &s), 0);
+    cr_assert(gguf_str_eq(s, "hello"));
+    char *dup = gguf_dup_str(&g, "k.str");
+    cr_assert_str_eq(dup, "hello");
+    free(dup);
+    cr_assert_eq(gguf_get_str(&g, "k.u32", &s), TIDE_EFORMAT);
+    cr_assert_eq(gguf_get_u32(&g, "nope", &u), TIDE_ENOTFOUND);
+    const struct gguf_kv *kv = gguf_find_kv(&g, "k.astr");
+    cr_assert(kv && kv->type == GGUF_TYPE_ARRAY && kv->v.arr.type == GGUF_TYPE_STRING);
+    cr_assert_eq(kv->v.arr.n, 3);
+    cr_assert(gguf_str_eq(kv->v.arr.strs[0], "a"));
+    cr_assert(gguf_str_eq(kv->v.arr.strs[1], ""));
+    cr_assert(gguf_str_eq(kv->v.arr.strs[2], "ccc"));
+    kv = gguf_find_kv(&g, "k.ai32");
+    cr_assert_eq(kv->v.arr.n, 4);
+    int32_t got[4];
+    memcpy(got, kv->v.arr.data, 16);
+    cr_assert_eq(got[3], -4);
+    kv = gguf_find_kv(&g, "k.af32");
+    float gf[2];
+    memcpy(gf, kv->v.arr.data, 8);
+    cr_assert_eq(gf[1], -8.0f);
+
+    float tol[4] = {0, 2e-3f, 1.6e-2f, 2.0f / 127};
+    for (int t = 0; t < 4; t++) {
+        const struct gguf_tensor *gt = gguf_find_tensor(&g, names[t]);
+        cr_assert(gt, "%s", names[t]);
+        cr_assert_eq(gt->type, types[t]);
+        cr_assert_eq(gt->n_dims, 2);
+        cr_assert_eq(gt->ne[0], 64);
+        cr_assert_eq(gt->ne[1], 3);
+        cr_assert_eq(gt->ne[2], 1);
+        cr_assert_eq(gt->nbytes, ggml_row_size(types[t], 64) * 3);
+        cr_assert_eq(((uintptr_t)gt->data - (uintptr_t)buf) % 32, 0);
+        float out[64 * 3];
+        ggml_dequantize(types[t], gt->data, out, 64 * 3);
+        for (int i = 0; i < 64 * 3; i++)
+            cr_assert(fabsf(out[i] - data[i]) <= tol[t] * 1.01f, "%s[%d] %g vs %g", names[t], i, out[i], data[i]);
+    }
+    cr_assert_null(gguf_find_tensor(&g, "t.none"));
+    gguf_close(&g);
+    free(buf);
+}
+
+Test(gguf, f16_exact)
+{
+    /* every half value converts to float and back unchanged (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = tide_f16_to_f32((uint16_t)h);
+        uint16_t back = tide_f32_to_f16(f);
+        if (isnan(f)) cr_assert(isnan(tide_f16_to_f32(back)));
+        else cr_assert_eq(back, h, "h=%04x f=%g back=%04x", h, f, back);
+    }
+    cr_assert_eq(tide_f16_to_f32(0x3c00), 1.0f);
+    cr_assert_eq(tide_f16_to_f32(0x0001), ldexpf(1.0f, -24));
+    cr_assert_eq(tide_f32_to_f16(65520.0f), 0x7c00);        /* rounds to inf */
+    cr_assert_eq(tide_f32_to_f16(65519.0f), 0x7bff);
+    cr_assert_eq(tide_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie to even */
+    cr_assert_eq(tide_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);
+    cr_assert_eq(tide_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);       /* tie to even zero */
+    cr_assert_eq(tide_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
+    cr_assert_eq(tide_f32_to_f16(-INFINITY), 0xfc00);
+    cr_assert_eq(tide_f32_to_f16(1e-10f), 0);
+}
+
+Test(gguf, bf16_and_q)
+{
+    cr_assert_eq(tide_f32_to_bf16(1.0f), 0x3f80);
+    cr_assert_eq(tide_bf16_to_f32(0x3f80), 1.0f);
+    /* 1 + 2^-8 is a tie between 0x3f80 and 0x3f81: even wins */
+    cr_assert_eq(tide_f32_to_bf16(1.0f + ldexpf(1.0f, -8)), 0x3f80);
+    cr_assert_eq(tide_f32_to_bf16(1.0f + 3 * ldexpf(1.0f, -8)), 0x3f82);
+    cr_assert(isnan(tide_bf16_to_f32(tide_f32_to_bf16(NAN))));
+    /* q8_0 */
+    float x[64], y[64];
+    uint8_t q[68];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i - 30) * 0.1f;
+    cr_assert_eq(ggml_quantize(GGML_TYPE_Q8_0, x, q, 64), 68);
+    ggml_dequantize(GGML_TYPE_Q8_0, q, y, 64);
+    for (int i = 0; i < 64; i++) cr_assert(fabsf(x[i] - y[i]) < 3.4f / 127 * 0.51f + 1e-3f);
+    /* q4_0: hand-built block, d = 0.5, nibble n -> (n - 8) * 0.5 */
+    uint8_t b4[18] = {0x00, 0x38};
+    for (int j = 0; j < 16; j++) b4[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+    ggml_dequantize(GGML_TYPE_Q4_0, b4, y, 32);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], (j - 8) * 0.5f);
+        cr_assert_eq(y[16 + j], (15 - j - 8) * 0.5f);
+    }
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q4_0, 64), 36);
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q8_0, 33), 0);
+    cr_assert_str_eq(ggml_type_name(GGML_TYPE_BF16), "bf16");
+}
+
+Test(gguf, every_truncation_fails)
+{
+    size_t size;
+    uint8_t *buf = small_file(&size);
+    struct gguf_file g;
+    char err[200];
+    cr_assert_eq(gguf_open_memory(&g, buf, size, err, sizeof err), 0, "%s", err);
+    gguf_close(&g);
+    /* the data section is the last 128 bytes; any shorter prefix must fail cleanly */
+    for (size_t n = 0; n < size; n++) {
+        uint8_t *cp = malloc(n ? n : 1);
+        memcpy(cp, buf, n);
+        err[0] = 0;
+        int rc = gguf_open_memory(&g, cp, n, err, sizeof err);
+        cr_assert_eq(rc, TIDE_EFORMAT, "prefix %zu accepted", n);
+        cr_assert(strncmp(err, "gguf: ", 6) == 0, "prefix %zu: no message", n);
+        free(cp);
+    }
+    free(buf);
+}
+
+static int open_patched(const uint8_t *buf, size_t size, size_t at, const void *patch, size_t n,
+                        char *err, size_t errlen)
+{
+    uint8_t *cp = malloc(size);
+    memcpy(cp, buf, size);
+    memcpy(cp + at, patch, n);
+    struct gguf_file g;
+    int rc = gguf_open_memory(&g, cp, size, err, errlen);
+    if (rc == 0) gguf_close(&g);
+    free(cp);
+    return rc;
+}
+
+static size_t find(const uint8_t *buf, size_t size, const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i + n <= size; i++)
+        if (!memcmp(buf + i, s, n)) return i;
+    cr_assert_fail("pattern %s missing", s);
+    return 0;
+}
+
+Test(gguf, corrupt_inputs)
+{
+    size_t size;
+    uint8_t *buf = small_file(&size);
+    char err[200];
+    cr_assert_eq(open_patched(buf, size, 0, "GGUX", 4, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "magic"), "%s", err);
+    uint32_t v9 = 9;
+    cr_assert_eq(open_patched(buf, size, 4, &v9, 4, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "version"), "%s", err);
+    uint64_t huge = UINT64_MAX / 2;
+    cr_assert_eq(open_patched(buf, size, 8, &huge, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "tensor count"), "%s", err);
+    cr_assert_eq(open_patched(buf, size, 16, &huge, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "kv count"), "%s", err);
+    /* the string array's element count */
+    size_t at = find(buf, size, "a.strs") + 6 + 4 + 4;
+    cr_assert_eq(open_patched(buf, size, at, &huge, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "a.strs"), "%s", err);
+    /* a key length past the end */
+    cr_assert_eq(open_patched(buf, size, find(buf, size, "a.u32") - 8, &huge, 8, err, sizeof err), TIDE_EFORMAT);
+    /* an unknown value type */
+    uint32_t bad = 99;
+    cr_assert_eq(open_patched(buf, size, find(buf, size, "a.u32") + 5, &bad, 4, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "unknown value type"), "%s", err);
+    /* tensor info "t": name len(8) "t" n_dims(4) ne(8) type(4) offset(8) */
+    static const uint8_t pat[13] = {1, 0, 0, 0, 0, 0, 0, 0, 't', 1, 0, 0, 0};
+    const uint8_t *hit = memmem(buf, size, pat, sizeof pat);
+    cr_assert(hit);
+    size_t ti = (size_t)(hit - buf) + 9;
+    cr_assert_eq(open_patched(buf, size, ti + 12, &bad, 4, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "unknown type"), "%s", err);
+    uint64_t off = 1u << 20;
+    cr_assert_eq(open_patched(buf, size, ti + 16, &off, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert_str_eq(err, "gguf: tensor 't' data beyond end of file");
+    off = 4;
+    cr_assert_eq(open_patched(buf, size, ti + 16, &off, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "aligned"), "%s", err);
+    uint32_t dims = 5;
+    cr_assert_eq(open_patched(buf, size, ti, &dims, 4, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "dims"), "%s", err);
+    uint64_t ne0 = 1ull << 40;
+    cr_assert_eq(open_patched(buf, size, ti + 4, &ne0, 8, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "beyond end"), "%s", err);
+    free(buf);
+}
+
+Test(gguf, file_io)
+{
+    char path[] = "/tmp/tide-test-gguf-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    struct gguf_writer *w = gguf_writer_new();
+    gguf_w_str(w, "general.architecture", "llama");
+    cr_assert_eq(gguf_writer_write(w, path), 0);
+    gguf_writer_free(w);
+    struct gguf_file g;
+    char err[200];
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(g.n_tensors, 0);
+    cr_assert_eq(g.n_kv, 2);
+    gguf_close(&g);
+    unlink(path);
+    cr_assert_eq(gguf_open(&g, "/nonexistent/x.gguf", err, sizeof err), TIDE_ENOTFOUND);
+}
+
+Test(gguf, modelgen_presets_load)
+{
+    const char *ps[3] = {"dense", "moe", "qwen3moe"};
+    for (int i = 0; i < 3; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-%s.gguf", (int)getpid(), ps[i]);
+        struct modelgen_options o = {.preset = ps[i], .out = path, .seed = 3, .type = -1};
+        char err[200] = "";
+        struct modelgen_summary s;
+        cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+        struct gguf_file g;
+        cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+        char *arch = gguf_dup_str(&g, "general.architecture");
+        cr_assert(arch);
+        char key[96];
+        uint32_t n_embd, n_layer;
+        snprintf(key, sizeof key, "%s.embedding_length", arch);
+        cr_assert_eq(gguf_get_u32(&g, key, &n_embd), 0);
+        snprintf(key, sizeof key, "%s.block_count", arch);
+        cr_assert_eq(gguf_get_u32(&g, key, &n_layer), 0);
+        const struct gguf_kv *tok = gguf_find_kv(&g, "tokenizer.ggml.tokens");
+        cr_assert(tok && tok->v.arr.n == s.n_vocab);
+        cr_assert(gguf_str_eq(tok->v.arr.strs[tok->v.arr.n - 1], "<|im_end|>"));
+        cr_assert(gguf_str_eq(tok->v.arr.strs['A'], "A"));
+        cr_assert(gguf_str_eq(tok->v.arr.strs[' '], "\xc4\xa0")); /* U+0120 */
+        const struct gguf_kv *mg = gguf_find_kv(&g, "tokenizer.ggml.merges");
+        cr_assert(mg && mg->v.arr.n == s.n_vocab - 259);
+        const struct gguf_tensor *te = gguf_find_tensor(&g, "token_embd.weight");
+        cr_assert(te && te->ne[0] == n_embd && te->ne[1] == s.n_vocab);
+        snprintf(key, sizeof key, "blk.%u.attn_norm.weight", n_layer - 1);
+        cr_assert(gguf_find_tensor(&g, key));
+        if (i > 0) {
+            const struct gguf_tensor *ex = gguf_find_tensor(&g, "blk.0.ffn_down_exps.weight");
+            cr_assert(ex && ex->n_dims == 3 && ex->ne[1] == n_embd && ex->ne[2] == 8);
+        }
+        free(arch);
+        gguf_close(&g);
+        unlink(path);
+    }
+}
