@@ -1,0 +1,165 @@
+/* Tokenizer and template checks on the vocabulary the model tool writes (the one the
+ * daemon serves), plus a hand-made SentencePiece vocabulary. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/gguf.h"
+#include "engine/modelgen.h"
+#include "engine/template.h"
+#include "engine/tokenizer.h"
+
+static struct gguf_file g;
+static struct tokenizer *tok;
+
+static void setup(void)
+{
+    char err[256];
+    struct modelgen_options o = {.preset = "dense", .out = "/tmp/tide-test-tok.gguf", .seed = 7, .type = -1};
+    struct modelgen_summary sum;
+    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(gguf_open(&g, o.out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(tokenizer_load(&tok, &g, err, sizeof err), 0, "%s", err);
+}
+
+static void teardown(void)
+{
+    tokenizer_free(tok);
+    gguf_close(&g);
+    unlink("/tmp/tide-test-tok.gguf");
+}
+
+/* Decode ids back to bytes. */
+static char *detok(const int *ids, int n)
+{
+    char *out = calloc((size_t)n * 64 + 1, 1);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        int l = tokenizer_token_bytes(tok, ids[i], out + len, 64);
+        cr_assert_geq(l, 0);
+        len += (size_t)l;
+    }
+    return out;
+}
+
+static void round_trip(const char *s)
+{
+    int *ids, n;
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    char *back = detok(ids, n);
+    cr_assert_str_eq(back, s, "round trip of '%s'", s);
+    free(back);
+    free(ids);
+}
+
+TestSuite(tokenizer, .init = setup, .fini = teardown);
+
+Test(tokenizer, round_trips_ascii_utf8_whitespace)
+{
+    round_trip("Hello there, what colour is the red square?");
+    round_trip("  two  spaces\tand a tab\n\nnew lines\n");
+    round_trip("12 + 30 = 42, 1000000");
+    round_trip("caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x8E\x89 done");
+    round_trip("it's we're they'll I'd");
+}
+
+Test(tokenizer, merges_make_common_words_short)
+{
+    int *ids, n;
+    const char *s = " the the the";
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    cr_assert_lt(n, (int)strlen(s), "BPE merges did not apply: %d tokens for %zu bytes", n, strlen(s));
+    cr_assert_eq(ids[0], ids[1]);
+    free(ids);
+}
+
+Test(tokenizer, special_tokens_only_when_asked)
+{
+    const char *s = "<|im_start|>user\nhi<|im_end|>";
+    int *ids, n;
+    int start = tokenizer_find(tok, "<|im_start|>"), end = tokenizer_find(tok, "<|im_end|>");
+    cr_assert_geq(start, 0);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), true, &ids, &n), 0);
+    cr_assert_eq(ids[0], start);
+    cr_assert_eq(ids[n - 1], end);
+    cr_assert(tokenizer_is_eog(tok, end));
+    cr_assert(!tokenizer_is_eog(tok, ids[1]));
+    free(ids);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    for (int i = 0; i < n; i++) cr_assert_neq(ids[i], start);
+    char *back = detok(ids, n);
+    cr_assert_str_eq(back, s);
+    free(back);
+    free(ids);
+}
+
+Test(utf8_stream, never_splits_a_character)
+{
+    struct utf8_stream u = {0};
+    const char *emoji = "\xF0\x9F\x8E\x89";
+    char out[64];
+    for (int i = 0; i < 3; i++) cr_assert_eq(utf8_stream_feed(&u, emoji + i, 1, out), 0);
+    cr_assert_eq(utf8_stream_feed(&u, emoji + 3, 1, out), 4);
+    cr_assert_eq(memcmp(out, emoji, 4), 0);
+    /* a broken sequence becomes U+FFFD, the next character survives */
+    size_t n = utf8_stream_feed(&u, "\xC3" "A", 2, out);
+    cr_assert_eq(n, 4);
+    cr_assert_eq(memcmp(out, "\xEF\xBF\xBD" "A", 4), 0);
+    cr_assert_eq(utf8_stream_feed(&u, "\xE6\x97", 2, out), 0);
+    cr_assert_eq(utf8_stream_flush(&u, out), 3);
+}
+
+Test(tokenizer_spm, scores_and_byte_fallback)
+{
+    const char *toks[260] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi"};
+    float scores[260] = {0, 0, 0, -1, -2, -2, -1.5f, -0.5f};
+    int32_t types[260] = {2, 3, 3, 1, 1, 1, 1, 1};
+    char bytes[256][8];
+    for (int b = 0; b < 252; b++) {
+        snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+        toks[8 + b] = bytes[b];
+        scores[8 + b] = -10;
+        types[8 + b] = 6;
+    }
+    struct tokenizer *t;
+    cr_assert_eq(tokenizer_create(&t, "llama", NULL, toks, scores, types, 260, NULL, 0), 0);
+    int *ids, n;
+    cr_assert_eq(tokenizer_encode(t, "hi hi", 5, false, &ids, &n), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(ids[0], 7);
+    cr_assert_eq(ids[1], 7);
+    free(ids);
+    /* 'z' is not in the vocabulary: it falls back to its byte token */
+    cr_assert_eq(tokenizer_encode(t, "z", 1, false, &ids, &n), 0);
+    char buf[16];
+    int len = 0;
+    for (int i = 0; i < n; i++) len += tokenizer_token_bytes(t, ids[i], buf + len, 8);
+    buf[len] = 0;
+    cr_assert_str_eq(buf, " z");
+    free(ids);
+    tokenizer_free(t);
+}
+
+Test(template, formats_and_detection)
+{
+    struct chat_message m[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+    char *s = template_apply(TEMPLATE_CHATML, m, 4, true);
+    cr_assert_str_eq(s, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+                        "<|im_start|>assistant\n");
+    free(s);
+    s = template_apply(TEMPLATE_LLAMA3, m + 1, 1, true);
+    cr_assert_str_eq(s, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(s);
+    s = template_apply(TEMPLATE_MISTRAL, m, 4, true);
+    cr_assert_str_eq(s, "<s>[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] Bye [/INST]");
+    free(s);
+    cr_assert_eq(template_detect(NULL), TEMPLATE_CHATML);
+    cr_assert_eq(template_detect("{% for m in messages %}<|im_start|>{{ m.role }}"), TEMPLATE_CHATML);
+    cr_assert_eq(template_detect("{{ '<|start_header_id|>' + message['role'] }}"), TEMPLATE_LLAMA3);
+    cr_assert_eq(template_detect("{{ '[INST] ' + content + ' [/INST]' }}"), TEMPLATE_MISTRAL);
+    cr_assert_eq(template_detect("something else"), TEMPLATE_CHATML);
+}
