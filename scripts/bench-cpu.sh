@@ -42,3 +42,13 @@ int main(int argc, char **argv)
 C
 gcc -std=c11 -D_GNU_SOURCE -O2 -Isrc -pthread "$DRV" build/libtide.a -lm -o "${DRV%.c}"
 "${DRV%.c}" "$MODEL" "$THREADS"
+
+# llama.cpp side by side, when a build is at hand (LLAMA_BENCH=path/to/llama-bench, or the
+# default /tmp/llama.cpp/build/bin/llama-bench): same file, same threads, same sizes.
+LB="${LLAMA_BENCH:-/tmp/llama.cpp/build/bin/llama-bench}"
+if [ -x "$LB" ]; then
+  T="$THREADS"; [ "$T" = 0 ] && T=$(nproc)
+  "$LB" -m "$MODEL" -t "$T" -p 256 -n 32 -r 2
+else
+  echo "llama-bench not found (set LLAMA_BENCH): tide numbers only"
+fi
