@@ -1,7 +1,7 @@
 # tide - build, test, run.  `make V=1` shows full commands.
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -MMD -MP -Isrc
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -MMD -MP -Isrc
 LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lm -pthread
 BUILD   ?= build
 
@@ -16,7 +16,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      := $(wildcard $(CUDA_HOME)/bin/nvcc)
 CU_SRC    := $(shell find src -name '*.cu' 2>/dev/null)
 ifneq ($(and $(NVCC),$(CU_SRC)),)
-CFLAGS    += -DTIDE_CUDA -I$(CUDA_HOME)/include
+override CFLAGS += -DTIDE_CUDA -I$(CUDA_HOME)/include
 NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -Isrc -MMD -MP
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -lcublas_static -lcublasLt_static -lculibos -ldl -lrt -lstdc++
 CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
