@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,28 +50,42 @@ static float f16_table[65536];
 
 struct worker_arg { struct cpu_ctx *c; int ith; };
 
+/* Workers spin briefly on the job generation before sleeping on the condition variable:
+ * a decode step issues ~100 small matmuls, and a futex wake per matmul cost more than the
+ * matmul itself. gen and n_done are read with atomics outside the mutex; every write of
+ * gen happens under the mutex so a sleeping worker never misses one. */
+#define POOL_SPIN 20000
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *p)
 {
     struct worker_arg wa = *(struct worker_arg *)p;
     free(p);
     struct cpu_ctx *c = wa.c;
     uint64_t seen = 0;
-    pthread_mutex_lock(&c->mu);
     for (;;) {
+        for (int i = 0; i < POOL_SPIN && __atomic_load_n(&c->gen, __ATOMIC_ACQUIRE) == seen &&
+                        !__atomic_load_n(&c->quit, __ATOMIC_ACQUIRE); i++)
+            cpu_relax();
+        pthread_mutex_lock(&c->mu);
         while (c->gen == seen && !c->quit)
             pthread_cond_wait(&c->cv_start, &c->mu);
-        if (c->quit)
-            break;
+        bool quit = c->quit;
         seen = c->gen;
         job_fn fn = c->fn;
         void *arg = c->arg;
         pthread_mutex_unlock(&c->mu);
+        if (quit)
+            break;
         fn(arg, wa.ith, c->n_threads);
-        pthread_mutex_lock(&c->mu);
-        if (++c->n_done == c->n_threads - 1)
-            pthread_cond_signal(&c->cv_done);
+        __atomic_add_fetch(&c->n_done, 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&c->mu);
     return NULL;
 }
 
@@ -84,15 +99,16 @@ static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
     pthread_mutex_lock(&c->mu);
     c->fn = fn;
     c->arg = arg;
-    c->n_done = 0;
-    c->gen++;
+    __atomic_store_n(&c->n_done, 0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&c->cv_start);
     pthread_mutex_unlock(&c->mu);
     fn(arg, 0, c->n_threads);
-    pthread_mutex_lock(&c->mu);
-    while (c->n_done < c->n_threads - 1)
-        pthread_cond_wait(&c->cv_done, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    /* the other threads' share is about as long as ours: spin, yielding now and then */
+    for (unsigned i = 0; __atomic_load_n(&c->n_done, __ATOMIC_ACQUIRE) < c->n_threads - 1; i++) {
+        cpu_relax();
+        if ((i & 1023) == 1023) sched_yield();
+    }
 }
 
 static float *thread_scratch(struct cpu_ctx *c, int ith, size_t n)
@@ -487,7 +503,7 @@ void backend_cpu_free(struct backend *b)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    c->quit = true;
+    __atomic_store_n(&c->quit, true, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&c->cv_start);
     pthread_mutex_unlock(&c->mu);
     for (int i = 1; i < c->n_threads; i++)
