@@ -138,6 +138,54 @@ KERNEL static float dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
+/* Four dot products of one weight row with four input vectors: the row is read once per
+ * four tokens, which is what makes prefill compute-bound instead of load-bound. */
+KERNEL static void dot4_f32(const float *w, const float *x, size_t stride, int n, float *out)
+{
+    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
+    float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            float wv = w[i + j];
+            a0[j] += wv * x0[i + j];
+            a1[j] += wv * x1[i + j];
+            a2[j] += wv * x2[i + j];
+            a3[j] += wv * x3[i + j];
+        }
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int j = 0; j < 8; j++) {
+        s0 += a0[j];
+        s1 += a1[j];
+        s2 += a2[j];
+        s3 += a3[j];
+    }
+    for (; i < n; i++) {
+        s0 += w[i] * x0[i];
+        s1 += w[i] * x1[i];
+        s2 += w[i] * x2[i];
+        s3 += w[i] * x3[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+    out[2] = s2;
+    out[3] = s3;
+}
+
+/* y[t*rows + r] = row . x_t for every token t, four tokens at a time. */
+static void dot_row_tokens(const float *row, const float *x, int cols, int n, float *y, int rows, int r)
+{
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        float o[4];
+        dot4_f32(row, x + (size_t)t * cols, (size_t)cols, cols, o);
+        for (int k = 0; k < 4; k++)
+            y[(size_t)(t + k) * rows + r] = o[k];
+    }
+    for (; t < n; t++)
+        y[(size_t)t * rows + r] = dot_f32(row, x + (size_t)t * cols, cols);
+}
+
 static void widen_f16_table(const uint16_t *src, float *dst, int n)
 {
     for (int i = 0; i < n; i++)
@@ -283,8 +331,7 @@ static void mm_worker(void *p, int ith, int nth)
         const void *row = base + (size_t)r * w->row_bytes;
         switch (w->type) {
         case GGML_TYPE_F32:
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = dot_f32(row, j->x + (size_t)t * cols, cols);
+            dot_row_tokens(row, j->x, cols, j->n, j->y, rows, r);
             break;
         case GGML_TYPE_F16:
         case GGML_TYPE_BF16:
@@ -298,8 +345,7 @@ static void mm_worker(void *p, int ith, int nth)
                 widen_f16(row, buf, cols);
             else
                 widen_bf16(row, buf, cols);
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = dot_f32(buf, j->x + (size_t)t * cols, cols);
+            dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
             break;
         case GGML_TYPE_Q8_0:
             for (int t = 0; t < j->n; t++)
