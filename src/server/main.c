@@ -156,6 +156,15 @@ int main(int argc, char **argv)
         return 1;
     }
     tide_log("model %s ready in %.2f s (context %d)", a->model_id, tide_now() - t0, a->eng.n_ctx);
+    {
+        /* The memory plan. Until per-device budgets exist (src/memory) there is one CPU
+         * device: weights stay in the mmapped file, the KV cache is allocated once. */
+        const struct model_config *mc = &a->eng.model.cfg;
+        tide_log("device 0: cpu, %s %u layers, %u experts (top %u), weights %.1f MiB mmapped, kv %.1f MiB",
+                 model_arch_name(mc->arch), mc->n_layer, mc->n_expert, mc->n_expert_used,
+                 (double)a->eng.model.gguf.size / (1 << 20),
+                 (double)forward_kv_bytes(&a->eng.model, a->eng.n_ctx) / (1 << 20));
+    }
     struct fifo *f = NULL;
     rc = fifo_create(&f, a->cfg.queue_max, &a->eng);
     if (rc) {
