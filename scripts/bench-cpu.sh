@@ -37,7 +37,7 @@ int main(int argc, char **argv)
     /* decode from an empty context, like llama-bench's tg test */
     double t1 = tide_now();
     for (int i = 0; i < n_gen; i++)
-        if (forward_eval(&f, toks + i, 1, i) < 0) return 1;
+        if (forward_eval(&f, toks + i, 1, getenv("AT_END") ? n_prompt + i : i) < 0) return 1;
     double t2 = tide_now();
     printf("prefill %.1f tok/s  decode %.1f tok/s\n", n_prompt / (t1 - t0), n_gen / (t2 - t1));
     forward_free(&f);

@@ -439,20 +439,26 @@ static void cpu_rope(void *ctx, float *vec, int n_heads, int head_dim, int pos, 
     }
 }
 
-static void cpu_attention(void *ctx, const float *q, const float *k_cache,
-                          const float *v_cache, float *out, float *att, int pos, int n_head,
-                          int n_head_kv, int head_dim)
+struct att_job {
+    const float *q, *k_cache, *v_cache;
+    float *out, *att;
+    int pos, n_head, n_head_kv, head_dim;
+};
+
+/* Heads [h0, h1) of one query token. Head h keeps its scores at att + h*(pos+1), inside the
+ * (n_head, n_ctx) scratch, so threads never share a row. */
+static void attention_heads(const struct att_job *j, int h0, int h1)
 {
-    int kv_dim = n_head_kv * head_dim;
-    int group = n_head / n_head_kv;
-    float scale = 1.0f / sqrtf((float)head_dim);
-    for (int h = 0; h < n_head; h++) {
-        const float *qh = q + (size_t)h * head_dim;
+    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, pos = j->pos;
+    int group = j->n_head / j->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = h0; h < h1; h++) {
+        const float *qh = j->q + (size_t)h * hd;
         int kvh = h / group;
-        float *a = att; /* (pos+1) scores; the scratch is reused per head */
+        float *a = j->att + (size_t)h * (pos + 1);
         float mx = -INFINITY;
         for (int t = 0; t <= pos; t++) {
-            a[t] = dot_f32(qh, k_cache + (size_t)t * kv_dim + kvh * head_dim, head_dim) * scale;
+            a[t] = dot_f32(qh, j->k_cache + (size_t)t * kv_dim + kvh * hd, hd) * scale;
             if (a[t] > mx)
                 mx = a[t];
         }
@@ -461,15 +467,37 @@ static void cpu_attention(void *ctx, const float *q, const float *k_cache,
             a[t] = expf(a[t] - mx);
             sum += a[t];
         }
-        float *o = out + (size_t)h * head_dim;
-        memset(o, 0, sizeof(float) * head_dim);
+        float *o = j->out + (size_t)h * hd;
+        memset(o, 0, sizeof(float) * hd);
         for (int t = 0; t <= pos; t++) {
-            const float *vt = v_cache + (size_t)t * kv_dim + kvh * head_dim;
+            const float *vt = j->v_cache + (size_t)t * kv_dim + kvh * hd;
             float wgt = a[t] / sum;
-            for (int i = 0; i < head_dim; i++)
+            for (int i = 0; i < hd; i++)
                 o[i] += wgt * vt[i];
         }
     }
+}
+
+static void att_worker(void *p, int ith, int nth)
+{
+    const struct att_job *j = p;
+    int per = (j->n_head + nth - 1) / nth;
+    int h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
+    if (h0 < h1)
+        attention_heads(j, h0, h1);
+}
+
+static void cpu_attention(void *ctx, const float *q, const float *k_cache,
+                          const float *v_cache, float *out, float *att, int pos, int n_head,
+                          int n_head_kv, int head_dim)
+{
+    struct cpu_ctx *c = ctx;
+    struct att_job j = {q, k_cache, v_cache, out, att, pos, n_head, n_head_kv, head_dim};
+    /* short contexts are cheaper than waking the pool */
+    if ((size_t)(pos + 1) * (size_t)n_head * (size_t)head_dim < 32768)
+        attention_heads(&j, 0, n_head);
+    else
+        pool_run(c, att_worker, &j);
 }
 
 static void cpu_swiglu(void *ctx, float *gate, const float *up, int n)
