@@ -33,6 +33,18 @@ struct backend_i {
     void (*axpy)(void *ctx, float *y, const float *x, float a, int n);
     /* row `id` of an embedding table (any type) as f32 into out. */
     void (*get_row)(void *ctx, const struct tensor *t, int id, float *out);
+    /* Host <-> device copies (plain memcpy on the CPU). upload may be asynchronous on a
+     * copy stream but is ordered before any later op on this backend; download returns
+     * once the bytes are on the host. */
+    void (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
+    void (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    /* dst (n, dim) = src rows rows[0..n) (rows is a host array). */
+    void (*gather_rows)(void *ctx, float *dst, const float *src, const int *rows, int n,
+                        int dim);
+    /* x[0..n) = 0 */
+    void (*zero)(void *ctx, float *x, int n);
+    /* Wait until every op queued on this backend has finished. */
+    void (*sync)(void *ctx);
 };
 
 struct backend {

@@ -512,8 +512,16 @@ static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n)
         y[i] += a * x[i];
 }
 
-static void *cpu_alloc(void *ctx, size_t bytes) { return malloc(bytes); }
+static void *cpu_alloc(void *ctx, size_t bytes) { return malloc(bytes ? bytes : 1); }
 static void cpu_free(void *ctx, void *ptr) { free(ptr); }
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+}
+static void cpu_zero(void *ctx, float *x, int n) { memset(x, 0, sizeof(float) * (size_t)n); }
+static void cpu_sync(void *ctx) { (void)ctx; }
 
 static const struct backend_i cpu_iface = {
     .name = "cpu",
@@ -526,6 +534,11 @@ static const struct backend_i cpu_iface = {
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
     .get_row = cpu_get_row,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .gather_rows = cpu_gather_rows,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
 };
 
 int backend_cpu_init(struct backend *b, int n_threads)
