@@ -28,6 +28,7 @@ UNIT_SRC := $(wildcard tests/unit/*.c)
 E2E_SRC  := $(wildcard tests/e2e/*.c)
 
 DEFAULT_MODEL := models/tide-moe.gguf
+DEFAULT_MMPROJ := models/tide-mmproj.gguf
 
 .PHONY: all test unit e2e run clean deps models
 all: $(BUILD)/tide $(BUILD)/tide-mkmodel models
@@ -63,11 +64,17 @@ $(BUILD)/obj/%.o: %.cu
 	$(Q)$(NVCC) $(NVFLAGS) -c -o $@ $<
 
 # The embedded default model: generated, deterministic, never committed.
-models: $(DEFAULT_MODEL)
+models: $(DEFAULT_MODEL) $(DEFAULT_MMPROJ)
 $(DEFAULT_MODEL): $(BUILD)/tide-mkmodel
 	@mkdir -p models
 	@echo "  GEN   $@"
 	$(Q)$(BUILD)/tide-mkmodel --preset moe --out $@
+
+# Its vision tower (llama.cpp clip layout, projector to the default model's n_embd 128).
+$(DEFAULT_MMPROJ): $(BUILD)/tide-mkmodel
+	@mkdir -p models
+	@echo "  GEN   $@"
+	$(Q)$(BUILD)/tide-mkmodel --preset mmproj --text-embd 128 --out $@
 
 deps:
 	$(Q)scripts/install-deps.sh

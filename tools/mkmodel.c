@@ -1,6 +1,8 @@
 /* mkmodel.c - tide-mkmodel: command-line front end of the model generator
- * (src/engine/modelgen.c). Writes a deterministic GGUF for a named preset. */
+ * (src/engine/modelgen.c) and of the mmproj generator (src/vision/mmprojgen.c,
+ * `--preset mmproj`). Writes a deterministic GGUF for a named preset. */
 #include "engine/modelgen.h"
+#include "vision/mmprojgen.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,12 +13,16 @@ static void usage(void)
     fprintf(stderr,
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|big --out FILE [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N]\n"
-            "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N]\n");
+            "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N]\n"
+            "       tide-mkmodel --preset mmproj --out FILE [--text-embd N] [--seed N]\n"
+            "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
+            "       (a LLaVA-style vision tower; --text-embd is the text model's n_embd)\n");
 }
 
 int main(int argc, char **argv)
 {
     struct modelgen_options o = {.preset = NULL, .out = NULL, .seed = 1, .type = -1};
+    uint32_t text_embd = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
@@ -33,6 +39,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--ff")) o.n_ff = u;
         else if (!strcmp(a, "--experts")) o.n_expert = u;
         else if (!strcmp(a, "--experts-used")) o.n_expert_used = u;
+        else if (!strcmp(a, "--text-embd")) text_embd = u;
         else if (!strcmp(a, "--type")) {
             if (!strcmp(v, "f32")) o.type = GGML_TYPE_F32;
             else if (!strcmp(v, "f16")) o.type = GGML_TYPE_F16;
@@ -43,6 +50,19 @@ int main(int argc, char **argv)
     }
     if (!o.preset || !o.out) { usage(); return 2; }
     char err[256] = "";
+    if (!strcmp(o.preset, "mmproj")) {
+        struct mmprojgen_options m = {.out = o.out, .seed = o.seed, .type = o.type,
+                                      .n_embd_text = text_embd, .n_embd = o.n_embd,
+                                      .n_ff = o.n_ff, .n_head = o.n_head, .n_layer = o.n_layer};
+        int rc = mmprojgen_write(&m, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "tide-mkmodel: %s (%s)\n", err, tide_strerror(rc));
+            return 1;
+        }
+        printf("tide-mkmodel: %s preset 'mmproj' (text n_embd %u)\n", o.out,
+               text_embd ? text_embd : 128);
+        return 0;
+    }
     struct modelgen_summary s;
     int rc = modelgen_write(&o, &s, err, sizeof err);
     if (rc) {

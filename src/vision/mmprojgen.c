@@ -1,0 +1,183 @@
+/* mmprojgen.c - a small random-weight mmproj in llama.cpp's clip layout. The keys and
+ * tensor names are the ones clip.c reads (docs/VISION.md); shapes follow ggml (ne[0] is
+ * the input dimension of a matrix). */
+#include "mmprojgen.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/gguf.h"
+
+__attribute__((format(printf, 4, 5)))
+static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* splitmix64 + Box-Muller: deterministic on every platform */
+struct rng { uint64_t s; };
+static uint64_t rnext(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double runif(struct rng *r) { return ((rnext(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static float rnorm(struct rng *r)
+{
+    double u = runif(r), v = runif(r);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+struct gen {
+    struct gguf_writer *w;
+    struct rng r;
+    float *buf;
+    size_t cap;
+    bool oom;
+};
+
+/* base + std * N(0,1) for every element; vectors (biases, norms) are always f32, as
+ * llama.cpp's converters store them. */
+static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t n_dims,
+                   const uint64_t *ne, float base, float std)
+{
+    size_t n = 1;
+    for (uint32_t i = 0; i < n_dims; i++) n *= ne[i];
+    if (n > g->cap) {
+        float *b = realloc(g->buf, n * sizeof(float));
+        if (!b) { g->oom = true; return; }
+        g->buf = b;
+        g->cap = n;
+    }
+    for (size_t i = 0; i < n; i++) g->buf[i] = base + std * rnorm(&g->r);
+    gguf_w_tensor(g->w, name, n_dims == 1 ? GGML_TYPE_F32 : type, n_dims, ne, g->buf);
+}
+
+static void vec(struct gen *g, const char *name, uint64_t n, float base, float std)
+{
+    tensor(g, name, GGML_TYPE_F32, 1, &n, base, std);
+}
+
+static void mat(struct gen *g, const char *name, uint32_t type, uint64_t in, uint64_t out,
+                float gain)
+{
+    uint64_t ne[2] = {in, out};
+    tensor(g, name, type, 2, ne, 0.0f, gain / sqrtf((float)in));
+}
+
+int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
+{
+    if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
+    const uint32_t T = o->n_embd_text ? o->n_embd_text : 128;
+    const uint32_t S = o->image_size ? o->image_size : 64;
+    const uint32_t p = o->patch_size ? o->patch_size : 8;
+    const uint32_t D = o->n_embd ? o->n_embd : 64;
+    const uint32_t F = o->n_ff ? o->n_ff : 256;
+    const uint32_t H = o->n_head ? o->n_head : 4;
+    const uint32_t L = o->n_layer ? o->n_layer : 2;
+    const uint32_t type = o->type < 0 ? GGML_TYPE_F16 : (uint32_t)o->type;
+    if (S % p) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a "
+                           "multiple of patch size %u", S, p);
+    if (D % H) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u is not a multiple "
+                           "of %u heads", D, H);
+    if (F == D) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from "
+                            "n_embd (readers tell fc1 from fc2 by shape)");
+    if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 &&
+        type != GGML_TYPE_Q8_0)
+        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported",
+                    ggml_type_name(type));
+    if (type == GGML_TYPE_Q8_0 && (D % 32 || F % 32 || T % 32))
+        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: q8_0 needs widths divisible by 32");
+    const uint32_t n_patch = (S / p) * (S / p), n_pos = n_patch + (o->class_token ? 1 : 0);
+
+    struct gen g = {.w = gguf_writer_new(), .r = {o->seed ? o->seed : 1}};
+    if (!g.w) return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    struct gguf_writer *w = g.w;
+    gguf_w_str(w, "general.architecture", "clip");
+    gguf_w_str(w, "general.name", "tide-mmproj");
+    gguf_w_str(w, "general.description", "tide random-weight LLaVA-style vision tower (tests)");
+    gguf_w_u32(w, "general.file_type", type == GGML_TYPE_F32 ? 0 : type == GGML_TYPE_F16 ? 1 :
+                                       type == GGML_TYPE_Q8_0 ? 7 : 32);
+    gguf_w_bool(w, "clip.has_text_encoder", false);
+    gguf_w_bool(w, "clip.has_vision_encoder", true);
+    gguf_w_bool(w, "clip.has_llava_projector", true);
+    gguf_w_str(w, "clip.projector_type", "mlp");
+    gguf_w_bool(w, "clip.use_gelu", !o->quick_gelu);
+    gguf_w_u32(w, "clip.vision.image_size", S);
+    gguf_w_u32(w, "clip.vision.patch_size", p);
+    gguf_w_u32(w, "clip.vision.embedding_length", D);
+    gguf_w_u32(w, "clip.vision.feed_forward_length", F);
+    gguf_w_u32(w, "clip.vision.projection_dim", T);
+    gguf_w_u32(w, "clip.vision.block_count", L);
+    gguf_w_u32(w, "clip.vision.attention.head_count", H);
+    gguf_w_f32(w, "clip.vision.attention.layer_norm_epsilon", 1e-5f);
+    /* Every block runs: the projector reads the output of block L (0 = embeddings). */
+    int32_t feat = (int32_t)L;
+    gguf_w_arr_i32(w, "clip.vision.feature_layer", &feat, 1);
+    /* The CLIP (OpenAI) normalisation, so the letterbox colour is llama.cpp's too. */
+    const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+    const float stdv[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    gguf_w_arr_f32(w, "clip.vision.image_mean", mean, 3);
+    gguf_w_arr_f32(w, "clip.vision.image_std", stdv, 3);
+
+    uint64_t pe[4] = {p, p, 3, D};
+    tensor(&g, "v.patch_embd.weight", type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type, 4, pe,
+           0.0f, 1.0f / sqrtf(3.0f * p * p));
+    vec(&g, "v.patch_embd.bias", D, 0.0f, 0.02f);
+    if (o->class_token) vec(&g, "v.class_embd", D, 0.0f, 0.5f);
+    uint64_t pos[2] = {D, n_pos};
+    tensor(&g, "v.position_embd.weight", type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type, 2, pos,
+           0.0f, 0.2f);
+    vec(&g, "v.pre_ln.weight", D, 1.0f, 0.05f);
+    vec(&g, "v.pre_ln.bias", D, 0.0f, 0.02f);
+    char nm[64];
+    for (uint32_t l = 0; l < L; l++) {
+#define N(s) (snprintf(nm, sizeof nm, "v.blk.%u.%s", l, s), nm)
+        vec(&g, N("ln1.weight"), D, 1.0f, 0.05f);
+        vec(&g, N("ln1.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("attn_q.weight"), type, D, D, 1.0f);
+        vec(&g, N("attn_q.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("attn_k.weight"), type, D, D, 1.0f);
+        vec(&g, N("attn_k.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("attn_v.weight"), type, D, D, 1.0f);
+        vec(&g, N("attn_v.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("attn_out.weight"), type, D, D, 0.5f);
+        vec(&g, N("attn_out.bias"), D, 0.0f, 0.02f);
+        vec(&g, N("ln2.weight"), D, 1.0f, 0.05f);
+        vec(&g, N("ln2.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("ffn_up.weight"), type, D, F, 1.0f);
+        vec(&g, N("ffn_up.bias"), F, 0.0f, 0.02f);
+        mat(&g, N("ffn_down.weight"), type, F, D, 0.5f);
+        vec(&g, N("ffn_down.bias"), D, 0.0f, 0.02f);
+#undef N
+    }
+    vec(&g, "v.post_ln.weight", D, 1.0f, 0.05f);
+    vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
+    /* Projector D -> T -> T; the output's scale is near the text model's token embeddings
+     * (std 0.7 in modelgen) so image tokens are neither drowned nor dominant. */
+    mat(&g, "mm.0.weight", type, D, T, 1.0f);
+    vec(&g, "mm.0.bias", T, 0.0f, 0.02f);
+    mat(&g, "mm.2.weight", type, T, T, 1.2f);
+    vec(&g, "mm.2.bias", T, 0.0f, 0.02f);
+    free(g.buf);
+    if (g.oom) {
+        gguf_writer_free(w);
+        return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    }
+    int rc = gguf_writer_write(w, o->out);
+    gguf_writer_free(w);
+    if (rc) return fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out,
+                        tide_strerror(rc));
+    return 0;
+}

@@ -1,0 +1,29 @@
+/* mmprojgen.h - write small random-weight mmproj GGUFs in llama.cpp's clip layout
+ * (projector type `mlp`, LLaVA-1.5 style) for tests and the default daemon config.
+ * Used by tools/mkmodel.c (`--preset mmproj`) and the unit tests. Same options give a
+ * byte-identical file. */
+#ifndef TIDE_VISION_MMPROJGEN_H
+#define TIDE_VISION_MMPROJGEN_H
+
+#include "../common.h"
+
+struct mmprojgen_options {
+    const char *out;        /* output path */
+    uint64_t seed;
+    int type;               /* ggml type of the matrices (f32/f16/bf16/q8_0), -1 = f16 */
+    /* 0 keeps the default shown */
+    uint32_t n_embd_text;   /* projector output = text model n_embd (128) */
+    uint32_t image_size;    /* 64 */
+    uint32_t patch_size;    /* 8 -> 64 patches */
+    uint32_t n_embd;        /* ViT width (64) */
+    uint32_t n_ff;          /* ViT MLP width (256); must differ from n_embd, see clip.c */
+    uint32_t n_head;        /* 4 */
+    uint32_t n_layer;       /* 2, all of them run (clip.vision.feature_layer = [n_layer]) */
+    bool class_token;       /* write v.class_embd (off by default, see docs/VISION.md) */
+    bool quick_gelu;        /* ViT MLP uses quick-GELU instead of GELU */
+};
+
+/* Write the file. Returns 0 or a negative TIDE_E* code with a message in err. */
+int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen);
+
+#endif
