@@ -3,7 +3,8 @@
 # there it only runs dpkg-query and returns.
 set -euo pipefail
 pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcurl4-openssl-dev
-      libcriterion-dev libpcre2-dev python3 curl)
+      libcriterion-dev libpcre2-dev python3 curl
+      prometheus)  # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,85 +1,436 @@
-/* metrics.c - minimal Prometheus metrics: requests by endpoint and code, tokens,
- * running/waiting gauges. */
+/* metrics.c - process-wide metrics, rendered as Prometheus text format 0.0.4.
+ *
+ * Writers are HTTP threads, the engine thread and the vision lifecycle; the reader is a scrape.
+ * Plain counters and gauges are atomics. Each histogram has its own small mutex so that one
+ * scrape sees buckets, _count and _sum from the same set of observations (promtool and
+ * PromQL's histogram_quantile both assume _count == the +Inf bucket). The device snapshot is
+ * copied under its mutex and everything derived from it (the aggregates included) is computed
+ * from that one copy, so tide_expert_slots always equals the sum of tide_device_expert_slots.
+ * No lock here is ever held while formatting text or while calling out, so a scrape never
+ * waits on the engine and the engine never waits on a scrape for longer than a memcpy.
+ * Names, units and buckets are documented in docs/METRICS.md. */
 #include "server/metrics.h"
 
+#include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#define MAX_SERIES 128
+/* ---- text builder ---------------------------------------------------------------------- */
 
-struct series { char endpoint[48]; int code; unsigned long n; };
+struct sb { char *p; size_t n, cap; bool oom; };
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct series req[MAX_SERIES];
-static int n_req;
-static atomic_long prompt_tokens, gen_tokens;
-static atomic_int running, waiting;
-
-void metrics_init(void)
+static void sb_printf(struct sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(struct sb *b, const char *fmt, ...)
 {
-    pthread_mutex_lock(&mu);
-    n_req = 0;
-    pthread_mutex_unlock(&mu);
-    atomic_store(&prompt_tokens, 0);
-    atomic_store(&gen_tokens, 0);
-    atomic_store(&running, 0);
-    atomic_store(&waiting, 0);
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k < 0) { b->oom = true; return; }
+        if ((size_t)k < b->cap - b->n) { b->n += (size_t)k; return; }
+        size_t nc = b->cap * 2;
+        while (nc < b->n + (size_t)k + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) { b->oom = true; return; }
+        b->p = np;
+        b->cap = nc;
+    }
 }
+
+/* Label values may hold any UTF-8; the text format wants \\, \" and \n escaped. */
+static void sb_label_value(struct sb *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\') sb_printf(b, "\\\\");
+        else if (*s == '"') sb_printf(b, "\\\"");
+        else if (*s == '\n') sb_printf(b, "\\n");
+        else sb_printf(b, "%c", *s);
+    }
+}
+
+/* Shortest text that reads back as the same double, so bucket bounds look like the ones
+ * client libraries emit (0.005, not 0.0050000000000000001). */
+static void fmt_double(char *out, size_t cap, double v)
+{
+    if (isnan(v)) { snprintf(out, cap, "NaN"); return; }
+    if (isinf(v)) { snprintf(out, cap, v > 0 ? "+Inf" : "-Inf"); return; }
+    /* Plain digits for every magnitude a latency, byte count or timestamp has here: %g would
+     * write 60 as "6e+01" at precision 1. */
+    double a = fabs(v);
+    bool plain = a == 0 || (a >= 1e-4 && a < 1e15);
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, cap, "%.*g", prec, v);
+        if (strtod(out, NULL) == v && (!plain || !strchr(out, 'e'))) return;
+    }
+}
+
+static void family(struct sb *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* ---- requests, tokens, running/waiting ------------------------------------------------- */
+
+/* Bounded: endpoints come from the route table plus "other", codes from a short list, so 128
+ * series is far more than a real server makes; past it new pairs are dropped, not grown. */
+#define MAX_REQ_SERIES 128
+
+struct req_series { char endpoint[64]; int code; uint64_t n; };
+
+static pthread_mutex_t req_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct req_series req[MAX_REQ_SERIES];
+static int n_req;
+static atomic_llong prompt_tokens, gen_tokens;
+static atomic_int running, waiting;
+static double start_unix;
 
 void metrics_request(const char *endpoint, int code)
 {
-    pthread_mutex_lock(&mu);
+    if (!endpoint) endpoint = "other";
+    pthread_mutex_lock(&req_mu);
     int i;
     for (i = 0; i < n_req; i++)
         if (req[i].code == code && strcmp(req[i].endpoint, endpoint) == 0) break;
-    if (i == n_req && n_req < MAX_SERIES) {
+    if (i == n_req && n_req < MAX_REQ_SERIES) {
         snprintf(req[i].endpoint, sizeof req[i].endpoint, "%s", endpoint);
         req[i].code = code;
         req[i].n = 0;
         n_req++;
     }
     if (i < n_req) req[i].n++;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&req_mu);
 }
 
 void metrics_tokens(long prompt, long generated)
 {
-    atomic_fetch_add(&prompt_tokens, prompt);
-    atomic_fetch_add(&gen_tokens, generated);
+    /* Counters never go down: a failed request may report nothing, never less than nothing. */
+    if (prompt > 0) atomic_fetch_add(&prompt_tokens, prompt);
+    if (generated > 0) atomic_fetch_add(&gen_tokens, generated);
 }
 
 void metrics_running_add(int d) { atomic_fetch_add(&running, d); }
 void metrics_waiting_add(int d) { atomic_fetch_add(&waiting, d); }
 
+/* ---- histograms ------------------------------------------------------------------------ */
+
+#define MAX_BUCKETS 20
+
+struct hist_def {
+    const char *name, *help;
+    int nb;
+    double le[MAX_BUCKETS];   /* upper bounds, ascending; +Inf is implicit */
+};
+
+/* Bucket choice (docs/METRICS.md repeats it): each histogram spans from the fastest value a
+ * CPU test box produces to the slowest a healthy server should ever show, with 2-2.5x steps
+ * so histogram_quantile stays within a few tens of percent. */
+static const struct hist_def hist_defs[METRICS_HIST_COUNT] = {
+    [METRICS_TTFT] = {"tide_time_to_first_token_seconds",
+        "Time from a request entering the queue to its first generated token (queue + prefill).", 14,
+        {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160}},
+    [METRICS_E2E] = {"tide_request_duration_seconds",
+        "End-to-end time of a generation request, from entering the queue to its last token.", 15,
+        {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200}},
+    [METRICS_QUEUE] = {"tide_queue_time_seconds",
+        "Time a generation request waited in the FIFO before the engine started it.", 15,
+        {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}},
+    [METRICS_ITL] = {"tide_inter_token_latency_seconds",
+        "Time between two consecutive generated tokens of one request.", 16,
+        {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+         0.25, 0.5, 1}},
+    [METRICS_VISION_LOAD] = {"tide_vision_load_seconds",
+        "Time to load the vision encoder after the expert caches handed memory back.", 13,
+        {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60}},
+    [METRICS_VISION_ENCODE] = {"tide_vision_encode_seconds",
+        "Time to encode one image into embeddings (cache misses only).", 13,
+        {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30}},
+    [METRICS_HANDBACK] = {"tide_vram_handback_seconds",
+        "Time for the expert caches to shrink and hand device memory back.", 14,
+        {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}},
+    [METRICS_REGROW] = {"tide_vram_regrow_seconds",
+        "Time for the expert caches to grow back and refill the experts they held.", 15,
+        {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
+};
+
+struct hist {
+    pthread_mutex_t mu;
+    uint64_t n[MAX_BUCKETS + 1];  /* per bucket, not cumulative; [nb] is the +Inf overflow */
+    uint64_t count;
+    double sum;
+};
+
+static struct hist hists[METRICS_HIST_COUNT] = {
+#define H PTHREAD_MUTEX_INITIALIZER
+    {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H},
+#undef H
+};
+_Static_assert(METRICS_HIST_COUNT == 8, "one initializer per histogram above");
+
+void metrics_observe(enum metrics_hist h, double seconds)
+{
+    if ((unsigned)h >= METRICS_HIST_COUNT || isnan(seconds)) return;
+    /* A clock step can make a difference negative; a negative latency means "instant". */
+    if (seconds < 0) seconds = 0;
+    const struct hist_def *d = &hist_defs[h];
+    int b = 0;
+    while (b < d->nb && seconds > d->le[b]) b++;   /* le is inclusive: v <= le */
+    struct hist *x = &hists[h];
+    pthread_mutex_lock(&x->mu);
+    x->n[b]++;
+    x->count++;
+    x->sum += seconds;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void render_hist(struct sb *b, enum metrics_hist h)
+{
+    const struct hist_def *d = &hist_defs[h];
+    struct hist *x = &hists[h];
+    uint64_t n[MAX_BUCKETS + 1], count;
+    double sum;
+    pthread_mutex_lock(&x->mu);
+    memcpy(n, x->n, sizeof n);
+    count = x->count;
+    sum = x->sum;
+    pthread_mutex_unlock(&x->mu);
+    family(b, d->name, "histogram", d->help);
+    uint64_t cum = 0;
+    char v[40];
+    for (int i = 0; i < d->nb; i++) {
+        cum += n[i];
+        fmt_double(v, sizeof v, d->le[i]);
+        sb_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", d->name, v, cum);
+    }
+    cum += n[d->nb];
+    sb_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", d->name, cum);
+    fmt_double(v, sizeof v, sum);
+    sb_printf(b, "%s_sum %s\n%s_count %" PRIu64 "\n", d->name, v, d->name, count);
+}
+
+/* ---- device snapshot ------------------------------------------------------------------- */
+
+#define MAX_DEVICES 16
+
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct metrics_device devs[MAX_DEVICES];
+static int n_devs;
+
+void metrics_publish_devices(const struct metrics_device *d, int n)
+{
+    if (n < 0) n = 0;
+    if (n > MAX_DEVICES) n = MAX_DEVICES;
+    pthread_mutex_lock(&dev_mu);
+    if (n) memcpy(devs, d, (size_t)n * sizeof *d);
+    n_devs = n;
+    pthread_mutex_unlock(&dev_mu);
+}
+
+static const char *const mem_kind_names[METRICS_MEM_KIND_COUNT] = {
+    [METRICS_MEM_WEIGHTS] = "weights", [METRICS_MEM_KV] = "kv",
+    [METRICS_MEM_WORKSPACE] = "workspace", [METRICS_MEM_EXPERT_CACHE] = "expert_cache",
+    [METRICS_MEM_VISION] = "vision",
+};
+
+/* One family with one u64 per device, read through an offset into struct metrics_device so
+ * the eleven per-device families share one loop. */
+static void render_per_device(struct sb *b, const struct metrics_device *d, int n, const char *name,
+                              const char *type, const char *help, size_t off)
+{
+    family(b, name, type, help);
+    for (int i = 0; i < n; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&d[i] + off, sizeof v);
+        sb_printf(b, "%s{device=\"%d\"} %" PRIu64 "\n", name, d[i].index, v);
+    }
+}
+
+static void render_devices(struct sb *b)
+{
+    struct metrics_device d[MAX_DEVICES];
+    int n;
+    pthread_mutex_lock(&dev_mu);
+    n = n_devs;
+    memcpy(d, devs, (size_t)n * sizeof *d);
+    pthread_mutex_unlock(&dev_mu);
+
+    uint64_t slots = 0, bytes = 0;
+    for (int i = 0; i < n; i++) {
+        slots += d[i].expert_slots;
+        bytes += d[i].expert_cache_bytes;
+    }
+    family(b, "tide_expert_slots", "gauge", "Expert cache slots on all devices now (the sum of tide_device_expert_slots).");
+    sb_printf(b, "tide_expert_slots %" PRIu64 "\n", slots);
+    family(b, "tide_expert_cache_bytes", "gauge", "Bytes the expert caches hold now (the sum of tide_device_expert_cache_bytes).");
+    sb_printf(b, "tide_expert_cache_bytes %" PRIu64 "\n", bytes);
+
+    family(b, "tide_device_info", "gauge", "Constant 1 per device, naming its backend.");
+    for (int i = 0; i < n; i++) {
+        sb_printf(b, "tide_device_info{device=\"%d\",backend=\"", d[i].index);
+        sb_label_value(b, d[i].backend ? d[i].backend : "unknown");
+        sb_printf(b, "\"} 1\n");
+    }
+#define OFF(f) offsetof(struct metrics_device, f)
+    render_per_device(b, d, n, "tide_device_expert_slots", "gauge",
+                      "Expert cache slots the device has now.", OFF(expert_slots));
+    render_per_device(b, d, n, "tide_device_expert_slots_full", "gauge",
+                      "Expert cache slots the device has at its full start-up size.", OFF(expert_slots_full));
+    render_per_device(b, d, n, "tide_device_expert_cache_bytes", "gauge",
+                      "Bytes the device's expert cache holds now.", OFF(expert_cache_bytes));
+    family(b, "tide_device_memory_bytes", "gauge", "Device memory in use, by kind.");
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < METRICS_MEM_KIND_COUNT; k++)
+            sb_printf(b, "tide_device_memory_bytes{device=\"%d\",kind=\"%s\"} %" PRIu64 "\n",
+                      d[i].index, mem_kind_names[k], d[i].used_bytes[k]);
+    render_per_device(b, d, n, "tide_device_memory_total_bytes", "gauge",
+                      "Device memory budget.", OFF(total_bytes));
+    render_per_device(b, d, n, "tide_device_memory_free_bytes", "gauge",
+                      "Device memory not used by any kind.", OFF(free_bytes));
+    render_per_device(b, d, n, "tide_device_reserve_bytes", "gauge",
+                      "Memory the device keeps free on request (start-up or POST /v1/vram reserve).",
+                      OFF(reserve_bytes));
+    render_per_device(b, d, n, "tide_expert_cache_hits_total", "counter",
+                      "Expert lookups served from the device's cache.", OFF(expert_hits));
+    render_per_device(b, d, n, "tide_expert_cache_misses_total", "counter",
+                      "Expert lookups that copied the expert from host RAM.", OFF(expert_misses));
+    render_per_device(b, d, n, "tide_expert_cache_copied_bytes_total", "counter",
+                      "Bytes copied from host RAM into the device's expert cache.",
+                      OFF(expert_bytes_copied));
+#undef OFF
+}
+
+/* ---- vision ---------------------------------------------------------------------------- */
+
+static const char *const vision_states[] = {"unloaded", "handback", "loading", "ready",
+                                            "unloading", "regrow"};
+#define N_VISION_STATES ((int)(sizeof vision_states / sizeof vision_states[0]))
+
+static atomic_int vision_state_idx;          /* index into vision_states; 0 = unloaded */
+static _Atomic uint64_t last_image_bits;     /* a double's bits: no atomic double in C11 */
+static atomic_ullong vision_loads, vision_unloads, embed_hits, embed_misses;
+
+void metrics_vision_state(const char *state)
+{
+    for (int i = 0; state && i < N_VISION_STATES; i++)
+        if (strcmp(state, vision_states[i]) == 0) { atomic_store(&vision_state_idx, i); return; }
+    /* An unknown name is a caller bug; keep the last good state rather than a zero-hot gauge. */
+}
+
+void metrics_vision_last_image(double unix_time)
+{
+    uint64_t bits;
+    memcpy(&bits, &unix_time, sizeof bits);
+    atomic_store(&last_image_bits, bits);
+}
+
+void metrics_vision_event(bool load) { atomic_fetch_add(load ? &vision_loads : &vision_unloads, 1); }
+void metrics_vision_embed_cache(bool hit) { atomic_fetch_add(hit ? &embed_hits : &embed_misses, 1); }
+
+static void render_vision(struct sb *b)
+{
+    int cur = atomic_load(&vision_state_idx);
+    family(b, "tide_vision_state", "gauge", "Vision encoder lifecycle state: 1 for the current one.");
+    for (int i = 0; i < N_VISION_STATES; i++)
+        sb_printf(b, "tide_vision_state{state=\"%s\"} %d\n", vision_states[i], i == cur);
+    uint64_t bits = atomic_load(&last_image_bits);
+    double t;
+    memcpy(&t, &bits, sizeof t);
+    if (!(t > 0)) t = 0;   /* never seen (or a caller passed a negative): 0, as the docs say */
+    char v[40];
+    fmt_double(v, sizeof v, t);
+    family(b, "tide_vision_last_image_timestamp_seconds", "gauge",
+           "Unix time of the last request with an image; 0 before the first.");
+    sb_printf(b, "tide_vision_last_image_timestamp_seconds %s\n", v);
+    family(b, "tide_vision_loads_total", "counter", "Times the vision encoder was loaded.");
+    sb_printf(b, "tide_vision_loads_total %llu\n", atomic_load(&vision_loads));
+    family(b, "tide_vision_unloads_total", "counter", "Times the vision encoder was unloaded.");
+    sb_printf(b, "tide_vision_unloads_total %llu\n", atomic_load(&vision_unloads));
+    family(b, "tide_vision_embed_cache_hits_total", "counter",
+           "Images whose embeddings came from the embedding cache.");
+    sb_printf(b, "tide_vision_embed_cache_hits_total %llu\n", atomic_load(&embed_hits));
+    family(b, "tide_vision_embed_cache_misses_total", "counter", "Images the encoder had to encode.");
+    sb_printf(b, "tide_vision_embed_cache_misses_total %llu\n", atomic_load(&embed_misses));
+}
+
+/* ---- init and render ------------------------------------------------------------------- */
+
+void metrics_init(void)
+{
+    /* Resets everything: main calls it once at start-up, tests call it between cases. */
+    pthread_mutex_lock(&req_mu);
+    n_req = 0;
+    pthread_mutex_unlock(&req_mu);
+    atomic_store(&prompt_tokens, 0);
+    atomic_store(&gen_tokens, 0);
+    atomic_store(&running, 0);
+    atomic_store(&waiting, 0);
+    for (int h = 0; h < METRICS_HIST_COUNT; h++) {
+        pthread_mutex_lock(&hists[h].mu);
+        memset(hists[h].n, 0, sizeof hists[h].n);
+        hists[h].count = 0;
+        hists[h].sum = 0;
+        pthread_mutex_unlock(&hists[h].mu);
+    }
+    metrics_publish_devices(NULL, 0);
+    atomic_store(&vision_state_idx, 0);
+    atomic_store(&last_image_bits, 0);
+    atomic_store(&vision_loads, 0);
+    atomic_store(&vision_unloads, 0);
+    atomic_store(&embed_hits, 0);
+    atomic_store(&embed_misses, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    start_unix = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 char *metrics_render(void)
 {
-    size_t cap = 4096 + MAX_SERIES * 128;
-    char *out = malloc(cap);
-    if (!out) return NULL;
-    size_t n = 0;
-#define P(...) (n += (size_t)snprintf(out + n, cap - n, __VA_ARGS__))
-    P("# HELP tide_requests_total HTTP requests answered, by endpoint and status code.\n");
-    P("# TYPE tide_requests_total counter\n");
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < n_req; i++)
-        P("tide_requests_total{endpoint=\"%s\",code=\"%d\"} %lu\n", req[i].endpoint, req[i].code,
-          req[i].n);
-    pthread_mutex_unlock(&mu);
-    P("# HELP tide_prompt_tokens_total Prompt tokens processed.\n");
-    P("# TYPE tide_prompt_tokens_total counter\n");
-    P("tide_prompt_tokens_total %ld\n", atomic_load(&prompt_tokens));
-    P("# HELP tide_generation_tokens_total Tokens generated.\n");
-    P("# TYPE tide_generation_tokens_total counter\n");
-    P("tide_generation_tokens_total %ld\n", atomic_load(&gen_tokens));
-    P("# HELP tide_requests_running Requests the engine is generating for now.\n");
-    P("# TYPE tide_requests_running gauge\n");
-    P("tide_requests_running %d\n", atomic_load(&running));
-    P("# HELP tide_requests_waiting Requests waiting in the FIFO.\n");
-    P("# TYPE tide_requests_waiting gauge\n");
-    P("tide_requests_waiting %d\n", atomic_load(&waiting));
-#undef P
-    return out;
+    struct sb b = {malloc(16384), 0, 16384, false};
+    if (!b.p) return NULL;
+    b.p[0] = 0;
+
+    family(&b, "tide_build_info", "gauge", "Constant 1, labelled with the tide version.");
+    sb_printf(&b, "tide_build_info{version=\"");
+    sb_label_value(&b, TIDE_VERSION);
+    sb_printf(&b, "\"} 1\n");
+    char v[40];
+    fmt_double(v, sizeof v, start_unix);
+    family(&b, "tide_process_start_time_seconds", "gauge", "Unix time the daemon started.");
+    sb_printf(&b, "tide_process_start_time_seconds %s\n", v);
+
+    /* Copy the table out so formatting happens without req_mu held. */
+    struct req_series rc[MAX_REQ_SERIES];   /* 9 KiB: fine on an HTTP thread's stack */
+    pthread_mutex_lock(&req_mu);
+    int nr = n_req;
+    memcpy(rc, req, (size_t)nr * sizeof *rc);
+    pthread_mutex_unlock(&req_mu);
+    family(&b, "tide_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+    for (int i = 0; i < nr; i++) {
+        sb_printf(&b, "tide_requests_total{endpoint=\"");
+        sb_label_value(&b, rc[i].endpoint);
+        sb_printf(&b, "\",code=\"%d\"} %" PRIu64 "\n", rc[i].code, rc[i].n);
+    }
+
+    family(&b, "tide_requests_running", "gauge", "Requests the engine is generating for now.");
+    sb_printf(&b, "tide_requests_running %d\n", atomic_load(&running));
+    family(&b, "tide_requests_waiting", "gauge", "Requests waiting in the FIFO.");
+    sb_printf(&b, "tide_requests_waiting %d\n", atomic_load(&waiting));
+    family(&b, "tide_prompt_tokens_total", "counter", "Prompt tokens processed.");
+    sb_printf(&b, "tide_prompt_tokens_total %lld\n", atomic_load(&prompt_tokens));
+    family(&b, "tide_generation_tokens_total", "counter", "Tokens generated.");
+    sb_printf(&b, "tide_generation_tokens_total %lld\n", atomic_load(&gen_tokens));
+
+    for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
+    render_devices(&b);
+    render_vision(&b);
+
+    if (b.oom) { free(b.p); return NULL; }
+    return b.p;
 }
