@@ -1,0 +1,37 @@
+/* backend_cuda.h - the CUDA backend: the struct backend_i table on one NVIDIA GPU.
+ *
+ * Every pointer the ops take (activations, KV cache, tensor data) is device memory from
+ * this backend's alloc (or an upload target). Ops are queued on one stream and never wait
+ * for the GPU; download and sync are the only calls that block the host. Built only when
+ * nvcc is found; otherwise backend_cuda_none.c provides the same functions, which report
+ * that no CUDA device exists, so the daemon links and starts everywhere. */
+#ifndef TIDE_BACKEND_CUDA_H
+#define TIDE_BACKEND_CUDA_H
+
+#include "engine/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices; 0 with a reason in why (no driver, no device, built
+ * without CUDA). Never fails harder than that: safe on a machine with no NVIDIA driver. */
+int cuda_device_count(char *why, size_t whylen);
+/* cudaMemGetInfo for device dev. 0 or a negative TIDE_E* code. */
+int cuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes);
+/* Backend on CUDA device device_index: 0, or a negative code with the reason in err. */
+int backend_cuda_init(struct backend *b, int device_index, char *err, size_t errlen);
+void backend_cuda_free(struct backend *b);
+/* The first CUDA failure inside an op since init (ops return void): 0 if none, else a
+ * negative code and "call failed at file:line: message" in msg. */
+int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
+/* Page-locked host memory (fast, truly asynchronous uploads): the expert cache's host
+ * mirrors. NULL on failure. */
+void *cuda_host_alloc(size_t bytes);
+void cuda_host_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,418 @@
+/* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
+ * (rmsnorm, rope, swiglu, axpy, get_row, gather_rows, zero) and the copies. matmul.cu and
+ * attention.cu hold the two big kernels.
+ *
+ * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
+ * so does this, so that positions in the tens of thousands rotate identically. */
+#include "engine/cuda/common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "engine/backend_cuda.h"
+}
+
+/* ---- errors and scratch ---- */
+
+bool cuda_fail(struct cuda_ctx *c, cudaError_t e, const char *call, const char *file, int line)
+{
+    c->n_errors++;
+    if (!c->err) {
+        c->err = e == cudaErrorMemoryAllocation ? TIDE_ENOMEM : TIDE_EINTERNAL;
+        snprintf(c->errmsg, sizeof c->errmsg, "%s failed at %s:%d: %s (%s)", call, file, line,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        tide_log("cuda: device %d: %s", c->dev, c->errmsg);
+    }
+    (void)cudaGetLastError(); /* clear a non-sticky error so the next check is about its own call */
+    return false;
+}
+
+void *cuda_scratch(struct cuda_ctx *c, size_t bytes)
+{
+    if (bytes <= c->scratch_n)
+        return c->scratch;
+    size_t want = bytes + bytes / 4;
+    if (c->scratch && !CU(c, cudaFreeAsync(c->scratch, c->st)))
+        return NULL;
+    c->scratch = NULL;
+    c->scratch_n = 0;
+    if (!CU(c, cudaMallocAsync(&c->scratch, want, c->st)))
+        return NULL;
+    c->scratch_n = want;
+    return c->scratch;
+}
+
+/* Ops run on the thread that owns the backend, and several backends may share one
+ * process; the current device is per thread, so every entry point sets it. */
+static inline bool enter(struct cuda_ctx *c)
+{
+    return !c->err && CU(c, cudaSetDevice(c->dev));
+}
+
+/* ---- kernels ---- */
+
+/* One CTA per vector; sum of squares in f32 per thread, reduced across the CTA. */
+__global__ void rmsnorm_kernel(const float *__restrict__ x, uint32_t wtype, const uint8_t *__restrict__ w,
+                               float *out, int dim, float eps)
+{
+    __shared__ float red[32];
+    const float *v = x + (size_t)blockIdx.x * dim;
+    float *o = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss = fmaf(v[i], v[i], ss);
+    ss = warp_sum(ss);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0)
+        red[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nw ? red[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0)
+            red[0] = t;
+    }
+    __syncthreads();
+    float s = 1.0f / sqrtf(red[0] / (float)dim + eps);
+    /* in place is fine: each element is read and written by the same thread, after the sum */
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        o[i] = v[i] * s * row_elem(wtype, w, i);
+}
+
+__global__ void rope_kernel(float *vec, int n_heads, int head_dim, int pos, float theta, int neox)
+{
+    int half = head_dim / 2;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= half * n_heads)
+        return;
+    int i = idx % half, h = idx / half;
+    double freq = pow((double)theta, -2.0 * i / head_dim);
+    double a = pos * freq;
+    float cs = (float)cos(a), sn = (float)sin(a);
+    float *v = vec + (size_t)h * head_dim;
+    int i0 = neox ? i : 2 * i;
+    int i1 = neox ? i + half : 2 * i + 1;
+    float x0 = v[i0], x1 = v[i1];
+    v[i0] = x0 * cs - x1 * sn;
+    v[i1] = x0 * sn + x1 * cs;
+}
+
+__global__ void swiglu_kernel(float *gate, const float *__restrict__ up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+__global__ void axpy_kernel(float *y, const float *__restrict__ x, float a, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += a * x[i];
+}
+
+__global__ void get_row_kernel(uint32_t type, const uint8_t *__restrict__ row, float *__restrict__ out, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = row_elem(type, row, i);
+}
+
+/* Row indices travel in the launch parameters (no host-to-device copy, no sync). */
+#define GATHER_MAX 128
+struct gather_ids { int id[GATHER_MAX]; };
+
+__global__ void gather_kernel(float *__restrict__ dst, const float *__restrict__ src, gather_ids ids, int dim)
+{
+    const float *s = src + (size_t)ids.id[blockIdx.x] * dim;
+    float *d = dst + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        d[i] = s[i];
+}
+
+static unsigned grid_for(size_t n, int block)
+{
+    size_t g = (n + block - 1) / block;
+    return (unsigned)(g < 65536 ? (g ? g : 1) : 65536);
+}
+
+/* ---- the table ---- */
+
+static void *cu_alloc(void *ctx, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    void *p = NULL;
+    if (!CU(c, cudaSetDevice(c->dev)))
+        return NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        /* running out of device memory is an answer, not a broken backend: log, keep going */
+        tide_log("cuda: device %d: cudaMalloc(%zu) failed: %s", c->dev, bytes, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(void *ctx, void *ptr)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!ptr)
+        return;
+    cudaSetDevice(c->dev);
+    CU(c, cudaFree(ptr)); /* implicitly waits for work that may still read ptr */
+}
+
+static void cu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_matmul(c, w, x, y, n);
+}
+
+static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0 || dim <= 0)
+        return;
+    int block = dim <= 32 ? 32 : dim <= 128 ? 128 : 256;
+    rmsnorm_kernel<<<n, block, 0, c->st>>>(x, w->type, (const uint8_t *)w->data, out, dim, eps);
+    CU_LAUNCH(c, "rmsnorm_kernel");
+}
+
+static void cu_rope(void *ctx, float *vec, int n_heads, int head_dim, int pos, float theta, enum rope_kind kind)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int work = n_heads * (head_dim / 2);
+    if (!enter(c) || work <= 0)
+        return;
+    rope_kernel<<<(work + 127) / 128, 128, 0, c->st>>>(vec, n_heads, head_dim, pos, theta, kind == ROPE_NEOX);
+    CU_LAUNCH(c, "rope_kernel");
+}
+
+static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                         float *att, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)att;
+    if (enter(c))
+        cuda_attention(c, q, k_cache, v_cache, out, pos, n_head, n_head_kv, head_dim);
+}
+
+static void cu_swiglu(void *ctx, float *gate, const float *up, int n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0)
+        return;
+    swiglu_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(gate, up, (size_t)n);
+    CU_LAUNCH(c, "swiglu_kernel");
+}
+
+static void cu_axpy(void *ctx, float *y, const float *x, float a, int n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0)
+        return;
+    axpy_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(y, x, a, (size_t)n);
+    CU_LAUNCH(c, "axpy_kernel");
+}
+
+static void cu_get_row(void *ctx, const struct tensor *t, int id, float *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int n = (int)t->ne[0];
+    if (!enter(c) || n <= 0)
+        return;
+    const uint8_t *row = (const uint8_t *)t->data + (size_t)id * t->row_bytes;
+    get_row_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(t->type, row, out, n);
+    CU_LAUNCH(c, "get_row_kernel");
+}
+
+/* upload: on the copy stream, after everything already queued on the op stream (which may
+ * still read dst), and before anything queued after it. */
+static void cu_upload(void *ctx, void *dst, const void *src_host, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || !bytes)
+        return;
+    if (CU(c, cudaEventRecord(c->ev_st, c->st)) && CU(c, cudaStreamWaitEvent(c->copy, c->ev_st, 0)) &&
+        CU(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->copy)) &&
+        CU(c, cudaEventRecord(c->ev_copy, c->copy)))
+        CU(c, cudaStreamWaitEvent(c->st, c->ev_copy, 0));
+}
+
+static void cu_download(void *ctx, void *dst_host, const void *src, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || !bytes)
+        return;
+    if (CU(c, cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->st)))
+        CU(c, cudaStreamSynchronize(c->st));
+}
+
+static void cu_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0 || dim <= 0)
+        return;
+    int block = dim < 256 ? ((dim + 31) & ~31) : 256;
+    for (int i0 = 0; i0 < n; i0 += GATHER_MAX) {
+        int k = n - i0 < GATHER_MAX ? n - i0 : GATHER_MAX;
+        gather_ids ids;
+        memcpy(ids.id, rows + i0, sizeof(int) * (size_t)k);
+        gather_kernel<<<k, block, 0, c->st>>>(dst + (size_t)i0 * dim, src, ids, dim);
+        if (!CU_LAUNCH(c, "gather_kernel"))
+            return;
+    }
+}
+
+static void cu_zero(void *ctx, float *x, int n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c) && n > 0)
+        CU(c, cudaMemsetAsync(x, 0, sizeof(float) * (size_t)n, c->st));
+}
+
+static void cu_sync(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c) && CU(c, cudaStreamSynchronize(c->copy)))
+        CU(c, cudaStreamSynchronize(c->st));
+}
+
+static const struct backend_i cuda_iface = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .matmul = cu_matmul,
+    .rmsnorm = cu_rmsnorm,
+    .rope = cu_rope,
+    .attention = cu_attention,
+    .swiglu = cu_swiglu,
+    .axpy = cu_axpy,
+    .get_row = cu_get_row,
+    .upload = cu_upload,
+    .download = cu_download,
+    .gather_rows = cu_gather_rows,
+    .zero = cu_zero,
+    .sync = cu_sync,
+};
+
+/* ---- public entry points ---- */
+
+extern "C" int cuda_device_count(char *why, size_t whylen)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* with the static runtime and no driver this is cudaErrorInsufficientDriver or
+         * cudaErrorNoDevice: an answer, not a crash */
+        if (why && whylen)
+            snprintf(why, whylen, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n == 0 && why && whylen)
+        snprintf(why, whylen, "the CUDA driver reports no devices");
+    return n;
+}
+
+extern "C" int cuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return TIDE_EINTERNAL;
+    }
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return 0;
+}
+
+extern "C" int backend_cuda_init(struct backend *b, int device_index, char *err, size_t errlen)
+{
+    char why[200];
+    int n = cuda_device_count(why, sizeof why);
+    if (device_index < 0 || device_index >= n) {
+        if (err && errlen)
+            snprintf(err, errlen, "cuda device %d: %s", device_index,
+                     n ? "no such device" : why);
+        return n ? TIDE_EINVAL : TIDE_EUNSUPPORTED;
+    }
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof(*c));
+    if (!c)
+        return TIDE_ENOMEM;
+    c->dev = device_index;
+    cudaDeviceProp prop;
+    bool ok = CU(c, cudaSetDevice(device_index)) && CU(c, cudaGetDeviceProperties(&prop, device_index)) &&
+              CU(c, cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking)) &&
+              CU(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking)) &&
+              CU(c, cudaEventCreateWithFlags(&c->ev_st, cudaEventDisableTiming)) &&
+              CU(c, cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming));
+    if (!ok) {
+        if (err && errlen)
+            snprintf(err, errlen, "cuda device %d: %s", device_index, c->errmsg);
+        int rc = c->err ? c->err : TIDE_EINTERNAL;
+        b->i = &cuda_iface;
+        b->ctx = c;
+        backend_cuda_free(b);
+        return rc;
+    }
+    if (prop.major < 7 || (prop.major == 7 && prop.minor < 5)) {
+        /* compiled for sm_90 only; an older card would fail at the first launch */
+        tide_log("cuda: device %d (%s, sm_%d%d) is older than this build targets", device_index, prop.name,
+                 prop.major, prop.minor);
+    }
+    c->sm_count = prop.multiProcessorCount;
+    tide_log("cuda: device %d: %s, sm_%d%d, %d SMs, %.1f GiB", device_index, prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    b->i = &cuda_iface;
+    b->ctx = c;
+    return 0;
+}
+
+extern "C" void backend_cuda_free(struct backend *b)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)b->ctx;
+    if (!c)
+        return;
+    cudaSetDevice(c->dev);
+    if (c->st) cudaStreamSynchronize(c->st);
+    if (c->copy) cudaStreamSynchronize(c->copy);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->ev_st) cudaEventDestroy(c->ev_st);
+    if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+    if (c->st) cudaStreamDestroy(c->st);
+    if (c->copy) cudaStreamDestroy(c->copy);
+    (void)cudaGetLastError();
+    free(c);
+    b->ctx = NULL;
+    b->i = NULL;
+}
+
+extern "C" int backend_cuda_error(const struct backend *b, char *msg, size_t msglen)
+{
+    const struct cuda_ctx *c = (const struct cuda_ctx *)b->ctx;
+    if (!c)
+        return TIDE_EINVAL;
+    if (c->err && msg && msglen)
+        snprintf(msg, msglen, "%s", c->errmsg);
+    return c->err;
+}
+
+extern "C" void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void cuda_host_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}

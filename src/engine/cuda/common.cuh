@@ -1,0 +1,115 @@
+/* common.cuh - what every CUDA source of the backend shares: the backend context, the
+ * checked-call macro, the sticky error, the stream-ordered scratch buffer and small device
+ * helpers (warp reductions, element dequantisation).
+ *
+ * The backend ops return void (struct backend_i), so a failed CUDA call cannot be handed
+ * back to the caller directly: the first failure is kept in the context (call, file, line,
+ * CUDA's message), logged once, and read back with backend_cuda_error(). */
+#ifndef TIDE_CUDA_COMMON_CUH
+#define TIDE_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stddef.h>
+
+extern "C" {
+#include "common.h"
+#include "engine/backend.h"
+}
+
+#define QK 32 /* elements per q8_0 / q4_0 block, as in ggml */
+
+struct cuda_ctx {
+    int dev;                 /* CUDA ordinal */
+    int sm_count;
+    cudaStream_t st;         /* every op runs here, in order */
+    cudaStream_t copy;       /* upload; ordered against st by the two events below */
+    cudaEvent_t ev_st, ev_copy;
+    void *scratch;           /* stream-ordered workspace: quantised x, attention partials */
+    size_t scratch_n;
+    int err;                 /* first failure: 0 or TIDE_EINTERNAL / TIDE_ENOMEM */
+    char errmsg[320];
+    unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
+};
+
+/* Records a failed call; returns false so callers can bail out. */
+bool cuda_fail(struct cuda_ctx *c, cudaError_t e, const char *call, const char *file, int line);
+
+static inline bool cuda_ok(struct cuda_ctx *c, cudaError_t e, const char *call, const char *file,
+                           int line)
+{
+    return e == cudaSuccess ? true : cuda_fail(c, e, call, file, line);
+}
+
+/* Every CUDA runtime call goes through CU(); kernel launches are followed by CU_LAUNCH(). */
+#define CU(c, call) cuda_ok((c), (call), #call, __FILE__, __LINE__)
+#define CU_LAUNCH(c, what) cuda_ok((c), cudaGetLastError(), what, __FILE__, __LINE__)
+
+/* A workspace of at least bytes on the op stream. Reused by consecutive ops: they run in
+ * stream order, so one op's use is over before the next op's kernels start. Growth frees
+ * the old buffer stream-ordered too, so it never synchronises the host. NULL on failure. */
+void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
+
+/* ---- launchers implemented in matmul.cu / attention.cu ---- */
+void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
+void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                    float *out, int pos, int n_head, int n_head_kv, int head_dim);
+
+/* ---- device helpers ---- */
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Element i of a row of any supported type (slow path: norms, embeddings, fallbacks). */
+__device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int i)
+{
+    switch (type) {
+    case 0: /* F32 */
+        return ((const float *)row)[i];
+    case 1: /* F16 */
+        return f16_bits_to_f32(((const uint16_t *)row)[i]);
+    case 30: /* BF16 */
+        return bf16_bits_to_f32(((const uint16_t *)row)[i]);
+    case 8: { /* Q8_0: 34-byte blocks, f16 scale then 32 int8 */
+        const uint8_t *b = row + (size_t)(i / QK) * 34;
+        uint16_t d = (uint16_t)(b[0] | (b[1] << 8));
+        return f16_bits_to_f32(d) * (float)(int8_t)b[2 + i % QK];
+    }
+    case 2: { /* Q4_0: 18-byte blocks, f16 scale, low nibbles = 0..15, high = 16..31 */
+        const uint8_t *b = row + (size_t)(i / QK) * 18;
+        uint16_t d = (uint16_t)(b[0] | (b[1] << 8));
+        int j = i % QK;
+        uint8_t q = b[2 + (j & 15)];
+        int v = j < 16 ? (q & 15) : (q >> 4);
+        return f16_bits_to_f32(d) * (float)(v - 8);
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+#endif
