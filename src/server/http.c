@@ -104,7 +104,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 static bool key_ok(const char *want, const char *auth)
 {
-    if (!auth || strncmp(auth, "Bearer ", 7) != 0) return false;
+    /* The scheme name is case-insensitive (RFC 9110 11.1); the key itself is not. */
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) return false;
     const char *got = auth + 7;
     size_t lw = strlen(want), lg = strlen(got);
     /* Constant time over the expected key: no early exit on the first difference. */
@@ -191,7 +192,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (strcmp(method, "POST") == 0) {
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-        if (!ct || strncasecmp(ct, "application/json", 16) != 0) {
+        /* A prefix match alone would take application/json-patch+json or application/jsonx. */
+        if (!ct || strncasecmp(ct, "application/json", 16) != 0 ||
+            (ct[16] && ct[16] != ';' && ct[16] != ' ' && ct[16] != '\t')) {
             send_error(c, st, 415, "invalid_request_error", "Content-Type must be application/json", NULL);
             return MHD_YES;
         }

@@ -156,16 +156,52 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
     return 0;
 }
 
+/* cJSON accepts what RFC 8259 forbids and then answers wrong: invalid UTF-8 passes
+ * through to the tokenizer, and a raw control byte or a \u0000 escape inside a string
+ * silently cuts the C string short. One pass over the raw body before parsing rejects all
+ * three. Outside strings valid JSON has no backslash, so tracking escapes is exact. */
+static const char *body_check(const unsigned char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = s[i];
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "request body contains a raw control character";
+        if (c == '\\' && i + 1 < len) {
+            if (len - i >= 6 && memcmp(s + i + 1, "u0000", 5) == 0)
+                return "strings must not contain NUL characters (\\u0000)";
+            i++;                      /* skip the escaped byte: it may be a quote */
+            continue;
+        }
+        if (c < 0x80) continue;
+        /* UTF-8: shortest form only, no surrogates, nothing above U+10FFFF. */
+        int n = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (n < 0 || len - i <= (size_t)n) return "request body is not valid UTF-8";
+        unsigned char c1 = s[i + 1];
+        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
+            (c == 0xF4 && c1 > 0x8F))
+            return "request body is not valid UTF-8";
+        for (int k = 1; k <= n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return "request body is not valid UTF-8";
+        i += (size_t)n;
+    }
+    return NULL;
+}
+
 int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param)
 {
     *param = NULL;
+    const char *bad = body_check((const unsigned char *)body, len);
+    if (bad) { snprintf(msg, msglen, "%s", bad); return TIDE_EINVAL; }
     struct oai_req *r = calloc(1, sizeof *r);
     if (!r) { snprintf(msg, msglen, "out of memory"); return TIDE_ENOMEM; }
     r->chat = chat;
-    r->root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    r->root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     int rc = TIDE_EINVAL;
     if (!r->root) { snprintf(msg, msglen, "request body is not valid JSON"); goto fail; }
+    /* cJSON stops after the first value; anything but whitespace after it is an error. */
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end != body + len) { snprintf(msg, msglen, "request body is not valid JSON (trailing data)"); goto fail; }
     if (!cJSON_IsObject(r->root)) { snprintf(msg, msglen, "request body must be a JSON object"); goto fail; }
     const cJSON *root = r->root;
     struct gen_job *g = &r->gj;
@@ -214,6 +250,10 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
     if (seed && !cJSON_IsNull(seed)) {
         if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble)) {
             snprintf(msg, msglen, "'seed' must be an integer"); *param = "seed"; goto fail;
+        }
+        /* Outside int64 the cast below is undefined behaviour (UBSan: float-cast-overflow). */
+        if (!(seed->valuedouble >= -9223372036854775808.0 && seed->valuedouble < 9223372036854775808.0)) {
+            snprintf(msg, msglen, "'seed' must be a 64-bit integer"); *param = "seed"; goto fail;
         }
         g->sp.seed = (uint64_t)(int64_t)seed->valuedouble;
     } else {
@@ -404,7 +444,9 @@ void openai_run(struct job *j, void *engine_ctx)
     if (rc < 0) {
         int status = rc == TIDE_ERANGE || rc == TIDE_EINVAL ? 400 : 500;
         char *e = openai_error_json(err[0] ? err : tide_strerror(rc),
-                                    status == 400 ? "invalid_request_error" : "server_error", NULL,
+                                    status == 400 ? "invalid_request_error" : "server_error",
+                                    /* as OpenAI: the prompt field is what does not fit */
+                                    rc == TIDE_ERANGE ? (r->chat ? "messages" : "prompt") : NULL,
                                     rc == TIDE_ERANGE ? "context_length_exceeded" : NULL);
         if (r->stream) {
             job_write(j, "data: ", 6);
