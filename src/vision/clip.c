@@ -343,6 +343,20 @@ int clip_estimate(const char *path, int max_image_tokens, size_t *weights_bytes,
     return 0;
 }
 
+int clip_read_hparams(const char *path, struct clip_hparams *hp, char *err, size_t errlen)
+{
+    struct gguf_file g;
+    struct clip_model m;
+    memset(&m, 0, sizeof m);
+    size_t wb;
+    int rc = plan(path, &g, &m, &wb, err, errlen);
+    if (rc) return rc;
+    free(m.layers);
+    gguf_close(&g);
+    *hp = m.hp;
+    return 0;
+}
+
 int clip_load(struct clip_model **out, const char *path, const struct clip_alloc *a,
               struct backend *be, char *err, size_t errlen)
 {

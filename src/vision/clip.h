@@ -94,6 +94,11 @@ void clip_free(struct clip_model *m);
 int clip_estimate(const char *path, int max_image_tokens, size_t *weights_bytes,
                   size_t *workspace_bytes, char *err, size_t errlen);
 
+/* The hyper-parameters (all of struct clip_hparams, output width included) from the file
+ * alone, without loading: lets the caller count image tokens while the encoder is unloaded
+ * (hp.n_patches for the `mlp` projector). */
+int clip_read_hparams(const char *path, struct clip_hparams *hp, char *err, size_t errlen);
+
 /* Tokens an image of w x h yields. The `mlp` projector is fixed-resolution: every image
  * is fitted (downscaled or enlarged, letterboxed) to image_size^2, so always n_patches. */
 int clip_n_tokens(const struct clip_model *m, int w, int h);

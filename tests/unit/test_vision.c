@@ -519,6 +519,11 @@ Test(vision, clip_load_encode)
     cr_assert_eq(clip_estimate(path, 63, &wb, &wsb, err, sizeof err), TIDE_ERANGE);
     cr_assert(strstr(err, "64 tokens"), "%s", err);
     cr_assert_eq(clip_estimate(path, 0, &wb, &wsb, err, sizeof err), 0);
+    struct clip_hparams hp;
+    cr_assert_eq(clip_read_hparams(path, &hp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(hp.n_patches, 64);
+    cr_assert_eq(hp.n_embd_out, 128);
+    cr_assert_eq(hp.n_mm_hidden, 128);
     struct counting cnt = {0};
     struct clip_alloc a = {c_alloc, c_free, &cnt};
     struct clip_model *m;
