@@ -328,11 +328,24 @@ int image_fit_budget(int w, int h, int patch, int max_tokens, int *out_w, int *o
 
 struct contrib { int start, n; float *w; };
 
-/* For each of dst_n output samples, the source samples it averages and their weights. */
+/* Keys' cubic kernel with a = -0.5 (what PIL's BICUBIC and so Hugging Face's CLIP
+ * preprocessing use), radius 2. */
+static double cubic(double t)
+{
+    const double a = -0.5;
+    t = fabs(t);
+    if (t < 1.0) return ((a + 2.0) * t - (a + 3.0)) * t * t + 1.0;
+    if (t < 2.0) return (((t - 5.0) * t + 8.0) * t - 4.0) * a;
+    return 0.0;
+}
+
+/* For each of dst_n output samples, the source samples it averages and their weights.
+ * When shrinking, the kernel is stretched by the scale factor (antialiasing). */
 static struct contrib *make_contribs(int src_n, int dst_n, float **pool)
 {
     double scale = (double)src_n / dst_n;
-    double support = scale > 1.0 ? scale : 1.0;
+    double fscale = scale > 1.0 ? scale : 1.0;
+    double support = 2.0 * fscale;
     int maxn = (int)ceil(support) * 2 + 1;
     struct contrib *c = malloc(sizeof *c * (size_t)dst_n);
     *pool = malloc(sizeof(float) * (size_t)dst_n * maxn);
@@ -348,12 +361,11 @@ static struct contrib *make_contribs(int src_n, int dst_n, float **pool)
         double sum = 0;
         int n = 0;
         for (int j = lo; j <= hi; j++) {
-            double t = fabs(j - center) / support;
-            double wt = t < 1.0 ? 1.0 - t : 0.0;
+            double wt = cubic((j - center) / fscale);
             c[i].w[n++] = (float)wt;
             sum += wt;
         }
-        if (sum <= 0) { /* degenerate: nearest sample */
+        if (fabs(sum) < 1e-12) { /* degenerate: nearest sample */
             int j = (int)lround(center);
             c[i].start = j < 0 ? 0 : j >= src_n ? src_n - 1 : j;
             c[i].w[0] = 1.0f;

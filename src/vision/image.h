@@ -6,7 +6,7 @@
  *   2. image_decode: PNG, JPEG, BMP or GIF (first frame) bytes to RGB8 via stb_image, within
  *      byte and pixel limits checked BEFORE the pixels are allocated; JPEG EXIF orientation
  *      is applied so the image is upright.
- *   3. preprocessing: fit-and-scale to a token budget, antialiased bilinear resize, pad to a
+ *   3. preprocessing: fit-and-scale to a token budget, antialiased bicubic resize, pad to a
  *      square with the mean colour, normalise with the model's mean/std into f32 CHW.
  * Every function returns 0 or a negative TIDE_E* code with one line in err. */
 #ifndef TIDE_VISION_IMAGE_H
@@ -61,9 +61,9 @@ int image_apply_orientation(struct image_u8 *img, int o);
  * Big images are always downscaled, never refused. Returns the token count. */
 int image_fit_budget(int w, int h, int patch, int max_tokens, int *out_w, int *out_h);
 
-/* Resize to (w, h): separable triangle filter whose support widens with the downscale
- * factor (plain bilinear when enlarging, an area-weighted average when shrinking, so a
- * big photo does not alias). */
+/* Resize to (w, h): separable bicubic (Keys, a = -0.5, as PIL and so Hugging Face's CLIP
+ * preprocessing), the kernel widened by the downscale factor so a big photo shrinks
+ * without aliasing. */
 int image_resize(const struct image_u8 *src, int w, int h, struct image_u8 *dst);
 
 /* Fixed-resolution preprocessing (LLaVA-1.5 `mlp` projector, as llama.cpp does it): scale
