@@ -105,6 +105,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e
 	$(Q)$(BUILD)/test-unit
 	$(Q)$(BUILD)/test-e2e
+	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all

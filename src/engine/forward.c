@@ -1,22 +1,17 @@
-/* forward.c - the transformer forward pass over the backend vtable, with an f32 KV cache.
+/* forward.c - the transformer forward pass over the backend vtable, stage by stage.
  *
  * Prompts are processed in chunks of up to max_batch tokens: every matmul of a layer runs
  * once for the whole chunk, so each weight row is read once per chunk rather than once
  * per token. Attention stays per token (each has its own causal window). MoE tokens are
- * grouped by expert so each chosen expert is fetched and multiplied once per chunk. */
+ * grouped by expert so each chosen expert is fetched and multiplied once per chunk.
+ * Top-k routing runs on the host over downloaded router logits (n_expert floats a token). */
 #include "forward.h"
+#include "memory/device.h"
+#include "memory/expert_cache.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FWD_MAX_BATCH 64
-
-static int host_lookup(void *ctx, uint32_t layer, uint32_t expert, struct expert_weights *out)
-{
-    model_expert_host(ctx, layer, expert, out);
-    return 0;
-}
 
 size_t forward_kv_bytes(const struct model *m, int n_ctx)
 {
@@ -24,66 +19,244 @@ size_t forward_kv_bytes(const struct model *m, int n_ctx)
     return 2 * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * sizeof(float);
 }
 
-int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx)
+static size_t tbytes(const struct tensor *t) { return t->data ? t->row_bytes * t->ne[1] : 0; }
+
+/* The resident tensors of layer l, in a fixed order. */
+static int layer_tensors(struct model_layer *L, struct tensor **out)
 {
-    memset(s, 0, sizeof(*s));
-    if (n_ctx <= 0)
-        return TIDE_EINVAL;
+    struct tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->q_norm, &L->k_norm,
+                            &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->ffn_gate_inp};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->data)
+            out[n++] = all[i];
+    return n;
+}
+
+static bool output_tied(const struct model *m) { return m->output.data == m->tok_embd.data; }
+
+struct buf_dims { size_t E, qd, ff, ne, V, att; };
+
+static struct buf_dims dims(const struct model *m, int n_ctx)
+{
     const struct model_config *c = &m->cfg;
-    s->m = m;
-    s->be = be;
-    s->n_ctx = n_ctx;
-    s->max_batch = FWD_MAX_BATCH;
-    s->expert_lookup = host_lookup;
-    s->expert_lookup_ctx = (void *)m;
-    size_t B = (size_t)s->max_batch, E = c->n_embd;
-    size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim;
-    size_t ff = c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp;
-    size_t ne = c->n_expert ? c->n_expert : 1, nu = c->n_expert_used ? c->n_expert_used : 1;
-    void *(*al)(void *, size_t) = be.i->alloc;
-    size_t kvh = forward_kv_bytes(m, n_ctx) / 2;
-    s->k_cache = al(be.ctx, kvh);
-    s->v_cache = al(be.ctx, kvh);
-    s->x = al(be.ctx, B * E * sizeof(float));
-    s->xb = al(be.ctx, B * E * sizeof(float));
-    s->xb2 = al(be.ctx, B * E * sizeof(float));
-    s->q = al(be.ctx, B * qd * sizeof(float));
-    s->k = al(be.ctx, kvd * sizeof(float)); /* unused by the batched path; kept for API */
-    s->v = al(be.ctx, kvd * sizeof(float));
-    s->att_out = al(be.ctx, B * qd * sizeof(float));
-    s->att = al(be.ctx, (size_t)c->n_head * n_ctx * sizeof(float));
-    s->hb = al(be.ctx, B * ff * sizeof(float));
-    s->hb2 = al(be.ctx, B * ff * sizeof(float));
-    s->router = al(be.ctx, B * ne * sizeof(float));
-    s->moe_out = al(be.ctx, B * E * sizeof(float));
-    s->moe_in = al(be.ctx, B * E * sizeof(float));
-    s->logits = al(be.ctx, (size_t)c->n_vocab * sizeof(float));
-    s->moe_sel = malloc(B * nu * sizeof(int));
-    s->moe_w = malloc(B * nu * sizeof(float));
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xb2 || !s->q || !s->k ||
-        !s->v || !s->att_out || !s->att || !s->hb || !s->hb2 || !s->router ||
-        !s->moe_out || !s->moe_in || !s->logits || !s->moe_sel || !s->moe_w) {
-        forward_free(s);
+    struct buf_dims d;
+    d.E = c->n_embd;
+    d.qd = (size_t)c->n_head * c->head_dim;
+    d.ff = c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp;
+    d.ne = c->n_expert ? c->n_expert : 1;
+    d.V = c->n_vocab;
+    d.att = (size_t)c->n_head * n_ctx;
+    return d;
+}
+
+/* Activation buffers of a stage, in the order forward_init_stages allocates them. */
+static int stage_buffers(const struct model *m, int n_ctx, int B, bool last, size_t *sizes)
+{
+    struct buf_dims d = dims(m, n_ctx);
+    size_t f = sizeof(float);
+    size_t s[] = {B * d.E * f, B * d.E * f, B * d.E * f, B * d.qd * f, B * d.qd * f, d.att * f,
+                  B * d.ff * f, B * d.ff * f, B * d.ne * f, B * d.E * f, B * d.E * f,
+                  last ? d.V * f : 0};
+    memcpy(sizes, s, sizeof s);
+    return (int)(sizeof s / sizeof s[0]);
+}
+
+void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
+                        bool first, bool last, struct forward_stage_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    for (uint32_t l = l0; l < l1; l++) {
+        struct model_layer L = m->layers[l];
+        struct tensor *ts[16];
+        int n = layer_tensors(&L, ts);
+        for (int i = 0; i < n; i++)
+            out->weights += tbytes(ts[i]);
+    }
+    if (first)
+        out->weights += tbytes(&m->tok_embd);
+    if (last) {
+        out->weights += tbytes(&m->output_norm);
+        if (!(first && output_tied(m)))
+            out->weights += tbytes(&m->output);
+    }
+    out->kv = forward_kv_bytes(m, n_ctx) / m->cfg.n_layer * (l1 - l0);
+    size_t sizes[16];
+    int nb = stage_buffers(m, n_ctx, max_batch, last, sizes);
+    for (int i = 0; i < nb; i++)
+        out->workspace += sizes[i];
+}
+
+/* Allocation for a stage: through the device ledger when there is one. */
+static void *stage_alloc(struct forward_stage *st, enum mem_kind k, size_t bytes)
+{
+    if (!bytes)
+        return NULL;
+    void *p = st->dev ? device_alloc(st->dev, k, bytes) : st->be.i->alloc(st->be.ctx, bytes);
+    if (!p)
+        return NULL;
+    if (st->n_owned == st->cap_owned) {
+        int cap = st->cap_owned ? st->cap_owned * 2 : 64;
+        void **o = realloc(st->owned, cap * sizeof(void *));
+        if (o) st->owned = o;
+        size_t *ob = realloc(st->owned_bytes, cap * sizeof(size_t));
+        if (ob) st->owned_bytes = ob;
+        int *ok = realloc(st->owned_kind, cap * sizeof(int));
+        if (ok) st->owned_kind = ok;
+        if (!o || !ob || !ok) {
+            if (st->dev) device_free(st->dev, k, p, bytes); else st->be.i->free(st->be.ctx, p);
+            return NULL;
+        }
+        st->cap_owned = cap;
+    }
+    st->owned[st->n_owned] = p;
+    st->owned_bytes[st->n_owned] = bytes;
+    st->owned_kind[st->n_owned++] = (int)k;
+    return p;
+}
+
+/* Point t at a device copy of its bytes (or leave it in place without a device). */
+static int stage_place(struct forward_stage *st, struct tensor *t)
+{
+    if (!st->dev || !t->data)
+        return 0;
+    size_t b = tbytes(t);
+    void *p = stage_alloc(st, MEM_WEIGHTS, b);
+    if (!p)
+        return TIDE_ERANGE;
+    st->be.i->upload(st->be.ctx, p, t->data, b);
+    t->data = p;
+    return 0;
+}
+
+static int stage_init(struct forward_state *s, struct forward_stage *st, const struct forward_stage_spec *sp)
+{
+    const struct model *m = s->m;
+    st->dev = sp->dev;
+    st->be = sp->dev ? sp->dev->be : sp->be;
+    st->l0 = sp->l0;
+    st->l1 = sp->l1;
+    st->cache = sp->cache;
+    st->layers = calloc(sp->l1 - sp->l0 ? sp->l1 - sp->l0 : 1, sizeof(struct model_layer));
+    if (!st->layers)
         return TIDE_ENOMEM;
+    int rc = 0;
+    for (uint32_t l = st->l0; l < st->l1 && !rc; l++) {
+        struct model_layer *L = &st->layers[l - st->l0];
+        *L = m->layers[l];
+        struct tensor *ts[16];
+        int n = layer_tensors(L, ts);
+        for (int i = 0; i < n && !rc; i++)
+            rc = stage_place(st, ts[i]);
+    }
+    if (st->first) {
+        st->tok_embd = m->tok_embd;
+        if (!rc) rc = stage_place(st, &st->tok_embd);
+    }
+    if (st->last) {
+        st->output_norm = m->output_norm;
+        if (!rc) rc = stage_place(st, &st->output_norm);
+        st->output = m->output;
+        if (st->first && output_tied(m)) st->output.data = st->tok_embd.data;
+        else if (!rc) rc = stage_place(st, &st->output);
+    }
+    if (rc)
+        return rc;
+    size_t kvh = forward_kv_bytes(m, s->n_ctx) / 2 / m->cfg.n_layer * (st->l1 - st->l0);
+    if (kvh) {
+        st->k_cache = stage_alloc(st, MEM_KV, kvh);
+        st->v_cache = stage_alloc(st, MEM_KV, kvh);
+        if (!st->k_cache || !st->v_cache)
+            return TIDE_ERANGE;
+    }
+    size_t sizes[16];
+    int nb = stage_buffers(m, s->n_ctx, s->max_batch, st->last, sizes);
+    float **bufs[] = {&st->x, &st->xb, &st->xb2, &st->q, &st->att_out, &st->att, &st->hb, &st->hb2,
+                      &st->router, &st->moe_in, &st->moe_out, &st->logits};
+    for (int i = 0; i < nb; i++) {
+        if (!sizes[i])
+            continue;
+        *bufs[i] = stage_alloc(st, MEM_WORKSPACE, sizes[i]);
+        if (!*bufs[i])
+            return TIDE_ERANGE;
     }
     return 0;
 }
 
+static void stage_free(struct forward_stage *st)
+{
+    for (int i = st->n_owned - 1; i >= 0; i--) {
+        if (st->dev)
+            device_free(st->dev, (enum mem_kind)st->owned_kind[i], st->owned[i], st->owned_bytes[i]);
+        else
+            st->be.i->free(st->be.ctx, st->owned[i]);
+    }
+    free(st->owned);
+    free(st->owned_bytes);
+    free(st->owned_kind);
+    free(st->layers);
+    memset(st, 0, sizeof *st);
+}
+
+int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int max_batch,
+                        const struct forward_stage_spec *sp, int n_stage)
+{
+    memset(s, 0, sizeof *s);
+    if (n_ctx <= 0 || n_stage <= 0 || n_stage > FORWARD_MAX_STAGES || max_batch <= 0)
+        return TIDE_EINVAL;
+    for (int i = 0; i < n_stage; i++) /* contiguous cover of all layers */
+        if (sp[i].l0 != (i ? sp[i - 1].l1 : 0) || sp[i].l1 < sp[i].l0)
+            return TIDE_EINVAL;
+    if (sp[n_stage - 1].l1 != m->cfg.n_layer)
+        return TIDE_EINVAL;
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->max_batch = max_batch;
+    s->n_stage = n_stage;
+    struct buf_dims d = dims(m, n_ctx);
+    size_t B = (size_t)max_batch, nu = m->cfg.n_expert_used ? m->cfg.n_expert_used : 1;
+    s->host_x = malloc(B * d.E * sizeof(float));
+    s->host_router = malloc(B * d.ne * sizeof(float));
+    s->moe_sel = malloc(B * nu * sizeof(int));
+    s->moe_w = malloc(B * nu * sizeof(float));
+    s->moe_tok = malloc(B * sizeof(int));
+    s->moe_tokw = malloc(B * sizeof(float));
+    s->logits = malloc(d.V * sizeof(float));
+    if (!s->host_x || !s->host_router || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->logits) {
+        forward_free(s);
+        return TIDE_ENOMEM;
+    }
+    for (int i = 0; i < n_stage; i++) {
+        s->stage[i].first = i == 0;
+        s->stage[i].last = i == n_stage - 1;
+        int rc = stage_init(s, &s->stage[i], &sp[i]);
+        if (rc < 0) {
+            forward_free(s);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx)
+{
+    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer};
+    return forward_init_stages(s, m, n_ctx, FORWARD_DEFAULT_BATCH, &sp, 1);
+}
+
 void forward_free(struct forward_state *s)
 {
-    if (!s->be.i)
-        return;
-    void (*fr)(void *, void *) = s->be.i->free;
-    void *ctx = s->be.ctx;
-    float *bufs[] = {s->k_cache, s->v_cache, s->x, s->xb, s->xb2, s->q, s->k, s->v,
-                     s->att_out, s->att, s->hb, s->hb2, s->router, s->moe_out,
-                     s->moe_in, s->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        if (bufs[i])
-            fr(ctx, bufs[i]);
+    for (int i = 0; i < FORWARD_MAX_STAGES; i++)
+        if (s->stage[i].layers || s->stage[i].n_owned)
+            stage_free(&s->stage[i]);
+    free(s->host_x);
+    free(s->host_router);
     free(s->moe_sel);
     free(s->moe_w);
-    memset(s, 0, sizeof(*s));
+    free(s->moe_tok);
+    free(s->moe_tokw);
+    free(s->logits);
+    memset(s, 0, sizeof *s);
 }
 
 /* Pick the top-k experts of one token's router logits (ties -> lower index) and their
@@ -117,21 +290,22 @@ static void route(const struct model_config *c, const float *logits, int *sel, f
 }
 
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E). */
-static int moe_ffn(struct forward_state *s, uint32_t l, int n)
+static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
 {
     const struct model_config *c = &s->m->cfg;
-    const struct backend_i *B = s->be.i;
-    void *bc = s->be.ctx;
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
     int E = (int)c->n_embd, F = (int)c->n_ff_exp, k = (int)c->n_expert_used;
-    const struct model_layer *L = &s->m->layers[l];
+    const struct model_layer *L = &st->layers[l - st->l0];
 
-    B->matmul(bc, &L->ffn_gate_inp, s->xb, s->router, n); /* (n, n_expert) */
+    B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
+    B->download(bc, s->host_router, st->router, sizeof(float) * (size_t)n * c->n_expert);
     for (int t = 0; t < n; t++)
-        route(c, s->router + (size_t)t * c->n_expert, s->moe_sel + t * k, s->moe_w + t * k);
-    memset(s->moe_out, 0, sizeof(float) * (size_t)n * E);
+        route(c, s->host_router + (size_t)t * c->n_expert, s->moe_sel + t * k, s->moe_w + t * k);
+    B->zero(bc, st->moe_out, n * E);
 
-    int tok[FWD_MAX_BATCH];   /* tokens routed to expert e */
-    float wt[FWD_MAX_BATCH];  /* their weights for e */
+    int *tok = s->moe_tok;   /* tokens routed to expert e */
+    float *wt = s->moe_tokw; /* their weights for e */
     for (uint32_t e = 0; e < c->n_expert; e++) {
         int cnt = 0;
         for (int t = 0; t < n; t++)
@@ -144,97 +318,134 @@ static int moe_ffn(struct forward_state *s, uint32_t l, int n)
         if (!cnt)
             continue;
         struct expert_weights ew;
-        int rc = s->expert_lookup(s->expert_lookup_ctx, l, e, &ew);
+        int rc;
+        if (st->cache)
+            rc = expert_cache_lookup(st->cache, l, e, &ew);
+        else
+            model_expert_host(s->m, l, e, &ew), rc = 0;
         if (rc < 0)
             return rc;
         s->n_expert_calls++;
-        for (int i = 0; i < cnt; i++) /* gather (cnt, E) */
-            memcpy(s->moe_in + (size_t)i * E, s->xb + (size_t)tok[i] * E, sizeof(float) * E);
-        B->matmul(bc, &ew.gate, s->moe_in, s->hb, cnt);   /* (cnt, F) */
-        B->matmul(bc, &ew.up, s->moe_in, s->hb2, cnt);    /* (cnt, F) */
-        B->swiglu(bc, s->hb, s->hb2, cnt * F);
-        B->matmul(bc, &ew.down, s->hb, s->xb2, cnt);      /* (cnt, E) */
+        B->gather_rows(bc, st->moe_in, st->xb, tok, cnt, E); /* (cnt, E) */
+        B->matmul(bc, &ew.gate, st->moe_in, st->hb, cnt);   /* (cnt, F) */
+        B->matmul(bc, &ew.up, st->moe_in, st->hb2, cnt);    /* (cnt, F) */
+        B->swiglu(bc, st->hb, st->hb2, cnt * F);
+        B->matmul(bc, &ew.down, st->hb, st->xb2, cnt);      /* (cnt, E) */
         for (int i = 0; i < cnt; i++)
-            B->axpy(bc, s->moe_out + (size_t)tok[i] * E, s->xb2 + (size_t)i * E, wt[i], E);
+            B->axpy(bc, st->moe_out + (size_t)tok[i] * E, st->xb2 + (size_t)i * E, wt[i], E);
     }
     return 0;
 }
 
-/* n <= max_batch tokens at positions pos.. */
-static int eval_chunk(struct forward_state *s, const int *tokens, int n, int pos, bool last)
+static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos)
 {
-    const struct model *m = s->m;
-    const struct model_config *c = &m->cfg;
-    const struct backend_i *B = s->be.i;
-    void *bc = s->be.ctx;
+    const struct model_config *c = &s->m->cfg;
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
     int qd = (int)c->n_head * hd, kvd = (int)c->n_head_kv * hd;
-
-    for (int t = 0; t < n; t++) {
-        if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
-            return TIDE_EINVAL;
-        B->get_row(bc, &m->tok_embd, tokens[t], s->x + (size_t)t * E); /* x (n, E) */
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        const struct model_layer *L = &m->layers[l];
+    for (uint32_t l = st->l0; l < st->l1; l++) {
+        const struct model_layer *L = &st->layers[l - st->l0];
         /* this layer's cache rows; k/v matmuls write straight into them */
-        float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd;
-        float *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
+        float *kc = st->k_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
+        float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
         float *kpos = kc + (size_t)pos * kvd, *vpos = vc + (size_t)pos * kvd;
 
-        B->rmsnorm(bc, s->x, &L->attn_norm, s->xb, E, n, c->rms_eps);
-        B->matmul(bc, &L->wq, s->xb, s->q, n);  /* (n, qd) */
-        B->matmul(bc, &L->wk, s->xb, kpos, n);  /* (n, kvd) */
-        B->matmul(bc, &L->wv, s->xb, vpos, n);  /* (n, kvd) */
+        B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
+        B->matmul(bc, &L->wq, st->xb, st->q, n);  /* (n, qd) */
+        B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
+        B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */
         if (L->q_norm.data) /* qwen3: rmsnorm each head before rope */
-            B->rmsnorm(bc, s->q, &L->q_norm, s->q, hd, n * (int)c->n_head, c->rms_eps);
+            B->rmsnorm(bc, st->q, &L->q_norm, st->q, hd, n * (int)c->n_head, c->rms_eps);
         if (L->k_norm.data)
             B->rmsnorm(bc, kpos, &L->k_norm, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
         for (int t = 0; t < n; t++) {
-            B->rope(bc, s->q + (size_t)t * qd, (int)c->n_head, hd, pos + t, c->rope_theta,
-                    c->rope);
-            B->rope(bc, kpos + (size_t)t * kvd, (int)c->n_head_kv, hd, pos + t,
-                    c->rope_theta, c->rope);
+            B->rope(bc, st->q + (size_t)t * qd, (int)c->n_head, hd, pos + t, c->rope_theta, c->rope);
+            B->rope(bc, kpos + (size_t)t * kvd, (int)c->n_head_kv, hd, pos + t, c->rope_theta, c->rope);
         }
         for (int t = 0; t < n; t++)
-            B->attention(bc, s->q + (size_t)t * qd, kc, vc, s->att_out + (size_t)t * qd,
-                         s->att, pos + t, (int)c->n_head, (int)c->n_head_kv, hd);
-        B->matmul(bc, &L->wo, s->att_out, s->xb2, n); /* (n, E) */
-        B->axpy(bc, s->x, s->xb2, 1.0f, n * E);
+            B->attention(bc, st->q + (size_t)t * qd, kc, vc, st->att_out + (size_t)t * qd, st->att,
+                         pos + t, (int)c->n_head, (int)c->n_head_kv, hd);
+        B->matmul(bc, &L->wo, st->att_out, st->xb2, n); /* (n, E) */
+        B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
 
-        B->rmsnorm(bc, s->x, &L->ffn_norm, s->xb, E, n, c->rms_eps);
+        B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         if (c->n_expert) {
-            int rc = moe_ffn(s, l, n);
+            int rc = moe_ffn(s, st, l, n);
             if (rc < 0)
                 return rc;
-            B->axpy(bc, s->x, s->moe_out, 1.0f, n * E);
+            B->axpy(bc, st->x, st->moe_out, 1.0f, n * E);
         } else {
             int F = (int)c->n_ff;
-            B->matmul(bc, &L->ffn_gate, s->xb, s->hb, n); /* (n, F) */
-            B->matmul(bc, &L->ffn_up, s->xb, s->hb2, n);
-            B->swiglu(bc, s->hb, s->hb2, n * F);
-            B->matmul(bc, &L->ffn_down, s->hb, s->xb2, n); /* (n, E) */
-            B->axpy(bc, s->x, s->xb2, 1.0f, n * E);
+            B->matmul(bc, &L->ffn_gate, st->xb, st->hb, n); /* (n, F) */
+            B->matmul(bc, &L->ffn_up, st->xb, st->hb2, n);
+            B->swiglu(bc, st->hb, st->hb2, n * F);
+            B->matmul(bc, &L->ffn_down, st->hb, st->xb2, n); /* (n, E) */
+            B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
         }
     }
+    return 0;
+}
+
+/* n <= max_batch tokens (or embeddings) at positions pos.. */
+static int eval_chunk(struct forward_state *s, const int *tokens, const float *embd, int n, int pos,
+                      bool last)
+{
+    const struct model_config *c = &s->m->cfg;
+    int E = (int)c->n_embd;
+    struct forward_stage *st = &s->stage[0];
+    if (tokens) {
+        for (int t = 0; t < n; t++) {
+            if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
+                return TIDE_EINVAL;
+            st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
+        }
+    } else {
+        st->be.i->upload(st->be.ctx, st->x, embd, sizeof(float) * (size_t)n * E);
+    }
+    for (int i = 0; i < s->n_stage; i++) {
+        st = &s->stage[i];
+        if (i > 0) { /* hand the activations to the next device */
+            struct forward_stage *pv = &s->stage[i - 1];
+            size_t b = sizeof(float) * (size_t)n * E;
+            pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
+            st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
+        }
+        int rc = stage_layers(s, st, n, pos);
+        if (rc < 0)
+            return rc;
+    }
     if (last) {
-        const float *xl = s->x + (size_t)(n - 1) * E;
-        B->rmsnorm(bc, xl, &m->output_norm, s->xb, E, 1, c->rms_eps);
-        B->matmul(bc, &m->output, s->xb, s->logits, 1);
+        const float *xl = st->x + (size_t)(n - 1) * E;
+        st->be.i->rmsnorm(st->be.ctx, xl, &st->output_norm, st->xb, E, 1, c->rms_eps);
+        st->be.i->matmul(st->be.ctx, &st->output, st->xb, st->logits, 1);
+        st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
+    }
+    return 0;
+}
+
+static int eval(struct forward_state *s, const int *tokens, const float *embd, int n, int pos)
+{
+    if (n <= 0 || pos < 0 || pos + n > s->n_ctx)
+        return TIDE_ERANGE;
+    size_t E = s->m->cfg.n_embd;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < s->max_batch ? n - done : s->max_batch;
+        int rc = eval_chunk(s, tokens ? tokens + done : NULL, embd ? embd + (size_t)done * E : NULL,
+                            chunk, pos + done, done + chunk == n);
+        if (rc < 0)
+            return rc;
+        done += chunk;
     }
     return 0;
 }
 
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos)
 {
-    if (n <= 0 || pos < 0 || pos + n > s->n_ctx)
-        return TIDE_ERANGE;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < s->max_batch ? n - done : s->max_batch;
-        int rc = eval_chunk(s, tokens + done, chunk, pos + done, done + chunk == n);
-        if (rc < 0)
-            return rc;
-        done += chunk;
-    }
-    return 0;
+    return eval(s, tokens, NULL, n, pos);
+}
+
+int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos)
+{
+    return eval(s, NULL, embd, n, pos);
 }

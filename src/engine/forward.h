@@ -1,48 +1,92 @@
-/* forward.h - one model's forward pass over the backend, with its KV cache.
+/* forward.h - one model's forward pass over one or more devices, with its KV cache.
  *
- * forward_eval() runs n tokens at positions pos..pos+n-1 (prefill, or n = 1 for decode)
- * and writes the logits of the last one. Experts are fetched through the lookup hook, so
- * the expert cache decides where an expert's weights come from; by default they come
- * straight from host RAM. */
+ * The layers are cut into stages, one per device: a stage holds its layers' resident weights
+ * (attention, norms, router; the embeddings on the first stage, the output head on the last),
+ * its part of the KV cache and its activation buffers, all in that device's memory and all
+ * charged to its ledger. Activations cross devices between stages through a host buffer.
+ * Experts are reached only through the stage's expert cache (memory/expert_cache.h); a stage
+ * without one reads them straight from host RAM (the single-device test path).
+ *
+ * forward_eval() runs n tokens at positions pos..pos+n-1 (prefill, or n = 1 for decode) in
+ * chunks of up to max_batch and leaves the logits of the last one in s->logits (host). */
 #ifndef TIDE_FORWARD_H
 #define TIDE_FORWARD_H
 
 #include "backend.h"
 
-typedef int (*expert_lookup_fn)(void *ctx, uint32_t layer, uint32_t expert,
-                                struct expert_weights *out);
+#define FORWARD_MAX_STAGES 16
+
+struct device;
+struct expert_cache;
+
+struct forward_stage_spec {
+    struct device *dev;          /* NULL: allocate with be directly, weights used in place */
+    struct backend be;           /* ignored when dev is set (dev->be is used) */
+    uint32_t l0, l1;             /* layers [l0, l1) */
+    struct expert_cache *cache;  /* NULL: experts from host RAM */
+};
+
+struct forward_stage {
+    struct device *dev;
+    struct backend be;
+    uint32_t l0, l1;
+    bool first, last;
+    struct expert_cache *cache;
+    struct model_layer *layers;  /* (l1-l0) resident weights, views into device memory */
+    struct tensor tok_embd;      /* first stage: (n_embd, n_vocab) */
+    struct tensor output_norm;   /* last stage: (n_embd) */
+    struct tensor output;        /* last stage: (n_embd -> n_vocab) */
+    void **owned;                /* device blocks this stage allocated, for free */
+    size_t *owned_bytes;
+    int *owned_kind;
+    int n_owned, cap_owned;
+    float *k_cache, *v_cache;    /* (l1-l0, n_ctx, n_head_kv*head_dim) */
+    float *x, *xb, *xb2;         /* (max_batch, n_embd) */
+    float *q, *att_out;          /* (max_batch, n_head*head_dim) */
+    float *att;                  /* (n_head, n_ctx) */
+    float *hb, *hb2;             /* (max_batch, max(n_ff, n_ff_exp)) */
+    float *router;               /* (max_batch, n_expert) */
+    float *moe_in, *moe_out;     /* (max_batch, n_embd) */
+    float *logits;               /* last stage: (n_vocab) */
+};
 
 struct forward_state {
     const struct model *m;
-    struct backend be;
     int n_ctx;
-    float *k_cache;     /* (n_layer, n_ctx, n_head_kv*head_dim) */
-    float *v_cache;     /* (n_layer, n_ctx, n_head_kv*head_dim) */
-    float *x, *xb, *xb2;            /* (n_embd) activations */
-    float *q, *k, *v, *att_out;     /* (n_head*head_dim), (kv_dim), (kv_dim), (n_head*head_dim) */
-    float *att;         /* (n_head, n_ctx) */
-    float *hb, *hb2;    /* (max(n_ff, n_ff_exp)) */
-    float *router;      /* (n_expert) */
-    float *moe_out;     /* (n_embd) */
-    /* batch buffers: x, xb, xb2, q, att_out, hb, hb2, router and moe_out above hold
-     * max_batch vectors each (one after another) so prefill runs batched matmuls */
     int max_batch;
-    float *moe_in;      /* (max_batch, n_embd) tokens routed to one expert, gathered */
-    int *moe_sel;       /* (max_batch, n_expert_used) chosen experts per token */
-    float *moe_w;       /* (max_batch, n_expert_used) their weights */
-    float *logits;      /* (n_vocab) */
-    expert_lookup_fn expert_lookup;
-    void *expert_lookup_ctx;
-    /* counters */
+    int n_stage;
+    struct forward_stage stage[FORWARD_MAX_STAGES];
+    /* host side */
+    float *host_x;       /* (max_batch, n_embd) activations crossing devices */
+    float *host_router;  /* (max_batch, n_expert) router logits for top-k */
+    int *moe_sel;        /* (max_batch, n_expert_used) chosen experts per token */
+    float *moe_w;        /* (max_batch, n_expert_used) their weights */
+    int *moe_tok;        /* (max_batch) tokens routed to one expert */
+    float *moe_tokw;     /* (max_batch) their weights for it */
+    float *logits;       /* (n_vocab) the last token's logits */
     uint64_t n_expert_calls;
 };
 
+/* Memory one stage needs, by ledger kind, before any expert cache. */
+struct forward_stage_bytes {
+    size_t weights, kv, workspace;
+};
+void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
+                        bool first, bool last, struct forward_stage_bytes *out);
+
+int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int max_batch,
+                        const struct forward_stage_spec *sp, int n_stage);
+/* One stage on backend be, weights in place: the simple single-device form. */
 int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx);
 void forward_free(struct forward_state *s);
 /* Returns 0 and s->logits filled for the last token, or a negative code.
  * pos + n must be <= n_ctx. */
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos);
-/* KV bytes for n_ctx positions. */
+/* The same with input embeddings (n, n_embd) in host memory instead of token ids (images). */
+int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos);
+/* KV bytes for n_ctx positions of all layers. */
 size_t forward_kv_bytes(const struct model *m, int n_ctx);
+
+#define FORWARD_DEFAULT_BATCH 64
 
 #endif

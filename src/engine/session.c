@@ -21,16 +21,20 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     e->tmpl = template_detect(jinja);
     free(jinja);
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : 4096;
-    rc = backend_cpu_init(&e->be, o->n_threads);
-    if (rc < 0) {
-        snprintf(err, errlen, "cpu backend: %s", tide_strerror(rc));
+    struct plan_options po = o->plan;
+    po.n_ctx = e->n_ctx;
+    po.n_threads = o->n_threads;
+    rc = memory_plan_init(&e->mem, &po, &e->model, err, errlen);
+    if (rc < 0)
         goto fail_tok;
-    }
-    rc = forward_init(&e->fw, &e->model, e->be, e->n_ctx);
+    rc = forward_init_stages(&e->fw, &e->model, e->n_ctx, e->mem.max_batch, e->mem.spec, e->mem.n_dev);
     if (rc < 0) {
         snprintf(err, errlen, "forward state for %d tokens: %s", e->n_ctx, tide_strerror(rc));
-        goto fail_be;
+        goto fail_mem;
     }
+    e->img_open = tokenizer_find(e->tok, "<|vision_start|>");
+    e->img_close = tokenizer_find(e->tok, "<|vision_end|>");
+    if (e->img_open < 0 || e->img_close < 0) e->img_open = e->img_close = -1;
     e->tokens = malloc(sizeof(int) * (size_t)e->n_ctx);
     if (!e->tokens) {
         rc = TIDE_ENOMEM;
@@ -40,8 +44,8 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     return 0;
 fail_fw:
     forward_free(&e->fw);
-fail_be:
-    backend_cpu_free(&e->be);
+fail_mem:
+    memory_plan_free(&e->mem);
 fail_tok:
     tokenizer_free(e->tok);
 fail_model:
@@ -49,18 +53,46 @@ fail_model:
     return rc;
 }
 
+int engine_size_caches(struct engine *e) { return memory_plan_size_caches(&e->mem); }
+
 void engine_free(struct engine *e)
 {
     free(e->tokens);
     forward_free(&e->fw);
-    backend_cpu_free(&e->be);
+    memory_plan_free(&e->mem);
     tokenizer_free(e->tok);
     model_free(&e->model);
     memset(e, 0, sizeof *e);
 }
 
-/* The job's prompt as tokens (malloc'd). */
-static int job_tokens(struct engine *e, const struct gen_job *job, int **ids, int *n)
+static int append_ids(int **ids, int *n, int *cap, const int *src, int k)
+{
+    if (*n + k > *cap) {
+        int nc = (*n + k) * 2 + 16;
+        int *ni = realloc(*ids, sizeof(int) * (size_t)nc);
+        if (!ni) return TIDE_ENOMEM;
+        *ids = ni;
+        *cap = nc;
+    }
+    memcpy(*ids + *n, src, sizeof(int) * (size_t)k);
+    *n += k;
+    return 0;
+}
+
+static int append_text(struct engine *e, const char *text, size_t len, int **ids, int *n, int *cap)
+{
+    if (!len) return 0;
+    int *body = NULL, n_body = 0;
+    int rc = tokenizer_encode(e->tok, text, len, true, &body, &n_body);
+    if (rc < 0) return rc;
+    rc = append_ids(ids, n, cap, body, n_body);
+    free(body);
+    return rc;
+}
+
+/* The job's prompt as tokens (malloc'd); an image's positions hold -1 and img_at[i] is the
+ * first position of image i. */
+static int job_tokens(struct engine *e, const struct gen_job *job, int **ids_out, int *n_out, int *img_at)
 {
     char *text;
     if (job->messages) {
@@ -70,32 +102,64 @@ static int job_tokens(struct engine *e, const struct gen_job *job, int **ids, in
         text = strdup(job->prompt ? job->prompt : "");
         if (!text) return TIDE_ENOMEM;
     }
-    int *body = NULL, n_body = 0;
-    int rc = tokenizer_encode(e->tok, text, strlen(text), true, &body, &n_body);
-    free(text);
-    if (rc < 0) return rc;
+    int *ids = NULL, n = 0, cap = 0, rc = 0;
     int bos = tokenizer_add_bos(e->tok) ? tokenizer_bos(e->tok) : -1;
-    if (bos >= 0) {
-        int *all = malloc(sizeof(int) * (size_t)(n_body + 1));
-        if (!all) {
-            free(body);
-            return TIDE_ENOMEM;
+    if (bos >= 0) rc = append_ids(&ids, &n, &cap, &bos, 1);
+    const char *p = text;
+    size_t ml = strlen(ENGINE_IMAGE_MARKER);
+    for (int img = 0; !rc; img++) {
+        const char *m = img < job->n_images ? strstr(p, ENGINE_IMAGE_MARKER) : NULL;
+        rc = append_text(e, p, m ? (size_t)(m - p) : strlen(p), &ids, &n, &cap);
+        if (!m || rc) break;
+        if (e->img_open >= 0) rc = append_ids(&ids, &n, &cap, &e->img_open, 1);
+        img_at[img] = n;
+        for (int t = 0; t < job->images[img].n_tokens && !rc; t++) {
+            int neg = -1;
+            rc = append_ids(&ids, &n, &cap, &neg, 1);
         }
-        all[0] = bos;
-        memcpy(all + 1, body, sizeof(int) * (size_t)n_body);
-        free(body);
-        body = all;
-        n_body++;
+        if (e->img_close >= 0 && !rc) rc = append_ids(&ids, &n, &cap, &e->img_close, 1);
+        p = m + ml;
     }
-    *ids = body;
-    *n = n_body;
+    free(text);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    *ids_out = ids;
+    *n_out = n;
+    return 0;
+}
+
+/* Prefill positions [from, n): runs of tokens through forward_eval, images through
+ * forward_eval_embd. The last call leaves the logits of position n-1. */
+static int prefill(struct engine *e, const struct gen_job *job, const int *ids, int n, int from,
+                   const int *img_at)
+{
+    size_t E = e->model.cfg.n_embd;
+    for (int p = from; p < n;) {
+        int q = p;
+        if (ids[p] >= 0) {
+            while (q < n && ids[q] >= 0) q++;
+            int rc = forward_eval(&e->fw, ids + p, q - p, p);
+            if (rc < 0) return rc;
+        } else {
+            int img = 0;
+            while (img + 1 < job->n_images && img_at[img + 1] <= p) img++;
+            int row = p - img_at[img];
+            while (q < n && ids[q] < 0 && q - img_at[img] < job->images[img].n_tokens) q++;
+            int rc = forward_eval_embd(&e->fw, job->images[img].embd + (size_t)row * E, q - p, p);
+            if (rc < 0) return rc;
+        }
+        p = q;
+    }
     return 0;
 }
 
 int engine_count_prompt(struct engine *e, const struct gen_job *job)
 {
-    int *ids, n;
-    int rc = job_tokens(e, job, &ids, &n);
+    int *ids, n, img_at[64];
+    if (job->n_images > 64) return TIDE_EINVAL;
+    int rc = job_tokens(e, job, &ids, &n, img_at);
     if (rc < 0) return rc;
     free(ids);
     return n;
@@ -195,6 +259,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         }
         if (t + 1 == max_new) break;  /* no need to run the forward for an unused token */
         if (pos >= e->n_ctx) break;
+        if (job->boundary) job->boundary(job->ud);
         rc = forward_eval(&e->fw, &id, 1, pos);
         if (rc < 0) {
             snprintf(err, errlen, "forward at position %d: %s", pos, tide_strerror(rc));
@@ -224,8 +289,12 @@ out:
 
 int engine_run(struct engine *e, struct gen_job *job, char *err, size_t errlen)
 {
-    int *ids = NULL, n = 0;
-    int rc = job_tokens(e, job, &ids, &n);
+    int *ids = NULL, n = 0, img_at[64];
+    if (job->n_images > 64) {
+        snprintf(err, errlen, "at most 64 images per request");
+        return TIDE_EINVAL;
+    }
+    int rc = job_tokens(e, job, &ids, &n, img_at);
     if (rc < 0) {
         snprintf(err, errlen, "tokenize: %s", tide_strerror(rc));
         return rc;
@@ -251,8 +320,8 @@ int engine_run(struct engine *e, struct gen_job *job, char *err, size_t errlen)
     /* Reuse the cached prefix; at least the last prompt token is evaluated again so that
      * its logits are fresh. */
     int keep = 0;
-    while (keep < e->n_tokens && keep < n - 1 && e->tokens[keep] == ids[keep]) keep++;
-    rc = forward_eval(&e->fw, ids + keep, n - keep, keep);
+    while (keep < e->n_tokens && keep < n - 1 && ids[keep] >= 0 && e->tokens[keep] == ids[keep]) keep++;
+    rc = prefill(e, job, ids, n, keep, img_at);
     if (rc < 0) {
         snprintf(err, errlen, "prefill: %s", tide_strerror(rc));
         e->n_tokens = 0;

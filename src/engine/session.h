@@ -8,6 +8,7 @@
 #define TIDE_SESSION_H
 
 #include "forward.h"
+#include "memory/plan.h"
 #include "sample.h"
 #include "template.h"
 #include "tokenizer.h"
@@ -16,22 +17,33 @@ struct engine_options {
     const char *model_path;
     int n_ctx;          /* context length (tokens) */
     int n_threads;      /* 0 = all cores */
+    struct plan_options plan;   /* devices, split, reserves (n_ctx/n_threads copied in) */
 };
 
 struct engine {
     struct model model;
     struct tokenizer *tok;
     enum chat_template_kind tmpl;
-    struct backend be;
+    struct memory_plan mem;     /* devices, ledgers, expert caches */
     struct forward_state fw;
     int n_ctx;
-    int *tokens;        /* (n_ctx) tokens now in the KV cache, for prefix reuse */
+    int *tokens;        /* (n_ctx) tokens now in the KV cache, for prefix reuse (-1: image) */
+    int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
     int n_tokens;
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
 
 #define JOB_MAX_STOP 8
+
+/* In a chat message's text, this marker stands for the next image of the job: the image's
+ * embeddings go in at its place (wrapped in the vocabulary's vision markers when it has them). */
+#define ENGINE_IMAGE_MARKER "\x01tide:image\x01"
+
+struct gen_image {
+    const float *embd;  /* (n_tokens, n_embd) */
+    int n_tokens;
+};
 
 struct gen_job {
     /* input: either messages (chat) or prompt (raw completion) */
@@ -43,11 +55,16 @@ struct gen_job {
     const char *stop[JOB_MAX_STOP];
     int n_stop;
     int n;              /* choices, run one after another */
+    const struct gen_image *images;  /* one per ENGINE_IMAGE_MARKER, in order */
+    int n_images;
     /* on_text(ud, choice, text, len, lp): lp is NULL unless sp.logprobs; the logprob
      * refers to the token that completed this text. Return nonzero to cancel. */
     int (*on_text)(void *ud, int choice, const char *text, size_t len,
                    const struct token_logprob *lp);
     void *ud;
+    /* Called on the engine thread at every token boundary (between two forward steps) when
+     * not NULL: where control work such as a cache resize runs without changing the output. */
+    void (*boundary)(void *ud);
     /* Checked before every token when not NULL: nonzero stops the job (client gone). */
     const volatile int *cancel;
     /* output */
@@ -56,7 +73,10 @@ struct gen_job {
     enum finish_reason finish[16];       /* per choice (n <= 16) */
 };
 
+/* Loads the model, lays it out on the devices (forward stages), but leaves the expert caches
+ * empty: call engine_size_caches once everything else resident (an eager encoder) is loaded. */
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen);
+int engine_size_caches(struct engine *e);
 void engine_free(struct engine *e);
 /* Count the prompt tokens a job would use (for validation before queueing); <0 on error. */
 int engine_count_prompt(struct engine *e, const struct gen_job *job);

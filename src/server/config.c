@@ -32,7 +32,8 @@ void config_defaults(struct config *c)
     c->n_vram_reserve = 1;
     c->vision = (struct vision_config){ .lazy = true, .idle_s = 900, .vram_mib = -1,
                                         .device = 0, .max_image_tokens = 1024,
-                                        .max_images = 8 };
+                                        .max_images = 8,
+                                        .embed_cache_entries = 64, .embed_cache_mib = 64 };
 }
 
 void config_free(struct config *c)
@@ -171,9 +172,15 @@ static int parse_vision(struct config *c, const cJSON *v, char *err, size_t errl
         } else if (strcmp(f->string, "max_images") == 0) {
             if (get_int(f, fp, 0, 1024, "an integer 0..1024", &n, err, errlen)) return TIDE_EINVAL;
             vc->max_images = (int)n;
+        } else if (strcmp(f->string, "embed_cache_entries") == 0) {
+            if (get_int(f, fp, 0, 1 << 20, "an integer 0..1048576", &n, err, errlen)) return TIDE_EINVAL;
+            vc->embed_cache_entries = n;
+        } else if (strcmp(f->string, "embed_cache_mib") == 0) {
+            if (get_int(f, fp, 0, 1L << 20, "a non-negative integer (MiB)", &n, err, errlen)) return TIDE_EINVAL;
+            vc->embed_cache_mib = n;
         } else {
             snprintf(err, errlen, "config: %s: unknown key (expected lazy, idle_s, vram_mib, device, "
-                     "max_image_tokens, max_images)", fp);
+                     "max_image_tokens, max_images, embed_cache_entries, embed_cache_mib)", fp);
             return TIDE_EINVAL;
         }
     }
@@ -238,7 +245,22 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
             }
             c->n_vram_reserve = i;
         } else if (strcmp(k, "vision") == 0) rc = parse_vision(c, f, err, errlen);
-        else {
+        else if (strcmp(k, "expert_cache") == 0) {
+            if (!cJSON_IsObject(f)) return bad(err, errlen, k, "an object", f);
+            const cJSON *x;
+            cJSON_ArrayForEach(x, f) {
+                if (strcmp(x->string, "segment_mib") == 0) {
+                    if (cJSON_IsNull(x)) { c->segment_mib = 0; continue; }
+                    if (get_int(x, "expert_cache.segment_mib", 1, 1 << 20, "a positive integer (MiB) or null", &n,
+                                err, errlen))
+                        return TIDE_EINVAL;
+                    c->segment_mib = n;
+                } else {
+                    snprintf(err, errlen, "config: expert_cache.%s: unknown key (expected segment_mib)", x->string);
+                    return TIDE_EINVAL;
+                }
+            }
+        } else {
             snprintf(err, errlen, "config: %s: unknown key", k);
             return TIDE_EINVAL;
         }

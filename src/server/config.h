@@ -26,6 +26,8 @@ struct vision_config {
     int device;
     int max_image_tokens;
     int max_images;
+    long embed_cache_entries;   /* image embeddings kept (LRU) */
+    long embed_cache_mib;
 };
 
 struct config {
@@ -46,6 +48,7 @@ struct config {
     long vram_reserve_mib[CONFIG_MAX_DEVICES];
     int n_vram_reserve;
     struct vision_config vision;
+    long segment_mib;   /* expert_cache.segment_mib; 0 = automatic */
     bool help, version; /* --help / --version seen: main prints and returns */
 };
 

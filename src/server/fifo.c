@@ -16,6 +16,9 @@ struct fifo {
     int n, max;
     bool stop;
     struct job *running;
+    struct job *ctl_head, *ctl_tail; /* control jobs: run at the next token boundary */
+    void (*tick)(void *engine_ctx);  /* engine thread, while idle and at token boundaries */
+    double tick_s;
     void *engine_ctx;
     pthread_t thread;
 };
@@ -130,13 +133,69 @@ bool job_wait_done(struct job *j, double timeout_s)
     return d;
 }
 
+static void run_job(struct fifo *f, struct job *j)
+{
+    if (!j->control) metrics_observe(METRICS_QUEUE, tide_now() - j->t_enqueue);
+    pthread_mutex_lock(&j->mu);
+    j->started = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (job_cancelled(j) && !j->control) {
+        /* The client left while waiting: do not spend the model on it. */
+        job_finish(j, 499);
+    } else {
+        if (!j->control) metrics_running_add(1);
+        j->run(j, f->engine_ctx);
+        if (!j->control) metrics_running_add(-1);
+        if (!j->done) job_finish(j, 200);
+    }
+}
+
+void fifo_run_control(struct fifo *f)
+{
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        struct job *j = f->ctl_head;
+        if (j) {
+            f->ctl_head = j->next;
+            if (!f->ctl_head) f->ctl_tail = NULL;
+        }
+        pthread_mutex_unlock(&f->mu);
+        if (!j) return;
+        run_job(f, j);
+        job_unref(j);
+    }
+}
+
+void fifo_tick(struct fifo *f)
+{
+    if (f->tick) f->tick(f->engine_ctx);
+}
+
 static void *engine_main(void *arg)
 {
     struct fifo *f = arg;
     for (;;) {
         pthread_mutex_lock(&f->mu);
-        while (!f->head && !f->stop) pthread_cond_wait(&f->cv, &f->mu);
+        while (!f->head && !f->ctl_head && !f->stop) {
+            if (f->tick) {
+                struct timespec ts;
+                deadline(&ts, f->tick_s);
+                if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT) {
+                    pthread_mutex_unlock(&f->mu);
+                    fifo_tick(f);
+                    pthread_mutex_lock(&f->mu);
+                }
+            } else {
+                pthread_cond_wait(&f->cv, &f->mu);
+            }
+        }
         if (f->stop) { pthread_mutex_unlock(&f->mu); break; }
+        if (f->ctl_head) {
+            pthread_mutex_unlock(&f->mu);
+            fifo_run_control(f);
+            continue;
+        }
         struct job *j = f->head;
         f->head = j->next;
         if (!f->head) f->tail = NULL;
@@ -144,24 +203,12 @@ static void *engine_main(void *arg)
         f->running = j;
         pthread_mutex_unlock(&f->mu);
         metrics_waiting_add(-1);
-
-        pthread_mutex_lock(&j->mu);
-        j->started = true;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
-        if (job_cancelled(j)) {
-            /* The client left while waiting: do not spend the model on it. */
-            job_finish(j, 499);
-        } else {
-            metrics_running_add(1);
-            j->run(j, f->engine_ctx);
-            metrics_running_add(-1);
-            if (!j->done) job_finish(j, 200);
-        }
+        run_job(f, j);
         pthread_mutex_lock(&f->mu);
         f->running = NULL;
         pthread_mutex_unlock(&f->mu);
         job_unref(j);
+        fifo_tick(f);
     }
     return NULL;
 }
@@ -200,6 +247,31 @@ int fifo_push(struct fifo *f, struct job *j)
     return 0;
 }
 
+int fifo_push_control(struct fifo *f, struct job *j)
+{
+    pthread_mutex_lock(&f->mu);
+    if (f->stop) { pthread_mutex_unlock(&f->mu); return TIDE_ECANCELED; }
+    job_ref(j);
+    j->control = true;
+    j->next = NULL;
+    j->t_enqueue = tide_now();
+    if (f->ctl_tail) f->ctl_tail->next = j;
+    else f->ctl_head = j;
+    f->ctl_tail = j;
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+void fifo_set_tick(struct fifo *f, void (*tick)(void *engine_ctx), double interval_s)
+{
+    pthread_mutex_lock(&f->mu);
+    f->tick = tick;
+    f->tick_s = interval_s > 0 ? interval_s : 0.25;
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
 int fifo_waiting(struct fifo *f)
 {
     pthread_mutex_lock(&f->mu);
@@ -214,8 +286,9 @@ void fifo_stop(struct fifo *f)
     pthread_mutex_lock(&f->mu);
     f->stop = true;
     if (f->running) job_cancel(f->running);
-    struct job *q = f->head;
+    struct job *q = f->head, *ctl = f->ctl_head;
     f->head = f->tail = NULL;
+    f->ctl_head = f->ctl_tail = NULL;
     f->n = 0;
     pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
@@ -228,6 +301,12 @@ void fifo_stop(struct fifo *f)
         metrics_waiting_add(-1);
         job_unref(q);
         q = nx;
+    }
+    while (ctl) {
+        struct job *nx = ctl->next;
+        job_finish(ctl, 503);
+        job_unref(ctl);
+        ctl = nx;
     }
 }
 

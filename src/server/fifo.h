@@ -28,6 +28,7 @@ struct job {
     char *buf;
     size_t len, cap, rd;      /* rd: bytes already taken by the reader */
     bool started;             /* the engine picked it up */
+    bool control;             /* a control job (POST /v1/vram): jumps the queue */
     bool done;
     int status;               /* HTTP status of the finished job (200 unless failed) */
 };
@@ -52,6 +53,15 @@ int fifo_create(struct fifo **out, int queue_max, void *engine_ctx);
  * after shutdown began. */
 int fifo_push(struct fifo *f, struct job *j);
 int fifo_waiting(struct fifo *f);
+/* Control jobs skip the generation queue: the engine runs them before the next queued job,
+ * or at the next token boundary of the running one (fifo_run_control). */
+int fifo_push_control(struct fifo *f, struct job *j);
+/* Engine thread only: run the pending control jobs now. */
+void fifo_run_control(struct fifo *f);
+/* tick(engine_ctx) runs on the engine thread every interval_s while idle, after each job and
+ * whenever the running job calls fifo_tick (timers such as the vision idle unload). */
+void fifo_set_tick(struct fifo *f, void (*tick)(void *engine_ctx), double interval_s);
+void fifo_tick(struct fifo *f);
 /* Stop: refuse new jobs, cancel the running and queued ones, join the engine thread. */
 void fifo_stop(struct fifo *f);
 /* Free after fifo_stop, once no HTTP thread can call fifo_push any more. */

@@ -44,6 +44,11 @@ void http_error(struct http_response *rs, int status, const char *type, const ch
     rs->content_type = "application/json";
 }
 
+const char *http_header(const struct http_request *rq, const char *name)
+{
+    return rq->conn ? MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, name) : NULL;
+}
+
 bool http_client_gone(const struct http_request *rq)
 {
     const union MHD_ConnectionInfo *ci =

@@ -40,6 +40,8 @@ int http_start(struct http_server **out, const char *host, int port, const struc
 void http_quiesce(struct http_server *s);
 /* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */
 void http_stop(struct http_server *s);
+/* A request header, NULL when absent. */
+const char *http_header(const struct http_request *rq, const char *name);
 /* True when the client closed its side (handlers poll this while waiting). */
 bool http_client_gone(const struct http_request *rq);
 /* Fill rs with an OpenAI error object. */

@@ -10,6 +10,9 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/runtime.h"
+#include "server/vram_api.h"
+#include "vision/vision.h"
 
 #include <cjson/cJSON.h>
 #include <signal.h>
@@ -21,7 +24,8 @@
 
 struct app {
     struct config cfg;
-    struct engine eng;
+    struct runtime rt;
+    struct vision_lifecycle vis;
     struct fifo *_Atomic fifo;  /* NULL while loading */
     atomic_bool stopping;
     char model_id[256];
@@ -106,6 +110,36 @@ static void generate(struct app *a, const struct http_request *rq, struct http_r
     job_unref(j);
 }
 
+static void h_vram_get(void *ap, const struct http_request *rq, struct http_response *rs)
+{
+    struct app *a = ap;
+    if (!atomic_load(&a->fifo)) { http_error(rs, 503, "server_error", "model is loading", NULL, NULL); rs->retry_after = 1; return; }
+    vram_get(&a->rt, rq, rs);
+}
+
+/* A browser page from another origin must not be able to take a user's VRAM: a request
+ * carrying an Origin whose host is not the Host it was sent to is refused. */
+static bool foreign_origin(const struct http_request *rq)
+{
+    const char *origin = http_header(rq, "Origin"), *host = http_header(rq, "Host");
+    if (!origin || !strcmp(origin, "null"))
+        return origin != NULL;
+    const char *h = strstr(origin, "://");
+    h = h ? h + 3 : origin;
+    return !host || strcmp(h, host) != 0;
+}
+
+static void h_vram_post(void *ap, const struct http_request *rq, struct http_response *rs)
+{
+    struct app *a = ap;
+    if (!atomic_load(&a->fifo)) { http_error(rs, 503, "server_error", "model is loading", NULL, NULL); rs->retry_after = 1; return; }
+    if (foreign_origin(rq)) {
+        http_error(rs, 403, "invalid_request_error", "POST /v1/vram from a foreign Origin is refused", NULL, NULL);
+        return;
+    }
+    vram_post(&a->rt, rq, rs);
+}
+
 static void h_chat(void *ap, const struct http_request *rq, struct http_response *rs) { generate(ap, rq, rs, true); }
 static void h_completions(void *ap, const struct http_request *rq, struct http_response *rs) { generate(ap, rq, rs, false); }
 
@@ -115,7 +149,39 @@ static const struct http_route routes[] = {
     { "GET", "/metrics", h_metrics },
     { "POST", "/v1/chat/completions", h_chat },
     { "POST", "/v1/completions", h_completions },
+    { "GET", "/v1/vram", h_vram_get },
+    { "POST", "/v1/vram", h_vram_post },
 };
+
+/* Engine thread timer: the vision idle unload, and a fresh snapshot for /v1/vram and /metrics. */
+static void engine_tick(void *ctx)
+{
+    struct runtime *rt = ctx;
+    if (rt->vision)
+        vision_tick(rt->vision);
+    runtime_publish(rt);
+}
+
+static void plan_from_config(const struct config *c, struct plan_options *po)
+{
+    memset(po, 0, sizeof *po);
+    po->n_devices = c->devices_auto ? 0 : c->n_devices;
+    for (int i = 0; i < PLAN_MAX_DEVICES; i++) {
+        po->dev[i].kind = DEVICE_KIND_CPU;
+        po->dev[i].hw_index = -1;
+        po->dev[i].vram_mib = -1;
+        po->dev[i].reserve_mib = i < c->n_vram_reserve ? c->vram_reserve_mib[i] : 0;
+    }
+    for (int i = 0; i < po->n_devices; i++) {
+        po->dev[i].kind = c->devices[i].backend == DEVICE_CUDA ? DEVICE_KIND_CUDA : DEVICE_KIND_CPU;
+        po->dev[i].hw_index = c->devices[i].index;
+        po->dev[i].vram_mib = c->devices[i].vram_mib;
+    }
+    po->n_layer_split = c->n_layer_split;
+    for (int i = 0; i < c->n_layer_split; i++)
+        po->layer_split[i] = c->layer_split[i];
+    po->segment_bytes = (size_t)c->segment_mib << 20;
+}
 
 static struct app app;
 
@@ -128,6 +194,8 @@ int main(int argc, char **argv)
     if (a->cfg.help) { fputs(config_usage(), stdout); config_free(&a->cfg); return 0; }
     if (a->cfg.version) { printf("tide %s\n", TIDE_VERSION); config_free(&a->cfg); return 0; }
     metrics_init();
+    struct openai_image_limits il = {a->cfg.vision.max_images, (size_t)20 << 20, 50000000};
+    openai_set_image_limits(&il);
     a->created = (long)time(NULL);
     const char *base = strrchr(a->cfg.model, '/');
     snprintf(a->model_id, sizeof a->model_id, "%s", base ? base + 1 : a->cfg.model);
@@ -147,33 +215,77 @@ int main(int argc, char **argv)
 
     tide_log("loading model %s (context %d, threads %d)", a->cfg.model, a->cfg.context, a->cfg.threads);
     double t0 = tide_now();
-    struct engine_options eo = { a->cfg.model, a->cfg.context, a->cfg.threads };
-    rc = engine_init(&a->eng, &eo, err, sizeof err);
+    struct engine_options eo = { .model_path = a->cfg.model, .n_ctx = a->cfg.context, .n_threads = a->cfg.threads };
+    plan_from_config(&a->cfg, &eo.plan);
+    struct runtime *rt = &a->rt;
+    pthread_mutex_init(&rt->snap_mu, NULL);
+    rt->cfg = &a->cfg;
+    rc = engine_init(&rt->eng, &eo, err, sizeof err);
     if (rc) {
         tide_log("cannot load model: %s", err[0] ? err : tide_strerror(rc));
         http_stop(http);
         config_free(&a->cfg);
         return 1;
     }
-    tide_log("model %s ready in %.2f s (context %d)", a->model_id, tide_now() - t0, a->eng.n_ctx);
-    {
-        /* The memory plan. Until per-device budgets exist (src/memory) there is one CPU
-         * device: weights stay in the mmapped file, the KV cache is allocated once. */
-        const struct model_config *mc = &a->eng.model.cfg;
-        tide_log("device 0: cpu, %s %u layers, %u experts (top %u), weights %.1f MiB mmapped, kv %.1f MiB",
-                 model_arch_name(mc->arch), mc->n_layer, mc->n_expert, mc->n_expert_used,
-                 (double)a->eng.model.gguf.size / (1 << 20),
-                 (double)forward_kv_bytes(&a->eng.model, a->eng.n_ctx) / (1 << 20));
+    struct memory_plan *mp = &rt->eng.mem;
+    if (a->cfg.mmproj) {
+        struct vision_options vo = {
+            .mmproj = a->cfg.mmproj, .lazy = a->cfg.vision.lazy, .idle_s = (double)a->cfg.vision.idle_s,
+            .device = a->cfg.vision.device, .vram_mib = a->cfg.vision.vram_mib,
+            .max_image_tokens = a->cfg.vision.max_image_tokens, .n_threads = a->cfg.threads,
+            .embed_cache_entries = (size_t)a->cfg.vision.embed_cache_entries,
+            .embed_cache_bytes = (size_t)a->cfg.vision.embed_cache_mib << 20};
+        rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
+        if (rc) {
+            /* Text still serves; image requests will say why vision is unavailable. */
+            tide_log("vision disabled: %s", err);
+        } else {
+            rt->vision = &a->vis;
+            if (!vo.lazy) {
+                rc = vision_ensure_ready(&a->vis, err, sizeof err);
+                if (rc) tide_log("vision: eager load failed, will retry on the first image: %s", err);
+            }
+        }
     }
-    struct fifo *f = NULL;
-    rc = fifo_create(&f, a->cfg.queue_max, &a->eng);
+    pthread_mutex_lock(&rt->snap_mu);
+    rt->snap.vision_lazy = a->cfg.vision.lazy;
+    rt->snap.vision_idle_s = a->cfg.vision.idle_s;
+    pthread_mutex_unlock(&rt->snap_mu);
+    rc = engine_size_caches(&rt->eng);
     if (rc) {
-        tide_log("cannot start the engine thread: %s", tide_strerror(rc));
+        tide_log("cannot size the expert caches: %s", tide_strerror(rc));
         http_stop(http);
-        engine_free(&a->eng);
+        engine_free(&rt->eng);
         config_free(&a->cfg);
         return 1;
     }
+    tide_log("model %s ready in %.2f s (context %d)", a->model_id, tide_now() - t0, rt->eng.n_ctx);
+    const struct model_config *mc = &rt->eng.model.cfg;
+    tide_log("model: %s, %u layers, %u experts (top %u), experts %.1f MiB in host RAM", model_arch_name(mc->arch),
+             mc->n_layer, mc->n_expert, mc->n_expert_used, (double)mp->host_expert_bytes / (1 << 20));
+    for (int i = 0; i < mp->n_dev; i++) {
+        const struct device *d = &mp->dev[i];
+        const struct expert_cache *ec = &mp->cache[i];
+        int keys = (int)((ec->l1 - ec->l0) * ec->n_expert);
+        tide_log("device %d: %s, %.0f MiB: layers %u-%u, weights %.1f MiB, kv %.1f MiB, workspace %.1f MiB, "
+                 "vision %.1f MiB, expert cache %.1f MiB = %d/%d experts (%d segments of %.2f MiB), free %.1f MiB",
+                 i, d->kind == DEVICE_KIND_CUDA ? "cuda" : "cpu", (double)d->total / (1 << 20), ec->l0, ec->l1 - 1,
+                 d->used[MEM_WEIGHTS] / 1048576.0, d->used[MEM_KV] / 1048576.0, d->used[MEM_WORKSPACE] / 1048576.0,
+                 d->used[MEM_VISION] / 1048576.0, d->used[MEM_EXPERT_CACHE] / 1048576.0, expert_cache_slots(ec), keys,
+                 ec->n_seg, ec->seg_bytes / 1048576.0, device_free_bytes(d) / 1048576.0);
+    }
+    runtime_publish(rt);
+    struct fifo *f = NULL;
+    rc = fifo_create(&f, a->cfg.queue_max, rt);
+    if (rc) {
+        tide_log("cannot start the engine thread: %s", tide_strerror(rc));
+        http_stop(http);
+        engine_free(&rt->eng);
+        config_free(&a->cfg);
+        return 1;
+    }
+    rt->fifo = f;
+    fifo_set_tick(f, engine_tick, 0.25);
     atomic_store(&a->fifo, f);
     tide_log("listening on http://%s:%d", a->cfg.host, a->cfg.port);
 
@@ -185,7 +297,8 @@ int main(int argc, char **argv)
     fifo_stop(f);       /* cancels in-flight work; waiting handlers wake up */
     http_stop(http);    /* joins the connection threads */
     fifo_free(f);
-    engine_free(&a->eng);
+    if (rt->vision) vision_free(rt->vision);
+    engine_free(&rt->eng);
     config_free(&a->cfg);
     tide_log("bye");
     return 0;

@@ -3,6 +3,9 @@
 #include "server/openai.h"
 #include "server/metrics.h"
 #include "engine/session.h"
+#include "server/runtime.h"
+#include "vision/image.h"
+#include "vision/vision.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -31,8 +34,21 @@ struct oai_req {
     char model[256];
     struct choice_out ch[16];
     struct job *job;      /* back pointer while running */
+    double t_tok;         /* when choice 0 got its last token (0: none yet), for TTFT and ITL */
     struct engine *eng;
+    struct runtime *rt;
+    /* images, decoded on the HTTP thread; embedded on the engine thread */
+    int n_images;
+    uint8_t *img_bytes[64];
+    size_t img_len[64];
+    struct image_u8 img[64];
+    float *img_embd[64];
+    struct gen_image gimg[64];
 };
+
+static struct openai_image_limits img_limits = {8, (size_t)20 << 20, 50000000};
+
+void openai_set_image_limits(const struct openai_image_limits *l) { img_limits = *l; }
 
 bool openai_req_stream(const struct oai_req *r) { return r->stream; }
 
@@ -56,6 +72,11 @@ void openai_req_free(void *p)
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
+    for (int i = 0; i < r->n_images; i++) {
+        free(r->img_bytes[i]);
+        image_u8_free(&r->img[i]);
+        free(r->img_embd[i]);
+    }
     for (int i = 0; i < 16; i++) { free(r->ch[i].text); cJSON_Delete(r->ch[i].logprobs); }
     free(r);
 }
@@ -126,23 +147,49 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
         if (cJSON_IsString(c)) {
             text = c->valuestring;
         } else if (cJSON_IsArray(c)) {
-            size_t total = 1;
+            size_t total = 1, ml = strlen(ENGINE_IMAGE_MARKER);
             const cJSON *p;
             cJSON_ArrayForEach(p, c) {
                 const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
                 if (!cJSON_IsObject(p) || !cJSON_IsString(t))
                     FAIL("messages", "messages[%d].content parts must be objects with a 'type'", i);
-                if (strcmp(t->valuestring, "image_url") == 0)
-                    FAIL("messages", "images are not supported yet");
+                if (strcmp(t->valuestring, "image_url") == 0) {
+                    const cJSON *iu = cJSON_GetObjectItemCaseSensitive(p, "image_url");
+                    const cJSON *url = cJSON_IsObject(iu) ? cJSON_GetObjectItemCaseSensitive(iu, "url")
+                                                          : cJSON_IsString(iu) ? iu : NULL;
+                    if (!cJSON_IsString(url))
+                        FAIL("messages", "messages[%d].content: image_url needs {\"url\": \"data:image/...;base64,...\"}", i);
+                    if (strcmp(rs, "user") && strcmp(rs, "system"))
+                        FAIL("messages", "messages[%d]: images are only accepted in user messages", i);
+                    if (r->n_images >= img_limits.max_images || r->n_images >= 64)
+                        FAIL("messages", "too many images: at most %d per request", img_limits.max_images);
+                    int k = r->n_images;
+                    char e2[200] = "";
+                    int irc = image_parse_url(url->valuestring, strlen(url->valuestring), img_limits.max_bytes,
+                                              &r->img_bytes[k], &r->img_len[k], e2, sizeof e2);
+                    if (irc == 0) {
+                        struct image_limits lim = {img_limits.max_bytes, img_limits.max_pixels};
+                        irc = image_decode(r->img_bytes[k], r->img_len[k], &lim, &r->img[k], e2, sizeof e2);
+                        if (irc) { free(r->img_bytes[k]); r->img_bytes[k] = NULL; }
+                    }
+                    if (irc) FAIL("messages", "messages[%d]: image %d: %s", i, k, e2[0] ? e2 : tide_strerror(irc));
+                    r->n_images++;
+                    total += ml;
+                    continue;
+                }
                 const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
                 if (strcmp(t->valuestring, "text") || !cJSON_IsString(tx))
-                    FAIL("messages", "messages[%d].content: unsupported part (expected {\"type\":\"text\",\"text\":...})", i);
+                    FAIL("messages", "messages[%d].content: unsupported part (expected text or image_url)", i);
                 total += strlen(tx->valuestring);
             }
             char *joined = malloc(total);
             if (!joined) FAIL(NULL, "out of memory");
             joined[0] = 0;
-            cJSON_ArrayForEach(p, c) strcat(joined, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+            cJSON_ArrayForEach(p, c) {
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+                if (strcmp(t->valuestring, "image_url") == 0) strcat(joined, ENGINE_IMAGE_MARKER);
+                else strcat(joined, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+            }
             r->owned[r->n_owned++] = joined;
             text = joined;
         } else if (!(cJSON_IsNull(c) || !c) || strcmp(rs, "assistant") != 0) {
@@ -361,6 +408,13 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
     struct oai_req *r = ud;
     if (job_cancelled(r->job)) return 1;
     if (choice < 0 || choice >= 16) return 0;
+    if (choice == 0) {
+        /* Choice 0 only: with n > 1 the choices interleave, and their gaps are not ITL. */
+        double now = tide_now();
+        metrics_observe(r->t_tok > 0 ? METRICS_ITL : METRICS_TTFT,
+                        now - (r->t_tok > 0 ? r->t_tok : r->job->t_enqueue));
+        r->t_tok = now;
+    }
     struct choice_out *c = &r->ch[choice];
     /* The engine calls once per token; an empty piece (text held back for a stop string)
      * needs no chunk unless it carries the token's logprob. */
@@ -430,19 +484,57 @@ static cJSON *usage_json(struct oai_req *r)
     return u;
 }
 
+/* Engine thread: the images' embeddings (the encoder loads on demand unless all are cached). */
+static int embed_images(struct oai_req *r, char *err, size_t errlen)
+{
+    struct vision_lifecycle *v = r->rt->vision;
+    if (!v) {
+        snprintf(err, errlen, "this server has no vision model: images need an mmproj in the config");
+        return TIDE_EUNSUPPORTED;
+    }
+    vision_touch(v);
+    for (int i = 0; i < r->n_images; i++) {
+        int nt = 0;
+        int rc = vision_embed(v, r->img_bytes[i], r->img_len[i], &r->img[i], &r->img_embd[i], &nt, err, errlen);
+        if (rc < 0) return rc;
+        r->gimg[i] = (struct gen_image){r->img_embd[i], nt};
+    }
+    vision_touch(v); /* the idle timer counts from the end of the encode */
+    r->gj.images = r->gimg;
+    r->gj.n_images = r->n_images;
+    return 0;
+}
+
+/* Between two tokens: control jobs (POST /v1/vram) and timers run here, so a resize
+ * pauses this generation rather than waiting for it to end. */
+static void at_boundary(void *ud)
+{
+    struct oai_req *r = ud;
+    runtime_boundary(r->rt);
+}
+
 void openai_run(struct job *j, void *engine_ctx)
 {
     struct oai_req *r = j->ud;
     r->job = j;
-    r->eng = engine_ctx;
+    r->rt = engine_ctx;
+    r->eng = &r->rt->eng;
     r->gj.on_text = on_text;
+    r->gj.boundary = at_boundary;
     r->gj.ud = r;
     char err[256] = "";
-    int rc = engine_run(r->eng, &r->gj, err, sizeof err);
+    int rc = 0;
+    if (r->n_images) {
+        rc = embed_images(r, err, sizeof err);
+        runtime_publish(r->rt); /* the vision state a client reads next is this one */
+    }
+    if (rc == 0)
+        rc = engine_run(r->eng, &r->gj, err, sizeof err);
     metrics_tokens(r->gj.prompt_tokens, r->gj.completion_tokens);
+    if (rc == 0) metrics_observe(METRICS_E2E, tide_now() - j->t_enqueue);
     if (rc == TIDE_ECANCELED || job_cancelled(j)) { job_finish(j, 499); return; }
     if (rc < 0) {
-        int status = rc == TIDE_ERANGE || rc == TIDE_EINVAL ? 400 : 500;
+        int status = rc == TIDE_ERANGE || rc == TIDE_EINVAL || rc == TIDE_EUNSUPPORTED ? 400 : 500;
         char *e = openai_error_json(err[0] ? err : tide_strerror(rc),
                                     status == 400 ? "invalid_request_error" : "server_error",
                                     /* as OpenAI: the prompt field is what does not fit */

@@ -9,13 +9,21 @@
 
 struct oai_req;
 
+/* Image limits, set once at start-up (defaults: 8 images, 20 MiB and 50 Mpixel each). */
+struct openai_image_limits {
+    int max_images;
+    size_t max_bytes;
+    uint64_t max_pixels;
+};
+void openai_set_image_limits(const struct openai_image_limits *l);
+
 /* Parse and validate. On error returns a negative code, msg says what is wrong and
  * *param names the offending field (or NULL). */
 int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param);
 void openai_req_free(void *r);
 bool openai_req_stream(const struct oai_req *r);
-/* job_run_fn: engine_ctx is a struct engine *. */
+/* job_run_fn: engine_ctx is the struct runtime *. */
 void openai_run(struct job *j, void *engine_ctx);
 /* malloc'd OpenAI error object. type e.g. "invalid_request_error"; param/code may be NULL. */
 char *openai_error_json(const char *message, const char *type, const char *param, const char *code);

@@ -1,0 +1,217 @@
+/* plan.c - devices, layer split, start-up sizing and the reserve rule. */
+#include "memory/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+
+void memory_host_ram(size_t *total, size_t *available)
+{
+    *total = *available = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return;
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total = (size_t)kb * 1024;
+        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *available = (size_t)kb * 1024;
+    }
+    fclose(f);
+}
+
+/* Cut n_layer into n ranges by share (largest remainder), every device at least one layer
+ * when there are enough layers. */
+static void split_layers(uint32_t n_layer, int n, const double *share, int n_share, uint32_t *l0, uint32_t *l1)
+{
+    double w[PLAN_MAX_DEVICES], sum = 0;
+    for (int i = 0; i < n; i++) {
+        w[i] = n_share ? (i < n_share ? share[i] : 0) : 1.0;
+        sum += w[i];
+    }
+    uint32_t cnt[PLAN_MAX_DEVICES], given = 0;
+    double rem[PLAN_MAX_DEVICES];
+    for (int i = 0; i < n; i++) {
+        double x = sum > 0 ? n_layer * w[i] / sum : 0;
+        cnt[i] = (uint32_t)x;
+        rem[i] = x - cnt[i];
+        given += cnt[i];
+    }
+    while (given < n_layer) { /* hand out the rest by largest remainder */
+        int b = 0;
+        for (int i = 1; i < n; i++)
+            if (rem[i] > rem[b]) b = i;
+        cnt[b]++;
+        rem[b] = -1;
+        given++;
+    }
+    uint32_t at = 0;
+    for (int i = 0; i < n; i++) {
+        l0[i] = at;
+        at += cnt[i];
+        l1[i] = at;
+    }
+}
+
+static void fault_hook(struct memory_plan *p)
+{
+    /* TIDE_FAULT_ALLOC="device:kind:n" makes the n-th allocation of that kind on that device
+     * fail once (kind: weights|kv|workspace|expert_cache|vision|any). Tests only. */
+    const char *f = getenv("TIDE_FAULT_ALLOC");
+    if (!f)
+        return;
+    int dev, n;
+    char kind[32];
+    if (sscanf(f, "%d:%31[a-z_]:%d", &dev, kind, &n) != 3 || dev < 0 || dev >= p->n_dev || n < 1)
+        return;
+    p->dev[dev].fail_after = n;
+    p->dev[dev].fail_kind = -1;
+    for (int k = 0; k < MEM_KIND_COUNT; k++)
+        if (!strcmp(kind, mem_kind_name(k)))
+            p->dev[dev].fail_kind = k;
+    tide_log("fault injection armed: device %d, %s allocation #%d fails", dev, kind, n);
+}
+
+int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const struct model *m,
+                     char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    size_t host_total, host_avail;
+    memory_host_ram(&host_total, &host_avail);
+    for (uint32_t l = 0; l < m->cfg.n_layer && m->cfg.n_expert; l++)
+        p->host_expert_bytes += model_expert_bytes(m, l) * m->cfg.n_expert;
+    /* The experts are read from the mapped file; the host must be able to keep them all. */
+    if (host_total && p->host_expert_bytes > host_total) {
+        snprintf(err, errlen, "the model's experts need %.0f MiB of host RAM but this host has %.0f MiB",
+                 (double)p->host_expert_bytes / MIB, (double)host_total / MIB);
+        return TIDE_ERANGE;
+    }
+    struct plan_device_options autodev = {DEVICE_KIND_CPU, -1, -1, 0};
+    int n = o->n_devices ? o->n_devices : 1;
+    const struct plan_device_options *dv = o->n_devices ? o->dev : &autodev;
+    if (n > PLAN_MAX_DEVICES || (uint32_t)n > m->cfg.n_layer) {
+        snprintf(err, errlen, "%d devices for %u layers: every device needs at least one layer", n, m->cfg.n_layer);
+        return TIDE_EINVAL;
+    }
+    p->max_batch = o->max_batch > 0 ? o->max_batch : FORWARD_DEFAULT_BATCH;
+    split_layers(m->cfg.n_layer, n, o->layer_split, o->n_layer_split, p->l0, p->l1);
+    for (int i = 0; i < n; i++) {
+        if (p->l1[i] == p->l0[i]) {
+            snprintf(err, errlen, "layer_split gives device %d no layers", i);
+            return TIDE_EINVAL;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const struct plan_device_options *d = &dv[i];
+        if (d->kind != DEVICE_KIND_CPU) {
+            snprintf(err, errlen, "device %d: cuda devices are not available in this build", i);
+            memory_plan_free(p);
+            return TIDE_EUNSUPPORTED;
+        }
+        size_t budget = d->vram_mib >= 0 ? (size_t)d->vram_mib * MIB : host_total;
+        int rc = device_init_cpu(&p->dev[i], i, budget, o->n_threads);
+        if (rc < 0) {
+            snprintf(err, errlen, "device %d: cpu backend: %s", i, tide_strerror(rc));
+            memory_plan_free(p);
+            return rc;
+        }
+        p->n_dev = i + 1;
+        p->dev[i].reserve = p->dev[i].reserve_startup = (size_t)(d->reserve_mib > 0 ? d->reserve_mib : 0) * MIB;
+        struct forward_stage_bytes sb;
+        forward_stage_size(m, o->n_ctx, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, &sb);
+        struct expert_cache g;
+        memset(&g, 0, sizeof g);
+        expert_cache_geometry(&g, m, p->l0[i], p->l1[i], o->segment_bytes);
+        size_t need = sb.weights + sb.kv + sb.workspace + g.slot_bytes + p->dev[i].reserve;
+        if (need > budget) {
+            snprintf(err, errlen,
+                     "device %d (%s, %.0f MiB): layers %u-%u need %.1f MiB (weights %.1f, kv %.1f for %d tokens, "
+                     "workspace %.1f) plus a %.0f MiB reserve; lower context or give it more memory",
+                     i, d->kind == DEVICE_KIND_CPU ? "cpu" : "cuda", (double)budget / MIB, p->l0[i], p->l1[i] - 1,
+                     (double)(need - p->dev[i].reserve) / MIB, (double)sb.weights / MIB, (double)sb.kv / MIB,
+                     o->n_ctx, (double)(sb.workspace + g.slot_bytes) / MIB, (double)p->dev[i].reserve / MIB);
+            memory_plan_free(p);
+            return TIDE_ERANGE;
+        }
+    }
+    fault_hook(p);
+    for (int i = 0; i < n; i++) {
+        int rc = expert_cache_init(&p->cache[i], &p->dev[i], m, p->l0[i], p->l1[i], o->segment_bytes, 0);
+        if (rc < 0) {
+            snprintf(err, errlen, "device %d: expert cache: %s", i, tide_strerror(rc));
+            memory_plan_free(p);
+            return rc;
+        }
+        p->spec[i] = (struct forward_stage_spec){.dev = &p->dev[i], .l0 = p->l0[i], .l1 = p->l1[i],
+                                                 .cache = m->cfg.n_expert ? &p->cache[i] : NULL};
+    }
+    return 0;
+}
+
+/* Segments device d can hold while keeping want bytes free, counting its live ones. */
+static int fit_segments(const struct memory_plan *p, int d, size_t want)
+{
+    const struct device *dv = &p->dev[d];
+    const struct expert_cache *c = &p->cache[d];
+    if (!c->seg_bytes)
+        return 0;
+    size_t other = device_used(dv) - dv->used[MEM_EXPERT_CACHE];
+    if (other + want >= dv->total)
+        return 0;
+    size_t room = dv->total - other - want;
+    /* live segments are already in used[EXPERT_CACHE]; what fits is computed from scratch */
+    return (int)(room / c->seg_bytes);
+}
+
+int memory_plan_size_caches(struct memory_plan *p)
+{
+    for (int d = 0; d < p->n_dev; d++) {
+        struct expert_cache *c = &p->cache[d];
+        if (!c->n_seg_max)
+            continue;
+        int n = fit_segments(p, d, p->dev[d].reserve);
+        if (n > c->n_seg_max)
+            n = c->n_seg_max;
+        c->n_seg_full = c->n_seg_max;
+        int rc = expert_cache_resize(c, n);
+        if (rc < 0)
+            return rc;
+        c->n_seg_full = c->n_seg;
+    }
+    return 0;
+}
+
+int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortfall)
+{
+    int partial = 0;
+    for (int d = 0; d < p->n_dev; d++) {
+        struct expert_cache *c = &p->cache[d];
+        size_t want = p->dev[d].reserve + (extra ? extra[d] : 0);
+        if (c->n_seg_max) {
+            int n = fit_segments(p, d, want);
+            int rc = expert_cache_resize(c, n);
+            if (rc < 0)
+                return rc;
+        }
+        size_t fr = device_free_bytes(&p->dev[d]);
+        size_t s = fr >= want ? 0 : want - fr;
+        if (shortfall)
+            shortfall[d] = s;
+        if (s)
+            partial = 1;
+    }
+    return partial;
+}
+
+void memory_plan_free(struct memory_plan *p)
+{
+    for (int d = 0; d < PLAN_MAX_DEVICES; d++) {
+        if (p->cache[d].dev)
+            expert_cache_free(&p->cache[d]);
+        if (p->dev[d].be.i)
+            device_free_all(&p->dev[d]);
+    }
+    memset(p, 0, sizeof *p);
+}

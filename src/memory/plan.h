@@ -1,0 +1,59 @@
+/* plan.h - the devices of one daemon, how the model is laid out on them, and the elastic part.
+ *
+ * memory_plan_init creates the devices (budgets, backends), cuts the layers into one range per
+ * device (layer_split), checks that resident weights + KV + workspace + the start-up reserve fit
+ * every device, and creates an empty expert cache per device. The forward stages are then built
+ * on those devices; anything else that must be resident from the start (an eager vision encoder)
+ * is loaded; then memory_plan_size_caches gives each cache what its device has left: that is the
+ * cache's full size. memory_plan_apply later shrinks or grows the caches so every device has
+ * its reserve (plus any extra asked for, e.g. the vision hand-back) free. Engine thread only. */
+#ifndef TIDE_PLAN_H
+#define TIDE_PLAN_H
+
+#include "engine/forward.h"
+#include "memory/expert_cache.h"
+
+#define PLAN_MAX_DEVICES FORWARD_MAX_STAGES
+
+struct plan_device_options {
+    enum device_kind kind;
+    int hw_index;            /* CUDA ordinal, -1 for cpu */
+    long vram_mib;           /* -1: the whole device (cpu: the host's RAM) */
+    long reserve_mib;        /* start-up reserve */
+};
+
+struct plan_options {
+    int n_devices;           /* 0: auto (every CUDA GPU, else one CPU device) */
+    struct plan_device_options dev[PLAN_MAX_DEVICES];
+    double layer_split[PLAN_MAX_DEVICES];
+    int n_layer_split;       /* 0: an even split */
+    size_t segment_bytes;    /* 0: automatic */
+    int n_threads;
+    int n_ctx;
+    int max_batch;           /* prefill chunk (0: FORWARD_DEFAULT_BATCH) */
+};
+
+struct memory_plan {
+    int n_dev;
+    struct device dev[PLAN_MAX_DEVICES];
+    struct expert_cache cache[PLAN_MAX_DEVICES];
+    uint32_t l0[PLAN_MAX_DEVICES], l1[PLAN_MAX_DEVICES];
+    struct forward_stage_spec spec[PLAN_MAX_DEVICES];  /* for forward_init_stages */
+    size_t host_expert_bytes;  /* every expert of the model, in host RAM */
+    int max_batch;
+};
+
+int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const struct model *m,
+                     char *err, size_t errlen);
+/* Give each cache what its device has left above its reserve (capped at every expert). */
+int memory_plan_size_caches(struct memory_plan *p);
+/* Resize every cache so device d has reserve + extra[d] bytes free (extra may be NULL).
+ * Grows back at most to the full size. shortfall[d] (bytes) is what could not be freed.
+ * Returns 0, or 1 when some device falls short. */
+int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortfall);
+void memory_plan_free(struct memory_plan *p);
+
+/* Host RAM from /proc/meminfo (0 when unknown). */
+void memory_host_ram(size_t *total, size_t *available);
+
+#endif

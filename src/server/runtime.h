@@ -1,0 +1,55 @@
+/* runtime.h - what the engine thread owns, and the snapshot other threads read.
+ *
+ * The engine thread (the FIFO's) owns the engine (model, devices, expert caches, KV) and the
+ * vision encoder; nothing else mutates them. After every change it calls runtime_publish,
+ * which copies the per-device ledger, slots and vision state into `snap` under a small lock
+ * and into the metrics; GET /v1/vram, /metrics and /health read only that. */
+#ifndef TIDE_RUNTIME_H
+#define TIDE_RUNTIME_H
+
+#include "engine/session.h"
+#include "server/config.h"
+#include "server/fifo.h"
+
+#include <pthread.h>
+
+struct vram_dev_snap {
+    int index;
+    const char *backend;
+    size_t total, free, reserve;
+    size_t used[MEM_KIND_COUNT];
+    size_t cache_bytes, cache_full_bytes;
+    int slots, slots_full;
+    uint32_t l0, l1;
+    uint64_t hits, misses, copied;
+};
+
+struct vram_snapshot {
+    int n;
+    struct vram_dev_snap d[PLAN_MAX_DEVICES];
+    const char *vision_state;   /* string literal */
+    bool vision_lazy;
+    long vision_idle_s;
+    double last_image_unix;     /* 0: none yet */
+    size_t host_total, host_free, host_experts;
+};
+
+struct vision_lifecycle;
+
+struct runtime {
+    struct engine eng;
+    struct fifo *fifo;
+    const struct config *cfg;
+    struct vision_lifecycle *vision;    /* NULL without an mmproj */
+    pthread_mutex_t snap_mu;
+    struct vram_snapshot snap;
+};
+
+/* Engine thread: rebuild the snapshot and the device metrics from the live state. */
+void runtime_publish(struct runtime *rt);
+/* Any thread: a copy of the last snapshot. */
+void runtime_snapshot(struct runtime *rt, struct vram_snapshot *out);
+/* Engine thread, at a token boundary of a running job: control jobs and timers. */
+void runtime_boundary(struct runtime *rt);
+
+#endif

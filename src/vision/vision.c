@@ -1,0 +1,305 @@
+/* vision.c - the lazy lifecycle and the image-embedding cache. Engine thread only. */
+#include "vision/vision.h"
+#include "server/metrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const state_names[] = {"unloaded", "handback", "loading", "ready", "unloading", "regrow"};
+
+const char *vision_state_name(enum vision_state s) { return state_names[s]; }
+
+struct embed_entry {
+    uint64_t hash;
+    size_t n_bytes;           /* image bytes, part of the key */
+    int n_tokens;
+    float *embd;              /* (n_tokens, n_embd_text) */
+    struct embed_entry *prev, *next;
+};
+
+/* The encoder's allocations, charged to the vision device's ledger as "vision". */
+#define VISION_MAX_BLOCKS 16
+struct vision_alloc_ctx {
+    struct device *dev;
+    void *p[VISION_MAX_BLOCKS];
+    size_t n[VISION_MAX_BLOCKS];
+};
+static struct vision_alloc_ctx alloc_ctx; /* one encoder per process */
+
+static void *v_alloc(void *ud, size_t bytes)
+{
+    struct vision_alloc_ctx *c = ud;
+    for (int i = 0; i < VISION_MAX_BLOCKS; i++)
+        if (!c->p[i]) {
+            void *p = device_alloc(c->dev, MEM_VISION, bytes);
+            if (p) {
+                c->p[i] = p;
+                c->n[i] = bytes;
+            }
+            return p;
+        }
+    return NULL;
+}
+
+static void v_free(void *ud, void *p)
+{
+    struct vision_alloc_ctx *c = ud;
+    for (int i = 0; i < VISION_MAX_BLOCKS; i++)
+        if (p && c->p[i] == p) {
+            device_free(c->dev, MEM_VISION, p, c->n[i]);
+            c->p[i] = NULL;
+            c->n[i] = 0;
+        }
+}
+
+static void set_state(struct vision_lifecycle *v, enum vision_state s)
+{
+    v->state = s;
+    metrics_vision_state(state_names[s]);
+}
+
+int vision_init(struct vision_lifecycle *v, const struct vision_options *o, struct memory_plan *mem,
+                int n_embd_text, char *err, size_t errlen)
+{
+    memset(v, 0, sizeof *v);
+    v->o = *o;
+    v->mem = mem;
+    v->n_embd_text = n_embd_text;
+    if (o->device < 0 || o->device >= mem->n_dev) {
+        snprintf(err, errlen, "vision.device %d: there are %d devices", o->device, mem->n_dev);
+        return TIDE_EINVAL;
+    }
+    char e2[256] = "";
+    int rc = clip_estimate(o->mmproj, 0, &v->weights_bytes, &v->workspace_bytes, e2, sizeof e2);
+    if (rc < 0) {
+        snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+        return rc;
+    }
+    /* The reserve is what the encoder really takes: its weights and its workspace, plus the
+     * allocator's headroom for the blocks (none on the CPU). vision.vram_mib overrides it. */
+    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : v->weights_bytes + v->workspace_bytes;
+    if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
+    if (!v->o.embed_cache_bytes) v->o.embed_cache_bytes = (size_t)64 << 20;
+    alloc_ctx.dev = &mem->dev[o->device];
+    set_state(v, VISION_UNLOADED);
+    return 0;
+}
+
+static void cache_drop(struct vision_lifecycle *v, struct embed_entry *e)
+{
+    if (e->prev) e->prev->next = e->next;
+    else v->cache_head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    v->cache_entries--;
+    v->cache_bytes -= (size_t)e->n_tokens * v->n_embd_text * sizeof(float);
+    free(e->embd);
+    free(e);
+}
+
+void vision_free(struct vision_lifecycle *v)
+{
+    if (v->clip)
+        clip_free(v->clip);
+    while (v->cache_head)
+        cache_drop(v, v->cache_head);
+    memset(v, 0, sizeof *v);
+}
+
+void vision_lifecycle_extra(const struct vision_lifecycle *v, size_t *extra)
+{
+    /* Only while the encoder is on its way in: once loaded it is in the ledger itself. */
+    if (v->state == VISION_HANDBACK || v->state == VISION_LOADING)
+        for (int i = 0; i < v->mem->n_dev; i++)
+            extra[i] += v->need[i];
+}
+
+/* Caches back to what the reserves allow, the encoder gone. */
+static void regrow(struct vision_lifecycle *v)
+{
+    set_state(v, VISION_REGROW);
+    double t0 = tide_now();
+    memory_plan_apply(v->mem, NULL, NULL);
+    metrics_observe(METRICS_REGROW, tide_now() - t0);
+    set_state(v, VISION_UNLOADED);
+}
+
+int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
+{
+    if (v->state == VISION_READY)
+        return 0;
+    const char *fault = getenv("TIDE_FAULT_VISION");
+    set_state(v, VISION_HANDBACK);
+    double t0 = tide_now();
+    size_t extra[PLAN_MAX_DEVICES] = {0}, shortfall[PLAN_MAX_DEVICES] = {0};
+    vision_lifecycle_extra(v, extra);
+    int rc = memory_plan_apply(v->mem, extra, shortfall);
+    v->t_handback = tide_now() - t0;
+    metrics_observe(METRICS_HANDBACK, v->t_handback);
+    if (rc < 0) {
+        snprintf(err, errlen, "vision hand-back failed: %s", tide_strerror(rc));
+        regrow(v);
+        return rc;
+    }
+    set_state(v, VISION_LOADING);
+    t0 = tide_now();
+    struct clip_alloc a = {v_alloc, v_free, &alloc_ctx};
+    char e2[256] = "";
+    if (fault && !strcmp(fault, "load")) {
+        rc = TIDE_ENOMEM;
+        snprintf(e2, sizeof e2, "injected encoder load failure (TIDE_FAULT_VISION=load)");
+    } else {
+        rc = clip_load(&v->clip, v->o.mmproj, &a, &v->mem->dev[v->o.device].be, e2, sizeof e2);
+    }
+    if (rc < 0) {
+        v->clip = NULL;
+        snprintf(err, errlen, "cannot load the vision encoder: %s%s", e2[0] ? e2 : tide_strerror(rc),
+                 shortfall[v->o.device] ? " (the device could not free enough memory)" : "");
+        tide_log("vision: %s", err);
+        regrow(v);
+        return rc;
+    }
+    if (clip_n_embd_out(v->clip) != v->n_embd_text) {
+        snprintf(err, errlen, "mmproj projects to %d but the text model is %d wide", clip_n_embd_out(v->clip),
+                 v->n_embd_text);
+        clip_free(v->clip);
+        v->clip = NULL;
+        regrow(v);
+        return TIDE_EFORMAT;
+    }
+    v->t_load = tide_now() - t0;
+    metrics_observe(METRICS_VISION_LOAD, v->t_load);
+    metrics_vision_event(true);
+    set_state(v, VISION_READY);
+    tide_log("vision: encoder ready (hand-back %.1f ms, load %.1f ms, %.1f MiB)", v->t_handback * 1e3,
+             v->t_load * 1e3, (double)v->mem->dev[v->o.device].used[MEM_VISION] / (1 << 20));
+    return 0;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static struct embed_entry *cache_find(struct vision_lifecycle *v, const uint8_t *bytes, size_t n)
+{
+    uint64_t h = fnv1a(bytes, n);
+    for (struct embed_entry *e = v->cache_head; e; e = e->next)
+        if (e->hash == h && e->n_bytes == n) {
+            if (e != v->cache_head) { /* move to front: most recently used */
+                e->prev->next = e->next;
+                if (e->next) e->next->prev = e->prev;
+                e->prev = NULL;
+                e->next = v->cache_head;
+                v->cache_head->prev = e;
+                v->cache_head = e;
+            }
+            return e;
+        }
+    return NULL;
+}
+
+bool vision_cached(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes)
+{
+    return cache_find(v, bytes, n_bytes) != NULL;
+}
+
+void vision_touch(struct vision_lifecycle *v)
+{
+    v->last_image = tide_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    v->last_image_unix = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    metrics_vision_last_image(v->last_image_unix);
+}
+
+int vision_n_tokens(const struct vision_lifecycle *v, int w, int h)
+{
+    return v->clip ? clip_n_tokens(v->clip, w, h) : -1;
+}
+
+int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes, const struct image_u8 *img,
+                 float **out, int *n_tokens, char *err, size_t errlen)
+{
+    size_t row = (size_t)v->n_embd_text * sizeof(float);
+    struct embed_entry *e = cache_find(v, bytes, n_bytes);
+    metrics_vision_embed_cache(e != NULL);
+    if (e) {
+        *out = malloc((size_t)e->n_tokens * row);
+        if (!*out) return TIDE_ENOMEM;
+        memcpy(*out, e->embd, (size_t)e->n_tokens * row);
+        *n_tokens = e->n_tokens;
+        return 0;
+    }
+    int rc = vision_ensure_ready(v, err, errlen);
+    if (rc < 0) return rc;
+    struct image_f32 pre;
+    memset(&pre, 0, sizeof pre);
+    rc = clip_preprocess(v->clip, img, &pre, err, errlen);
+    if (rc < 0) return rc;
+    int nt = clip_n_tokens(v->clip, img->w, img->h);
+    float *emb = malloc((size_t)nt * row);
+    if (!emb) {
+        image_f32_free(&pre);
+        return TIDE_ENOMEM;
+    }
+    double t0 = tide_now();
+    rc = clip_encode(v->clip, &pre, emb, err, errlen);
+    image_f32_free(&pre);
+    if (rc < 0) {
+        free(emb);
+        return rc;
+    }
+    metrics_observe(METRICS_VISION_ENCODE, tide_now() - t0);
+    *out = emb;
+    *n_tokens = nt;
+    /* keep a copy, evicting least recently used entries over the limits */
+    size_t b = (size_t)nt * row;
+    if (b <= v->o.embed_cache_bytes && v->o.embed_cache_entries) {
+        while (v->cache_head && (v->cache_entries + 1 > v->o.embed_cache_entries ||
+                                 v->cache_bytes + b > v->o.embed_cache_bytes)) {
+            struct embed_entry *last = v->cache_head;
+            while (last->next) last = last->next;
+            cache_drop(v, last);
+        }
+        struct embed_entry *ne = calloc(1, sizeof *ne);
+        float *copy = ne ? malloc(b) : NULL;
+        if (ne && copy) {
+            memcpy(copy, emb, b);
+            ne->hash = fnv1a(bytes, n_bytes);
+            ne->n_bytes = n_bytes;
+            ne->n_tokens = nt;
+            ne->embd = copy;
+            ne->next = v->cache_head;
+            if (v->cache_head) v->cache_head->prev = ne;
+            v->cache_head = ne;
+            v->cache_entries++;
+            v->cache_bytes += b;
+        } else {
+            free(ne);
+            free(copy);
+        }
+    }
+    return 0;
+}
+
+bool vision_tick(struct vision_lifecycle *v)
+{
+    if (v->state != VISION_READY || !v->o.lazy)
+        return false;
+    if (tide_now() - v->last_image < v->o.idle_s)
+        return false;
+    set_state(v, VISION_UNLOADING);
+    clip_free(v->clip);
+    v->clip = NULL;
+    metrics_vision_event(false);
+    regrow(v);
+    tide_log("vision: encoder unloaded after %.0f s without images; caches regrown", v->o.idle_s);
+    return true;
+}

@@ -1,0 +1,78 @@
+/* vision.h - the lazy vision lifecycle: the encoder costs no device memory until an image
+ * arrives, and gives it back to the expert caches when images stop.
+ *
+ *   unloaded -> handback -> loading -> ready -> (idle_s without images) -> unloading -> regrow
+ *   -> unloaded
+ *
+ * vision_ensure_ready (engine thread, an image request at the head of the FIFO) asks every
+ * device for its hand-back reserve (the caches shrink by whole segments), loads the encoder
+ * into the freed memory, and is then ready to encode. vision_tick (engine thread timer)
+ * unloads after idle_s and regrows the caches to their full start-up size, keeping any
+ * reserve set through /v1/vram. A failure anywhere puts the caches back and leaves text
+ * serving. The state machine lives here and nowhere else. */
+#ifndef TIDE_VISION_H
+#define TIDE_VISION_H
+
+#include "memory/plan.h"
+#include "vision/clip.h"
+
+enum vision_state { VISION_UNLOADED, VISION_HANDBACK, VISION_LOADING, VISION_READY, VISION_UNLOADING,
+                    VISION_REGROW };
+
+struct vision_options {
+    const char *mmproj;
+    bool lazy;
+    double idle_s;
+    int device;               /* the device the encoder runs on */
+    long vram_mib;            /* -1: derived from the mmproj */
+    int max_image_tokens;
+    int n_threads;
+    size_t embed_cache_entries;
+    size_t embed_cache_bytes;
+};
+
+struct embed_entry;
+
+struct vision_lifecycle {
+    struct vision_options o;
+    enum vision_state state;
+    struct memory_plan *mem;      /* not owned */
+    int n_embd_text;
+    size_t need[PLAN_MAX_DEVICES];/* hand-back reserve per device */
+    size_t weights_bytes, workspace_bytes;
+    struct clip_model *clip;      /* NULL unless loaded */
+    double last_image;            /* tide_now() of the last image request; 0 = none */
+    double last_image_unix;
+    /* embedding cache: LRU list of image hash -> embeddings */
+    struct embed_entry *cache_head;
+    size_t cache_entries, cache_bytes;
+    /* test hook: TIDE_FAULT_VISION=load fails the next encoder load */
+    bool fail_load;
+    /* stats */
+    double t_handback, t_load;    /* seconds of the last hand-back / load */
+};
+
+const char *vision_state_name(enum vision_state s);
+/* Reads the mmproj header (sizes only) and checks it fits the text model. */
+int vision_init(struct vision_lifecycle *v, const struct vision_options *o, struct memory_plan *mem,
+                int n_embd_text, char *err, size_t errlen);
+void vision_free(struct vision_lifecycle *v);
+/* Extra free bytes per device the caches must leave while the encoder is being brought in. */
+void vision_lifecycle_extra(const struct vision_lifecycle *v, size_t *extra);
+/* Engine thread: make the encoder ready (hand-back + load when needed). On failure the caches
+ * are back and err says why. */
+int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen);
+/* Engine thread: embeddings for one decoded image (n_tokens, n_embd_text), malloc'd into *out.
+ * Looks in the embedding cache first (a hit needs no encoder and does not wake it). */
+int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes, const struct image_u8 *img,
+                 float **out, int *n_tokens, char *err, size_t errlen);
+/* Token count an image will take (without encoding). */
+int vision_n_tokens(const struct vision_lifecycle *v, int w, int h);
+/* Mark an image request (resets the idle timer) and look the image up in the cache. */
+void vision_touch(struct vision_lifecycle *v);
+bool vision_cached(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes);
+/* Engine thread timer: unload + regrow once idle_s passed without an image. Returns true when
+ * the state changed. */
+bool vision_tick(struct vision_lifecycle *v);
+
+#endif

@@ -1,0 +1,470 @@
+/* test_vram.c - end-to-end: elastic expert caches on CPU devices with enforced budgets,
+ * GET/POST /v1/vram, the metrics that mirror them, and the lazy vision cycle. Starts the real
+ * daemon ($TIDE_BIN, default build/tide) on the default model ($TIDE_MODEL) and mmproj
+ * ($TIDE_MMPROJ, default models/tide-mmproj.gguf). */
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static pid_t pid;
+static int port;
+static char cfg_path[64];
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    socklen_t l = sizeof a;
+    getsockname(s, (struct sockaddr *)&a, &l);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+struct buf { char *p; size_t n; int chunks; };
+static size_t sink(char *d, size_t sz, size_t nm, void *ud)
+{
+    struct buf *b = ud;
+    b->p = realloc(b->p, b->n + sz * nm + 1);
+    memcpy(b->p + b->n, d, sz * nm);
+    b->n += sz * nm;
+    b->p[b->n] = 0;
+    __atomic_add_fetch(&b->chunks, 1, __ATOMIC_SEQ_CST);
+    return sz * nm;
+}
+
+static long req_h(const char *method, const char *path, const char *body, const char *hdr, char **out, struct buf *sb)
+{
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    struct buf b = {calloc(1, 1), 0, 0}, *bp = sb ? sb : &b;
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    if (hdr) h = curl_slist_append(h, hdr);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, bp);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    long code = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (!sb) {
+        if (out) *out = b.p; else free(b.p);
+    }
+    return code;
+}
+static long req(const char *method, const char *path, const char *body, char **out)
+{
+    return req_h(method, path, body, NULL, out, NULL);
+}
+
+static const char *mmproj_path(void)
+{
+    return getenv("TIDE_MMPROJ") ? getenv("TIDE_MMPROJ") : "models/tide-mmproj.gguf";
+}
+
+static void start_env(const char *cfg, const char *env)
+{
+    const char *bin = getenv("TIDE_BIN") ? getenv("TIDE_BIN") : "build/tide";
+    const char *model = getenv("TIDE_MODEL") ? getenv("TIDE_MODEL") : "models/tide-moe.gguf";
+    port = free_port();
+    snprintf(cfg_path, sizeof cfg_path, "/tmp/tide-e2e-vram-%d.json", (int)getpid());
+    FILE *f = fopen(cfg_path, "w");
+    fprintf(f, "{\"model\":\"%s\",\"context\":1024,\"port\":%d,%s}", model, port, cfg);
+    fclose(f);
+    pid = fork();
+    if (pid == 0) {
+        if (env) putenv((char *)env);
+        freopen("/dev/null", "w", stderr);
+        freopen("/dev/null", "w", stdout);
+        execl(bin, bin, "--config", cfg_path, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        if (req("GET", "/health", NULL, NULL) == 200) return;
+        usleep(50000);
+    }
+    cr_assert_fail("daemon did not become healthy (config %s)", cfg);
+}
+static void start(const char *cfg) { start_env(cfg, NULL); }
+
+static void stop(void)
+{
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        int st;
+        waitpid(pid, &st, 0);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon exit status");
+    }
+    unlink(cfg_path);
+    pid = 0;
+}
+
+/* A failed assertion skips stop(): never leave a daemon behind. */
+static void reap(void)
+{
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        unlink(cfg_path);
+        pid = 0;
+    }
+}
+TestSuite(vram, .fini = reap);
+TestSuite(vision, .fini = reap);
+
+static cJSON *vram(void)
+{
+    char *b;
+    cr_assert_eq(req("GET", "/v1/vram", NULL, &b), 200);
+    cJSON *o = cJSON_Parse(b);
+    cr_assert_not_null(o, "GET /v1/vram: %s", b);
+    free(b);
+    return o;
+}
+
+static double dnum(cJSON *o, int dev, const char *k)
+{
+    cJSON *d = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "devices"), dev);
+    cJSON *v = cJSON_GetObjectItem(d, k);
+    cr_assert(cJSON_IsNumber(v), "devices[%d].%s missing", dev, k);
+    return v->valuedouble;
+}
+
+static const char *vstate(cJSON *o) { return cJSON_GetObjectItem(cJSON_GetObjectItem(o, "vision"), "state")->valuestring; }
+static double total_slots(cJSON *o) { return cJSON_GetObjectItem(cJSON_GetObjectItem(o, "totals"), "expert_slots")->valuedouble; }
+
+static char *content(const char *body)
+{
+    char *b;
+    cr_assert_eq(req("POST", "/v1/chat/completions", body, &b), 200, "chat: %s", b);
+    cJSON *o = cJSON_Parse(b);
+    cJSON *m = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+    char *s = strdup(cJSON_GetObjectItem(m, "content")->valuestring);
+    cJSON_Delete(o);
+    free(b);
+    return s;
+}
+
+static const char *TEXT = "{\"messages\":[{\"role\":\"user\",\"content\":\"Count with me: one two\"}],\"max_tokens\":16,\"temperature\":0}";
+#define TWO_DEV "\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":64},{\"backend\":\"cpu\",\"vram_mib\":48}],\"layer_split\":[0.5,0.5]"
+
+Test(vram, reserve_shrinks_both_devices_restore_returns_to_full, .timeout = 60)
+{
+    start(TWO_DEV);
+    char *t0 = content(TEXT);
+    cJSON *v0 = vram();
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(v0, "devices")), 2);
+    char body[128];
+    long r[2];
+    for (int d = 0; d < 2; d++) {
+        cr_assert_eq(dnum(v0, d, "expert_slots"), dnum(v0, d, "expert_slots_full"));
+        r[d] = (long)(dnum(v0, d, "free_mib") + dnum(v0, d, "expert_cache_mib") / 2 + 1);
+    }
+    snprintf(body, sizeof body, "{\"reserve_mib\":[%ld,%ld]}", r[0], r[1]);
+    char *b;
+    cr_assert_eq(req("POST", "/v1/vram", body, &b), 200, "%s", b);
+    cJSON *v1 = cJSON_Parse(b);
+    free(b);
+    cr_assert_str_eq(cJSON_GetObjectItem(v1, "status")->valuestring, "ok");
+    for (int d = 0; d < 2; d++) {
+        cr_assert_lt(dnum(v1, d, "expert_slots"), dnum(v0, d, "expert_slots"), "device %d slots did not drop", d);
+        cr_assert_geq(dnum(v1, d, "free_mib"), r[d], "device %d free below its reserve", d);
+        cr_assert_eq(dnum(v1, d, "reserve_mib"), r[d]);
+    }
+    char *t1 = content(TEXT);
+    /* a bare integer is device 0; device 1 keeps its reserve */
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":0}", &b), 200);
+    cJSON *v2 = cJSON_Parse(b);
+    free(b);
+    cr_assert_eq(dnum(v2, 0, "expert_slots"), dnum(v0, 0, "expert_slots_full"));
+    cr_assert_eq(dnum(v2, 1, "expert_slots"), dnum(v1, 1, "expert_slots"));
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":null}", &b), 200);
+    free(b);
+    cJSON *v3 = vram();
+    for (int d = 0; d < 2; d++)
+        cr_assert_eq(dnum(v3, d, "expert_slots"), dnum(v0, d, "expert_slots_full"), "device %d not back to full", d);
+    char *t2 = content(TEXT);
+    cr_assert(t0[0], "empty output");
+    cr_assert_str_eq(t0, t1, "output changed with a smaller cache");
+    cr_assert_str_eq(t0, t2, "output changed after restore");
+    /* more than the cache can give */
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":[64,48]}", &b), 200);
+    cJSON *v4 = cJSON_Parse(b);
+    free(b);
+    cr_assert_str_eq(cJSON_GetObjectItem(v4, "status")->valuestring, "partial");
+    cJSON *sf = cJSON_GetObjectItem(v4, "shortfall_mib");
+    cr_assert_gt(cJSON_GetArrayItem(sf, 0)->valuedouble, 0);
+    cr_assert_eq(dnum(v4, 0, "expert_slots"), 0);
+    char *t3 = content(TEXT);
+    cr_assert_str_eq(t0, t3, "output changed with no cache at all");
+    free(t0); free(t1); free(t2); free(t3);
+    cJSON_Delete(v0); cJSON_Delete(v1); cJSON_Delete(v2); cJSON_Delete(v3); cJSON_Delete(v4);
+    stop();
+}
+
+static double metric(const char *text, const char *name)
+{
+    char pat[160];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(text, pat);
+    cr_assert_not_null(p, "metric %s missing", name);
+    return atof(p + strlen(pat));
+}
+
+Test(vram, metrics_aggregate_equals_per_device_and_vram, .timeout = 60)
+{
+    start(TWO_DEV);
+    free(content(TEXT));
+    char *b;
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":[62,0]}", &b), 200);
+    free(b);
+    cJSON *v = vram();
+    char *m;
+    cr_assert_eq(req("GET", "/metrics", NULL, &m), 200);
+    double agg = metric(m, "tide_expert_slots");
+    double d0 = metric(m, "tide_device_expert_slots{device=\"0\"}");
+    double d1 = metric(m, "tide_device_expert_slots{device=\"1\"}");
+    cr_assert_eq(agg, d0 + d1, "aggregate %g != %g + %g", agg, d0, d1);
+    cr_assert_eq(agg, total_slots(v));
+    cr_assert_eq(d0, dnum(v, 0, "expert_slots"));
+    double bytes = metric(m, "tide_expert_cache_bytes");
+    cr_assert_eq(bytes, metric(m, "tide_device_expert_cache_bytes{device=\"0\"}") +
+                            metric(m, "tide_device_expert_cache_bytes{device=\"1\"}"));
+    free(m);
+    cJSON_Delete(v);
+    stop();
+}
+
+struct stream_arg { struct buf b; long code; };
+static void *stream_thread(void *p)
+{
+    struct stream_arg *a = p;
+    a->code = req_h("POST", "/v1/chat/completions",
+                    "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell a long story\"}],\"max_tokens\":600,"
+                    "\"temperature\":0,\"stream\":true}", NULL, NULL, &a->b);
+    return NULL;
+}
+
+/* The concatenated delta contents of an SSE body. */
+static char *sse_text(const char *s)
+{
+    size_t cap = strlen(s) + 1, n = 0;
+    char *out = calloc(1, cap);
+    for (const char *p = strstr(s, "data: "); p; p = strstr(p + 1, "data: ")) {
+        cJSON *o = cJSON_Parse(p + 6);
+        if (!o) continue;
+        cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+        cJSON *c = cJSON_GetObjectItem(d, "content");
+        if (cJSON_IsString(c)) {
+            size_t l = strlen(c->valuestring);
+            memcpy(out + n, c->valuestring, l);
+            n += l;
+        }
+        cJSON_Delete(o);
+    }
+    return out;
+}
+
+Test(vram, reserve_during_a_stream_keeps_its_tokens, .timeout = 120)
+{
+    start("\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":64}]");
+    struct stream_arg a1 = {{calloc(1, 1), 0, 0}, 0}, a2 = {{calloc(1, 1), 0, 0}, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, stream_thread, &a1); /* undisturbed */
+    pthread_join(t, NULL);
+    cJSON *v0 = vram();
+    char body[64];
+    snprintf(body, sizeof body, "{\"reserve_mib\":%ld}", (long)(dnum(v0, 0, "free_mib") + 3));
+    pthread_create(&t, NULL, stream_thread, &a2);
+    while (__atomic_load_n(&a2.b.chunks, __ATOMIC_SEQ_CST) < 3) usleep(1000);
+    char *b;
+    cr_assert_eq(req("POST", "/v1/vram", body, &b), 200, "%s", b);
+    cJSON *v1 = cJSON_Parse(b);
+    free(b);
+    int mid = __atomic_load_n(&a2.b.chunks, __ATOMIC_SEQ_CST);
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":null}", NULL), 200);
+    pthread_join(t, NULL);
+    cr_assert_eq(a1.code, 200);
+    cr_assert_eq(a2.code, 200);
+    cr_assert_lt(dnum(v1, 0, "expert_slots"), dnum(v0, 0, "expert_slots"));
+    char *s1 = sse_text(a1.b.p), *s2 = sse_text(a2.b.p);
+    cr_assert_gt(strlen(s1), 0);
+    cr_assert_str_eq(s1, s2, "the stream changed when the cache shrank under it");
+    cr_assert(strstr(a2.b.p, "data: [DONE]"));
+    cr_log_info("reserve landed after %d of %d chunks", mid, a2.b.chunks);
+    cr_assert_lt(mid, a2.b.chunks, "the reserve was applied only after the stream ended");
+    free(s1); free(s2); free(a1.b.p); free(a2.b.p);
+    cJSON_Delete(v0); cJSON_Delete(v1);
+    stop();
+}
+
+Test(vram, bad_reserves_are_400_and_change_nothing, .timeout = 60)
+{
+    start(TWO_DEV);
+    cJSON *v0 = vram();
+    const char *bad[] = {"{\"reserve_mib\":[-5]}", "{\"reserve_mib\":[1.5]}", "{\"reserve_mib\":true}",
+                         "{\"reserve_mib\":[true]}", "{\"reserve_mib\":[1,2,3]}", "{\"reserve_mib\":\"8\"}",
+                         "{\"reserve_mib\":{}}", "{}", "[]", "not json", "{\"reserve\":[1]}", "{\"reserve_mib\":-1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *b;
+        cr_assert_eq(req("POST", "/v1/vram", bad[i], &b), 400, "%s answered: %s", bad[i], b);
+        cJSON *e = cJSON_Parse(b);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")), "%s", b);
+        cJSON_Delete(e);
+        free(b);
+    }
+    cr_assert_eq(req_h("POST", "/v1/vram", "{\"reserve_mib\":[1]}", "Origin: http://evil.example", NULL, NULL), 403);
+    cJSON *v1 = vram();
+    cr_assert_eq(total_slots(v1), total_slots(v0));
+    cr_assert_eq(req("GET", "/health", NULL, NULL), 200);
+    cJSON_Delete(v0);
+    cJSON_Delete(v1);
+    stop();
+    start(TWO_DEV ",\"vram_elastic\":false");
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":[1]}", NULL), 409);
+    stop();
+}
+
+/* ---- lazy vision ---- */
+
+static char *image_body(void)
+{
+    /* an 8x8 red 24-bit BMP: header + rows, as a data URL */
+    unsigned char bmp[54 + 8 * 8 * 3] = {'B', 'M'};
+    uint32_t size = sizeof bmp;
+    memcpy(bmp + 2, &size, 4);
+    bmp[10] = 54; bmp[14] = 40; bmp[18] = 8; bmp[22] = 8; bmp[26] = 1; bmp[28] = 24;
+    for (int i = 0; i < 64; i++) { bmp[54 + 3 * i] = 0; bmp[55 + 3 * i] = 0; bmp[56 + 3 * i] = 220; }
+    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char b64[512];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof bmp; i += 3) {
+        uint32_t v = bmp[i] << 16 | (i + 1 < sizeof bmp ? bmp[i + 1] << 8 : 0) | (i + 2 < sizeof bmp ? bmp[i + 2] : 0);
+        b64[n++] = t[v >> 18 & 63];
+        b64[n++] = t[v >> 12 & 63];
+        b64[n++] = i + 1 < sizeof bmp ? t[v >> 6 & 63] : '=';
+        b64[n++] = i + 2 < sizeof bmp ? t[v & 63] : '=';
+    }
+    b64[n] = 0;
+    char *body = malloc(1024);
+    snprintf(body, 1024,
+             "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"},"
+             "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,%s\"}}]}],\"max_tokens\":8,"
+             "\"temperature\":0}", b64);
+    return body;
+}
+
+static char vis_cfg[512];
+static const char *vision_cfg(long mib, bool lazy, int idle)
+{
+    snprintf(vis_cfg, sizeof vis_cfg,
+             "\"mmproj\":\"%s\",\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":%ld}],\"vision\":{\"lazy\":%s,\"idle_s\":%d}",
+             mmproj_path(), mib, lazy ? "true" : "false", idle);
+    return vis_cfg;
+}
+
+Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    char *img = image_body();
+    /* probe: how big are the model's parts on a roomy device */
+    start(vision_cfg(512, true, 60));
+    cJSON *p0 = vram();
+    char *b;
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "%s", b);
+    free(b);
+    cJSON *p1 = vram();
+    double vis = dnum(p1, 0, "vision_mib"), cache_all = dnum(p0, 0, "expert_cache_mib");
+    double fixed = dnum(p0, 0, "total_mib") - dnum(p0, 0, "free_mib") - cache_all;
+    cr_assert_gt(vis, 0, "vision_mib not reported while loaded");
+    stop();
+    long budget = (long)(fixed + vis + cache_all / 2 + 1);
+    start(vision_cfg(budget, false, 1));
+    cJSON *e0 = vram();
+    cr_assert_str_eq(vstate(e0), "ready");
+    double eager = total_slots(e0);
+    stop();
+    start(vision_cfg(budget, true, 1));
+    cJSON *l0 = vram();
+    cr_assert_str_eq(vstate(l0), "unloaded");
+    double lazy = total_slots(l0);
+    cr_assert_gt(lazy, eager, "lazy boot %g slots vs eager %g", lazy, eager);
+    char *t0 = content(TEXT);
+    req("GET", "/health", NULL, NULL);
+    req("GET", "/metrics", NULL, NULL);
+    cJSON *l1 = vram();
+    cr_assert_str_eq(vstate(l1), "unloaded", "text/health/metrics woke the encoder");
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "%s", b);
+    cJSON *ir = cJSON_Parse(b);
+    free(b);
+    double pt = cJSON_GetObjectItem(cJSON_GetObjectItem(ir, "usage"), "prompt_tokens")->valuedouble;
+    cJSON *l2 = vram();
+    cr_assert_str_eq(vstate(l2), "ready");
+    cr_assert_lt(total_slots(l2), lazy, "no hand-back");
+    char *t1 = content(TEXT);
+    cr_assert_str_eq(t0, t1, "text changed while the encoder is loaded");
+    for (int i = 0; i < 100 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    cJSON *l3 = vram();
+    cr_assert_str_eq(vstate(l3), "unloaded", "encoder still loaded after idle_s");
+    cr_assert_eq(total_slots(l3), lazy, "caches not regrown to the lazy-boot count");
+    cr_assert_eq(dnum(l3, 0, "vision_mib"), 0);
+    char *t2 = content(TEXT);
+    cr_assert_str_eq(t0, t2, "text changed after the unload");
+    /* the same image again is cached: answered without waking the encoder, same tokens */
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200);
+    cJSON *ir2 = cJSON_Parse(b);
+    free(b);
+    cr_assert_str_eq(vstate(vram()), "unloaded", "a cached image woke the encoder");
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(ir2, "usage"), "prompt_tokens")->valuedouble, pt);
+    stop();
+    free(t0); free(t1); free(t2); free(img);
+    cJSON *all[] = {p0, p1, e0, l0, l1, l2, l3, ir, ir2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cJSON_Delete(all[i]);
+}
+
+Test(vision, injected_load_failure_restores_the_caches, .timeout = 60)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    char *img = image_body();
+    start_env(vision_cfg(64, true, 60), "TIDE_FAULT_VISION=load");
+    cJSON *v0 = vram();
+    char *t0 = content(TEXT), *b;
+    long code = req("POST", "/v1/chat/completions", img, &b);
+    cr_assert_eq(code, 500, "%s", b);
+    cr_assert(strstr(b, "vision encoder"), "%s", b);
+    free(b);
+    cJSON *v1 = vram();
+    cr_assert_str_eq(vstate(v1), "unloaded");
+    cr_assert_eq(total_slots(v1), total_slots(v0), "caches not restored after the failure");
+    char *t1 = content(TEXT);
+    cr_assert_str_eq(t0, t1);
+    free(t0); free(t1); free(img);
+    cJSON_Delete(v0); cJSON_Delete(v1);
+    stop();
+}
+
+Test(vision, images_without_an_mmproj_are_a_clear_400, .timeout = 30)
+{
+    start("\"mmproj\":null");
+    char *img = image_body(), *b;
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 400, "%s", b);
+    cr_assert(strstr(b, "mmproj"), "%s", b);
+    free(b);
+    free(img);
+    stop();
+}
