@@ -493,6 +493,7 @@ static int embed_images(struct oai_req *r, char *err, size_t errlen)
         return TIDE_EUNSUPPORTED;
     }
     vision_touch(v);
+    v->busy = true; /* cleared by openai_run when the request ends */
     for (int i = 0; i < r->n_images; i++) {
         int nt = 0;
         int rc = vision_embed(v, r->img_bytes[i], r->img_len[i], &r->img[i], &r->img_embd[i], &nt, err, errlen);
@@ -530,6 +531,10 @@ void openai_run(struct job *j, void *engine_ctx)
     }
     if (rc == 0)
         rc = engine_run(r->eng, &r->gj, err, sizeof err);
+    if (r->n_images && r->rt->vision) {
+        r->rt->vision->busy = false;
+        vision_touch(r->rt->vision); /* idle counts from the end of the last image request */
+    }
     metrics_tokens(r->gj.prompt_tokens, r->gj.completion_tokens);
     if (rc == 0) metrics_observe(METRICS_E2E, tide_now() - j->t_enqueue);
     if (rc == TIDE_ECANCELED || job_cancelled(j)) { job_finish(j, 499); return; }

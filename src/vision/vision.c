@@ -291,7 +291,7 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
 
 bool vision_tick(struct vision_lifecycle *v)
 {
-    if (v->state != VISION_READY || !v->o.lazy)
+    if (v->state != VISION_READY || !v->o.lazy || v->busy)
         return false;
     if (tide_now() - v->last_image < v->o.idle_s)
         return false;

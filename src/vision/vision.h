@@ -42,6 +42,7 @@ struct vision_lifecycle {
     size_t weights_bytes, workspace_bytes;
     struct clip_model *clip;      /* NULL unless loaded */
     double last_image;            /* tide_now() of the last image request; 0 = none */
+    bool busy;                    /* an image request is running: no idle unload under it */
     double last_image_unix;
     /* embedding cache: LRU list of image hash -> embeddings */
     struct embed_entry *cache_head;

@@ -342,31 +342,53 @@ Test(vram, bad_reserves_are_400_and_change_nothing, .timeout = 60)
 
 /* ---- lazy vision ---- */
 
-static char *image_body(void)
+/* A w x h 24-bit BMP of one colour as a chat request body with a data URL. */
+static char *image_body_of(int w, int h, unsigned char red)
 {
-    /* an 8x8 red 24-bit BMP: header + rows, as a data URL */
-    unsigned char bmp[54 + 8 * 8 * 3] = {'B', 'M'};
-    uint32_t size = sizeof bmp;
-    memcpy(bmp + 2, &size, 4);
-    bmp[10] = 54; bmp[14] = 40; bmp[18] = 8; bmp[22] = 8; bmp[26] = 1; bmp[28] = 24;
-    for (int i = 0; i < 64; i++) { bmp[54 + 3 * i] = 0; bmp[55 + 3 * i] = 0; bmp[56 + 3 * i] = 220; }
+    size_t row = ((size_t)w * 3 + 3) & ~(size_t)3, n = 54 + row * h;
+    unsigned char *bmp = calloc(1, n);
+    bmp[0] = 'B'; bmp[1] = 'M';
+    uint32_t v32 = (uint32_t)n;
+    memcpy(bmp + 2, &v32, 4);
+    bmp[10] = 54; bmp[14] = 40;
+    memcpy(bmp + 18, &w, 4);
+    memcpy(bmp + 22, &h, 4);
+    bmp[26] = 1; bmp[28] = 24;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            unsigned char *p = bmp + 54 + y * row + 3 * x;
+            p[0] = (unsigned char)(x * 255 / w); p[1] = 30; p[2] = red;
+        }
     static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    char b64[512];
-    size_t n = 0;
-    for (size_t i = 0; i < sizeof bmp; i += 3) {
-        uint32_t v = bmp[i] << 16 | (i + 1 < sizeof bmp ? bmp[i + 1] << 8 : 0) | (i + 2 < sizeof bmp ? bmp[i + 2] : 0);
-        b64[n++] = t[v >> 18 & 63];
-        b64[n++] = t[v >> 12 & 63];
-        b64[n++] = i + 1 < sizeof bmp ? t[v >> 6 & 63] : '=';
-        b64[n++] = i + 2 < sizeof bmp ? t[v & 63] : '=';
+    char *b64 = malloc(n / 3 * 4 + 8);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = bmp[i] << 16 | (i + 1 < n ? bmp[i + 1] << 8 : 0) | (i + 2 < n ? bmp[i + 2] : 0);
+        b64[k++] = t[v >> 18 & 63];
+        b64[k++] = t[v >> 12 & 63];
+        b64[k++] = i + 1 < n ? t[v >> 6 & 63] : '=';
+        b64[k++] = i + 2 < n ? t[v & 63] : '=';
     }
-    b64[n] = 0;
-    char *body = malloc(1024);
-    snprintf(body, 1024,
+    b64[k] = 0;
+    size_t cap = k + 512;
+    char *body = malloc(cap);
+    snprintf(body, cap,
              "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"},"
              "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,%s\"}}]}],\"max_tokens\":8,"
              "\"temperature\":0}", b64);
+    free(b64);
+    free(bmp);
     return body;
+}
+static char *image_body(void) { return image_body_of(8, 8, 220); }
+
+static double prompt_tokens(const char *reply)
+{
+    cJSON *o = cJSON_Parse(reply);
+    cr_assert_not_null(o, "%s", reply);
+    double v = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens")->valuedouble;
+    cJSON_Delete(o);
+    return v;
 }
 
 static char vis_cfg[512];
@@ -399,7 +421,7 @@ Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
     cr_assert_str_eq(vstate(e0), "ready");
     double eager = total_slots(e0);
     stop();
-    start(vision_cfg(budget, true, 1));
+    start(vision_cfg(budget, true, 3));
     cJSON *l0 = vram();
     cr_assert_str_eq(vstate(l0), "unloaded");
     double lazy = total_slots(l0);
@@ -418,7 +440,7 @@ Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
     cr_assert_lt(total_slots(l2), lazy, "no hand-back");
     char *t1 = content(TEXT);
     cr_assert_str_eq(t0, t1, "text changed while the encoder is loaded");
-    for (int i = 0; i < 100 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    for (int i = 0; i < 150 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
     cJSON *l3 = vram();
     cr_assert_str_eq(vstate(l3), "unloaded", "encoder still loaded after idle_s");
     cr_assert_eq(total_slots(l3), lazy, "caches not regrown to the lazy-boot count");
@@ -466,5 +488,87 @@ Test(vision, images_without_an_mmproj_are_a_clear_400, .timeout = 30)
     cr_assert(strstr(b, "mmproj"), "%s", b);
     free(b);
     free(img);
+    stop();
+}
+
+Test(vision, big_image_is_scaled_to_the_budget_not_refused, .timeout = 60)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    start(vision_cfg(64, true, 60));
+    char *small = image_body_of(8, 8, 10), *big = image_body_of(640, 640, 20), *b;
+    cr_assert_eq(req("POST", "/v1/chat/completions", small, &b), 200, "%s", b);
+    double ps = prompt_tokens(b);
+    free(b);
+    /* 640x640 is 100 times the encoder's 64x64 input: fitted, same token count */
+    cr_assert_eq(req("POST", "/v1/chat/completions", big, &b), 200, "%s", b);
+    cr_assert_eq(prompt_tokens(b), ps, "a big image took a different number of tokens");
+    free(b);
+    free(small);
+    free(big);
+    stop();
+}
+
+struct req_arg { const char *body; long code; double t_done; };
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static void *req_thread(void *p)
+{
+    struct req_arg *a = p;
+    a->code = req("POST", "/v1/chat/completions", a->body, NULL);
+    a->t_done = mono();
+    return NULL;
+}
+
+static double busy(void)
+{
+    char *m;
+    req("GET", "/metrics", NULL, &m);
+    double v = metric(m, "tide_requests_running") + metric(m, "tide_requests_waiting");
+    free(m);
+    return v;
+}
+
+Test(vision, text_queued_behind_an_image_is_answered_after_it, .timeout = 60)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    start(vision_cfg(64, true, 60));
+    char *img = image_body_of(32, 32, 99);
+    struct req_arg ai = {img, 0, 0}, at = {TEXT, 0, 0};
+    pthread_t ti, tt;
+    pthread_create(&ti, NULL, req_thread, &ai);
+    while (busy() < 1 && !ai.t_done) usleep(500);
+    pthread_create(&tt, NULL, req_thread, &at);
+    pthread_join(ti, NULL);
+    pthread_join(tt, NULL);
+    cr_assert_eq(ai.code, 200);
+    cr_assert_eq(at.code, 200);
+    cr_assert_leq(ai.t_done, at.t_done, "the text request behind the image finished first");
+    free(img);
+    stop();
+}
+
+Test(vision, images_around_the_idle_unload_all_succeed, .timeout = 90)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    start(vision_cfg(64, true, 1));
+    cJSON *v0 = vram();
+    double full = total_slots(v0);
+    for (int i = 0; i < 6; i++) {
+        usleep(900000 + 50000 * i); /* land before, at and after the 1 s unload */
+        char *img = image_body_of(16, 16, (unsigned char)(40 * i + 1)), *b;
+        cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "image %d: %s", i, b);
+        free(b);
+        free(img);
+    }
+    for (int i = 0; i < 50 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    cJSON *v1 = vram();
+    cr_assert_str_eq(vstate(v1), "unloaded");
+    cr_assert_eq(total_slots(v1), full);
+    cJSON_Delete(v0);
+    cJSON_Delete(v1);
     stop();
 }
