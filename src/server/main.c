@@ -239,6 +239,7 @@ int main(int argc, char **argv)
         if (rc) {
             /* Text still serves; image requests will say why vision is unavailable. */
             tide_log("vision disabled: %s", err);
+            snprintf(rt->vision_error, sizeof rt->vision_error, "vision is unavailable: %s", err);
         } else {
             rt->vision = &a->vis;
             if (!vo.lazy) {

@@ -489,7 +489,10 @@ static int embed_images(struct oai_req *r, char *err, size_t errlen)
 {
     struct vision_lifecycle *v = r->rt->vision;
     if (!v) {
-        snprintf(err, errlen, "this server has no vision model: images need an mmproj in the config");
+        if (r->rt->vision_error[0])
+            snprintf(err, errlen, "%s", r->rt->vision_error);
+        else
+            snprintf(err, errlen, "this server has no vision model: images need an mmproj in the config");
         return TIDE_EUNSUPPORTED;
     }
     vision_touch(v);

@@ -41,6 +41,7 @@ struct runtime {
     struct fifo *fifo;
     const struct config *cfg;
     struct vision_lifecycle *vision;    /* NULL without an mmproj */
+    char vision_error[600];             /* why vision is off when an mmproj was named */
     pthread_mutex_t snap_mu;
     struct vram_snapshot snap;
 };

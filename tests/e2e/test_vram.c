@@ -572,3 +572,44 @@ Test(vision, images_around_the_idle_unload_all_succeed, .timeout = 90)
     cJSON_Delete(v1);
     stop();
 }
+
+Test(vision, injected_vision_allocation_failure_restores_the_caches, .timeout = 60)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    char *img = image_body_of(8, 8, 77), *b;
+    start_env(vision_cfg(64, true, 60), "TIDE_FAULT_ALLOC=0:vision:1");
+    cJSON *v0 = vram();
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 500, "%s", b);
+    cr_assert(strstr(b, "vision encoder"), "%s", b);
+    free(b);
+    cJSON *v1 = vram();
+    cr_assert_str_eq(vstate(v1), "unloaded");
+    cr_assert_eq(total_slots(v1), total_slots(v0));
+    cr_assert_eq(dnum(v1, 0, "vision_mib"), 0, "a partly loaded encoder was left behind");
+    /* the hook fired once: the next image loads */
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "%s", b);
+    free(b);
+    free(content(TEXT)); /* text still serves */
+    cJSON_Delete(v0);
+    cJSON_Delete(v1);
+    free(img);
+    stop();
+}
+
+Test(vision, corrupt_mmproj_keeps_text_serving_and_says_why, .timeout = 30)
+{
+    const char *bad = "/tmp/tide-e2e-bad-mmproj.gguf";
+    FILE *f = fopen(bad, "w");
+    fputs("GGUF this is not a model", f);
+    fclose(f);
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"mmproj\":\"%s\"", bad);
+    start(cfg);
+    char *t = content(TEXT), *img = image_body(), *b;
+    cr_assert(t[0]);
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 400, "%s", b);
+    cr_assert(strstr(b, "mmproj"), "%s", b);
+    free(b); free(img); free(t);
+    stop();
+    unlink(bad);
+}
