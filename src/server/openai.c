@@ -526,7 +526,7 @@ void openai_run(struct job *j, void *engine_ctx)
     r->gj.on_text = on_text;
     r->gj.boundary = at_boundary;
     r->gj.ud = r;
-    char err[256] = "";
+    char err[640] = "";
     int rc = 0;
     if (r->n_images) {
         rc = embed_images(r, err, sizeof err);
