@@ -282,22 +282,53 @@ void model_free(struct model *m)
     memset(m, 0, sizeof(*m));
 }
 
-static void slice(const struct gguf_tensor *t, uint32_t e, struct tensor *out)
+static void slice(const struct gguf_tensor *t, const void *pinned, uint32_t e, struct tensor *out)
 {
     out->type = t->type;
     out->ne[0] = t->ne[0];
     out->ne[1] = t->ne[1];
     out->row_bytes = ggml_row_size(t->type, t->ne[0]);
-    out->data = (const uint8_t *)t->data + (size_t)e * out->row_bytes * t->ne[1];
+    out->data = (const uint8_t *)(pinned ? pinned : t->data) + (size_t)e * out->row_bytes * t->ne[1];
 }
 
 void model_expert_host(const struct model *m, uint32_t l, uint32_t e,
                        struct expert_weights *out)
 {
     const struct model_layer *L = &m->layers[l];
-    slice(L->gate_exps, e, &out->gate);
-    slice(L->up_exps, e, &out->up);
-    slice(L->down_exps, e, &out->down);
+    slice(L->gate_exps, L->exps_pinned[0], e, &out->gate);
+    slice(L->up_exps, L->exps_pinned[1], e, &out->up);
+    slice(L->down_exps, L->exps_pinned[2], e, &out->down);
+}
+
+int model_pin_experts(struct model *m, void *(*alloc)(size_t), void (*release)(void *))
+{
+    for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
+        struct model_layer *L = &m->layers[l];
+        const struct gguf_tensor *t[3] = {L->gate_exps, L->up_exps, L->down_exps};
+        for (int i = 0; i < 3; i++) {
+            if (!t[i] || L->exps_pinned[i])
+                continue;
+            size_t b = ggml_row_size(t[i]->type, t[i]->ne[0]) * t[i]->ne[1] * t[i]->ne[2];
+            void *p = alloc(b);
+            if (!p) {
+                model_unpin_experts(m, release);
+                return TIDE_ENOMEM;
+            }
+            memcpy(p, t[i]->data, b);
+            L->exps_pinned[i] = p;
+        }
+    }
+    return 0;
+}
+
+void model_unpin_experts(struct model *m, void (*release)(void *))
+{
+    for (uint32_t l = 0; m->layers && l < m->cfg.n_layer; l++)
+        for (int i = 0; i < 3; i++)
+            if (m->layers[l].exps_pinned[i]) {
+                release(m->layers[l].exps_pinned[i]);
+                m->layers[l].exps_pinned[i] = NULL;
+            }
 }
 
 size_t model_expert_bytes(const struct model *m, uint32_t l)

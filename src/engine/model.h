@@ -59,6 +59,7 @@ struct model_layer {
     const struct gguf_tensor *gate_exps; /* (n_embd, n_ff_exp, n_expert) in host RAM */
     const struct gguf_tensor *up_exps;   /* (n_embd, n_ff_exp, n_expert) */
     const struct gguf_tensor *down_exps; /* (n_ff_exp, n_embd, n_expert) */
+    void *exps_pinned[3];        /* page-locked copies of gate/up/down_exps, or NULL (the mapping) */
 };
 
 /* One expert of one layer: the unit the expert cache moves around. */
@@ -83,6 +84,10 @@ void model_free(struct model *m);
 const char *model_arch_name(enum model_arch a);
 /* Views of expert e of layer l straight in host RAM (the GGUF mapping). */
 void model_expert_host(const struct model *m, uint32_t l, uint32_t e, struct expert_weights *out);
+/* Copy every layer's experts into page-locked host memory from alloc (CUDA uploads from it
+ * asynchronously at full bus speed); model_expert_host then points there. */
+int model_pin_experts(struct model *m, void *(*alloc)(size_t), void (*release)(void *));
+void model_unpin_experts(struct model *m, void (*release)(void *));
 /* Bytes of one expert (gate + up + down) of layer l. */
 size_t model_expert_bytes(const struct model *m, uint32_t l);
 

@@ -27,12 +27,20 @@ struct device {
      * the hook disarms. Set from TIDE_FAULT_ALLOC (see memory/plan.c); never in normal runs. */
     int fail_after;
     int fail_kind;              /* -1: any kind */
+    size_t vmm_granularity;     /* cuda with VMM: expert segments are mapped in these units; 0 otherwise */
 };
 
 const char *mem_kind_name(enum mem_kind k);
 /* A CPU device with budget bytes, its backend on n_threads threads (0 = all cores). */
 int device_init_cpu(struct device *d, int index, size_t budget, int n_threads);
+/* A CUDA device (ordinal hw_index) with budget bytes; budget 0 = what the GPU has free now,
+ * less a margin for the CUDA context. Fails with the reason in err when there is no GPU. */
+int device_init_cuda(struct device *d, int index, int hw_index, size_t budget, char *err, size_t errlen);
 void device_free_all(struct device *d);
+/* Ledger only, for memory the device maps itself (VMM segments): the same budget check as
+ * device_alloc (and the same fault hook). */
+int device_charge(struct device *d, enum mem_kind k, size_t bytes);
+void device_uncharge(struct device *d, enum mem_kind k, size_t bytes);
 size_t device_used(const struct device *d);
 size_t device_free_bytes(const struct device *d);
 /* NULL when the budget would be exceeded or the backend has no memory. bytes 0 -> NULL. */

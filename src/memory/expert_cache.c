@@ -1,5 +1,6 @@
 /* expert_cache.c - slots, segments, LRU, shrink/grow with refill. */
 #include "memory/expert_cache.h"
+#include "memory/vmm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,14 @@ int expert_cache_init(struct expert_cache *c, struct device *d, const struct mod
     expert_cache_geometry(c, m, l0, l1, seg_bytes_hint);
     if (!c->n_seg_max)
         return 0; /* dense model or no layers here: nothing to cache */
+    if (d->vmm_granularity) {
+        /* Segments are physical allocations in granularity units: widen each to a whole number
+         * of units and fit as many slots as that holds. */
+        size_t g = d->vmm_granularity, seg = align_up(c->seg_bytes, g), keys = (size_t)(l1 - l0) * c->n_expert;
+        c->slots_per_seg = (int)(seg / c->slot_bytes);
+        c->seg_bytes = seg;
+        c->n_seg_max = (int)((keys + c->slots_per_seg - 1) / c->slots_per_seg);
+    }
     size_t n_keys = (size_t)(l1 - l0) * c->n_expert, n_slots = (size_t)total_slots(c);
     c->seg = calloc((size_t)c->n_seg_max, sizeof(void *));
     c->slot_of = malloc(n_keys * sizeof(int32_t));
@@ -84,6 +93,13 @@ int expert_cache_init(struct expert_cache *c, struct device *d, const struct mod
     }
     memset(c->slot_of, 0xff, n_keys * sizeof(int32_t));
     memset(c->slot_key, 0xff, n_slots * sizeof(int32_t));
+    if (d->vmm_granularity) {
+        int rc = vmm_reserve(d->hw_index, c->seg_bytes, c->n_seg_max, &c->vmm);
+        if (rc < 0) {
+            expert_cache_free(c);
+            return rc;
+        }
+    }
     c->staging = device_alloc(d, MEM_WORKSPACE, c->slot_bytes);
     if (!c->staging) {
         expert_cache_free(c);
@@ -101,11 +117,37 @@ int expert_cache_init(struct expert_cache *c, struct device *d, const struct mod
     return 0;
 }
 
+static void seg_release(struct expert_cache *c, int s)
+{
+    if (c->vmm) {
+        vmm_unmap_segment(c->vmm, s);
+        device_uncharge(c->dev, MEM_EXPERT_CACHE, c->seg_bytes);
+    } else {
+        device_free(c->dev, MEM_EXPERT_CACHE, c->seg[s], c->seg_bytes);
+    }
+    c->seg[s] = NULL;
+}
+
+static void *seg_acquire(struct expert_cache *c, int s)
+{
+    if (!c->vmm)
+        return device_alloc(c->dev, MEM_EXPERT_CACHE, c->seg_bytes);
+    if (device_charge(c->dev, MEM_EXPERT_CACHE, c->seg_bytes) < 0)
+        return NULL;
+    if (vmm_map_segment(c->vmm, s, c->seg_bytes) < 0) {
+        device_uncharge(c->dev, MEM_EXPERT_CACHE, c->seg_bytes);
+        return NULL;
+    }
+    return (uint8_t *)vmm_base(c->vmm) + (size_t)s * vmm_stride(c->vmm);
+}
+
 void expert_cache_free(struct expert_cache *c)
 {
     if (c->seg)
         for (int s = 0; s < c->n_seg; s++)
-            device_free(c->dev, MEM_EXPERT_CACHE, c->seg[s], c->seg_bytes);
+            seg_release(c, s);
+    if (c->vmm)
+        vmm_release(c->vmm);
     if (c->staging)
         device_free(c->dev, MEM_WORKSPACE, c->staging, c->slot_bytes);
     free(c->seg);
@@ -234,12 +276,11 @@ int expert_cache_resize(struct expert_cache *c, int n_seg)
             c->slot_key[i] = -1;
             c->slot_tick[i] = 0;
         }
-        device_free(c->dev, MEM_EXPERT_CACHE, c->seg[s], c->seg_bytes);
-        c->seg[s] = NULL;
+        seg_release(c, s);
         c->n_seg = s;
     }
     while (c->n_seg < n_seg) {
-        void *p = device_alloc(c->dev, MEM_EXPERT_CACHE, c->seg_bytes);
+        void *p = seg_acquire(c, c->n_seg);
         if (!p)
             break;
         c->seg[c->n_seg++] = p;

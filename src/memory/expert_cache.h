@@ -14,6 +14,8 @@
 #include "engine/model.h"
 #include "memory/device.h"
 
+struct vmm_range;
+
 struct expert_cache {
     struct device *dev;
     const struct model *m;
@@ -32,6 +34,7 @@ struct expert_cache {
     uint64_t *slot_tick;        /* (n_seg_max * slots_per_seg) last use, for LRU */
     uint64_t *key_tick;         /* ((l1-l0) * n_expert) last use of each expert, for refill order */
     uint64_t tick;
+    struct vmm_range *vmm;      /* CUDA with VMM: seg[i] = base + i * stride, mapped on demand */
     void *staging;              /* one slot, workspace: used only while n_seg == 0 */
     int32_t staging_key;
     uint64_t hits, misses, bytes_copied;

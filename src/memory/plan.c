@@ -1,5 +1,6 @@
 /* plan.c - devices, layer split, start-up sizing and the reserve rule. */
 #include "memory/plan.h"
+#include "engine/backend_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +75,7 @@ static void fault_hook(struct memory_plan *p)
     tide_log("fault injection armed: device %d, %s allocation #%d fails", dev, kind, n);
 }
 
-int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const struct model *m,
+int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct model *m,
                      char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
@@ -88,9 +89,25 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const 
                  (double)p->host_expert_bytes / MIB, (double)host_total / MIB);
         return TIDE_ERANGE;
     }
-    struct plan_device_options autodev = {DEVICE_KIND_CPU, -1, -1, 0};
-    int n = o->n_devices ? o->n_devices : 1;
-    const struct plan_device_options *dv = o->n_devices ? o->dev : &autodev;
+    /* "auto": every CUDA GPU, else one CPU device (and the log says why) */
+    struct plan_device_options autodev[PLAN_MAX_DEVICES];
+    int n = o->n_devices;
+    const struct plan_device_options *dv = o->dev;
+    if (!n) {
+        char why[256] = "";
+        int ng = cuda_device_count(why, sizeof why);
+        if (ng > PLAN_MAX_DEVICES) ng = PLAN_MAX_DEVICES;
+        if (ng > (int)m->cfg.n_layer) ng = (int)m->cfg.n_layer;
+        for (int i = 0; i < ng; i++)
+            autodev[i] = (struct plan_device_options){DEVICE_KIND_CUDA, i, -1, o->dev[i].reserve_mib};
+        if (ng <= 0) {
+            tide_log("devices auto: no CUDA device (%s); using one CPU device", why[0] ? why : "none found");
+            autodev[0] = (struct plan_device_options){DEVICE_KIND_CPU, -1, -1, o->dev[0].reserve_mib};
+            ng = 1;
+        }
+        n = ng;
+        dv = autodev;
+    }
     if (n > PLAN_MAX_DEVICES || (uint32_t)n > m->cfg.n_layer) {
         snprintf(err, errlen, "%d devices for %u layers: every device needs at least one layer", n, m->cfg.n_layer);
         return TIDE_EINVAL;
@@ -105,17 +122,26 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const 
     }
     for (int i = 0; i < n; i++) {
         const struct plan_device_options *d = &dv[i];
-        if (d->kind != DEVICE_KIND_CPU) {
-            snprintf(err, errlen, "device %d: cuda devices are not available in this build", i);
-            memory_plan_free(p);
-            return TIDE_EUNSUPPORTED;
-        }
-        size_t budget = d->vram_mib >= 0 ? (size_t)d->vram_mib * MIB : host_total;
-        int rc = device_init_cpu(&p->dev[i], i, budget, o->n_threads);
-        if (rc < 0) {
-            snprintf(err, errlen, "device %d: cpu backend: %s", i, tide_strerror(rc));
-            memory_plan_free(p);
-            return rc;
+        size_t budget;
+        int rc;
+        if (d->kind == DEVICE_KIND_CUDA) {
+            char e2[256] = "";
+            budget = d->vram_mib >= 0 ? (size_t)d->vram_mib * MIB : 0;
+            rc = device_init_cuda(&p->dev[i], i, d->hw_index >= 0 ? d->hw_index : 0, budget, e2, sizeof e2);
+            if (rc < 0) {
+                snprintf(err, errlen, "device %d: %s", i, e2[0] ? e2 : tide_strerror(rc));
+                memory_plan_free(p);
+                return rc;
+            }
+            budget = p->dev[i].total;
+        } else {
+            budget = d->vram_mib >= 0 ? (size_t)d->vram_mib * MIB : host_total;
+            rc = device_init_cpu(&p->dev[i], i, budget, o->n_threads);
+            if (rc < 0) {
+                snprintf(err, errlen, "device %d: cpu backend: %s", i, tide_strerror(rc));
+                memory_plan_free(p);
+                return rc;
+            }
         }
         p->n_dev = i + 1;
         p->dev[i].reserve = p->dev[i].reserve_startup = (size_t)(d->reserve_mib > 0 ? d->reserve_mib : 0) * MIB;
@@ -137,6 +163,18 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const 
         }
     }
     fault_hook(p);
+    bool any_cuda = false;
+    for (int i = 0; i < n; i++)
+        any_cuda |= p->dev[i].kind == DEVICE_KIND_CUDA;
+    if (any_cuda && m->cfg.n_expert) {
+        /* Misses copy experts host -> GPU on the copy stream: from page-locked memory that is
+         * asynchronous and runs at full bus speed; from the mapping it would be staged. */
+        if (model_pin_experts(m, cuda_host_alloc, cuda_host_free) == 0)
+            p->pinned = m;
+        else
+            tide_log("could not pin %.0f MiB of experts; misses copy from the mapped file",
+                     (double)p->host_expert_bytes / MIB);
+    }
     for (int i = 0; i < n; i++) {
         int rc = expert_cache_init(&p->cache[i], &p->dev[i], m, p->l0[i], p->l1[i], o->segment_bytes, 0);
         if (rc < 0) {
@@ -207,6 +245,8 @@ int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortf
 
 void memory_plan_free(struct memory_plan *p)
 {
+    if (p->pinned)
+        model_unpin_experts(p->pinned, cuda_host_free);
     for (int d = 0; d < PLAN_MAX_DEVICES; d++) {
         if (p->cache[d].dev)
             expert_cache_free(&p->cache[d]);

@@ -40,10 +40,12 @@ struct memory_plan {
     uint32_t l0[PLAN_MAX_DEVICES], l1[PLAN_MAX_DEVICES];
     struct forward_stage_spec spec[PLAN_MAX_DEVICES];  /* for forward_init_stages */
     size_t host_expert_bytes;  /* every expert of the model, in host RAM */
+    struct model *pinned;      /* the model whose experts this plan pinned, or NULL */
     int max_batch;
 };
 
-int memory_plan_init(struct memory_plan *p, const struct plan_options *o, const struct model *m,
+/* m is written to only to pin its experts (page-locked mirrors) when a CUDA device exists. */
+int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct model *m,
                      char *err, size_t errlen);
 /* Give each cache what its device has left above its reserve (capped at every expert). */
 int memory_plan_size_caches(struct memory_plan *p);

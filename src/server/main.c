@@ -222,7 +222,7 @@ int main(int argc, char **argv)
     rt->cfg = &a->cfg;
     rc = engine_init(&rt->eng, &eo, err, sizeof err);
     if (rc) {
-        tide_log("cannot load model: %s", err[0] ? err : tide_strerror(rc));
+        tide_log("cannot start: %s", err[0] ? err : tide_strerror(rc));
         http_stop(http);
         config_free(&a->cfg);
         return 1;

@@ -23,6 +23,7 @@ struct embed_entry {
 #define VISION_MAX_BLOCKS 16
 struct vision_alloc_ctx {
     struct device *dev;
+    bool host;              /* GPU device: charge its ledger, compute from host memory */
     void *p[VISION_MAX_BLOCKS];
     size_t n[VISION_MAX_BLOCKS];
 };
@@ -33,7 +34,14 @@ static void *v_alloc(void *ud, size_t bytes)
     struct vision_alloc_ctx *c = ud;
     for (int i = 0; i < VISION_MAX_BLOCKS; i++)
         if (!c->p[i]) {
-            void *p = device_alloc(c->dev, MEM_VISION, bytes);
+            void *p;
+            if (c->host) {
+                p = NULL;
+                if (device_charge(c->dev, MEM_VISION, bytes) == 0 && !(p = malloc(bytes)))
+                    device_uncharge(c->dev, MEM_VISION, bytes);
+            } else {
+                p = device_alloc(c->dev, MEM_VISION, bytes);
+            }
             if (p) {
                 c->p[i] = p;
                 c->n[i] = bytes;
@@ -48,7 +56,12 @@ static void v_free(void *ud, void *p)
     struct vision_alloc_ctx *c = ud;
     for (int i = 0; i < VISION_MAX_BLOCKS; i++)
         if (p && c->p[i] == p) {
-            device_free(c->dev, MEM_VISION, p, c->n[i]);
+            if (c->host) {
+                free(p);
+                device_uncharge(c->dev, MEM_VISION, c->n[i]);
+            } else {
+                device_free(c->dev, MEM_VISION, p, c->n[i]);
+            }
             c->p[i] = NULL;
             c->n[i] = 0;
         }
@@ -83,6 +96,19 @@ int vision_init(struct vision_lifecycle *v, const struct vision_options *o, stru
     if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
     if (!v->o.embed_cache_bytes) v->o.embed_cache_bytes = (size_t)64 << 20;
     alloc_ctx.dev = &mem->dev[o->device];
+    alloc_ctx.host = mem->dev[o->device].kind != DEVICE_KIND_CPU;
+    v->be = &mem->dev[o->device].be;
+    if (alloc_ctx.host) {
+        /* No GPU encoder yet: the hand-back is real (the caches give the GPU memory back and
+         * the ledger holds it while loaded) but the encoder computes on the CPU. */
+        rc = backend_cpu_init(&v->cpu_be, o->n_threads);
+        if (rc < 0) {
+            snprintf(err, errlen, "vision: cpu backend: %s", tide_strerror(rc));
+            return rc;
+        }
+        v->be = &v->cpu_be;
+        tide_log("vision: device %d is a GPU: its memory is reserved on it, the encoder runs on the CPU", o->device);
+    }
     set_state(v, VISION_UNLOADED);
     return 0;
 }
@@ -104,6 +130,8 @@ void vision_free(struct vision_lifecycle *v)
         clip_free(v->clip);
     while (v->cache_head)
         cache_drop(v, v->cache_head);
+    if (v->cpu_be.i)
+        backend_cpu_free(&v->cpu_be);
     memset(v, 0, sizeof *v);
 }
 
@@ -150,7 +178,7 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
         rc = TIDE_ENOMEM;
         snprintf(e2, sizeof e2, "injected encoder load failure (TIDE_FAULT_VISION=load)");
     } else {
-        rc = clip_load(&v->clip, v->o.mmproj, &a, &v->mem->dev[v->o.device].be, e2, sizeof e2);
+        rc = clip_load(&v->clip, v->o.mmproj, &a, v->be, e2, sizeof e2);
     }
     if (rc < 0) {
         v->clip = NULL;

@@ -41,6 +41,8 @@ struct vision_lifecycle {
     size_t need[PLAN_MAX_DEVICES];/* hand-back reserve per device */
     size_t weights_bytes, workspace_bytes;
     struct clip_model *clip;      /* NULL unless loaded */
+    struct backend *be;           /* where the encoder computes (not owned) */
+    struct backend cpu_be;        /* owned when the vision device is a GPU */
     double last_image;            /* tide_now() of the last image request; 0 = none */
     bool busy;                    /* an image request is running: no idle unload under it */
     double last_image_unix;
