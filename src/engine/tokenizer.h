@@ -47,8 +47,8 @@ struct utf8_stream {
     char pending[8];
     int n_pending;
 };
-/* Appends complete characters from the pending bytes + in to out (cap bytes; out must
- * hold len+8). Returns bytes written. */
+/* Appends complete characters from the pending bytes + in to out. Every invalid byte can
+ * become a 3-byte U+FFFD, so out must hold 3 * (len + 8) bytes. Returns bytes written. */
 size_t utf8_stream_feed(struct utf8_stream *s, const char *in, size_t len, char *out);
 /* Flush what is left at the end (as U+FFFD for an unfinished character). */
 size_t utf8_stream_flush(struct utf8_stream *s, char *out);
