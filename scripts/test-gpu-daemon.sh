@@ -19,7 +19,7 @@ case "${1:-device}" in
 build)
     make -j"$(nproc)" build/tide build/tide-mkmodel models
     rm -rf build/gpu-libs && mkdir -p build/gpu-libs
-    ldd build/tide | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux)' |
+    ldd build/tide | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux)' |
         xargs -I{} cp -L {} build/gpu-libs/
     du -sh build/gpu-libs
     ;;
@@ -41,6 +41,7 @@ device)
     j() { python3 -c "import json,sys;d=json.load(sys.stdin);print($1)"; }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     [ -f /tmp/big.gguf ] || build/tide-mkmodel --preset big --out /tmp/big.gguf >/dev/null
+    [ -f /tmp/mmproj-1024.gguf ] || build/tide-mkmodel --preset mmproj --text-embd 1024 --out /tmp/mmproj-1024.gguf >/dev/null
     text='{"prompt":"Once upon a time","max_tokens":64,"temperature":0}'
     # CPU reference
     start "{\"model\":\"/tmp/big.gguf\",\"port\":$port,\"context\":1024,\"devices\":[{\"backend\":\"cpu\"}]}" || exit 1
@@ -49,7 +50,7 @@ device)
     echo "cpu: 256 tokens in $(python3 -c "print(round($t1 - $t0, 3))") s" | tee -a "$OUT/summary.txt"
     stop
     # CUDA
-    start "{\"model\":\"/tmp/big.gguf\",\"port\":$port,\"context\":1024,\"devices\":[{\"backend\":\"cuda\",\"index\":0}],\"mmproj\":\"$PWD/models/tide-mmproj.gguf\",\"vision\":{\"lazy\":true,\"idle_s\":2}}" || exit 1
+    start "{\"model\":\"/tmp/big.gguf\",\"port\":$port,\"context\":1024,\"devices\":[{\"backend\":\"cuda\",\"index\":0}],\"mmproj\":\"/tmp/mmproj-1024.gguf\",\"vision\":{\"lazy\":true,\"idle_s\":2}}" || exit 1
     grep "device 0" "$OUT/daemon.log" | tail -1 | tee -a "$OUT/summary.txt"
     gpu=$(curl -s -H 'Content-Type: application/json' -d "$text" localhost:$port/v1/completions | j 'd["choices"][0]["text"]')
     [ -n "$cpu" ] && [ "$cpu" = "$gpu" ] && pass "greedy 64 tokens identical on cpu and cuda" || fail "greedy differs: cpu [$cpu] cuda [$gpu]"

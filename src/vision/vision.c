@@ -90,6 +90,17 @@ int vision_init(struct vision_lifecycle *v, const struct vision_options *o, stru
         snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
         return rc;
     }
+    struct clip_hparams hp;
+    rc = clip_read_hparams(o->mmproj, &hp, e2, sizeof e2);
+    if (rc < 0) {
+        snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+        return rc;
+    }
+    if (hp.n_embd_out != n_embd_text) {
+        snprintf(err, errlen, "mmproj %s projects to width %d but the text model is %d wide", o->mmproj,
+                 hp.n_embd_out, n_embd_text);
+        return TIDE_EFORMAT;
+    }
     /* The reserve is what the encoder really takes: its weights and its workspace, plus the
      * allocator's headroom for the blocks (none on the CPU). vision.vram_mib overrides it. */
     v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : v->weights_bytes + v->workspace_bytes;
