@@ -50,16 +50,27 @@ static struct buf_dims dims(const struct model *m, int n_ctx)
     return d;
 }
 
-/* Activation buffers of a stage, in the order forward_init_stages allocates them. */
-static int stage_buffers(const struct model *m, int n_ctx, int B, bool last, size_t *sizes)
+/* Batch buffers for B tokens, in the order of struct stage_bufs. */
+static void batch_sizes(const struct model *m, int n_ctx, int B, size_t *sizes)
 {
     struct buf_dims d = dims(m, n_ctx);
     size_t f = sizeof(float);
-    size_t s[] = {B * d.E * f, B * d.E * f, B * d.E * f, B * d.qd * f, B * d.qd * f, d.att * f,
-                  B * d.ff * f, B * d.ff * f, B * d.ne * f, B * d.E * f, B * d.E * f,
-                  last ? d.V * f : 0};
+    size_t s[FORWARD_N_BATCH_BUFS] = {B * d.E * f, B * d.E * f, B * d.E * f, B * d.qd * f, B * d.qd * f,
+                                      B * d.ff * f, B * d.ff * f, B * d.ne * f, B * d.E * f, B * d.E * f};
     memcpy(sizes, s, sizeof s);
-    return (int)(sizeof s / sizeof s[0]);
+}
+
+static float **bufs_of(struct stage_bufs *b, int i)
+{
+    float **all[FORWARD_N_BATCH_BUFS] = {&b->x, &b->xb, &b->xb2, &b->q, &b->att_out,
+                                         &b->hb, &b->hb2, &b->router, &b->moe_in, &b->moe_out};
+    return all[i];
+}
+
+static void use_bufs(struct forward_stage *st, const struct stage_bufs *b)
+{
+    st->x = b->x; st->xb = b->xb; st->xb2 = b->xb2; st->q = b->q; st->att_out = b->att_out;
+    st->hb = b->hb; st->hb2 = b->hb2; st->router = b->router; st->moe_in = b->moe_in; st->moe_out = b->moe_out;
 }
 
 void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
@@ -81,10 +92,15 @@ void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_
             out->weights += tbytes(&m->output);
     }
     out->kv = forward_kv_bytes(m, n_ctx) / m->cfg.n_layer * (l1 - l0);
-    size_t sizes[16];
-    int nb = stage_buffers(m, n_ctx, max_batch, last, sizes);
-    for (int i = 0; i < nb; i++)
+    struct buf_dims d = dims(m, n_ctx);
+    size_t sizes[FORWARD_N_BATCH_BUFS];
+    batch_sizes(m, n_ctx, 1, sizes);
+    for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
+    out->workspace += d.att * sizeof(float) + (last ? d.V * sizeof(float) : 0);
+    batch_sizes(m, n_ctx, max_batch, sizes);
+    for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
+        out->prefill += sizes[i];
 }
 
 /* Allocation for a stage: through the device ledger when there is one. */
@@ -169,17 +185,36 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
         if (!st->k_cache || !st->v_cache)
             return TIDE_ERANGE;
     }
-    size_t sizes[16];
-    int nb = stage_buffers(m, s->n_ctx, s->max_batch, st->last, sizes);
-    float **bufs[] = {&st->x, &st->xb, &st->xb2, &st->q, &st->att_out, &st->att, &st->hb, &st->hb2,
-                      &st->router, &st->moe_in, &st->moe_out, &st->logits};
-    for (int i = 0; i < nb; i++) {
-        if (!sizes[i])
-            continue;
-        *bufs[i] = stage_alloc(st, MEM_WORKSPACE, sizes[i]);
-        if (!*bufs[i])
+    size_t sizes[FORWARD_N_BATCH_BUFS];
+    batch_sizes(m, s->n_ctx, 1, sizes);
+    for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
+        if (!(*bufs_of(&st->dec, i) = stage_alloc(st, MEM_WORKSPACE, sizes[i])))
             return TIDE_ERANGE;
+    struct buf_dims d = dims(m, s->n_ctx);
+    st->att = stage_alloc(st, MEM_WORKSPACE, d.att * sizeof(float));
+    if (!st->att)
+        return TIDE_ERANGE;
+    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, d.V * sizeof(float))))
+        return TIDE_ERANGE;
+    use_bufs(st, &st->dec);
+    return 0;
+}
+
+int forward_setup_prefill(struct forward_state *s, int i, enum prefill_mode mode)
+{
+    struct forward_stage *st = &s->stage[i];
+    if (st->prefill == PREFILL_OWN || mode == PREFILL_NONE)
+        return 0;
+    if (mode == PREFILL_BORROW && st->cache) {
+        st->prefill = PREFILL_BORROW;
+        return 0;
     }
+    size_t sizes[FORWARD_N_BATCH_BUFS];
+    batch_sizes(s->m, s->n_ctx, s->max_batch, sizes);
+    for (int k = 0; k < FORWARD_N_BATCH_BUFS; k++)
+        if (!(*bufs_of(&st->pre, k) = stage_alloc(st, MEM_WORKSPACE, sizes[k])))
+            return TIDE_ERANGE; /* the blocks taken so far are freed with the stage */
+    st->prefill = PREFILL_OWN;
     return 0;
 }
 
@@ -241,7 +276,10 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
 int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx)
 {
     struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer};
-    return forward_init_stages(s, m, n_ctx, FORWARD_DEFAULT_BATCH, &sp, 1);
+    int rc = forward_init_stages(s, m, n_ctx, FORWARD_DEFAULT_BATCH, &sp, 1);
+    if (rc == 0 && (rc = forward_setup_prefill(s, 0, PREFILL_OWN)) < 0)
+        forward_free(s);
+    return rc;
 }
 
 void forward_free(struct forward_state *s)
@@ -424,20 +462,59 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
     return 0;
 }
 
+/* Point every stage at buffers for a chunk of n tokens: the decode set for one token, else
+ * the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
+ * the buffers allow: n, or 1 when some stage has no prefill buffer. */
+static int bind_buffers(struct forward_state *s, int n)
+{
+    bool ok = n > 1;
+    size_t sizes[FORWARD_N_BATCH_BUFS];
+    batch_sizes(s->m, s->n_ctx, s->max_batch, sizes);
+    for (int i = 0; i < s->n_stage && ok; i++) {
+        struct forward_stage *st = &s->stage[i];
+        if (st->prefill == PREFILL_NONE)
+            ok = false;
+        else if (st->prefill == PREFILL_BORROW) {
+            void *blk[FORWARD_N_BATCH_BUFS];
+            ok = expert_cache_borrow(st->cache, sizes, FORWARD_N_BATCH_BUFS, blk) == 0;
+            for (int k = 0; ok && k < FORWARD_N_BATCH_BUFS; k++)
+                *bufs_of(&st->pre, k) = blk[k];
+        }
+    }
+    for (int i = 0; i < s->n_stage; i++) {
+        struct forward_stage *st = &s->stage[i];
+        if (!ok && st->prefill == PREFILL_BORROW && st->cache)
+            expert_cache_unborrow(st->cache);
+        use_bufs(st, ok ? &st->pre : &st->dec);
+    }
+    return ok ? n : 1;
+}
+
+static void unbind_buffers(struct forward_state *s)
+{
+    for (int i = 0; i < s->n_stage; i++) {
+        struct forward_stage *st = &s->stage[i];
+        if (st->prefill == PREFILL_BORROW && st->cache)
+            expert_cache_unborrow(st->cache);
+        use_bufs(st, &st->dec);
+    }
+}
+
 static int eval(struct forward_state *s, const int *tokens, const float *embd, int n, int pos)
 {
     if (n <= 0 || pos < 0 || pos + n > s->n_ctx)
         return TIDE_ERANGE;
     size_t E = s->m->cfg.n_embd;
-    for (int done = 0; done < n;) {
+    int rc = 0;
+    for (int done = 0; done < n && rc == 0;) {
         int chunk = n - done < s->max_batch ? n - done : s->max_batch;
-        int rc = eval_chunk(s, tokens ? tokens + done : NULL, embd ? embd + (size_t)done * E : NULL,
-                            chunk, pos + done, done + chunk == n);
-        if (rc < 0)
-            return rc;
+        chunk = bind_buffers(s, chunk);
+        rc = eval_chunk(s, tokens ? tokens + done : NULL, embd ? embd + (size_t)done * E : NULL, chunk,
+                        pos + done, done + chunk == n);
+        unbind_buffers(s);
         done += chunk;
     }
-    return 0;
+    return rc;
 }
 
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos)

@@ -26,6 +26,23 @@ struct forward_stage_spec {
     struct expert_cache *cache;  /* NULL: experts from host RAM */
 };
 
+/* The activation buffers that grow with the chunk: one set for a single token (decode),
+ * one for max_batch tokens (prefill). */
+#define FORWARD_N_BATCH_BUFS 10
+struct stage_bufs {
+    float *x, *xb, *xb2;         /* (batch, n_embd) */
+    float *q, *att_out;          /* (batch, n_head*head_dim) */
+    float *hb, *hb2;             /* (batch, max(n_ff, n_ff_exp)) */
+    float *router;               /* (batch, n_expert) */
+    float *moe_in, *moe_out;     /* (batch, n_embd) */
+};
+
+enum prefill_mode {
+    PREFILL_NONE,        /* not set up yet: prompts run one token at a time */
+    PREFILL_OWN,         /* its own buffer (workspace) */
+    PREFILL_BORROW,      /* carved from the expert cache's tail segments for each chunk */
+};
+
 struct forward_stage {
     struct device *dev;
     struct backend be;
@@ -41,12 +58,12 @@ struct forward_stage {
     int *owned_kind;
     int n_owned, cap_owned;
     float *k_cache, *v_cache;    /* (l1-l0, n_ctx, n_head_kv*head_dim) */
-    float *x, *xb, *xb2;         /* (max_batch, n_embd) */
-    float *q, *att_out;          /* (max_batch, n_head*head_dim) */
+    /* the buffers of the chunk being run: dec or pre below */
+    float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out;
+    struct stage_bufs dec;       /* batch 1, always there */
+    struct stage_bufs pre;       /* batch max_batch: owned, or borrowed while a chunk runs */
+    enum prefill_mode prefill;
     float *att;                  /* (n_head, n_ctx) */
-    float *hb, *hb2;             /* (max_batch, max(n_ff, n_ff_exp)) */
-    float *router;               /* (max_batch, n_expert) */
-    float *moe_in, *moe_out;     /* (max_batch, n_embd) */
     float *logits;               /* last stage: (n_vocab) */
 };
 
@@ -67,9 +84,10 @@ struct forward_state {
     uint64_t n_expert_calls;
 };
 
-/* Memory one stage needs, by ledger kind, before any expert cache. */
+/* Memory one stage needs, by ledger kind, before any expert cache. workspace holds the
+ * decode buffers; prefill is what an own prefill buffer for max_batch tokens adds. */
 struct forward_stage_bytes {
-    size_t weights, kv, workspace;
+    size_t weights, kv, workspace, prefill;
 };
 void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
                         bool first, bool last, struct forward_stage_bytes *out);
@@ -79,6 +97,9 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
 /* One stage on backend be, weights in place: the simple single-device form. */
 int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx);
 void forward_free(struct forward_state *s);
+/* Give stage i its prefill buffer: its own (allocated now, through the device) or borrowed
+ * from its expert cache for each chunk. Until then prompts run a token at a time. */
+int forward_setup_prefill(struct forward_state *s, int i, enum prefill_mode mode);
 /* Returns 0 and s->logits filled for the last token, or a negative code.
  * pos + n must be <= n_ctx. */
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos);

@@ -53,7 +53,32 @@ fail_model:
     return rc;
 }
 
-int engine_size_caches(struct engine *e) { return memory_plan_size_caches(&e->mem); }
+/* The planning rule: size the caches first; then a device whose spare memory (above its
+ * reserve) holds a prefill buffer for a whole chunk gets its own, and the others borrow the
+ * tail of their expert cache for each prefill chunk instead of shrinking the cache for good. */
+int engine_size_caches(struct engine *e)
+{
+    int rc = memory_plan_size_caches(&e->mem);
+    if (rc < 0)
+        return rc;
+    struct memory_plan *p = &e->mem;
+    for (int i = 0; i < p->n_dev; i++) {
+        struct forward_stage_bytes sb;
+        forward_stage_size(&e->model, e->n_ctx, e->fw.max_batch, p->l0[i], p->l1[i], i == 0, i == p->n_dev - 1, &sb);
+        size_t fr = device_free_bytes(&p->dev[i]), want = p->dev[i].reserve + sb.prefill;
+        bool own = fr >= want || !p->spec[i].cache;
+        rc = forward_setup_prefill(&e->fw, i, own ? PREFILL_OWN : PREFILL_BORROW);
+        if (rc < 0 && own && p->spec[i].cache)
+            rc = forward_setup_prefill(&e->fw, i, PREFILL_BORROW);
+        if (rc < 0)
+            tide_log("device %d: no room for a prefill buffer: prompts run a token at a time", i);
+        else
+            tide_log("device %d: prefill %s (%.1f MiB for %d tokens)", i,
+                     e->fw.stage[i].prefill == PREFILL_OWN ? "has its own buffer" : "borrows expert-cache segments",
+                     (double)sb.prefill / (1 << 20), e->fw.max_batch);
+    }
+    return 0;
+}
 
 void engine_free(struct engine *e)
 {

@@ -186,7 +186,7 @@ static void place(struct expert_cache *c, uint32_t l, uint32_t e, uint8_t *base,
 /* The live slot to (re)use: a free one, else the least recently used. */
 static int victim(const struct expert_cache *c)
 {
-    int n = c->n_seg * c->slots_per_seg, best = -1;
+    int n = (c->n_seg - c->n_borrowed) * c->slots_per_seg, best = -1;
     for (int s = 0; s < n; s++) {
         if (c->slot_key[s] < 0)
             return s;
@@ -211,7 +211,7 @@ int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct e
         return 0;
     }
     c->misses++;
-    if (c->n_seg == 0) { /* no cache: carry it through the staging slot */
+    if (c->n_seg - c->n_borrowed == 0) { /* no cache: carry it through the staging slot */
         bool have = c->staging_key == key;
         place(c, l, e, c->staging, !have, out);
         c->staging_key = key;
@@ -225,6 +225,47 @@ int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct e
     c->slot_tick[s] = c->tick;
     place(c, l, e, slot_ptr(c, s), true, out);
     return 0;
+}
+
+static void evict_segment(struct expert_cache *c, int s)
+{
+    for (int i = s * c->slots_per_seg; i < (s + 1) * c->slots_per_seg; i++) {
+        if (c->slot_key[i] >= 0)
+            c->slot_of[c->slot_key[i]] = -1;
+        c->slot_key[i] = -1;
+        c->slot_tick[i] = 0;
+    }
+}
+
+int expert_cache_borrow(struct expert_cache *c, const size_t *sizes, int n, void **out)
+{
+    if (c->n_borrowed)
+        return TIDE_EINTERNAL;
+    int s = c->n_seg - 1;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = align_up(sizes[i], SLOT_ALIGN);
+        if (b > c->seg_bytes || s < 0)
+            return TIDE_ERANGE;
+        if (off + b > c->seg_bytes) {
+            if (--s < 0)
+                return TIDE_ERANGE;
+            off = 0;
+        }
+        out[i] = (uint8_t *)c->seg[s] + off;
+        off += b;
+    }
+    c->n_borrowed = c->n_seg - s;
+    for (int k = s; k < c->n_seg; k++)
+        evict_segment(c, k);
+    c->staging_key = -1;
+    return 0;
+}
+
+void expert_cache_unborrow(struct expert_cache *c)
+{
+    /* the lent segments come back empty: misses refill them */
+    c->n_borrowed = 0;
 }
 
 static int cmp_tick_desc(const void *a, const void *b, void *ctx)
@@ -270,12 +311,7 @@ int expert_cache_resize(struct expert_cache *c, int n_seg)
     bool grew = false;
     while (c->n_seg > n_seg) { /* shrink: drop the tail segment and its experts */
         int s = c->n_seg - 1;
-        for (int i = s * c->slots_per_seg; i < (s + 1) * c->slots_per_seg; i++) {
-            if (c->slot_key[i] >= 0)
-                c->slot_of[c->slot_key[i]] = -1;
-            c->slot_key[i] = -1;
-            c->slot_tick[i] = 0;
-        }
+        evict_segment(c, s);
         seg_release(c, s);
         c->n_seg = s;
     }

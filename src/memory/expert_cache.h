@@ -37,6 +37,7 @@ struct expert_cache {
     struct vmm_range *vmm;      /* CUDA with VMM: seg[i] = base + i * stride, mapped on demand */
     void *staging;              /* one slot, workspace: used only while n_seg == 0 */
     int32_t staging_key;
+    int n_borrowed;             /* tail segments lent as prefill scratch right now */
     uint64_t hits, misses, bytes_copied;
 };
 
@@ -55,6 +56,12 @@ int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct e
 /* Shrink or grow to n_seg live segments (clamped to [0, n_seg_full]). Growing stops early
  * when the device has no room; returns the live segment count or a negative code. */
 int expert_cache_resize(struct expert_cache *c, int n_seg);
+/* Lend the tail live segments as scratch for one prefill chunk: n blocks of sizes[i] bytes,
+ * each inside one segment, into out[i]. Their experts are evicted and the segments leave the
+ * LRU until expert_cache_unborrow (the ledger does not change: the memory stays the cache's).
+ * TIDE_ERANGE when the live segments cannot hold the blocks. */
+int expert_cache_borrow(struct expert_cache *c, const size_t *sizes, int n, void **out);
+void expert_cache_unborrow(struct expert_cache *c);
 int expert_cache_slots(const struct expert_cache *c);
 size_t expert_cache_bytes(const struct expert_cache *c);
 

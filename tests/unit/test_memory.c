@@ -149,6 +149,8 @@ Test(memory, output_does_not_depend_on_cache_size_or_split)
     struct forward_state fw;
     cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
+    for (int d = 0; d < 2; d++) /* batched prefill, like the reference */
+        cr_assert_eq(forward_setup_prefill(&fw, d, PREFILL_OWN), 0);
     int full[2] = {p.cache[0].n_seg, p.cache[1].n_seg};
     for (int round = 0; round < 4; round++) {
         /* full cache, one segment, none at all (staging slot), full again */
@@ -278,4 +280,43 @@ Test(memory, injected_allocation_failure_leaves_the_cache_consistent)
     greedy(&fw, out, 2);
     forward_free(&fw);
     memory_plan_free(&p);
+}
+
+Test(memory, prefill_borrowing_cache_segments_gives_the_same_output)
+{
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    struct forward_state ref;
+    cr_assert_eq(forward_init(&ref, &M, be, 256), 0);
+    int want[6], got[6];
+    greedy(&ref, want, 6);
+    struct memory_plan p;
+    cr_assert_eq(plan_two(&p, 64, 64, 0), 0);
+    struct forward_state fw;
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(memory_plan_size_caches(&p), 0);
+    size_t ws0 = p.dev[0].used[MEM_WORKSPACE];
+    for (int d = 0; d < 2; d++)
+        cr_assert_eq(forward_setup_prefill(&fw, d, PREFILL_BORROW), 0);
+    cr_assert_eq(p.dev[0].used[MEM_WORKSPACE], ws0, "borrowing took new memory");
+    greedy(&fw, got, 6); /* the 5-token prompt runs as one borrowed chunk */
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(got[i], want[i], "token %d differs when prefill borrows the cache", i);
+    cr_assert_eq(p.cache[0].n_borrowed, 0, "segments not returned after the chunk");
+    check_invariants(&p);
+    /* with no live segment there is nothing to borrow: token at a time, same output */
+    for (int d = 0; d < 2; d++)
+        expert_cache_resize(&p.cache[d], 0);
+    greedy(&fw, got, 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(got[i], want[i]);
+    /* an own buffer is charged to the workspace */
+    cr_assert_eq(forward_setup_prefill(&fw, 0, PREFILL_OWN), 0);
+    cr_assert_eq(fw.stage[0].prefill, PREFILL_OWN);
+    cr_assert_gt(p.dev[0].used[MEM_WORKSPACE], ws0, "an own prefill buffer is not in the ledger");
+    check_invariants(&p);
+    forward_free(&fw);
+    memory_plan_free(&p);
+    forward_free(&ref);
+    backend_cpu_free(&be);
 }
