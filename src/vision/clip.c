@@ -463,9 +463,23 @@ static void activate(float *x, size_t n, enum clip_act act)
     }
 }
 
+/* The backend's matmul streams all n input vectors past each weight row, which suits
+ * decode and short prefills; an image is hundreds of tokens (576 for LLaVA-1.5), whose
+ * inputs then fall out of cache on every row. Feeding it blocks of MM_BLOCK tokens keeps a
+ * block in L2 while the weights stream: a LLaVA-1.5-sized tower (336/14, width 1024, 23
+ * blocks, f16) went from 83 s to 30 s per image on 2 threads. 8..64 measure alike; the
+ * rest is the backend's row-dot kernel, which a blocked GEMM would beat. */
+#ifndef MM_BLOCK
+#define MM_BLOCK 32
+#endif
+
 static void matmul(struct clip_model *m, const struct tensor *w, const float *x, float *y, int n)
 {
-    m->be->i->matmul(m->be->ctx, w, x, y, n);
+    const size_t cols = w->ne[0], rows = w->ne[1];
+    for (int t0 = 0; t0 < n; t0 += MM_BLOCK) {
+        int nb = n - t0 < MM_BLOCK ? n - t0 : MM_BLOCK;
+        m->be->i->matmul(m->be->ctx, w, x + (size_t)t0 * cols, y + (size_t)t0 * rows, nb);
+    }
 }
 
 /* Full bidirectional attention, one head at a time: the head's K and V^T are packed so
