@@ -88,24 +88,34 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
     for (int i = 0; i < n_gen && !rc1 && !rc2; i++) {
         if (tc == tg) same++;
         else if (first_diff < 0) first_diff = i;
-        /* each side continues with its own token: greedy decoding as the daemon would do it */
+        /* both sides continue with the CPU's greedy token (teacher forcing): while the
+         * tokens agree this is plain greedy decoding on each side, and after a disagreement
+         * every later step is still compared on the same history instead of diverging */
         int pos = n_prompt + i;
         rc1 = forward_eval(&sc, &tc, 1, pos);
-        rc2 = forward_eval(&sg, &tg, 1, pos);
-        if (tc == tg) { /* logits are only comparable while the histories agree */
-            double e = rel(sg.logits, sc.logits, V);
-            if (e > e_worst) e_worst = e;
-        }
+        rc2 = forward_eval(&sg, &tc, 1, pos);
+        double e = rel(sg.logits, sc.logits, V);
+        if (e > e_worst) e_worst = e;
         tc = argmax(sc.logits, V);
         tg = argmax(sg.logits, V);
     }
     char cerr[300] = "";
     int cuda_rc = backend_cuda_error(&gpu, cerr, sizeof cerr);
-    bool ok = !rc1 && !rc2 && !cuda_rc && e_prefill < lim && e_worst < lim && same == n_gen;
+    /* q8_0 (lim above 1e-2): the CPU backend re-quantises every matmul input to int8, so one
+     * int8 rounding that falls the other way (from a 1e-7 difference upstream) moves that
+     * token's activations by a quantisation step, and the error settles at the quantisation
+     * noise level (~1e-2) instead of staying at 1e-7; a CPU-only run with 1e-6 noise on the
+     * rmsnorm outputs moves the moe q8_0 logits by 6.5e-3. So there the logits get the looser
+     * limit, greedy agreement is reported but not required, and e2e_shadow_* checks every op
+     * on identical inputs instead. */
+    bool need_same = lim <= 1e-2;
+    bool ok = !rc1 && !rc2 && !cuda_rc && e_prefill < lim && e_worst < lim && (!need_same || same == n_gen);
     printf("%s %s (prefill %d tokens: logits rel err %.3g; %d/%d greedy tokens identical%s; worst step rel err %.3g; "
            "limit %.0e%s%s%s)\n",
-           ok ? "PASS" : "FAIL", name, n_prompt, e_prefill, same, n_gen, first_diff >= 0 ? " (first differs at)" : "",
+           ok ? "PASS" : "FAIL", name, n_prompt, e_prefill, same, n_gen, "",
            e_worst, lim, have_cache ? "; experts via cache" : "", cuda_rc ? "; CUDA: " : "", cerr);
+    if (first_diff >= 0)
+        printf("  first greedy disagreement at generated token %d\n", first_diff);
     if (rc1 || rc2)
         printf("  forward_eval: cpu %s, cuda %s\n", tide_strerror(rc1), tide_strerror(rc2));
     if (have_cache)
@@ -118,5 +128,120 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
     free(tok);
     model_free(&m);
     unlink(path);
+    return ok;
+}
+
+/* ---- shadow check: every op of a CUDA forward re-run on the CPU from the same inputs ----
+ * A wrapper backend downloads each op's inputs, runs the CPU op on them, runs the CUDA op
+ * and compares, so a kernel that differs only on real activations is named by op and
+ * shape instead of showing up as a logits difference at the end. */
+
+static struct backend sh_gpu, sh_cpu;
+static double sh_worst[4];          /* matmul, rmsnorm, attention, other */
+static int sh_reported;
+
+static float *sh_get(const void *d, size_t bytes)
+{
+    float *h = malloc(bytes ? bytes : 4);
+    sh_gpu.i->download(sh_gpu.ctx, h, d, bytes);
+    return h;
+}
+
+static void sh_note(int k, const char *what, double e, double lim)
+{
+    if (e > sh_worst[k]) sh_worst[k] = e;
+    if (e > lim && sh_reported < 8) {
+        printf("  shadow: %s rel err %.3g\n", what, e);
+        sh_reported++;
+    }
+}
+
+static void sh_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    size_t rows = w->ne[1] ? w->ne[1] : 1, cols = w->ne[0];
+    struct tensor th = *w;
+    th.data = sh_get(w->data, w->row_bytes * rows);
+    float *xh = sh_get(x, sizeof(float) * n * cols), *yc = malloc(sizeof(float) * n * rows);
+    sh_cpu.i->matmul(sh_cpu.ctx, &th, xh, yc, n);
+    sh_gpu.i->matmul(sh_gpu.ctx, w, x, y, n);
+    float *yg = sh_get(y, sizeof(float) * n * rows);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %zux%zu n %d", ggml_type_name(w->type), cols, rows, n);
+    sh_note(0, what, rel(yg, yc, n * rows), w->type == GGML_TYPE_Q8_0 ? 1e-5 : 1e-3);
+    free((void *)th.data); free(xh); free(yc); free(yg);
+}
+
+static void sh_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps)
+{
+    struct tensor th = *w;
+    th.data = sh_get(w->data, w->row_bytes);
+    float *xh = sh_get(x, sizeof(float) * dim * n), *oc = malloc(sizeof(float) * dim * n);
+    sh_cpu.i->rmsnorm(sh_cpu.ctx, xh, &th, oc, dim, n, eps);
+    sh_gpu.i->rmsnorm(sh_gpu.ctx, x, w, out, dim, n, eps);
+    float *og = sh_get(out, sizeof(float) * dim * n);
+    char what[64];
+    snprintf(what, sizeof what, "rmsnorm dim %d n %d", dim, n);
+    sh_note(1, what, rel(og, oc, (size_t)dim * n), 1e-5);
+    free((void *)th.data); free(xh); free(oc); free(og);
+}
+
+static void sh_attention(void *ctx, const float *q, const float *kc, const float *vc, float *out, float *att,
+                         int pos, int nh, int nkv, int hd)
+{
+    size_t kv = (size_t)(pos + 1) * nkv * hd * sizeof(float);
+    float *qh = sh_get(q, sizeof(float) * nh * hd), *kh = sh_get(kc, kv), *vh = sh_get(vc, kv);
+    float *oc = malloc(sizeof(float) * nh * hd), *ah = malloc(sizeof(float) * nh * (pos + 1));
+    sh_cpu.i->attention(sh_cpu.ctx, qh, kh, vh, oc, ah, pos, nh, nkv, hd);
+    sh_gpu.i->attention(sh_gpu.ctx, q, kc, vc, out, att, pos, nh, nkv, hd);
+    float *og = sh_get(out, sizeof(float) * nh * hd);
+    char what[64];
+    snprintf(what, sizeof what, "attention pos %d", pos);
+    sh_note(2, what, rel(og, oc, (size_t)nh * hd), 1e-4);
+    free(qh); free(kh); free(vh); free(oc); free(ah); free(og);
+}
+
+static void sh_swiglu(void *ctx, float *g, const float *u, int n)
+{
+    float *gh = sh_get(g, sizeof(float) * n), *uh = sh_get(u, sizeof(float) * n);
+    sh_cpu.i->swiglu(sh_cpu.ctx, gh, uh, n);
+    sh_gpu.i->swiglu(sh_gpu.ctx, g, u, n);
+    float *gg = sh_get(g, sizeof(float) * n);
+    sh_note(3, "swiglu", rel(gg, gh, n), 1e-5);
+    free(gh); free(uh); free(gg);
+}
+
+static void sh_rope(void *ctx, float *v, int nh, int hd, int pos, float theta, enum rope_kind k)
+{
+    float *vh = sh_get(v, sizeof(float) * nh * hd);
+    sh_cpu.i->rope(sh_cpu.ctx, vh, nh, hd, pos, theta, k);
+    sh_gpu.i->rope(sh_gpu.ctx, v, nh, hd, pos, theta, k);
+    float *vg = sh_get(v, sizeof(float) * nh * hd);
+    sh_note(3, "rope", rel(vg, vh, (size_t)nh * hd), 1e-5);
+    free(vh); free(vg);
+}
+
+int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type);
+int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type)
+{
+    static struct backend_i wrap;
+    sh_gpu = gpu;
+    sh_cpu = cpu;
+    wrap = *gpu.i;
+    wrap.name = "cuda-shadow";
+    wrap.matmul = sh_matmul;
+    wrap.rmsnorm = sh_rmsnorm;
+    wrap.attention = sh_attention;
+    wrap.swiglu = sh_swiglu;
+    wrap.rope = sh_rope;
+    memset(sh_worst, 0, sizeof sh_worst);
+    sh_reported = 0;
+    struct backend wb = {&wrap, gpu.ctx};
+    printf("  %s: each CUDA op of a CUDA forward checked against the CPU op on the same inputs\n", name);
+    char sub[80];
+    snprintf(sub, sizeof sub, "  (%s forward)", name);
+    gpu_e2e(cpu, wb, sub, preset, type, 1.0);
+    bool ok = sh_worst[0] < 1e-5 && sh_worst[1] < 1e-5 && sh_worst[2] < 1e-4 && sh_worst[3] < 1e-5;
+    printf("%s %s (worst op rel err on identical inputs: matmul %.3g, rmsnorm %.3g, attention %.3g, "
+           "rope/swiglu %.3g)\n", ok ? "PASS" : "FAIL", name, sh_worst[0], sh_worst[1], sh_worst[2], sh_worst[3]);
     return ok;
 }

@@ -28,7 +28,8 @@
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
     "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "upload_download", "vmm",
-    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16",
+    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
+    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0",
     "bench_copy", "bench_matmul", "bench_attention", "bench_decode",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
@@ -172,7 +173,9 @@ static void test_matmul(const char *name, uint32_t type)
 {
     static const int shapes[][3] = {{64, 96, 1},   {256, 1000, 1}, {4096, 1024, 1}, {2048, 768, 1},
                                     {128, 256, 3}, {256, 300, 8},  {512, 200, 9},   {96, 64, 17},
-                                    {1024, 1024, 64}, {2048, 512, 130}, {100, 50, 2}, {100, 70, 20}};
+                                    {1024, 1024, 64}, {2048, 512, 130}, {100, 50, 2}, {100, 70, 20},
+                                    {8192, 300, 12}, {8192, 200, 1}, {6144, 100, 8},
+                                    {256, 999, 3}, {64, 1, 1}, {512, 33, 11}};
     double lim = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 ? 1e-3 : 1e-2, worst = 0;
     bool ok = true;
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -685,6 +688,8 @@ static void bench_decode(double d2d)
 int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
             double lim);
 
+int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type);
+
 static void test_e2e(void)
 {
     static const struct { const char *name, *preset; int type; double lim; } m[] = {
@@ -692,8 +697,10 @@ static void test_e2e(void)
         {"e2e_moe", "moe", -1, 1e-3},              /* f16 */
         {"e2e_qwen3moe", "qwen3moe", -1, 1e-3},    /* f16, QK-norm, neox rope */
         {"e2e_moe_bf16", "moe", GGML_TYPE_BF16, 1e-2},
-        {"e2e_moe_q8_0", "moe", GGML_TYPE_Q8_0, 1e-2},
+        {"e2e_moe_q8_0", "moe", GGML_TYPE_Q8_0, 3e-2},
         {"e2e_dense_f16", "dense", GGML_TYPE_F16, 1e-3},
+        {"e2e_dense_q8_0", "dense", GGML_TYPE_Q8_0, 3e-2},
+        {"e2e_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
         fflush(stdout);
@@ -701,6 +708,12 @@ static void test_e2e(void)
             n_fail++;
         fflush(stdout);
     }
+    /* q8_0 end to end: every op checked on identical inputs (see e2e_parity.c for why) */
+    if (!gpu_e2e_shadow(cpu, gpu, "e2e_shadow_dense_q8_0", "dense", GGML_TYPE_Q8_0))
+        n_fail++;
+    if (!gpu_e2e_shadow(cpu, gpu, "e2e_shadow_moe_q8_0", "moe", GGML_TYPE_Q8_0))
+        n_fail++;
+    fflush(stdout);
 }
 
 static bool want(const char *only, const char *name)

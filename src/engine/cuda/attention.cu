@@ -43,25 +43,37 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
     }
     __syncthreads();
 
-    /* scores: one warp per key, lanes across the head dims */
-    for (int j = warp; j < len; j += ATT_WARPS) {
+    /* scores: one warp per key, lanes across the head dims; two keys per step so that two
+     * K rows are in flight before the reductions */
+    for (int j = warp; j < len; j += 2 * ATT_WARPS) {
+        int j2 = j + ATT_WARPS;
+        bool two = j2 < len; /* warp-uniform */
         const float *kr = kc + (size_t)(t0 + j) * kvd + (size_t)kvh * hd;
-        float k[DPL];
+        const float *kr2 = kc + (size_t)(t0 + (two ? j2 : j)) * kvd + (size_t)kvh * hd;
+        float k[DPL], k2[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             k[i] = d < hd ? __ldg(kr + d) : 0.0f;
+            k2[i] = d < hd ? __ldg(kr2 + d) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < ATT_G; g++) {
             if (g < G) {
-                float p = 0.0f;
+                float p = 0.0f, p2 = 0.0f;
 #pragma unroll
-                for (int i = 0; i < DPL; i++)
-                    p = fmaf(k[i], qs[g * HDP + lane + 32 * i], p);
+                for (int i = 0; i < DPL; i++) {
+                    float qv = qs[g * HDP + lane + 32 * i];
+                    p = fmaf(k[i], qv, p);
+                    p2 = fmaf(k2[i], qv, p2);
+                }
                 p = warp_sum(p);
-                if (lane == 0)
+                p2 = warp_sum(p2);
+                if (lane == 0) {
                     sc[g * chunk + j] = p * scale;
+                    if (two)
+                        sc[g * chunk + j2] = p2 * scale;
+                }
             }
         }
     }
@@ -163,12 +175,13 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, co
     }
     int n_keys = pos + 1, group = n_head / n_head_kv;
     int zgroups = (group + ATT_G - 1) / ATT_G;
-    /* aim for ~2 CTAs per SM over all (kv head, chunk, group) triples */
+    /* aim for ~4 CTAs per SM over all (kv head, chunk, group) triples: the score phase is
+     * latency-bound per warp, so it needs many warps resident */
     int per_chunk = n_head_kv * zgroups;
-    int want = (2 * c->sm_count + per_chunk - 1) / per_chunk;
+    int want = (4 * c->sm_count + per_chunk - 1) / per_chunk;
     int chunk = (n_keys + want - 1) / want;
     chunk = (chunk + 31) & ~31;
-    if (chunk < 64) chunk = 64;
+    if (chunk < 32) chunk = 32;
     if (chunk > ATT_MAX_CHUNK) chunk = ATT_MAX_CHUNK;
     int n_chunks = (n_keys + chunk - 1) / chunk;
     if (n_chunks > ATT_MAX_CHUNK) { /* over 1M keys: longer chunks rather than more of them */

@@ -44,11 +44,24 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes)
     return c->scratch;
 }
 
-/* Ops run on the thread that owns the backend, and several backends may share one
- * process; the current device is per thread, so every entry point sets it. */
+/* The current device is per thread and several backends (GPUs) may share the engine
+ * thread, so every entry point makes its device current; the thread-local cache skips the
+ * runtime call in the common case (a decode step issues thousands of ops, and cudaSetDevice
+ * costs about a microsecond each). Everything in these files sets devices through here. */
+static __thread int cur_dev = -1;
+
+cudaError_t cuda_use_device(int dev)
+{
+    if (dev == cur_dev)
+        return cudaSuccess;
+    cudaError_t e = cudaSetDevice(dev);
+    cur_dev = e == cudaSuccess ? dev : -1;
+    return e;
+}
+
 static inline bool enter(struct cuda_ctx *c)
 {
-    return !c->err && CU(c, cudaSetDevice(c->dev));
+    return !c->err && CU(c, cuda_use_device(c->dev));
 }
 
 /* ---- kernels ---- */
@@ -143,7 +156,7 @@ static void *cu_alloc(void *ctx, size_t bytes)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     void *p = NULL;
-    if (!CU(c, cudaSetDevice(c->dev)))
+    if (!CU(c, cuda_use_device(c->dev)))
         return NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -160,7 +173,7 @@ static void cu_free(void *ctx, void *ptr)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!ptr)
         return;
-    cudaSetDevice(c->dev);
+    cuda_use_device(c->dev);
     CU(c, cudaFree(ptr)); /* implicitly waits for work that may still read ptr */
 }
 
@@ -321,7 +334,7 @@ extern "C" int cuda_device_count(char *why, size_t whylen)
 extern "C" int cuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes)
 {
     size_t f = 0, t = 0;
-    if (cudaSetDevice(dev) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    if (cuda_use_device(dev) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
         (void)cudaGetLastError();
         return TIDE_EINTERNAL;
     }
@@ -345,7 +358,7 @@ extern "C" int backend_cuda_init(struct backend *b, int device_index, char *err,
         return TIDE_ENOMEM;
     c->dev = device_index;
     cudaDeviceProp prop;
-    bool ok = CU(c, cudaSetDevice(device_index)) && CU(c, cudaGetDeviceProperties(&prop, device_index)) &&
+    bool ok = CU(c, cuda_use_device(device_index)) && CU(c, cudaGetDeviceProperties(&prop, device_index)) &&
               CU(c, cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking)) &&
               CU(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking)) &&
               CU(c, cudaEventCreateWithFlags(&c->ev_st, cudaEventDisableTiming)) &&
@@ -377,7 +390,7 @@ extern "C" void backend_cuda_free(struct backend *b)
     struct cuda_ctx *c = (struct cuda_ctx *)b->ctx;
     if (!c)
         return;
-    cudaSetDevice(c->dev);
+    cuda_use_device(c->dev);
     if (c->st) cudaStreamSynchronize(c->st);
     if (c->copy) cudaStreamSynchronize(c->copy);
     if (c->scratch) cudaFree(c->scratch);

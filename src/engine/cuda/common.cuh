@@ -34,6 +34,9 @@ struct cuda_ctx {
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
 };
 
+/* cudaSetDevice through a per-thread cache of the current device (backend_cuda.cu). */
+cudaError_t cuda_use_device(int dev);
+
 /* Records a failed call; returns false so callers can bail out. */
 bool cuda_fail(struct cuda_ctx *c, cudaError_t e, const char *call, const char *file, int line);
 

@@ -45,22 +45,93 @@ __global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int
  * 32 consecutive blocks, i.e. one contiguous stretch of the row. */
 template <int QT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb,
-            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt,
-            float *__restrict__ y)
+mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, bool pairs,
+            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y);
+
+/* s[t] += dw * xd[t] * (wq . xq[t]) for one 32-block: the CPU's exact per-block formula. */
+template <bool SMEM>
+__device__ __forceinline__ void dot_block(const int wq[8], float dw, const int8_t *xq, const float *xd, int nb, int b,
+                                          int nt, float s[MM_NT])
+{
+#pragma unroll
+    for (int t = 0; t < MM_NT; t++) {
+        if (t < nt) {
+            const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
+            int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
+            int acc = __dp4a(wq[0], a.x, 0);
+            acc = __dp4a(wq[1], a.y, acc);
+            acc = __dp4a(wq[2], a.z, acc);
+            acc = __dp4a(wq[3], a.w, acc);
+            acc = __dp4a(wq[4], c.x, acc);
+            acc = __dp4a(wq[5], c.y, acc);
+            acc = __dp4a(wq[6], c.z, acc);
+            acc = __dp4a(wq[7], c.w, acc);
+            float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
+            s[t] += (dw * xs) * (float)acc;
+        }
+    }
+}
+
+/* q4_0: byte j holds element j (low nibble) and j + 16 (high), both offset by 8 */
+__device__ __forceinline__ void unpack_q4(const uint32_t u[4], int wq[8])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        wq[i] = (int)__vsub4(u[i] & 0x0F0F0F0Fu, 0x08080808u);
+        wq[4 + i] = (int)__vsub4((u[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+}
+
+/* One warp's dot of weight row wr with nt quantised vectors. When pairs is set (row 4-byte
+ * aligned, nb even) each lane takes two adjacent blocks (68 bytes for q8_0, 36 for q4_0,
+ * both 4-byte aligned) with 32-bit loads and funnel shifts, half the load instructions of
+ * the 16-bit path, and a warp covers 64 blocks per step. */
+template <int QT, bool SMEM>
+__device__ __forceinline__ void row_dot_q(const uint8_t *__restrict__ wr, int nb, bool pairs, const int8_t *xq,
+                                          const float *xd, int nt, float s[MM_NT], int lane)
 {
     constexpr int BLK = QT == 8 ? 34 : 18;
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= rows)
-        return;
-    const uint8_t *wr = W + (size_t)r * row_bytes;
-    float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    constexpr int NU = BLK * 2 / 4; /* u32 per pair: 17 or 9 */
+    int b0 = 0;
+    if (pairs) {
+        int np = nb / 2;
 #pragma unroll 2
-    for (int b = lane; b < nb; b += 32) {
+        for (int p = lane; p < np; p += 32) {
+            const uint32_t *pp = (const uint32_t *)(wr + (size_t)p * 2 * BLK);
+            uint32_t u[NU];
+#pragma unroll
+            for (int i = 0; i < NU; i++)
+                u[i] = __ldg(pp + i);
+            int wq[8];
+            float d0 = f16_bits_to_f32((uint16_t)(u[0] & 0xFFFFu));
+            if (QT == 8) {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    wq[i] = (int)__funnelshift_r(u[i], u[i + 1], 16);
+                dot_block<SMEM>(wq, d0, xq, xd, nb, 2 * p, nt, s);
+                float d1 = f16_bits_to_f32((uint16_t)(u[8] >> 16));
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    wq[i] = (int)u[9 + i];
+                dot_block<SMEM>(wq, d1, xq, xd, nb, 2 * p + 1, nt, s);
+            } else {
+                uint32_t q[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    q[i] = __funnelshift_r(u[i], u[i + 1], 16);
+                unpack_q4(q, wq);
+                dot_block<SMEM>(wq, d0, xq, xd, nb, 2 * p, nt, s);
+                float d1 = f16_bits_to_f32((uint16_t)(u[4] >> 16));
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    q[i] = u[5 + i];
+                unpack_q4(q, wq);
+                dot_block<SMEM>(wq, d1, xq, xd, nb, 2 * p + 1, nt, s);
+            }
+        }
+        b0 = np * 2;
+    }
+    for (int b = b0 + lane; b < nb; b += 32) {
         const uint16_t *bp = (const uint16_t *)(wr + (size_t)b * BLK);
         float dw = f16_bits_to_f32(__ldg(bp));
         int wq[8];
@@ -69,31 +140,90 @@ mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb,
             for (int i = 0; i < 8; i++)
                 wq[i] = (int)((uint32_t)__ldg(bp + 1 + 2 * i) | ((uint32_t)__ldg(bp + 2 + 2 * i) << 16));
         } else {
+            uint32_t q[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t u = (uint32_t)__ldg(bp + 1 + 2 * i) | ((uint32_t)__ldg(bp + 2 + 2 * i) << 16);
-                /* byte j holds element j (low nibble) and j + 16 (high), both offset by 8 */
-                wq[i] = (int)__vsub4(u & 0x0F0F0F0Fu, 0x08080808u);
-                wq[4 + i] = (int)__vsub4((u >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-            }
+            for (int i = 0; i < 4; i++)
+                q[i] = (uint32_t)__ldg(bp + 1 + 2 * i) | ((uint32_t)__ldg(bp + 2 + 2 * i) << 16);
+            unpack_q4(q, wq);
+        }
+        dot_block<SMEM>(wq, dw, xq, xd, nb, b, nt, s);
+    }
+}
+
+#define MMQ_WARPS 8
+
+/* Decode form: the CTA first quantises its nt input vectors into shared memory (the same
+ * formula as quantize_q8_kernel), then each warp dots rpw rows. One launch per product
+ * instead of two: decode issues thousands of small products per token, and launches, not
+ * bytes, bound it. */
+template <int QT>
+__global__ void __launch_bounds__(MMQ_WARPS * 32)
+mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols, bool pairs,
+                  const float *__restrict__ x, int nt, float *__restrict__ y, int rpw)
+{
+    extern __shared__ __align__(16) uint8_t smq[];
+    int nb = cols / QK, total = nt * cols;
+    int8_t *xq = (int8_t *)smq;                                   /* (nt, cols) */
+    float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15)); /* (nt, nb) */
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int base = 0; base < total; base += MMQ_WARPS * 32 * 4) {
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) { /* all loads first, then the reductions */
+            int e = base + k * MMQ_WARPS * 32 + tid;
+            v[k] = e < total ? __ldg(x + e) : 0.0f;
         }
 #pragma unroll
-        for (int t = 0; t < MM_NT; t++) {
-            if (t < nt) {
-                const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
-                int4 a = __ldg(xp), c = __ldg(xp + 1);
-                int acc = __dp4a(wq[0], a.x, 0);
-                acc = __dp4a(wq[1], a.y, acc);
-                acc = __dp4a(wq[2], a.z, acc);
-                acc = __dp4a(wq[3], a.w, acc);
-                acc = __dp4a(wq[4], c.x, acc);
-                acc = __dp4a(wq[5], c.y, acc);
-                acc = __dp4a(wq[6], c.z, acc);
-                acc = __dp4a(wq[7], c.w, acc);
-                s[t] += (dw * __ldg(xd + (size_t)t * nb + b)) * (float)acc;
+        for (int k = 0; k < 4; k++) {
+            int e = base + k * MMQ_WARPS * 32 + tid;
+            if (base + k * MMQ_WARPS * 32 + warp * 32 < total) { /* warp-uniform: total % 32 == 0 */
+                float amax = warp_max(fabsf(v[k]));
+                float d = amax / 127.0f;
+                float id = d != 0.0f ? 1.0f / d : 0.0f;
+                xq[e] = (int8_t)__float2int_rn(v[k] * id);
+                if (lane == 0)
+                    xd[e / QK] = __half2float(__float2half_rn(d));
             }
         }
     }
+    __syncthreads();
+    for (int k = 0; k < rpw; k++) {
+        int r = (blockIdx.x * rpw + k) * MMQ_WARPS + warp;
+        if (r >= rows)
+            break;
+        float s[MM_NT];
+#pragma unroll
+        for (int t = 0; t < MM_NT; t++)
+            s[t] = 0.0f;
+        row_dot_q<QT, true>(W + (size_t)r * row_bytes, nb, pairs, xq, xd, nt, s, lane);
+#pragma unroll
+        for (int t = 0; t < MM_NT; t++) {
+            if (t < nt) {
+                float vv = warp_sum(s[t]);
+                if (lane == 0)
+                    y[(size_t)t * rows + r] = vv;
+            }
+        }
+    }
+}
+
+
+/* Prefill-size inputs whose int8 copy would not fit in shared memory: x quantised once by
+ * quantize_q8_kernel into global scratch, then one warp per row. */
+template <int QT>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, bool pairs,
+            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y)
+{
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    float s[MM_NT];
+#pragma unroll
+    for (int t = 0; t < MM_NT; t++)
+        s[t] = 0.0f;
+    row_dot_q<QT, false>(W + (size_t)r * row_bytes, nb, pairs, xq, xd, nt, s, lane);
 #pragma unroll
     for (int t = 0; t < MM_NT; t++) {
         if (t < nt) {
@@ -136,42 +266,78 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *p, float w[8])
     }
 }
 
-/* Needs cols % 8 == 0 and W, row_bytes, x 16-byte aligned (checked by the caller). */
+/* Needs cols % 8 == 0 and W, row_bytes, x 16-byte aligned (checked by the caller). Each
+ * warp takes two adjacent rows, so every x load feeds two rows and four 16-byte weight
+ * loads are in flight per lane before the FMAs (decode is bound by bytes in flight). */
+#define GV_ROWS 2
 template <typename WT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 gemv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
             const float *__restrict__ x, int nt, float *__restrict__ y)
 {
     int lane = threadIdx.x & 31;
-    int r = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= rows)
+    int r0 = (blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * GV_ROWS;
+    if (r0 >= rows)
         return;
-    const WT *wr = (const WT *)(W + (size_t)r * row_bytes);
-    float s[MM_NT];
+    bool two = r0 + 1 < rows; /* warp-uniform */
+    const WT *wr0 = (const WT *)(W + (size_t)r0 * row_bytes);
+    const WT *wr1 = (const WT *)(W + (size_t)(two ? r0 + 1 : r0) * row_bytes);
+    float s0[MM_NT], s1[MM_NT];
 #pragma unroll
     for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
-#pragma unroll 2
-    for (int c = lane * 8; c < cols; c += 256) {
-        float w[8];
-        load8(wr + c, w);
+        s0[t] = s1[t] = 0.0f;
+    int c = lane * 8;
+    for (; c + 256 < cols; c += 512) {
+        float a0[8], a1[8], b0[8], b1[8];
+        load8(wr0 + c, a0);
+        load8(wr0 + c + 256, a1);
+        load8(wr1 + c, b0);
+        load8(wr1 + c + 256, b1);
+#pragma unroll
+        for (int t = 0; t < MM_NT; t++) {
+            if (t < nt) {
+                float xv[8], xv2[8];
+                load8(x + (size_t)t * cols + c, xv);
+                load8(x + (size_t)t * cols + c + 256, xv2);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    s0[t] = fmaf(a0[i], xv[i], s0[t]);
+                    s1[t] = fmaf(b0[i], xv[i], s1[t]);
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    s0[t] = fmaf(a1[i], xv2[i], s0[t]);
+                    s1[t] = fmaf(b1[i], xv2[i], s1[t]);
+                }
+            }
+        }
+    }
+    if (c < cols) {
+        float a0[8], b0[8];
+        load8(wr0 + c, a0);
+        load8(wr1 + c, b0);
 #pragma unroll
         for (int t = 0; t < MM_NT; t++) {
             if (t < nt) {
                 float xv[8];
                 load8(x + (size_t)t * cols + c, xv);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    s[t] = fmaf(w[i], xv[i], s[t]);
+                for (int i = 0; i < 8; i++) {
+                    s0[t] = fmaf(a0[i], xv[i], s0[t]);
+                    s1[t] = fmaf(b0[i], xv[i], s1[t]);
+                }
             }
         }
     }
 #pragma unroll
     for (int t = 0; t < MM_NT; t++) {
         if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                y[(size_t)t * rows + r] = v;
+            float v0 = warp_sum(s0[t]), v1 = warp_sum(s1[t]);
+            if (lane == 0) {
+                y[(size_t)t * rows + r0] = v0;
+                if (two)
+                    y[(size_t)t * rows + r0 + 1] = v1;
+            }
         }
     }
 }
@@ -279,6 +445,93 @@ wmma_gemm_kernel(const T *__restrict__ W, size_t ldw, int rows, int cols, const 
     }
 }
 
+
+/* The same product with 16-byte loads, register prefetch of the next K tile and double-
+ * buffered shared memory (one barrier per tile); 64 tokens x 32 rows per CTA so that a
+ * 64-token prefill chunk still spreads over the SMs. Needs cols % 8 == 0 and W, ldw, x
+ * 16-byte aligned. Each of the 4 warps owns 16 tokens x 32 rows (1 x 2 fragments). */
+#define GV_BN 32
+template <typename T>
+__global__ void __launch_bounds__(128)
+wmma_gemm_vec_kernel(const T *__restrict__ W, size_t ldw, int rows, int cols, const float *__restrict__ x,
+                     int n, float *__restrict__ y)
+{
+    using namespace nvcuda;
+    __shared__ __align__(128) T As[2][GM_BM][GM_BK + GM_PAD];
+    __shared__ __align__(128) T Bs[2][GV_BN][GM_BK + GM_PAD];
+    __shared__ __align__(128) float Cs[GM_BM][GV_BN + 4];
+    int tid = threadIdx.x, warp = tid >> 5;
+    int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GV_BN;
+    /* this thread's 8-element chunks: two of the 64x32 x tile, one of the 32x32 W tile */
+    int ar0 = tid >> 2, ar1 = (tid + 128) >> 2, ac = (tid & 3) * 8;
+    int br = tid >> 2, bc = (tid & 3) * 8;
+    float4 a[2][2];
+    uint4 b;
+    auto load = [&](int k0) {
+        int kk = k0 + ac;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int m = m0 + (i ? ar1 : ar0);
+            if (m < n && kk < cols) {
+                const float4 *p = (const float4 *)(x + (size_t)m * cols + kk);
+                a[i][0] = __ldg(p);
+                a[i][1] = __ldg(p + 1);
+            } else {
+                a[i][0] = a[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        int rr = n0 + br;
+        kk = k0 + bc;
+        b = rr < rows && kk < cols ? __ldg((const uint4 *)(W + (size_t)rr * ldw + kk)) : make_uint4(0, 0, 0, 0);
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            T v[8];
+            v[0] = to_t(a[i][0].x, (T *)0); v[1] = to_t(a[i][0].y, (T *)0);
+            v[2] = to_t(a[i][0].z, (T *)0); v[3] = to_t(a[i][0].w, (T *)0);
+            v[4] = to_t(a[i][1].x, (T *)0); v[5] = to_t(a[i][1].y, (T *)0);
+            v[6] = to_t(a[i][1].z, (T *)0); v[7] = to_t(a[i][1].w, (T *)0);
+            *(uint4 *)&As[buf][i ? ar1 : ar0][ac] = *(const uint4 *)v;
+        }
+        *(uint4 *)&Bs[buf][br][bc] = b;
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+    load(0);
+    store(0);
+    __syncthreads();
+    int buf = 0;
+    for (int k0 = 0; k0 < cols; k0 += GM_BK) {
+        bool more = k0 + GM_BK < cols;
+        if (more)
+            load(k0 + GM_BK); /* in flight during the MMAs below */
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2];
+            wmma::load_matrix_sync(fa, &As[buf][warp * 16][kk], GM_BK + GM_PAD);
+            wmma::load_matrix_sync(fb[0], &Bs[buf][0][kk], GM_BK + GM_PAD);
+            wmma::load_matrix_sync(fb[1], &Bs[buf][16][kk], GM_BK + GM_PAD);
+            wmma::mma_sync(acc[0], fa, fb[0], acc[0]);
+            wmma::mma_sync(acc[1], fa, fb[1], acc[1]);
+        }
+        if (more)
+            store(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+    wmma::store_matrix_sync(&Cs[warp * 16][0], acc[0], GV_BN + 4, wmma::mem_row_major);
+    wmma::store_matrix_sync(&Cs[warp * 16][16], acc[1], GV_BN + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < GM_BM * GV_BN; i += 128) {
+        int r = i / GV_BN, cc = i % GV_BN, m = m0 + r, rr = n0 + cc;
+        if (m < n && rr < rows)
+            y[(size_t)m * rows + rr] = Cs[r][cc];
+    }
+}
+
 /* ---- dispatch ---- */
 
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n)
@@ -292,6 +545,32 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
 
     if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && cols % QK == 0) {
         int nb = cols / QK;
+        bool pairs = nb % 2 == 0 && (((uintptr_t)W | w->row_bytes) & 3) == 0;
+        int nt0 = n < MM_NT ? n : MM_NT;
+        size_t smem = (((size_t)nt0 * cols + 15) & ~(size_t)15) + (size_t)nt0 * nb * sizeof(float);
+        /* in-CTA quantisation pays for decode (n <= 2: one launch instead of two) but each
+         * CTA redoing 8 tokens' worth cost more than the launch it saves (measured: n = 8,
+         * 2048 x 4096 q8_0, 36 us fused vs 21 us in two kernels) */
+        if (n <= 2 && smem <= 48 * 1024) {
+            /* more rows per CTA on big matrices amortise the in-CTA quantisation of x */
+            int rpw = rows >= 32768 ? 4 : rows >= 8192 ? 2 : 1;
+            dim3 grid((unsigned)((rows + MMQ_WARPS * rpw - 1) / (MMQ_WARPS * rpw)));
+            for (int t0 = 0; t0 < n; t0 += MM_NT) {
+                int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
+                size_t sm = (((size_t)nt * cols + 15) & ~(size_t)15) + (size_t)nt * nb * sizeof(float);
+                if (type == GGML_TYPE_Q8_0)
+                    mmvq_fused_kernel<8><<<grid, MMQ_WARPS * 32, sm, c->st>>>(W, w->row_bytes, rows, cols, pairs,
+                                                                             x + (size_t)t0 * cols, nt,
+                                                                             y + (size_t)t0 * rows, rpw);
+                else
+                    mmvq_fused_kernel<2><<<grid, MMQ_WARPS * 32, sm, c->st>>>(W, w->row_bytes, rows, cols, pairs,
+                                                                             x + (size_t)t0 * cols, nt,
+                                                                             y + (size_t)t0 * rows, rpw);
+                if (!CU_LAUNCH(c, "mmvq_fused_kernel"))
+                    return;
+            }
+            return;
+        }
         size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
         uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)n * nb * sizeof(float));
         if (!ws)
@@ -305,10 +584,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
         for (int t0 = 0; t0 < n; t0 += MM_NT) {
             int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
             if (type == GGML_TYPE_Q8_0)
-                mmvq_kernel<8><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, xq + (size_t)t0 * cols,
+                mmvq_kernel<8><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, pairs, xq + (size_t)t0 * cols,
                                                              xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows);
             else
-                mmvq_kernel<2><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, xq + (size_t)t0 * cols,
+                mmvq_kernel<2><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, pairs, xq + (size_t)t0 * cols,
                                                              xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows);
             if (!CU_LAUNCH(c, "mmvq_kernel"))
                 return;
@@ -319,8 +598,18 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     bool floaty = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
     size_t esz = type == GGML_TYPE_F32 ? 4 : 2;
     if (floaty && n > MM_NT && type != GGML_TYPE_F32 && w->row_bytes % esz == 0) {
-        dim3 grid((unsigned)((rows + GM_BN - 1) / GM_BN), (unsigned)((n + GM_BM - 1) / GM_BM));
         size_t ldw = w->row_bytes / esz;
+        if (cols % 8 == 0 && (((uintptr_t)W | (uintptr_t)x | w->row_bytes) & 15) == 0) {
+            dim3 grid((unsigned)((rows + GV_BN - 1) / GV_BN), (unsigned)((n + GM_BM - 1) / GM_BM));
+            if (type == GGML_TYPE_F16)
+                wmma_gemm_vec_kernel<__half><<<grid, 128, 0, c->st>>>((const __half *)W, ldw, rows, cols, x, n, y);
+            else
+                wmma_gemm_vec_kernel<__nv_bfloat16><<<grid, 128, 0, c->st>>>((const __nv_bfloat16 *)W, ldw, rows,
+                                                                             cols, x, n, y);
+            CU_LAUNCH(c, "wmma_gemm_vec_kernel");
+            return;
+        }
+        dim3 grid((unsigned)((rows + GM_BN - 1) / GM_BN), (unsigned)((n + GM_BM - 1) / GM_BM));
         if (type == GGML_TYPE_F16)
             wmma_gemm_kernel<__half><<<grid, 128, 0, c->st>>>((const __half *)W, ldw, rows, cols, x, n, y);
         else
@@ -330,16 +619,17 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
         return;
     }
     bool vec = floaty && cols % 8 == 0 && (((uintptr_t)W | (uintptr_t)x | w->row_bytes) & 15) == 0;
+    dim3 vgrid((unsigned)((rows + MM_WARPS * GV_ROWS - 1) / (MM_WARPS * GV_ROWS)));
     for (int t0 = 0; t0 < n; t0 += MM_NT) {
         int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
         const float *xt = x + (size_t)t0 * cols;
         float *yt = y + (size_t)t0 * rows;
         if (vec && type == GGML_TYPE_F32)
-            gemv_kernel<float><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<float><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
         else if (vec && type == GGML_TYPE_F16)
-            gemv_kernel<__half><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<__half><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
         else if (vec && type == GGML_TYPE_BF16)
-            gemv_kernel<__nv_bfloat16><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<__nv_bfloat16><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
         else
             gemv_any_kernel<<<rgrid, rblock, 0, c->st>>>(type, W, w->row_bytes, rows, cols, xt, nt, yt);
         if (!CU_LAUNCH(c, "gemv_kernel"))

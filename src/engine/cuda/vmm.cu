@@ -7,6 +7,8 @@
  * physical backing comes and goes. */
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+cudaError_t cuda_use_device(int dev); /* backend_cuda.cu */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +108,7 @@ extern "C" int vmm_available(int dev, char *why, size_t whylen)
     if (rc == 0) {
         int sup = 0;
         /* the primary context must exist before driver calls on this device */
-        if (cudaSetDevice(dev) != cudaSuccess || cudaFree(0) != cudaSuccess) {
+        if (cuda_use_device(dev) != cudaSuccess || cudaFree(0) != cudaSuccess) {
             (void)cudaGetLastError();
             snprintf(D.why, sizeof D.why, "cannot initialise CUDA device %d", dev);
             rc = TIDE_EUNSUPPORTED;
@@ -212,7 +214,7 @@ extern "C" int vmm_unmap_segment(struct vmm_range *r, int i)
         return TIDE_EINVAL;
     if (!r->mapped[i])
         return 0;
-    if (cudaSetDevice(r->dev) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (cuda_use_device(r->dev) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
         tide_log("vmm: device %d: synchronise before unmap failed: %s", r->dev, cudaGetErrorString(cudaGetLastError()));
         return TIDE_EINTERNAL;
     }
