@@ -111,6 +111,63 @@ run: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(BUILD)/tide --config config/tide.json
 
+# Sanitizers (issue 7): libtide, the daemon and both test binaries with ASan + UBSan in
+# $(ASAN_BUILD), then the whole suite, the e2e tests driving that daemon. CPU only
+# (CUDA_HOME=/nonexistent): ASan's shadow memory and the CUDA runtime's address-space
+# reservations do not mix, and the CPU path is what this machine runs. The daemon's stderr
+# goes to /dev/null in the e2e tests, so sanitizer reports go to $(ASAN_BUILD)/san.* files
+# and any such file fails the target.
+ASAN_BUILD ?= $(BUILD)/asan
+# UBSan stays recoverable so that fuzz/ubsan.supp can silence third-party test-only code;
+# halt_on_error makes every other report fatal.
+ASAN_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:log_path=$(abspath $(ASAN_BUILD))/san \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(abspath fuzz/ubsan.supp):log_path=$(abspath $(ASAN_BUILD))/san
+.PHONY: asan fuzz
+asan: deps
+	$(Q)$(MAKE) --no-print-directory models
+	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) CUDA_HOME=/nonexistent CFLAGS="$(ASAN_CFLAGS)" \
+	    $(ASAN_BUILD)/tide $(ASAN_BUILD)/test-unit $(ASAN_BUILD)/test-e2e
+	$(Q)rm -f $(ASAN_BUILD)/san.*; rc=0; \
+	$(ASAN_ENV) $(ASAN_BUILD)/test-unit || rc=1; \
+	$(ASAN_ENV) TIDE_BIN=$(ASAN_BUILD)/tide $(ASAN_BUILD)/test-e2e || rc=1; \
+	if ls $(ASAN_BUILD)/san.* >/dev/null 2>&1; then cat $(ASAN_BUILD)/san.*; rc=1; fi; \
+	if [ $$rc -ne 0 ]; then echo "asan: FAILED (sanitizer reports, if any, above)"; exit 1; fi; \
+	echo "asan: unit and e2e suites clean under ASan + UBSan"
+
+# Fuzzers (issue 7): fuzz/fuzz_*.c with clang's libFuzzer, ASan and UBSan, over a libtide
+# built the same way in $(FUZZ_BUILD). Each runs FUZZ_SECONDS from its seeds in
+# fuzz/corpus/<name>/; what it learns stays in $(FUZZ_BUILD)/corpus/<name>/ and a crash
+# leaves $(FUZZ_BUILD)/crash-<name>-* and fails the target.
+FUZZ_BUILD ?= $(BUILD)/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+# The models come from the normal build's tool: a sub-make's own tool would rewrite the
+# shared models/*.gguf under daemons that have them mapped.
+fuzz: deps
+	$(Q)$(MAKE) --no-print-directory models
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang CUDA_HOME=/nonexistent CFLAGS="$(FUZZ_CFLAGS)" TIDE_FUZZ=1 \
+	    $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
+	$(Q)for n in $(FUZZ_NAMES); do mkdir -p $(FUZZ_BUILD)/corpus/$$n; \
+	    echo "== fuzz_$$n: $(FUZZ_SECONDS) s"; \
+	    $(FUZZ_BUILD)/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	        -artifact_prefix=$(FUZZ_BUILD)/crash-$$n- $(FUZZ_BUILD)/corpus/$$n fuzz/corpus/$$n \
+	        >$(FUZZ_BUILD)/fuzz_$$n.log 2>&1; rc=$$?; \
+	    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)' $(FUZZ_BUILD)/fuzz_$$n.log; \
+	    if [ $$rc -ne 0 ]; then tail -n 60 $(FUZZ_BUILD)/fuzz_$$n.log; exit 1; fi; done
+
+# clang 14 rejects __builtin_cpu_supports("f16c"), so in the fuzz build the CPU backend (the
+# math kernels, no input parsing) is compiled by gcc, uninstrumented.
+ifeq ($(TIDE_FUZZ),1)
+$(BUILD)/obj/src/engine/backend_cpu.o: override CC := gcc
+$(BUILD)/obj/src/engine/backend_cpu.o: override CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -pthread -MMD -MP -Isrc
+endif
+.PRECIOUS: $(BUILD)/obj/fuzz/%.o
+$(BUILD)/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
 clean:
 	rm -rf $(BUILD)
 
