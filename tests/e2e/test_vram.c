@@ -459,6 +459,52 @@ Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cJSON_Delete(all[i]);
 }
 
+/* The reserve an operator set is theirs: loading and unloading the encoder (the one model this
+ * daemon loads and drops at run time) never hands it out or forgets it. */
+Test(vision, a_user_reserve_survives_the_encoder_load_and_unload, .timeout = 120)
+{
+    if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
+    char *img = image_body_of(8, 8, 40), *b;
+    start(vision_cfg(512, true, 60));
+    cJSON *p0 = vram();
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "%s", b);
+    free(b);
+    cJSON *p1 = vram();
+    double vis = dnum(p1, 0, "vision_mib"), cache_all = dnum(p0, 0, "expert_cache_mib");
+    double fixed = dnum(p0, 0, "total_mib") - dnum(p0, 0, "free_mib") - cache_all;
+    stop();
+    start(vision_cfg((long)(fixed + vis + cache_all / 2 + 1), true, 2));
+    cJSON *l0 = vram();
+    double full = total_slots(l0);
+    char body[96];
+    long reserve = (long)(dnum(l0, 0, "free_mib") + dnum(l0, 0, "expert_cache_mib") / 4 + 1);
+    snprintf(body, sizeof body, "{\"reserve_mib\":[%ld]}", reserve);
+    cr_assert_eq(req("POST", "/v1/vram", body, &b), 200, "%s", b);
+    free(b);
+    cJSON *r0 = vram();
+    double reserved = total_slots(r0);
+    cr_assert_lt(reserved, full, "the reserve did not shrink the cache");
+    cr_assert_geq(dnum(r0, 0, "free_mib"), reserve);
+    cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200, "%s", b);
+    free(b);
+    cJSON *r1 = vram();
+    cr_assert_str_eq(vstate(r1), "ready");
+    cr_assert_lt(total_slots(r1), reserved, "the encoder was given the operator's reserve");
+    for (int i = 0; i < 150 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    cJSON *r2 = vram();
+    cr_assert_str_eq(vstate(r2), "unloaded");
+    cr_assert_eq(total_slots(r2), reserved, "after the unload the cache grew into the reserve");
+    cr_assert_geq(dnum(r2, 0, "free_mib"), reserve);
+    cr_assert_eq(req("POST", "/v1/vram", "{\"reserve_mib\":null}", &b), 200, "%s", b);
+    free(b);
+    cJSON *r3 = vram();
+    cr_assert_eq(total_slots(r3), full, "restore did not return to the start-up slots");
+    stop();
+    free(img);
+    cJSON *all[] = {p0, p1, l0, r0, r1, r2, r3};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cJSON_Delete(all[i]);
+}
+
 Test(vision, injected_load_failure_restores_the_caches, .timeout = 60)
 {
     if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
