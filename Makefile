@@ -106,6 +106,7 @@ test: deps
 	$(Q)$(BUILD)/test-unit
 	$(Q)$(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
+	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all

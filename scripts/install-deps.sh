@@ -4,11 +4,14 @@
 set -euo pipefail
 pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcurl4-openssl-dev
       libcriterion-dev libpcre2-dev python3 curl
-      prometheus)  # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
+      prometheus   # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
+      nodejs)      # the official OpenAI Node client: tests/sdk/run.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# npm: Debian splits it from nodejs; some nodejs builds (nodesource) carry it and conflict with it
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "install-deps: installing ${missing[*]}"
 SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo

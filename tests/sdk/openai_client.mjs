@@ -1,0 +1,118 @@
+// openai_client.mjs - the official OpenAI Node client (npm `openai`) against a running tide.
+// Usage: node openai_client.mjs BASE_URL API_KEY   (tests/sdk/run.sh starts the daemon).
+// Prints one "ok ..." line per check and exits 1 on the first failure.
+import OpenAI from "openai";
+import zlib from "node:zlib";
+import assert from "node:assert/strict";
+
+const [baseURL, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: baseURL + "/v1", apiKey, maxRetries: 0, timeout: 120000 });
+const ok = (m) => console.log("ok " + m);
+
+// A w x h RGB PNG of one colour, written by hand so the test needs no image package.
+function png(w, h, [r, g, b]) {
+  const crcTable = Array.from({ length: 256 }, (_, n) => {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    return c >>> 0;
+  });
+  const crc = (buf) => {
+    let c = 0xffffffff;
+    for (const x of buf) c = crcTable[(c ^ x) & 255] ^ (c >>> 8);
+    return (c ^ 0xffffffff) >>> 0;
+  };
+  const chunk = (type, data) => {
+    const len = Buffer.alloc(4); len.writeUInt32BE(data.length);
+    const td = Buffer.concat([Buffer.from(type), data]);
+    const c = Buffer.alloc(4); c.writeUInt32BE(crc(td));
+    return Buffer.concat([len, td, c]);
+  };
+  const ihdr = Buffer.alloc(13);
+  ihdr.writeUInt32BE(w, 0); ihdr.writeUInt32BE(h, 4);
+  ihdr[8] = 8; ihdr[9] = 2; // 8-bit RGB
+  const raw = Buffer.alloc((w * 3 + 1) * h);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) raw.set([r, g, b], y * (w * 3 + 1) + 1 + x * 3);
+  return Buffer.concat([Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]), chunk("IHDR", ihdr),
+                        chunk("IDAT", zlib.deflateSync(raw)), chunk("IEND", Buffer.alloc(0))]);
+}
+
+const models = await client.models.list();
+assert.ok(models.data.length >= 1 && typeof models.data[0].id === "string", "models.list is empty");
+const model = models.data[0].id;
+ok(`models.list: ${models.data.map((m) => m.id).join(", ")}`);
+
+const messages = [{ role: "user", content: "Hello! What colour is the sky?" }];
+const plain = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16 });
+const text = plain.choices[0].message.content;
+assert.equal(plain.object, "chat.completion");
+assert.equal(typeof text, "string");
+assert.ok(text.length > 0, "empty completion");
+assert.ok(["stop", "length"].includes(plain.choices[0].finish_reason));
+assert.ok(plain.usage.prompt_tokens > 0 && plain.usage.completion_tokens > 0);
+assert.equal(plain.usage.total_tokens, plain.usage.prompt_tokens + plain.usage.completion_tokens);
+ok(`chat plain: ${JSON.stringify(text)} (${plain.usage.completion_tokens} tokens)`);
+
+const stream = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16,
+  stream: true, stream_options: { include_usage: true } });
+let streamed = "", chunks = 0, usage = null, finish = null;
+for await (const c of stream) {
+  assert.equal(c.object, "chat.completion.chunk");
+  if (c.usage) usage = c.usage;
+  for (const ch of c.choices) {
+    streamed += ch.delta?.content ?? "";
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  chunks++;
+}
+assert.equal(streamed, text, "streamed text differs from the plain reply at temperature 0");
+assert.equal(finish, plain.choices[0].finish_reason);
+assert.ok(usage && usage.completion_tokens === plain.usage.completion_tokens, "no usage chunk");
+ok(`chat stream: ${chunks} chunks, same text and usage as plain`);
+
+const comp = await client.completions.create({ model, prompt: "The red square and the blue circle are",
+  max_tokens: 8, temperature: 0 });
+assert.equal(comp.object, "text_completion");
+assert.ok(comp.choices[0].text.length > 0);
+ok(`completions: ${JSON.stringify(comp.choices[0].text)}`);
+
+try {
+  await client.chat.completions.create({ model, messages, temperature: 7 });
+  assert.fail("temperature 7 was accepted");
+} catch (e) {
+  assert.ok(e instanceof OpenAI.BadRequestError, `expected BadRequestError, got ${e}`);
+  assert.equal(e.status, 400);
+  assert.equal(e.param, "temperature");
+  ok(`bad temperature: BadRequestError 400, param ${e.param}: ${e.message}`);
+}
+
+const wrong = new OpenAI({ baseURL: baseURL + "/v1", apiKey: "not-the-key", maxRetries: 0 });
+try {
+  await wrong.models.list();
+  assert.fail("a wrong API key was accepted");
+} catch (e) {
+  assert.ok(e instanceof OpenAI.AuthenticationError, `expected AuthenticationError, got ${e}`);
+  ok("wrong key: AuthenticationError 401");
+}
+
+const url = "data:image/png;base64," + png(32, 32, [220, 30, 30]).toString("base64");
+const img = await client.chat.completions.create({ model, temperature: 0, max_tokens: 12, messages: [
+  { role: "user", content: [{ type: "text", text: "What is in this image?" },
+                            { type: "image_url", image_url: { url } }] }] });
+assert.ok(img.usage.prompt_tokens > plain.usage.prompt_tokens, "the image added no prompt tokens");
+assert.equal(typeof img.choices[0].message.content, "string");
+ok(`image: ${JSON.stringify(img.choices[0].message.content)} (${img.usage.prompt_tokens} prompt tokens)`);
+
+// A client that walks away mid-stream: the daemon cancels the job and serves the next request.
+const ac = new AbortController();
+const long = await client.chat.completions.create({ model, messages, max_tokens: 200, stream: true },
+                                                  { signal: ac.signal });
+let got = 0;
+try {
+  for await (const c of long) { if (++got === 3) ac.abort(); }
+} catch (e) {
+  assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === "AbortError", `abort: ${e}`);
+}
+const after = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16 });
+assert.equal(after.choices[0].message.content, text, "the reply after an aborted stream changed");
+ok("aborted stream: next request answered, same text");
