@@ -300,8 +300,17 @@ void model_expert_host(const struct model *m, uint32_t l, uint32_t e,
     slice(L->down_exps, L->exps_pinned[2], e, &out->down);
 }
 
+/* Pinning reads every expert once from the mapped file: on a 30B-class model that is tens of
+ * GiB from disk, so a long one logs its progress every 10%. */
+#define PIN_PROGRESS_MIN ((size_t)1 << 30)
+
 int model_pin_experts(struct model *m, void *(*alloc)(size_t), void (*release)(void *))
 {
+    size_t total = 0, done = 0;
+    for (uint32_t l = 0; l < m->cfg.n_layer; l++)
+        total += model_expert_bytes(m, l) * m->cfg.n_expert;
+    double t0 = tide_now();
+    int next_pct = 10;
     for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         const struct gguf_tensor *t[3] = {L->gate_exps, L->up_exps, L->down_exps};
@@ -316,6 +325,13 @@ int model_pin_experts(struct model *m, void *(*alloc)(size_t), void (*release)(v
             }
             memcpy(p, t[i]->data, b);
             L->exps_pinned[i] = p;
+            done += b;
+        }
+        int pct = total ? (int)(100 * done / total) : 100;
+        if (total >= PIN_PROGRESS_MIN && pct >= next_pct) {
+            tide_log("pinning experts in host RAM: %.1f / %.1f GiB (%d%%, %.1f s)", done / 1073741824.0,
+                     total / 1073741824.0, pct, tide_now() - t0);
+            next_pct = pct / 10 * 10 + 10;
         }
     }
     return 0;
