@@ -12,7 +12,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|big --out FILE [--seed N]\n"
-            "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N]\n"
+            "       [--type f32|f16|bf16|q8_0|q4_K|q6_K] [--layers N] [--embd N] [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N]\n"
             "       tide-mkmodel --preset mmproj --out FILE [--text-embd N] [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
@@ -45,6 +45,8 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "f16")) o.type = GGML_TYPE_F16;
             else if (!strcmp(v, "bf16")) o.type = GGML_TYPE_BF16;
             else if (!strcmp(v, "q8_0")) o.type = GGML_TYPE_Q8_0;
+            else if (!strcmp(v, "q4_K")) o.type = GGML_TYPE_Q4_K;
+            else if (!strcmp(v, "q6_K")) o.type = GGML_TYPE_Q6_K;
             else { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
         } else { fprintf(stderr, "tide-mkmodel: unknown option %s\n", a); usage(); return 2; }
     }

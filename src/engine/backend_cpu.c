@@ -328,7 +328,9 @@ static void mm_worker(void *p, int ith, int nth)
     int r0 = ith * per, r1 = r0 + per < rows ? r0 + per : rows;
     const uint8_t *base = w->data;
     float *buf = NULL;
-    if (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) {
+    bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16 || w->type == GGML_TYPE_Q4_K ||
+                 w->type == GGML_TYPE_Q6_K;
+    if (widen) {
         buf = thread_scratch(j->c, ith, (size_t)cols);
         if (!buf)
             return;
@@ -361,6 +363,13 @@ static void mm_worker(void *p, int ith, int nth)
         case GGML_TYPE_Q4_0:
             for (int t = 0; t < j->n; t++)
                 j->y[(size_t)t * rows + r] = dot_q4_q8(row, j->c->xq + (size_t)t * nb, nb);
+            break;
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q6_K:
+            /* dequantise the row once, then the f32 dot for every token: correct, not yet
+             * the fused integer dot that q8_0 gets */
+            ggml_dequantize(w->type, row, buf, (uint64_t)cols);
+            dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
             break;
         default:
             for (int t = 0; t < j->n; t++)

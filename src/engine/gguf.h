@@ -21,6 +21,9 @@ enum ggml_type {
     GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8,
     GGML_TYPE_Q4_K = 12, GGML_TYPE_Q6_K = 14, GGML_TYPE_BF16 = 30,
 };
+#define QK_K 256        /* values per k-quant super-block */
+#define Q4_K_BYTES 144  /* f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles */
+#define Q6_K_BYTES 210  /* 128 low nibbles, 64 high 2-bit pairs, 16 int8 scales, f16 d */
 
 struct gguf_str {
     uint64_t len;

@@ -33,7 +33,7 @@ const char *model_arch_name(enum model_arch a)
 static bool type_ok(uint32_t t)
 {
     return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 ||
-           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0;
+           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K;
 }
 
 /* Find NAME and check it is (ne0, ne1) (ne1 = 1 for vectors). required=false lets an
@@ -298,6 +298,14 @@ void model_expert_host(const struct model *m, uint32_t l, uint32_t e,
     slice(L->gate_exps, L->exps_pinned[0], e, &out->gate);
     slice(L->up_exps, L->exps_pinned[1], e, &out->up);
     slice(L->down_exps, L->exps_pinned[2], e, &out->down);
+}
+
+uint32_t model_first_type_of(const struct model *m, uint32_t a, uint32_t b)
+{
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
+        if (m->gguf.tensors[i].type == a || m->gguf.tensors[i].type == b)
+            return m->gguf.tensors[i].type;
+    return UINT32_MAX;
 }
 
 /* Pinning reads every expert once from the mapped file: on a 30B-class model that is tens of

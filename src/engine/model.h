@@ -84,6 +84,9 @@ void model_free(struct model *m);
 const char *model_arch_name(enum model_arch a);
 /* Views of expert e of layer l straight in host RAM (the GGUF mapping). */
 void model_expert_host(const struct model *m, uint32_t l, uint32_t e, struct expert_weights *out);
+/* The type of the first tensor stored as type a or b, or UINT32_MAX when there is none. */
+uint32_t model_first_type_of(const struct model *m, uint32_t a, uint32_t b);
+
 /* Copy every layer's experts into page-locked host memory from alloc (CUDA uploads from it
  * asynchronously at full bus speed); model_expert_host then points there. */
 int model_pin_experts(struct model *m, void *(*alloc)(size_t), void (*release)(void *));

@@ -266,6 +266,8 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
                    uint64_t a, uint64_t b, uint64_t c, float std, int norm)
 {
     uint64_t ne[3] = {a, b, c}, n = a * b * c;
+    if ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) && a % QK_K)
+        type = GGML_TYPE_Q8_0; /* rows that are not whole super-blocks, as other tools do */
     for (uint64_t i = 0; i < n; i++)
         g->buf[i] = (norm ? 1.0f : 0.0f) + std * rnorm(&g->r);
     gguf_w_tensor(g->w, name, type, nd, ne, g->buf);
@@ -299,8 +301,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         c.n_ff % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
         return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");
     if (c.type != GGML_TYPE_F32 && c.type != GGML_TYPE_F16 && c.type != GGML_TYPE_BF16 &&
-        c.type != GGML_TYPE_Q8_0)
-        return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16 or q8_0");
+        c.type != GGML_TYPE_Q8_0 && c.type != GGML_TYPE_Q4_K && c.type != GGML_TYPE_Q6_K)
+        return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16, q8_0, q4_K or q6_K");
 
     struct vocab v;
     if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");

@@ -366,6 +366,20 @@ Test(forward, llama_q8_0)
     run_case(&s, 3e-2);
 }
 
+Test(forward, mixtral_q4_K)
+{
+    /* k-quant rows are whole 256-value super-blocks: every matrix here is 256 wide. The
+     * reference multiplies by the dequantised weights, as the engine does, so the bound is tight. */
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q4_K};
+    run_case(&s, 1e-4);
+}
+
+Test(forward, mixtral_q6_K)
+{
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q6_K};
+    run_case(&s, 1e-4);
+}
+
 Test(forward, bad_shape_is_eformat)
 {
     char path[64];

@@ -166,6 +166,68 @@ Test(gguf, bf16_and_q)
     cr_assert_str_eq(ggml_type_name(GGML_TYPE_BF16), "bf16");
 }
 
+static double rel_rms(const float *a, const float *b, int n)
+{
+    double e = 0, r = 0;
+    for (int i = 0; i < n; i++) {
+        e += (double)(a[i] - b[i]) * (a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return sqrt(e / r);
+}
+
+Test(gguf, k_quants_round_trip_and_layout)
+{
+    enum { N = 512 };
+    float x[N], y[N];
+    uint8_t q[2 * Q6_K_BYTES];
+    uint64_t st = 99;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int64_t)(st >> 33) % 2001 - 1000) / 1000.0f * (1 + i / 64);
+    }
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q4_K, 512), 2 * Q4_K_BYTES);
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q6_K, 256), Q6_K_BYTES);
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q4_K, 128), 0, "a row must be whole super-blocks");
+    cr_assert_eq(ggml_quantize(GGML_TYPE_Q4_K, x, q, N), 2 * Q4_K_BYTES);
+    ggml_dequantize(GGML_TYPE_Q4_K, q, y, N);
+    double e4 = rel_rms(y, x, N);
+    cr_assert(e4 < 0.08, "q4_K relative RMS error %g", e4);
+    cr_assert_eq(ggml_quantize(GGML_TYPE_Q6_K, x, q, N), 2 * Q6_K_BYTES);
+    ggml_dequantize(GGML_TYPE_Q6_K, q, y, N);
+    double e6 = rel_rms(y, x, N);
+    cr_assert(e6 < 0.02, "q6_K relative RMS error %g", e6);
+    cr_assert(e6 < e4 / 2, "q6_K (%g) should be well under q4_K (%g)", e6, e4);
+
+    /* q4_K by hand: d = 1, dmin = 0.5, sub-block 0 scale 2 min 1, sub-block 5 scale 33
+     * (low nibble in byte 9, top bits in byte 1) min 17 (byte 9's high nibble, byte 5's top
+     * bits); value 0 = nibble 3 (byte 16, low), value 160+1 = high nibble of byte 16+64+1. */
+    uint8_t b[Q4_K_BYTES] = {0};
+    b[0] = 0x00; b[1] = 0x3c; /* f16 1.0 */
+    b[2] = 0x00; b[3] = 0x38; /* f16 0.5 */
+    b[4 + 0] = 2; b[4 + 4] = 1;
+    b[4 + 1] |= (uint8_t)((33 >> 4) << 6); b[4 + 9] = (uint8_t)((33 & 15) | ((17 & 15) << 4));
+    b[4 + 5] |= (uint8_t)((17 >> 4) << 6);
+    b[16] = 3;
+    b[16 + 64 + 1] = (uint8_t)(7 << 4);
+    float v[QK_K];
+    ggml_dequantize(GGML_TYPE_Q4_K, b, v, QK_K);
+    cr_assert_float_eq(v[0], 1.0f * 2 * 3 - 0.5f * 1, 1e-6);
+    cr_assert_float_eq(v[1], -0.5f, 1e-6);
+    cr_assert_float_eq(v[160 + 1], 1.0f * 33 * 7 - 0.5f * 17, 1e-6);
+
+    /* q6_K by hand: d = 0.5, scale of values 64-79 (index 4) = -3; value 64 is the high
+     * nibble of byte 0 plus bits 4-5 of qh[0]: 0xA | 2 << 4 = 42, minus 32 = 10. */
+    uint8_t c6[Q6_K_BYTES] = {0};
+    c6[208] = 0x00; c6[209] = 0x38;
+    c6[192 + 4] = (uint8_t)(int8_t)-3;
+    c6[0] = 0xA0;
+    c6[128] = 2 << 4;
+    ggml_dequantize(GGML_TYPE_Q6_K, c6, v, QK_K);
+    cr_assert_float_eq(v[64], 0.5f * -3 * 10, 1e-6);
+    cr_assert_float_eq(v[0], 0.0f, 1e-6, "value 0 has q 32-32 = 0 times scale 0");
+}
+
 Test(gguf, every_truncation_fails)
 {
     size_t size;
