@@ -20,6 +20,7 @@ struct sampling_params {
     float frequency_penalty;  /* -2..2 */
     bool logprobs;
     int top_logprobs;         /* 0..20 */
+    bool json_object;         /* JSON mode: only tokens that keep the reply a JSON object prefix */
 };
 
 struct token_logprob {

@@ -5,7 +5,9 @@
  * UTF-8 characters and never past a stop string: bytes that could still be the start of
  * a stop string are held back until they cannot. */
 #include "session.h"
+#include "json_guard.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +231,33 @@ static long stop_find(const char *buf, size_t len, const char *const *stops, int
 }
 
 /* One choice: sample from the prompt's logits onward. */
+/* JSON mode: every token whose bytes would stop the reply being the start of a JSON object
+ * gets -inf; end-of-generation is allowed only once the object is complete, and then nothing
+ * else is. Costs one pass over the vocabulary per token. */
+static void json_mask(const struct tokenizer *tok, const struct json_guard *g, float *logits, uint32_t n_vocab)
+{
+    bool done = json_guard_complete(g);
+    uint32_t allowed = 0;
+    char piece[256];
+    for (uint32_t id = 0; id < n_vocab; id++) {
+        bool ok;
+        if (tokenizer_is_eog(tok, (int)id)) {
+            ok = done;
+        } else if (done || tokenizer_is_special(tok, (int)id)) {
+            ok = false;
+        } else {
+            int n = tokenizer_token_bytes(tok, (int)id, piece, sizeof piece);
+            struct json_guard t = *g;
+            ok = n > 0 && n <= (int)sizeof piece && json_guard_feed(&t, piece, (size_t)n);
+        }
+        if (ok) allowed++;
+        else logits[id] = -INFINITY;
+    }
+    int eos = tokenizer_eos(tok);
+    if (!allowed && eos >= 0 && (uint32_t)eos < n_vocab)
+        logits[eos] = 0.0f; /* nothing can follow: end here rather than sample from nothing */
+}
+
 static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_prompt,
                       const float *prompt_logits, int max_new, const char *const *stops,
                       int n_stop, char *err, size_t errlen)
@@ -249,6 +278,8 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
     size_t n_held = 0;
     struct utf8_stream u8 = {0};
     struct token_logprob lp;
+    struct json_guard jg;
+    json_guard_init(&jg);
     enum finish_reason fin = FINISH_LENGTH;
     int pos = n_prompt;
     e->n_tokens = n_prompt;
@@ -257,6 +288,8 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
             rc = TIDE_ECANCELED;
             goto out;
         }
+        if (job->sp.json_object)
+            json_mask(e->tok, &jg, logits, n_vocab);
         int id = sampler_sample(&smp, logits, job->sp.logprobs ? &lp : NULL);
         sampler_accept(&smp, id);
         job->completion_tokens++;
@@ -277,6 +310,8 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
             }
             held = nh;
         }
+        if (job->sp.json_object && !eog)
+            json_guard_feed(&jg, piece, (size_t)plen); /* json_mask let only valid ones through */
         n_held += utf8_stream_feed(&u8, piece, (size_t)plen, held + n_held);
         if (eog) n_held += utf8_stream_flush(&u8, held + n_held);
         long at = stop_find(held, n_held, stops, n_stop);

@@ -338,6 +338,7 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                 snprintf(msg, msglen, "'response_format.type' must be \"text\" or \"json_object\"");
                 *param = "response_format"; goto fail;
             }
+            g->sp.json_object = strcmp(t->valuestring, "json_object") == 0;
         }
     } else {
         /* Legacy: logprobs is an integer count of alternatives. */

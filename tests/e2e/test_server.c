@@ -377,3 +377,50 @@ Test(server, disconnect_cancels)
     free(b);
     cr_expect(now() - t0 < 10, "follow-up took %.1f s: the aborted stream kept running", now() - t0);
 }
+
+/* JSON mode: with response_format json_object every reply that stops is one JSON object (the
+ * same prompt and seeds without it give text that is not), and one cut by max_tokens is the
+ * start of one. */
+Test(server, json_object_replies_parse_as_json)
+{
+    int objects = 0, plain_json = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        char body[512], *b;
+        for (int mode = 0; mode < 2; mode++) {
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Reply in JSON: what shape is red?\"}],"
+                     "\"max_tokens\":64,\"temperature\":1,\"seed\":%d%s}", seed,
+                     mode ? ",\"response_format\":{\"type\":\"json_object\"}" : "");
+            cr_assert_eq(chat(body, &b), 200, "%s", b);
+            cJSON *o = cJSON_Parse(b);
+            cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+            const char *text = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+            const char *fin = cJSON_GetObjectItem(c0, "finish_reason")->valuestring;
+            cJSON *j = cJSON_Parse(text);
+            bool is_obj = j && cJSON_IsObject(j);
+            if (mode) {
+                if (!strcmp(fin, "stop")) {
+                    cr_expect(is_obj, "seed %d: JSON mode reply %s is not a JSON object", seed, text);
+                    objects += is_obj;
+                } else {
+                    cr_expect(text[strspn(text, " \t\r\n")] == '{', "seed %d: cut reply %s", seed, text);
+                }
+            } else {
+                plain_json += is_obj;
+            }
+            cJSON_Delete(j);
+            cJSON_Delete(o);
+            free(b);
+        }
+    }
+    cr_expect_gt(objects, 0, "no JSON mode reply finished within 64 tokens");
+    cr_expect_eq(plain_json, 0, "the model writes JSON objects unasked: the test shows nothing");
+    char *b;
+    cr_expect_eq(chat("{" HELLO ",\"max_tokens\":2,\"response_format\":{\"type\":\"json_object\"}}", &b), 200);
+    cJSON *o = cJSON_Parse(b);
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    const char *text = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+    cr_expect(strchr("{ \t\r\n", text[0]) && text[0], "a two-token JSON reply starts with %s", text);
+    cJSON_Delete(o);
+    free(b);
+}
