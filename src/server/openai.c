@@ -19,6 +19,7 @@ struct choice_out {
     size_t len, cap;
     cJSON *logprobs;      /* array (non-stream, logprobs on) */
     bool role_sent;       /* stream: first delta with the role went out */
+    size_t lp_offset;     /* stream, legacy logprobs: bytes of completion so far (text_offset) */
 };
 
 struct oai_req {
@@ -343,6 +344,10 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
     } else {
         /* Legacy: logprobs is an integer count of alternatives. */
         ll = -1; if (int_field(root, "logprobs", 0, 5, &ll, msg, msglen, param)) goto fail;
+        if (ll >= 0) {
+            g->sp.logprobs = true;
+            g->sp.top_logprobs = (int)ll;
+        }
         const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
         if (cJSON_IsTrue(echo)) { snprintf(msg, msglen, "'echo' is not supported"); *param = "echo"; goto fail; }
     }
@@ -404,6 +409,33 @@ static cJSON *logprob_json(struct oai_req *r, const struct token_logprob *lp)
     return e;
 }
 
+/* The legacy /v1/completions shape of a run of chat-style entries: parallel arrays tokens,
+ * token_logprobs, top_logprobs (token -> logprob objects) and text_offset (bytes into the
+ * completion; *offset carries on across stream chunks). */
+static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, entries) {
+        const char *tok = cJSON_GetObjectItem(e, "token")->valuestring;
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(tok));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
+        cJSON *top = cJSON_CreateObject();
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(e, "top_logprobs")) {
+            const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
+            if (!cJSON_HasObjectItem(top, k)) /* two ids can print the same */
+                cJSON_AddNumberToObject(top, k, cJSON_GetObjectItem(t, "logprob")->valuedouble);
+        }
+        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
+        *offset += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes"));
+    }
+    return o;
+}
+
 static int on_text(void *ud, int choice, const char *text, size_t len, const struct token_logprob *lp)
 {
     struct oai_req *r = ud;
@@ -446,7 +478,14 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
             }
         } else {
             cJSON_AddStringToObject(ch, "text", t ? t : "");
-            cJSON_AddNullToObject(ch, "logprobs");
+            if (lp) {
+                cJSON *one = cJSON_CreateArray();
+                cJSON_AddItemToArray(one, logprob_json(r, lp));
+                cJSON_AddItemToObject(ch, "logprobs", legacy_logprobs(one, &c->lp_offset));
+                cJSON_Delete(one);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
         }
         free(t);
         cJSON_AddNullToObject(ch, "finish_reason");
@@ -611,7 +650,14 @@ void openai_run(struct job *j, void *engine_ctx)
             }
         } else {
             cJSON_AddStringToObject(ch, "text", text);
-            cJSON_AddNullToObject(ch, "logprobs");
+            if (r->gj.sp.logprobs) {
+                cJSON *none = cJSON_CreateArray();
+                size_t off = 0;
+                cJSON_AddItemToObject(ch, "logprobs", legacy_logprobs(r->ch[i].logprobs ? r->ch[i].logprobs : none, &off));
+                cJSON_Delete(none);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
         }
         cJSON_AddStringToObject(ch, "finish_reason", finish_name(r->gj.finish[i]));
     }

@@ -424,3 +424,36 @@ Test(server, json_object_replies_parse_as_json)
     cJSON_Delete(o);
     free(b);
 }
+
+/* Legacy /v1/completions logprobs: parallel arrays, one entry per completion token, the greedy
+ * token the most likely of its alternatives, offsets counting up through the text. */
+Test(server, completions_logprobs_have_the_legacy_shape)
+{
+    char *b;
+    cr_assert_eq(req("POST", "/v1/completions", "application/json",
+                     "{\"prompt\":\"The red square\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}", NULL, &b), 200);
+    cJSON *o = cJSON_Parse(b);
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+    cr_assert(cJSON_IsObject(lp), "logprobs is not an object: %s", b);
+    int n = (int)cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "completion_tokens")->valuedouble;
+    cJSON *tokens = cJSON_GetObjectItem(lp, "tokens"), *lps = cJSON_GetObjectItem(lp, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *offs = cJSON_GetObjectItem(lp, "text_offset");
+    cr_assert_eq(cJSON_GetArraySize(tokens), n);
+    cr_assert_eq(cJSON_GetArraySize(lps), n);
+    cr_assert_eq(cJSON_GetArraySize(tops), n);
+    cr_assert_eq(cJSON_GetArraySize(offs), n);
+    double prev_off = -1;
+    for (int i = 0; i < n; i++) {
+        double l = cJSON_GetArrayItem(lps, i)->valuedouble, off = cJSON_GetArrayItem(offs, i)->valuedouble;
+        cr_assert_leq(l, 0.0);
+        cr_assert_gt(off, prev_off, "text_offset not increasing at %d", i);
+        prev_off = off;
+        cJSON *top = cJSON_GetArrayItem(tops, i), *t;
+        cr_assert(cJSON_GetArraySize(top) >= 1 && cJSON_GetArraySize(top) <= 3, "top_logprobs[%d] has %d", i,
+                  cJSON_GetArraySize(top));
+        cJSON_ArrayForEach(t, top) cr_assert_leq(t->valuedouble, l + 1e-6, "greedy token %d is not the most likely", i);
+    }
+    cJSON_Delete(o);
+    free(b);
+}
