@@ -69,6 +69,15 @@ $(BUILD)/test-e2e: $(E2E_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ -lcriterion -lcurl $(LDLIBS)
 
+# The page served at GET / (src/server/ui.c): ui/* compiled in as C arrays.
+UI_FILES := ui/index.html ui/style.css ui/app.js
+$(BUILD)/gen/ui_assets.h: $(UI_FILES)
+	@mkdir -p $(dir $@)
+	@echo "  GEN   $@"
+	$(Q)(cd ui && for f in index.html style.css app.js; do xxd -i $$f; done) >$@.tmp && mv $@.tmp $@
+$(BUILD)/obj/src/server/ui.o: $(BUILD)/gen/ui_assets.h
+$(BUILD)/obj/src/server/ui.o: override CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
@@ -107,6 +116,7 @@ test: deps
 	$(Q)$(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
+	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/browser/run.sh
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all

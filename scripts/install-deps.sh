@@ -5,7 +5,9 @@ set -euo pipefail
 pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcurl4-openssl-dev
       libcriterion-dev libpcre2-dev python3 curl
       prometheus   # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
-      nodejs)      # the official OpenAI Node client: tests/sdk/run.sh
+      nodejs       # the official OpenAI Node client: tests/sdk/run.sh
+      chromium     # the page at GET / in a browser: tests/browser/run.sh
+      xxd)         # ui/* compiled into the daemon (Makefile: ui_assets.h)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

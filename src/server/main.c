@@ -11,6 +11,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/runtime.h"
+#include "server/ui.h"
 #include "server/vram_api.h"
 #include "vision/vision.h"
 
@@ -144,6 +145,7 @@ static void h_chat(void *ap, const struct http_request *rq, struct http_response
 static void h_completions(void *ap, const struct http_request *rq, struct http_response *rs) { generate(ap, rq, rs, false); }
 
 static const struct http_route routes[] = {
+    { "GET", "/", ui_handle },
     { "GET", "/health", h_health },
     { "GET", "/v1/models", h_models },
     { "GET", "/metrics", h_metrics },

@@ -1,0 +1,120 @@
+// page.mjs - what a person sees at GET /: the device bars carry the numbers /v1/vram reports,
+// a chat message streams an answer in, a PNG picked in the file input gets an answer, a reserve
+// set with the page's button shrinks the bar and the slot count, restore brings them back.
+// Usage: node page.mjs BASE_URL OUT_DIR (run.sh starts the daemon). Screenshots go to OUT_DIR.
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+
+const [base, out] = process.argv.slice(2);
+const KINDS = ['weights', 'kv', 'workspace', 'expert_cache', 'vision'];
+const vram = async () => (await fetch(base + '/v1/vram')).json();
+const t0 = Date.now();
+const step = (s) => console.log(`  browser: ${s} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true,
+  args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
+         '--disable-sync', '--disable-default-apps', '--no-first-run', '--disable-dev-shm-usage'],
+});
+let page;
+try {
+  page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  // the page may reach nothing but this daemon
+  const foreign = [];
+  page.on('request', (r) => { if (!r.url().startsWith(base) && !r.url().startsWith('data:')) foreign.push(r.url()); });
+
+  await page.goto(base + '/');
+  await page.waitForSelector('#dev1 .bar span[data-kind=expert_cache]');
+  const v = await vram();
+  assert.equal(v.devices.length, 2);
+  for (const d of v.devices) {
+    const el = page.locator(`#dev${d.index}`);
+    assert.equal(Number(await el.getAttribute('data-total-mib')), d.total_mib);
+    assert.equal(Number(await el.getAttribute('data-slots')), d.expert_slots);
+    assert.equal(Number(await el.getAttribute('data-slots-full')), d.expert_slots_full);
+    const title = await el.locator('.title').textContent();
+    assert.ok(title.includes(`expert slots ${d.expert_slots} / ${d.expert_slots_full}`), title);
+    assert.ok(title.includes(`${d.total_mib} MiB`), title);
+    for (const k of KINDS)
+      assert.equal(Number(await el.locator(`.bar span[data-kind=${k}]`).getAttribute('data-mib')), d[k + '_mib'], `device ${d.index} ${k}`);
+  }
+  assert.equal(await page.locator('#vision-state').textContent(), v.vision.state);
+  step(`device bars match /v1/vram (${v.devices.map(d => d.expert_slots + '/' + d.expert_slots_full + ' slots').join(', ')})`);
+
+  // a chat message: the answer arrives as SSE deltas assembled into the log
+  await page.fill('#prompt', 'Count with me: one two');
+  await page.fill('#temperature', '0');
+  await page.fill('#max_tokens', '24');
+  await page.click('#send');
+  const a1 = page.locator('.msg.assistant').nth(0);
+  await page.waitForSelector('.msg.assistant[data-done="1"]');
+  const txt1 = await a1.textContent();
+  assert.ok(txt1.trim().length > 0, 'no streamed text');
+  assert.ok(!/error/i.test(txt1), txt1);
+  assert.ok(Number(await a1.getAttribute('data-chunks')) >= 2, 'answer did not come as a stream of deltas');
+  step(`chat streamed ${await a1.getAttribute('data-chunks')} deltas: ${JSON.stringify(txt1.slice(0, 40))}`);
+
+  // a PNG (drawn by the browser itself) picked in the file input
+  const png = Buffer.from((await page.evaluate(() => {
+    const c = document.createElement('canvas'); c.width = c.height = 32;
+    const g = c.getContext('2d'); g.fillStyle = '#e22'; g.fillRect(0, 0, 32, 32);
+    g.fillStyle = '#22e'; g.fillRect(8, 8, 16, 16); return c.toDataURL('image/png');
+  })).split(',')[1], 'base64');
+  await page.setInputFiles('#image', { name: 'square.png', mimeType: 'image/png', buffer: png });
+  await page.waitForFunction(() => document.getElementById('imgname').textContent.includes('square.png'));
+  await page.fill('#prompt', 'What is in this picture?');
+  await page.click('#send');
+  await page.waitForSelector('.msg.assistant:nth-of-type(4)[data-done="1"]', { timeout: 60000 });
+  const txt2 = await page.locator('.msg.assistant').nth(1).textContent();
+  assert.ok(txt2.trim().length > 0 && !/error/i.test(txt2), 'image answer: ' + txt2);
+  const rows = await page.locator('#recent-body tr').allTextContents();
+  assert.equal(rows.length, 2);
+  const usage = await page.locator('#recent-body tr').first().locator('td').allTextContents();
+  assert.ok(Number(usage[1]) > 0 && Number(usage[2]) > 0 && usage[4] === 'ok', 'recent row: ' + usage);
+  await page.waitForFunction(() => document.getElementById('vision-state').textContent === 'ready');
+  await page.waitForSelector('#vision-countdown');
+  step(`image answered (${usage[1]} prompt tokens), vision ready, unloads in ${await page.locator('#vision-countdown').textContent()} s`);
+  await page.waitForTimeout(1500); // a few points in the time series
+  assert.ok(await page.evaluate(() => {
+    const c = document.getElementById('chart');
+    return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((x, i) => i % 4 === 3 && x > 0);
+  }), 'the time series is blank');
+  await page.screenshot({ path: `${out}/dashboard.png` });
+
+  // a reserve on device 0 through the page's button (POST /v1/vram from the page's own Origin)
+  const v0 = await vram(), d0 = v0.devices[0];
+  const r = Math.floor(d0.free_mib + d0.expert_cache_mib / 2 + 1);
+  await page.fill('#res0', String(r));
+  await page.click('#setres0');
+  await page.waitForFunction((r) => Number(document.getElementById('dev0').dataset.reserveMib) === r, r);
+  const v1 = await vram();
+  const dev0 = page.locator('#dev0');
+  assert.ok(v1.devices[0].expert_slots < d0.expert_slots, 'slots did not drop');
+  assert.equal(Number(await dev0.getAttribute('data-slots')), v1.devices[0].expert_slots);
+  assert.equal(Number(await dev0.locator('.bar span[data-kind=expert_cache]').getAttribute('data-mib')), v1.devices[0].expert_cache_mib);
+  assert.ok(v1.devices[0].expert_cache_mib < d0.expert_cache_mib);
+  assert.ok(await dev0.locator('.reserve').isVisible(), 'reserve marker not shown');
+  assert.ok((await dev0.locator('.title').textContent()).includes(`expert slots ${v1.devices[0].expert_slots} / ${d0.expert_slots_full}`));
+  assert.equal(v1.devices[1].reserve_mib, 0, 'device 1 was touched');
+  step(`reserve ${r} MiB: slots ${d0.expert_slots} -> ${v1.devices[0].expert_slots}, cache ${d0.expert_cache_mib} -> ${v1.devices[0].expert_cache_mib} MiB`);
+  await page.screenshot({ path: `${out}/reserve.png` });
+
+  await page.click('#restore0');
+  await page.waitForFunction((n) => Number(document.getElementById('dev0').dataset.slots) === n, d0.expert_slots_full);
+  assert.equal(Number(await dev0.getAttribute('data-reserve-mib')), 0);
+  assert.ok(!(await dev0.locator('.reserve').isVisible()), 'reserve marker still shown');
+  assert.equal((await vram()).devices[0].expert_slots, d0.expert_slots_full);
+  step('restore: slots back to full');
+  await page.screenshot({ path: `${out}/restored.png` });
+  assert.deepEqual(errors, [], 'page errors');
+  assert.deepEqual(foreign, [], 'requests off this daemon');
+  console.log(`ok browser: dashboard, streamed chat, image, reserve and restore in chromium (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+} catch (e) {
+  if (page) await page.screenshot({ path: `${out}/failure.png` }).catch(() => {});
+  console.error('FAIL browser:', e.message);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
