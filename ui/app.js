@@ -94,9 +94,17 @@ function drawChart() {
     ` <span style="color:#d62728">tok/s (max ${maxT.toFixed(1)})</span> · last ${Math.round(span / 1000)} s (up to 5 min), slots max ${maxS}`;
 }
 
+// the daemon's last finished requests (GET /v1/requests), newest first
+function renderRecent(j) {
+  $('recent-body').innerHTML = j.requests.map(q =>
+    `<tr><td>${new Date(q.time * 1000).toLocaleTimeString()}</td><td>${q.endpoint.replace('/v1/', '')}${q.stream ? ' (stream)' : ''}</td>` +
+    `<td>${q.images}</td><td>${q.prompt_tokens}</td><td>${q.completion_tokens}</td><td>${q.latency_ms}</td><td>${q.status}</td></tr>`).join('');
+}
+
 async function poll() {
   try {
-    const [rv, rm] = await Promise.all([api('/v1/vram'), api('/metrics')]);
+    const [rv, rm, rr] = await Promise.all([api('/v1/vram'), api('/metrics'), api('/v1/requests')]);
+    if (rr.ok) renderRecent(await rr.json());
     const now = Date.now();
     let tps = 0;
     if (rm.ok) {
@@ -142,7 +150,7 @@ async function send(ev) {
   const body = { messages: [{ role: 'user', content }], stream: true, stream_options: { include_usage: true },
                  temperature: Number($('temperature').value), max_tokens: Number($('max_tokens').value) };
   imageURL = null; $('imgname').textContent = ''; $('image').value = '';
-  const t0 = performance.now(); let usage = null, status = 'ok';
+  const t0 = performance.now(); let status = 'ok';
   $('send').disabled = true;
   try {
     const r = await api('/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
@@ -161,7 +169,6 @@ async function send(ev) {
             const data = line.slice(5).trim();
             if (data === '[DONE]') continue;
             const j = JSON.parse(data);
-            if (j.usage) usage = j.usage;
             if (j.error) { status = 'error'; out.textContent += ' [error: ' + j.error.message + ']'; }
             const delta = j.choices && j.choices[0] && j.choices[0].delta;
             if (delta && delta.content) { out.textContent += delta.content; out.dataset.chunks = String(Number(out.dataset.chunks) + 1); }
@@ -171,10 +178,7 @@ async function send(ev) {
     }
   } catch (e) { status = 'error'; out.textContent += ' [' + e.message + ']'; }
   out.dataset.done = '1'; $('send').disabled = false;
-  const tr = document.createElement('tr');
-  tr.innerHTML = `<td>${new Date().toLocaleTimeString()}</td><td>${usage ? usage.prompt_tokens : '?'}</td>` +
-    `<td>${usage ? usage.completion_tokens : '?'}</td><td>${Math.round(performance.now() - t0)}</td><td>${status}</td>`;
-  $('recent-body').prepend(tr);
+  out.dataset.status = status; out.dataset.latencyMs = String(Math.round(performance.now() - t0));
 }
 
 renderLegend();

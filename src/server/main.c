@@ -10,6 +10,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/recent.h"
 #include "server/runtime.h"
 #include "server/ui.h"
 #include "server/vram_api.h"
@@ -152,6 +153,7 @@ static const struct http_route routes[] = {
     { "POST", "/v1/chat/completions", h_chat },
     { "POST", "/v1/completions", h_completions },
     { "GET", "/v1/vram", h_vram_get },
+    { "GET", "/v1/requests", recent_handle },
     { "POST", "/v1/vram", h_vram_post },
 };
 

@@ -2,6 +2,7 @@
  * engine-thread side that turns generated text into response JSON / SSE chunks. */
 #include "server/openai.h"
 #include "server/metrics.h"
+#include "server/recent.h"
 #include "engine/session.h"
 #include "server/runtime.h"
 #include "vision/image.h"
@@ -580,6 +581,10 @@ void openai_run(struct job *j, void *engine_ctx)
     }
     metrics_tokens(r->gj.prompt_tokens, r->gj.completion_tokens);
     if (rc == 0) metrics_observe(METRICS_E2E, tide_now() - j->t_enqueue);
+    recent_add(r->chat, r->stream, r->n_images, r->gj.prompt_tokens, r->gj.completion_tokens,
+               tide_now() - j->t_enqueue,
+               rc == TIDE_ECANCELED || job_cancelled(j) ? 499
+               : rc == TIDE_ERANGE || rc == TIDE_EINVAL || rc == TIDE_EUNSUPPORTED ? 400 : rc < 0 ? 500 : 200);
     if (rc == TIDE_ECANCELED || job_cancelled(j)) { job_finish(j, 499); return; }
     if (rc < 0) {
         int status = rc == TIDE_ERANGE || rc == TIDE_EINVAL || rc == TIDE_EUNSUPPORTED ? 400 : 500;

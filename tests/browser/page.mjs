@@ -1,5 +1,6 @@
 // page.mjs - what a person sees at GET /: the device bars carry the numbers /v1/vram reports,
-// a chat message streams an answer in, a PNG picked in the file input gets an answer, a reserve
+// a chat message streams an answer in, a PNG picked in the file input gets an answer and both
+// show in the recent-requests table (GET /v1/requests), a reserve
 // set with the page's button shrinks the bar and the slot count, restore brings them back.
 // Usage: node page.mjs BASE_URL OUT_DIR (run.sh starts the daemon). Screenshots go to OUT_DIR.
 import { chromium } from 'playwright-core';
@@ -69,13 +70,18 @@ try {
   await page.waitForSelector('.msg.assistant:nth-of-type(4)[data-done="1"]', { timeout: 60000 });
   const txt2 = await page.locator('.msg.assistant').nth(1).textContent();
   assert.ok(txt2.trim().length > 0 && !/error/i.test(txt2), 'image answer: ' + txt2);
-  const rows = await page.locator('#recent-body tr').allTextContents();
-  assert.equal(rows.length, 2);
+  // the daemon's list of recent requests (GET /v1/requests), newest first, in the table
+  await page.waitForFunction(() => document.querySelectorAll('#recent-body tr').length === 2);
+  const rq = (await (await fetch(base + '/v1/requests')).json()).requests;
+  assert.equal(rq.length, 2);
+  assert.equal(rq[0].images, 1); assert.equal(rq[1].images, 0);
   const usage = await page.locator('#recent-body tr').first().locator('td').allTextContents();
-  assert.ok(Number(usage[1]) > 0 && Number(usage[2]) > 0 && usage[4] === 'ok', 'recent row: ' + usage);
+  assert.deepEqual(usage.slice(1).map(String), ['chat/completions (stream)', '1', String(rq[0].prompt_tokens),
+    String(rq[0].completion_tokens), String(rq[0].latency_ms), '200'], 'recent row: ' + usage);
+  assert.ok(rq[0].prompt_tokens > rq[1].prompt_tokens && rq[0].completion_tokens > 0);
   await page.waitForFunction(() => document.getElementById('vision-state').textContent === 'ready');
   await page.waitForSelector('#vision-countdown');
-  step(`image answered (${usage[1]} prompt tokens), vision ready, unloads in ${await page.locator('#vision-countdown').textContent()} s`);
+  step(`image answered (${rq[0].prompt_tokens} prompt tokens, ${rq[0].latency_ms} ms), vision ready, unloads in ${await page.locator('#vision-countdown').textContent()} s`);
   await page.waitForTimeout(1500); // a few points in the time series
   assert.ok(await page.evaluate(() => {
     const c = document.getElementById('chart');
