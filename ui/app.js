@@ -8,10 +8,11 @@ const $ = (id) => document.getElementById(id);
 
 async function api(path, opts = {}) {
   for (;;) {
-    const h = Object.assign({}, opts.headers || {});
+    const h = Object.assign({}, opts.headers || {}), sent = apiKey;
     if (apiKey) h['Authorization'] = 'Bearer ' + apiKey;
     const r = await fetch(path, Object.assign({}, opts, { headers: h }));
     if (r.status !== 401) return r;
+    if (apiKey !== sent) continue; // another request asked meanwhile: ask once, not per request
     const k = window.prompt('This server needs an API key:');
     if (!k) return r;
     apiKey = k;

@@ -2,13 +2,14 @@
 // a chat message streams an answer in, a PNG picked in the file input gets an answer and both
 // show in the recent-requests table (GET /v1/requests), a reserve
 // set with the page's button shrinks the bar and the slot count, restore brings them back.
-// Usage: node page.mjs BASE_URL OUT_DIR (run.sh starts the daemon). Screenshots go to OUT_DIR.
+// The daemon has an API key: the page asks for it once. Usage: node page.mjs BASE_URL OUT_DIR KEY (run.sh starts the daemon). Screenshots go to OUT_DIR.
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 
-const [base, out] = process.argv.slice(2);
+const [base, out, key] = process.argv.slice(2);
+const auth = { headers: { Authorization: 'Bearer ' + key } };
 const KINDS = ['weights', 'kv', 'workspace', 'expert_cache', 'vision'];
-const vram = async () => (await fetch(base + '/v1/vram')).json();
+const vram = async () => (await fetch(base + '/v1/vram', auth)).json();
 const t0 = Date.now();
 const step = (s) => console.log(`  browser: ${s} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 
@@ -22,6 +23,9 @@ try {
   page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(e.message));
+  // the daemon has an API key: the page asks for it once (a prompt) and keeps it in memory
+  let asked = 0;
+  page.on('dialog', async (d) => { asked++; await (d.type() === 'prompt' ? d.accept(key) : d.dismiss()); });
   // the page may reach nothing but this daemon
   const foreign = [];
   page.on('request', (r) => { if (!r.url().startsWith(base) && !r.url().startsWith('data:')) foreign.push(r.url()); });
@@ -72,7 +76,7 @@ try {
   assert.ok(txt2.trim().length > 0 && !/error/i.test(txt2), 'image answer: ' + txt2);
   // the daemon's list of recent requests (GET /v1/requests), newest first, in the table
   await page.waitForFunction(() => document.querySelectorAll('#recent-body tr').length === 2);
-  const rq = (await (await fetch(base + '/v1/requests')).json()).requests;
+  const rq = (await (await fetch(base + '/v1/requests', auth)).json()).requests;
   assert.equal(rq.length, 2);
   assert.equal(rq[0].images, 1); assert.equal(rq[1].images, 0);
   const usage = await page.locator('#recent-body tr').first().locator('td').allTextContents();
@@ -115,8 +119,10 @@ try {
   step('restore: slots back to full');
   await page.screenshot({ path: `${out}/restored.png` });
   assert.deepEqual(errors, [], 'page errors');
+  assert.equal(asked, 1, 'the API key was not asked for exactly once');
+  assert.equal(await page.evaluate(() => localStorage.length + sessionStorage.length + document.cookie.length), 0, 'the key was stored');
   assert.deepEqual(foreign, [], 'requests off this daemon');
-  console.log(`ok browser: dashboard, streamed chat, image, reserve and restore in chromium (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+  console.log(`ok browser: dashboard, API key asked once, streamed chat, image, recent requests, reserve and restore in chromium (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 } catch (e) {
   if (page) await page.screenshot({ path: `${out}/failure.png` }).catch(() => {});
   console.error('FAIL browser:', e.message);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run.sh - the page at GET / in a real browser: Debian's chromium (headless, no sandbox) driven
 # by playwright-core (npm, pinned by package-lock.json). Starts $TIDE_BIN on a free loopback port
-# with models made here by tide-mkmodel (two CPU devices of 64 and 48 MiB, lazy vision) and runs
-# page.mjs; screenshots go to tests/browser/out/. Usage: tests/browser/run.sh
+# with an API key and models made here by tide-mkmodel (two CPU devices of 64 and 48 MiB, lazy
+# vision) and runs page.mjs; screenshots go to tests/browser/out/. Usage: tests/browser/run.sh
 # (env: TIDE_BIN, default build/tide; MKMODEL, default next to TIDE_BIN; CHROMIUM, /usr/bin/chromium)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,8 +35,9 @@ cat >"$TMP/tide.json" <<JSON
   "layer_split": [0.5, 0.5], "vram_elastic": true,
   "vision": {"lazy": true, "idle_s": 120, "device": 0} }
 JSON
+KEY=browser-test-key
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-"$TIDE_BIN" --config "$TMP/tide.json" --host 127.0.0.1 --port "$PORT" >"$TMP/tide.log" 2>&1 &
+"$TIDE_BIN" --config "$TMP/tide.json" --host 127.0.0.1 --port "$PORT" --api-key "$KEY" >"$TMP/tide.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
@@ -44,4 +45,4 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 mkdir -p tests/browser/out
-timeout 120 node tests/browser/page.mjs "http://127.0.0.1:$PORT" tests/browser/out
+timeout 120 node tests/browser/page.mjs "http://127.0.0.1:$PORT" tests/browser/out "$KEY"
