@@ -67,6 +67,18 @@ try {
     const g = c.getContext('2d'); g.fillStyle = '#e22'; g.fillRect(0, 0, 32, 32);
     g.fillStyle = '#22e'; g.fillRect(8, 8, 16, 16); return c.toDataURL('image/png');
   })).split(',')[1], 'base64');
+  // dropped on the drop zone, it becomes the attachment (then the file input replaces it)
+  const dropped = await page.evaluateHandle((b64) => {
+    const bin = atob(b64), u = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
+    const dt = new DataTransfer();
+    dt.items.add(new File([u], 'dropped.png', { type: 'image/png' }));
+    return dt;
+  }, png.toString('base64'));
+  await page.dispatchEvent('#drop', 'dragover', { dataTransfer: dropped });
+  await page.dispatchEvent('#drop', 'drop', { dataTransfer: dropped });
+  await page.waitForFunction(() => document.getElementById('imgname').textContent.includes('dropped.png'));
+  step('drag and drop: dropped.png attached');
   await page.setInputFiles('#image', { name: 'square.png', mimeType: 'image/png', buffer: png });
   await page.waitForFunction(() => document.getElementById('imgname').textContent.includes('square.png'));
   await page.fill('#prompt', 'What is in this picture?');
