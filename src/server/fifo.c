@@ -55,6 +55,7 @@ void job_cancel(struct job *j)
     atomic_store(&j->cancel, 1);
     pthread_mutex_lock(&j->mu);
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -75,6 +76,7 @@ int job_write(struct job *j, const char *data, size_t len)
     j->len += len;
     j->buf[j->len] = 0;
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -85,6 +87,7 @@ void job_finish(struct job *j, int status)
     j->status = status;
     j->done = true;
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -139,6 +142,7 @@ static void run_job(struct fifo *f, struct job *j)
     pthread_mutex_lock(&j->mu);
     j->started = true;
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
     if (job_cancelled(j) && !j->control) {
         /* The client left while waiting: do not spend the model on it. */

@@ -31,6 +31,10 @@ struct job {
     bool control;             /* a control job (POST /v1/vram): jumps the queue */
     bool done;
     int status;               /* HTTP status of the finished job (200 unless failed) */
+    /* Called with mu held after every change a reader may wait for (output, start, finish,
+     * cancel): http.c resumes the suspended connection from here. Set/cleared under mu. */
+    void (*notify)(void *arg);
+    void *notify_arg;
 };
 
 struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *));

@@ -1,10 +1,14 @@
 /* http.c - libmicrohttpd glue: routing, limits, auth, error bodies, SSE streaming.
  *
- * Threading: one thread per connection (MHD_USE_THREAD_PER_CONNECTION). That is the
- * simplest correct scheme here: a handler may block while its job waits in the FIFO,
- * and an SSE reader may block on the job's condition variable (2 s at a time, sending a
- * keep-alive comment in between) without stalling other clients. The engine thread never
- * touches a connection. */
+ * Threading: MHD's one internal polling thread (epoll where the library has it, else
+ * poll) runs every handler, with MHD_ALLOW_SUSPEND_RESUME. Handlers never block: a
+ * request that needs the engine queues a job and its connection is suspended; the job's
+ * notify hook (output, start, finish, cancel; fifo.c calls it from the engine thread)
+ * resumes it. SSE readers return what the job has, or suspend and return 0. One small
+ * watch thread (every 50 ms) polls the sockets of suspended connections for a hang-up
+ * (cancel: the engine stops at the next token), resumes idle streams every 2 s for a
+ * `: keep-alive` comment, and enforces the queue/run timeouts. The engine thread never
+ * touches a socket. */
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -16,6 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+struct req_state;
 
 struct http_server {
     struct MHD_Daemon *d;
@@ -23,6 +30,12 @@ struct http_server {
     int n_routes;
     void *app;
     char *api_key;
+    double queue_s, run_s;    /* bounded waits; 0 = none */
+    pthread_mutex_t mu;       /* guards the list; taken before any job's mu */
+    struct req_state *head;   /* requests attached to a job */
+    pthread_t watch;
+    bool watching;
+    atomic_bool stop;
 };
 
 /* Per-request state (MHD's con_cls). */
@@ -31,8 +44,16 @@ struct req_state {
     size_t len, cap;
     bool too_big;
     const char *endpoint;     /* for metrics */
-    struct job *job;          /* streaming: cancelled when the connection ends badly */
+    struct job *job;          /* stream or wait: cancelled when the connection ends badly */
     struct MHD_Connection *conn;
+    struct http_server *srv;
+    void (*done)(void *app, struct job *j, struct http_response *rs); /* wait jobs */
+    struct req_state *prev, *next;
+    /* guarded by job->mu: */
+    bool suspended, ka_due, tmo_sent;
+    char tmo[96];             /* set: the job timed out; this is what it waited for */
+    double t_out;             /* last bytes handed to MHD (keep-alive clock) */
+    int fd;
 };
 
 void http_error(struct http_response *rs, int status, const char *type, const char *message,
@@ -89,22 +110,138 @@ static void send_error(struct MHD_Connection *c, struct req_state *st, int statu
     send_resp(c, st, &rs, allow);
 }
 
-/* SSE reader: runs on the connection thread, blocks up to 2 s for job output. */
+/* job->notify: wake the connection if it sleeps (called with job->mu held). */
+static void wake(void *arg)
+{
+    struct req_state *st = arg;
+    if (st->suspended) {
+        st->suspended = false;
+        MHD_resume_connection(st->conn);
+    }
+}
+
+static void attach(struct req_state *st, struct job *j)
+{
+    st->job = j;
+    st->t_out = tide_now();
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(st->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    st->fd = ci ? ci->connect_fd : -1;
+    pthread_mutex_lock(&st->srv->mu);
+    st->next = st->srv->head;
+    if (st->next) st->next->prev = st;
+    st->srv->head = st;
+    pthread_mutex_unlock(&st->srv->mu);
+    pthread_mutex_lock(&j->mu);
+    j->notify = wake;
+    j->notify_arg = st;
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void detach(struct req_state *st)
+{
+    struct http_server *s = st->srv;
+    pthread_mutex_lock(&s->mu);
+    if (st->prev) st->prev->next = st->next;
+    else if (s->head == st) s->head = st->next;
+    if (st->next) st->next->prev = st->prev;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&st->job->mu);
+    st->job->notify = NULL;
+    pthread_mutex_unlock(&st->job->mu);
+}
+
+/* SSE reader, on the polling thread: hand over what the job has; with nothing, suspend and
+ * return 0 (the documented way; wake() or the watch thread resumes). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct req_state *st = cls;
+    struct job *j = st->job;
     (void)pos;
-    for (;;) {
-        long n = job_read(st->job, buf, max, 2.0);
-        if (n > 0) return n;
-        if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-        /* Nothing for 2 s (waiting in the queue, or a slow prompt): keep the client and
-         * any proxy from timing out, and learn early that the client left. */
-        static const char ka[] = ": keep-alive\n\n";
-        if (max < sizeof ka - 1) continue;
-        memcpy(buf, ka, sizeof ka - 1);
-        return (ssize_t)(sizeof ka - 1);
+    ssize_t r;
+    pthread_mutex_lock(&j->mu);
+    if (st->tmo_sent) {
+        r = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (st->tmo[0]) {
+        char *e = openai_error_json(st->tmo, "server_error", NULL, "timeout");
+        int n = snprintf(buf, max, "data: %s\n\ndata: [DONE]\n\n", e ? e : "{}");
+        free(e);
+        st->tmo_sent = true;
+        r = n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (j->rd < j->len) {
+        size_t n = j->len - j->rd;
+        if (n > max) n = max;
+        memcpy(buf, j->buf + j->rd, n);
+        j->rd += n;
+        r = (ssize_t)n;
+    } else if (j->done || job_cancelled(j)) {
+        r = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (st->ka_due && max >= 14) {
+        /* Waiting in the queue or on a slow prompt: keep the client and proxies patient. */
+        memcpy(buf, ": keep-alive\n\n", 14);
+        r = 14;
+    } else {
+        st->suspended = true;
+        MHD_suspend_connection(st->conn);
+        r = 0;
     }
+    st->ka_due = false;
+    if (r > 0) st->t_out = tide_now();
+    pthread_mutex_unlock(&j->mu);
+    return r;
+}
+
+/* The watch thread: hang-ups, keep-alives and timeouts of suspended connections. */
+static void *watch_main(void *arg)
+{
+    struct http_server *s = arg;
+    while (!atomic_load(&s->stop)) {
+        usleep(50000);
+        double now = tide_now();
+        pthread_mutex_lock(&s->mu);
+        for (struct req_state *st = s->head; st; st = st->next) {
+            struct job *j = st->job;
+            bool cancel = false;
+            pthread_mutex_lock(&j->mu);
+            if (st->suspended && !j->done) {
+                struct pollfd p = { .fd = st->fd, .events = POLLRDHUP };
+                if (st->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                    cancel = true; /* the client left: the engine stops at its next token */
+                double lim = j->started ? s->run_s : s->queue_s;
+                if (!cancel && !st->tmo[0] && lim > 0 && now - j->t_enqueue > lim) {
+                    snprintf(st->tmo, sizeof st->tmo, "timed out after %g s waiting %s", lim,
+                             j->started ? "for the engine to finish the request" : "in the queue");
+                    cancel = true;
+                }
+                if (!cancel && !st->done && now - st->t_out >= 2.0) {
+                    st->ka_due = true;
+                    wake(st);
+                }
+            }
+            pthread_mutex_unlock(&j->mu);
+            if (cancel) job_cancel(j); /* notify resumes it */
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* A wait job's connection came back (or never slept): answer when it is done. */
+static enum MHD_Result finish_wait(struct http_server *s, struct MHD_Connection *c, struct req_state *st)
+{
+    struct job *j = st->job;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done && !st->tmo[0]) {
+        st->suspended = true;
+        MHD_suspend_connection(c);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&j->mu);
+    struct http_response rs = { .status = 200 };
+    if (st->tmo[0]) http_error(&rs, 503, "server_error", st->tmo, NULL, "timeout");
+    else st->done(s->app, j, &rs);
+    st->done = NULL;
+    return send_resp(c, st, &rs, NULL);
 }
 
 static bool key_ok(const char *want, const char *auth)
@@ -125,10 +262,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 {
     struct http_server *s = cls;
     struct req_state *st = *con_cls;
+    if (st && st->done) return finish_wait(s, c, st);
     if (!st) {
         st = calloc(1, sizeof *st);
         if (!st) return MHD_NO;
         st->conn = c;
+        st->srv = s;
+        st->fd = -1;
         st->endpoint = "other";
         *con_cls = st;
         for (int i = 0; i < s->n_routes; i++)
@@ -207,8 +347,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct http_request rq = { method, url, st->body ? st->body : "", st->len, c };
     struct http_response rs = { .status = 200 };
     route->fn(s->app, &rq, &rs);
+    if (rs.wait) {
+        st->done = rs.done;
+        attach(st, rs.wait);
+        return finish_wait(s, c, st);
+    }
     if (!rs.stream) return send_resp(c, st, &rs, NULL);
-    st->job = rs.stream;
+    attach(st, rs.stream);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, st, NULL);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -225,6 +370,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     struct req_state *st = *con_cls;
     if (!st) return;
     if (st->job) {
+        detach(st);
         /* Anything but a clean finish means the client is gone: stop generating. */
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) job_cancel(st->job);
         job_unref(st->job);
@@ -251,8 +397,10 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     s->n_routes = n_routes;
     s->app = app;
     s->api_key = api_key ? strdup(api_key) : NULL;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
-                     MHD_USE_POLL;
+    pthread_mutex_init(&s->mu, NULL);
+    atomic_init(&s->stop, false);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -262,12 +410,28 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     freeaddrinfo(ai);
     if (!s->d) {
         snprintf(err, errlen, "http: cannot listen on %s:%d (in use or not permitted)", host, port);
+        pthread_mutex_destroy(&s->mu);
         free(s->api_key);
         free(s);
         return TIDE_EIO;
     }
+    s->watching = pthread_create(&s->watch, NULL, watch_main, s) == 0;
+    if (!s->watching) {
+        snprintf(err, errlen, "http: cannot start the watch thread");
+        MHD_stop_daemon(s->d);
+        pthread_mutex_destroy(&s->mu);
+        free(s->api_key);
+        free(s);
+        return TIDE_ENOMEM;
+    }
     *out = s;
     return 0;
+}
+
+void http_set_timeouts(struct http_server *s, double queue_s, double run_s)
+{
+    s->queue_s = queue_s;
+    s->run_s = run_s;
 }
 
 void http_quiesce(struct http_server *s)
@@ -278,7 +442,19 @@ void http_quiesce(struct http_server *s)
 void http_stop(struct http_server *s)
 {
     if (!s) return;
+    atomic_store(&s->stop, true);
+    if (s->watching) pthread_join(s->watch, NULL);
+    /* MHD must not be stopped with suspended connections: wake them all (their jobs are
+     * cancelled by now, so each answers and ends). */
+    pthread_mutex_lock(&s->mu);
+    for (struct req_state *st = s->head; st; st = st->next) {
+        pthread_mutex_lock(&st->job->mu);
+        wake(st);
+        pthread_mutex_unlock(&st->job->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
     if (s->d) MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->mu);
     free(s->api_key);
     free(s);
 }

@@ -1,6 +1,7 @@
 /* http.h - the HTTP front: libmicrohttpd, a route table, body limits, API key, and
- * OpenAI-shaped error replies. Handlers run on connection threads and never touch the
- * model: they queue jobs and wait on them. */
+ * OpenAI-shaped error replies. Handlers run on MHD's one polling thread and must not
+ * block: they answer at once, or queue a job and hand it back (stream or wait) so that
+ * http.c suspends the connection until the job has something to say. */
 #ifndef TIDE_HTTP_H
 #define TIDE_HTTP_H
 
@@ -24,6 +25,10 @@ struct http_response {
     const char *content_type; /* default application/json */
     int retry_after;          /* >0: Retry-After header */
     struct job *stream;       /* set: SSE response read from this job (http.c takes the ref) */
+    /* set: wait (suspended, not blocking) until this job is done, then call done() to fill
+     * the response; http.c takes the ref, cancels it when the client leaves */
+    struct job *wait;
+    void (*done)(void *app, struct job *j, struct http_response *rs);
 };
 
 typedef void (*http_handler_fn)(void *app, const struct http_request *rq, struct http_response *rs);
@@ -36,6 +41,9 @@ struct http_route {
 struct http_server;
 int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
                int n_routes, void *app, const char *api_key, char *err, size_t errlen);
+/* Bounded waits: a job still queued after queue_s, or not done run_s after it was queued,
+ * is cancelled and answered 503 (a stream ends with an error event). 0 = no bound. */
+void http_set_timeouts(struct http_server *s, double queue_s, double run_s);
 /* Stop accepting new connections (SIGTERM, first step). */
 void http_quiesce(struct http_server *s);
 /* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */

@@ -69,6 +69,19 @@ static void h_metrics(void *ap, const struct http_request *rq, struct http_respo
     rs->content_type = "text/plain; version=0.0.4; charset=utf-8";
 }
 
+/* A non-streamed generation has finished (on the HTTP polling thread). */
+static void generate_done(void *ap, struct job *j, struct http_response *rs)
+{
+    struct app *a = ap;
+    if (j->status == 499 || j->status == 503) {
+        http_error(rs, 503, "server_error", atomic_load(&a->stopping) ? "server is shutting down" : "request canceled",
+                   NULL, NULL);
+    } else {
+        rs->status = j->status;
+        rs->body = dup_str(j->buf ? j->buf : "");
+    }
+}
+
 static void generate(struct app *a, const struct http_request *rq, struct http_response *rs, bool chat)
 {
     struct fifo *f = atomic_load(&a->fifo);
@@ -97,19 +110,8 @@ static void generate(struct app *a, const struct http_request *rq, struct http_r
         rs->retry_after = 1;
         return;
     }
-    if (stream) { rs->stream = j; return; }
-    /* Non-stream: wait here (this is a connection thread), watching for the client leaving. */
-    while (!job_wait_done(j, 0.2)) {
-        if (http_client_gone(rq)) job_cancel(j);
-    }
-    if (j->status == 499 || j->status == 503) {
-        http_error(rs, 503, "server_error", atomic_load(&a->stopping) ? "server is shutting down" : "request canceled",
-                   NULL, NULL);
-    } else {
-        rs->status = j->status;
-        rs->body = dup_str(j->buf ? j->buf : "");
-    }
-    job_unref(j);
+    if (stream) rs->stream = j;
+    else { rs->wait = j; rs->done = generate_done; } /* http.c suspends; no thread waits */
 }
 
 static void h_vram_get(void *ap, const struct http_request *rq, struct http_response *rs)
