@@ -26,6 +26,8 @@ void config_defaults(struct config *c)
     c->port = 8080;
     c->context = 4096;
     c->queue_max = 64;
+    c->queue_timeout_s = 600;
+    c->request_timeout_s = 3600;
     c->devices_auto = true;
     c->vram_elastic = true;
     c->vram_reserve_mib[0] = 0;
@@ -212,6 +214,9 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
         } else if (strcmp(k, "queue_max") == 0) {
             rc = get_int(f, k, 1, 1 << 20, "a positive integer", &n, err, errlen);
             if (!rc) c->queue_max = (int)n;
+        } else if (strcmp(k, "queue_timeout_s") == 0 || strcmp(k, "request_timeout_s") == 0) {
+            rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds, 0 = no bound)", &n, err, errlen);
+            if (!rc) *(k[0] == 'q' ? &c->queue_timeout_s : &c->request_timeout_s) = (int)n;
         } else if (strcmp(k, "devices") == 0) rc = parse_devices(c, f, err, errlen);
         else if (strcmp(k, "layer_split") == 0) {
             if (cJSON_IsNull(f)) { c->n_layer_split = 0; continue; }

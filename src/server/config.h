@@ -39,6 +39,8 @@ struct config {
     int threads;        /* 0 = all cores */
     char *api_key;      /* NULL: no key required */
     int queue_max;
+    int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
+    int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
     bool devices_auto;
     struct device_config devices[CONFIG_MAX_DEVICES];
     int n_devices;

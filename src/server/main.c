@@ -218,6 +218,7 @@ int main(int argc, char **argv)
     rc = http_start(&http, a->cfg.host, a->cfg.port, routes, (int)(sizeof routes / sizeof routes[0]), a,
                     a->cfg.api_key, err, sizeof err);
     if (rc) { tide_log("%s", err); config_free(&a->cfg); return 1; }
+    http_set_timeouts(http, a->cfg.queue_timeout_s, a->cfg.request_timeout_s);
 
     tide_log("loading model %s (context %d, threads %d)", a->cfg.model, a->cfg.context, a->cfg.threads);
     double t0 = tide_now();

@@ -336,6 +336,47 @@ Test(server, queue_full_503)
     cr_expect(n200 >= 1);
 }
 
+/* Bounded waits: a request stuck behind a long one in the queue gets a 503 naming what it
+ * waited for, after about queue_timeout_s, while the long one still completes. */
+Test(server, queue_timeout_503, .timeout = 90)
+{
+    stop();
+    start("\"queue_timeout_s\":1,\"request_timeout_s\":0", NULL, NULL);
+    struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
+    pthread_t th;
+    pthread_create(&th, NULL, par_run, &a);
+    usleep(300000);
+    char *b;
+    double t0 = now();
+    long code = chat("{" HELLO ",\"max_tokens\":1}", &b);
+    double dt = now() - t0;
+    pthread_join(th, NULL);
+    cr_expect_eq(code, 503, "%s", b);
+    cr_expect(strstr(b, "timed out after 1 s waiting in the queue") != NULL, "%s", b);
+    cr_expect(dt >= 0.9 && dt < 3.0, "answered after %.2f s", dt);
+    cr_expect_eq(a.code, 200, "the long request ahead was hurt");
+    free(b);
+}
+
+/* A stream that runs past request_timeout_s ends with an error event and [DONE]. */
+Test(server, request_timeout_stream_error_event, .timeout = 90)
+{
+    stop();
+    start("\"request_timeout_s\":1", NULL, NULL);
+    char *b;
+    double t0 = now();
+    long code = chat("{" HELLO ",\"max_tokens\":600,\"temperature\":0,\"stream\":true}", &b);
+    double dt = now() - t0;
+    cr_expect_eq(code, 200);
+    const char *e = strstr(b, "data: {\"error\"");
+    cr_expect(e != NULL, "no error event: %.300s", b);
+    cr_expect(e && strstr(e, "timed out after 1 s waiting for the engine") != NULL, "%.300s", e ? e : b);
+    size_t n = strlen(b);
+    cr_expect(n >= 14 && strcmp(b + n - 14, "data: [DONE]\n\n") == 0, "stream does not end with [DONE]");
+    cr_expect(dt < 4.0, "ended after %.2f s", dt);
+    free(b);
+}
+
 Test(server, fifo_order)
 {
     struct par ps[4];

@@ -49,6 +49,8 @@ Test(config, defaults)
     cr_expect_eq(c.port, 8080);
     cr_expect_eq(c.context, 4096);
     cr_expect_eq(c.queue_max, 64);
+    cr_expect_eq(c.queue_timeout_s, 600);
+    cr_expect_eq(c.request_timeout_s, 3600);
     cr_expect(c.devices_auto && c.vram_elastic && c.vision.lazy);
     cr_expect_eq(c.vision.idle_s, 900);
     config_free(&c);
@@ -73,6 +75,8 @@ Test(config, errors_name_the_key)
     expect_err("{\"port\":\"80\"}", "config: port:");
     expect_err("{\"context\":1.5}", "config: context:");
     expect_err("{\"queue_max\":0}", "config: queue_max:");
+    expect_err("{\"queue_timeout_s\":-1}", "config: queue_timeout_s:");
+    expect_err("{\"request_timeout_s\":\"60\"}", "config: request_timeout_s:");
     expect_err("{\"api_key\":5}", "config: api_key:");
     expect_err("{\"devices\":\"gpu\"}", "config: devices:");
     expect_err("{\"devices\":[{\"backend\":\"tpu\"}]}", "config: devices[0].backend:");
