@@ -1,0 +1,291 @@
+"""train.py - trains tide's own tiny MoE vision-language model (PyTorch, one GPU).
+
+The architecture is exactly what tide loads: a `llama` decoder with Mixtral-style experts
+(RMSNorm, adjacent-pair RoPE, GQA, top-2 of 8 SwiGLU experts, softmax renormalised over
+the chosen two) and a LLaVA-style ViT (pre/post LayerNorm, tanh GELU) with the `mlp`
+projector, fed 64x64 images in 8x8 patches (64 image tokens). Data: scripts/train/shapes.py.
+Writes weights.npz (matrices rounded to f16, as the GGUF stores them), refs.npz (reference
+logits and image embeddings computed with those weights), loss.csv and eval.json to OUTDIR.
+Usage: python3 train.py OUTDIR [steps]; then export_gguf.py turns weights.npz into GGUF.
+"""
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import shapes as S
+
+from train_cfg import E, NL, NH, NKV, HD, FF, NX, NUSED, VD, VF, VH, VL, P, NP
+MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
+STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
+SEQ = 128
+dev = "cuda"
+
+
+def P_(*shape, std=None):
+    t = torch.randn(*shape) * (std if std is not None else 1.0 / math.sqrt(shape[-1]))
+    return torch.nn.Parameter(t.to(dev))
+
+
+def ones(n): return torch.nn.Parameter(torch.ones(n, device=dev))
+def zeros(n): return torch.nn.Parameter(torch.zeros(n, device=dev))
+
+
+def build():
+    w = {"token_embd.weight": P_(S.N_VOCAB, E, std=0.5), "output_norm.weight": ones(E),
+         "output.weight": P_(S.N_VOCAB, E)}
+    for l in range(NL):
+        b = "blk.%d." % l
+        w[b + "attn_norm.weight"] = ones(E)
+        w[b + "attn_q.weight"] = P_(NH * HD, E)
+        w[b + "attn_k.weight"] = P_(NKV * HD, E)
+        w[b + "attn_v.weight"] = P_(NKV * HD, E)
+        w[b + "attn_output.weight"] = P_(E, NH * HD, std=0.5 / math.sqrt(E))
+        w[b + "ffn_norm.weight"] = ones(E)
+        w[b + "ffn_gate_inp.weight"] = P_(NX, E)
+        w[b + "ffn_gate_exps.weight"] = P_(NX, FF, E)
+        w[b + "ffn_up_exps.weight"] = P_(NX, FF, E)
+        w[b + "ffn_down_exps.weight"] = P_(NX, E, FF, std=0.5 / math.sqrt(FF))
+    w["v.patch_embd.weight"] = P_(VD, 3, P, P, std=1.0 / math.sqrt(3 * P * P))
+    w["v.patch_embd.bias"] = zeros(VD)
+    w["v.position_embd.weight"] = P_(NP, VD, std=0.1)
+    w["v.pre_ln.weight"], w["v.pre_ln.bias"] = ones(VD), zeros(VD)
+    for l in range(VL):
+        b = "v.blk.%d." % l
+        for n in ("ln1", "ln2"):
+            w[b + n + ".weight"], w[b + n + ".bias"] = ones(VD), zeros(VD)
+        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w[b + n + ".weight"], w[b + n + ".bias"] = P_(VD, VD), zeros(VD)
+        w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = P_(VF, VD), zeros(VF)
+        w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = P_(VD, VF, std=0.5 / math.sqrt(VF)), zeros(VD)
+    w["v.post_ln.weight"], w["v.post_ln.bias"] = ones(VD), zeros(VD)
+    w["mm.0.weight"], w["mm.0.bias"] = P_(E, VD), zeros(E)
+    w["mm.2.weight"], w["mm.2.bias"] = P_(E, E), zeros(E)
+    return w
+
+
+def vision(w, img):
+    """img: (B, 3, 64, 64) normalised -> (B, NP, E) image embeddings."""
+    x = F.conv2d(img, w["v.patch_embd.weight"], w["v.patch_embd.bias"], stride=P)
+    x = x.flatten(2).transpose(1, 2) + w["v.position_embd.weight"]
+    x = F.layer_norm(x, (VD,), w["v.pre_ln.weight"], w["v.pre_ln.bias"], 1e-5)
+    B = x.shape[0]
+    for l in range(VL):
+        b = "v.blk.%d." % l
+        h = F.layer_norm(x, (VD,), w[b + "ln1.weight"], w[b + "ln1.bias"], 1e-5)
+        q, k, v = (F.linear(h, w[b + n + ".weight"], w[b + n + ".bias"]).view(B, NP, VH, -1).transpose(1, 2)
+                   for n in ("attn_q", "attn_k", "attn_v"))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, NP, VD)
+        x = x + F.linear(a, w[b + "attn_out.weight"], w[b + "attn_out.bias"])
+        h = F.layer_norm(x, (VD,), w[b + "ln2.weight"], w[b + "ln2.bias"], 1e-5)
+        h = F.gelu(F.linear(h, w[b + "ffn_up.weight"], w[b + "ffn_up.bias"]), approximate="tanh")
+        x = x + F.linear(h, w[b + "ffn_down.weight"], w[b + "ffn_down.bias"])
+    x = F.layer_norm(x, (VD,), w["v.post_ln.weight"], w["v.post_ln.bias"], 1e-5)
+    x = F.gelu(F.linear(x, w["mm.0.weight"], w["mm.0.bias"]), approximate="tanh")
+    return F.linear(x, w["mm.2.weight"], w["mm.2.bias"])
+
+
+def rms(x, g): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+
+
+def rope(x, pos):
+    """x: (B, H, T, HD); adjacent pairs (2i, 2i+1), ggml's normal mode (llama)."""
+    i = torch.arange(HD // 2, device=x.device, dtype=torch.float64)
+    ang = (pos.double()[:, None] * 10000.0 ** (-2.0 * i / HD)).float()
+    c, s = ang.cos(), ang.sin()
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2)
+
+
+def decoder(w, h):
+    """h: (B, T, E) input embeddings -> logits (B, T, V)."""
+    B, T, _ = h.shape
+    pos = torch.arange(T, device=h.device)
+    for l in range(NL):
+        b = "blk.%d." % l
+        x = rms(h, w[b + "attn_norm.weight"])
+        q = F.linear(x, w[b + "attn_q.weight"]).view(B, T, NH, HD).transpose(1, 2)
+        k = F.linear(x, w[b + "attn_k.weight"]).view(B, T, NKV, HD).transpose(1, 2)
+        v = F.linear(x, w[b + "attn_v.weight"]).view(B, T, NKV, HD).transpose(1, 2)
+        q, k = rope(q, pos), rope(k, pos)
+        k, v = k.repeat_interleave(NH // NKV, 1), v.repeat_interleave(NH // NKV, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, NH * HD)
+        h = h + F.linear(a, w[b + "attn_output.weight"])
+        x = rms(h, w[b + "ffn_norm.weight"])
+        gl = F.linear(x, w[b + "ffn_gate_inp.weight"])
+        top, sel = gl.topk(NUSED, -1)
+        gw = torch.zeros_like(gl).scatter(-1, sel, torch.softmax(top, -1))
+        g = torch.einsum("bte,xfe->btxf", x, w[b + "ffn_gate_exps.weight"])
+        u = torch.einsum("bte,xfe->btxf", x, w[b + "ffn_up_exps.weight"])
+        y = torch.einsum("btxf,xef->btxe", F.silu(g) * u, w[b + "ffn_down_exps.weight"])
+        h = h + (y * gw[..., None]).sum(2)
+        # a light load-balancing term (Switch-style) so that all experts get used
+        decoder.aux = decoder.aux + NX * (torch.softmax(gl, -1).mean((0, 1)) *
+                                          (gw > 0).float().mean((0, 1))).sum() / NL
+    return F.linear(rms(h, w["output_norm.weight"]), w["output.weight"])
+
+
+decoder.aux = 0.0
+
+
+def forward(w, ids, imgs):
+    """ids: (B, T) with S.IMG at image positions; imgs: (Bi, 3, 64, 64) for the rows that have them."""
+    h = w["token_embd.weight"][ids.clamp(min=0)]
+    m = ids == S.IMG
+    if imgs is not None and imgs.shape[0]:
+        h = h.clone()
+        h[m] = vision(w, imgs).reshape(-1, E).to(h.dtype)
+    return decoder(w, h)
+
+
+def norm_img(u8):
+    x = torch.from_numpy(u8).to(dev).permute(0, 3, 1, 2).float() / 255.0
+    return (x - MEAN.to(dev)) / STD.to(dev)
+
+
+def sample(seed):
+    """One training example: (ids, loss mask, image or None)."""
+    rng = np.random.default_rng(seed)
+    if rng.random() < 0.8:
+        img, objs = S.make_image(rng)
+        q, a = S.image_qa(rng, objs)
+        p = S.prompt_ids(q, True, NP)
+    else:
+        img = None
+        q, a = S.text_chat(rng)
+        p = S.prompt_ids(q, False, NP)
+    ans = S.answer_ids(a)
+    return p + ans, len(p), img
+
+
+def batches(n, base):
+    with mp.Pool(16) as pool:
+        data = pool.map(sample, range(base, base + n), chunksize=512)
+    return data
+
+
+def collate(items):
+    B = len(items)
+    ids = np.full((B, SEQ + 1), S.EOT, np.int64)
+    lm = np.zeros((B, SEQ + 1), np.float32)
+    imgs = []
+    for i, (seq, np_, img) in enumerate(items):
+        seq = seq[:SEQ + 1]
+        ids[i, :len(seq)] = seq
+        lm[i, np_:len(seq)] = 1
+        if img is not None:
+            imgs.append(img)
+    ids = torch.from_numpy(ids).to(dev)
+    lm = torch.from_numpy(lm).to(dev)
+    im = norm_img(np.stack(imgs)) if imgs else None
+    return ids, lm, im
+
+
+@torch.no_grad()
+def greedy(w, prompts, imgs, n=48):
+    ids = torch.tensor(prompts, device=dev)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
+    out = [[] for _ in prompts]
+    for _ in range(n):
+        t = forward(w, ids, imgs)[:, -1].argmax(-1)
+        for i, v in enumerate(t.tolist()):
+            if not done[i] and v != S.IM_END:
+                out[i].append(v)
+        done |= t == S.IM_END
+        ids = torch.cat([ids, t[:, None]], 1)
+        if done.all():
+            break
+    return [bytes(o).decode("utf-8", "replace") for o in out]
+
+
+def evaluate(w, seed0, n=256):
+    res = {}
+    rng = np.random.default_rng(seed0)
+    for q, nobj in ((S.Q_WHAT, 1), (S.Q_COUNT, None), (S.Q_COLOUR, 1), (S.Q_SHAPE, 1)):
+        ims, exp = [], []
+        for _ in range(n):
+            img, objs = S.make_image(rng, nobj)
+            ims.append(img)
+            exp.append(objs)
+        got = greedy(w, [S.prompt_ids(q, True, NP)] * n, norm_img(np.stack(ims)))
+        ok = 0
+        for g, o in zip(got, exp):
+            if q == S.Q_COUNT:
+                ok += S.NUM[len(o)] in g
+            else:
+                ok += (q != S.Q_SHAPE or o[0][1] in g) and (q != S.Q_COLOUR or o[0][0] in g) and \
+                    (q != S.Q_WHAT or (o[0][0] in g and o[0][1] in g))
+        res[q] = ok / n
+        res[q + " sample"] = got[:3]
+    return res
+
+
+def main():
+    out = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    w = build()
+    opt = torch.optim.AdamW(w.values(), lr=2e-3, betas=(0.9, 0.98), weight_decay=0.01)
+    t0 = time.time()
+    BS = 128
+    data = batches(steps * BS, 1000)  # training seeds: 1000 .. 1000 + steps*BS; tests use 10^9+
+    tgen = time.time() - t0
+    log = []
+    for step in range(steps):
+        lr = 2e-3 * min(1.0, (step + 1) / 200) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.95 + 0.05)
+        for gp in opt.param_groups:
+            gp["lr"] = lr
+        ids, lm, im = collate(data[step * BS:(step + 1) * BS])
+        decoder.aux = 0.0
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = forward(w, ids[:, :-1], im)
+        ce = F.cross_entropy(logits.float().reshape(-1, S.N_VOCAB), ids[:, 1:].reshape(-1), reduction="none")
+        loss = (ce * lm[:, 1:].reshape(-1)).sum() / lm[:, 1:].sum()
+        (loss + 0.01 * decoder.aux).backward()
+        torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 25 == 0 or step == steps - 1:
+            log.append((step, loss.item()))
+            print("step %d loss %.4f %.1fs" % (step, loss.item(), time.time() - t0), flush=True)
+        if time.time() - t0 > 200:
+            break
+    ttrain = time.time() - t0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    # round matrices to f16 as the GGUF stores them; vectors (and the router) stay f32
+    with torch.no_grad():
+        for k, v in w.items():
+            if v.dim() >= 2 and "ffn_gate_inp" not in k:
+                v.copy_(v.half().float())
+    np.savez(os.path.join(out, "weights.npz"), **{k: v.detach().cpu().numpy() for k, v in w.items()})
+    with open(os.path.join(out, "loss.csv"), "w") as f:
+        f.write("step,loss\n" + "".join("%d,%.5f\n" % s for s in log))
+    # reference vectors: a text prompt's last logits, an image's embeddings, an image prompt's logits
+    rng = np.random.default_rng(424242)
+    img, objs = S.make_image(rng, 1)
+    with torch.no_grad():
+        emb = vision(w, norm_img(img[None]))[0]
+        tp = S.prompt_ids("What is 3 + 4?", False, NP)
+        tl = forward(w, torch.tensor([tp], device=dev), None)[0, -1]
+        ip = S.prompt_ids(S.Q_WHAT, True, NP)
+        il = forward(w, torch.tensor([ip], device=dev), norm_img(img[None]))[0, -1]
+    np.savez(os.path.join(out, "refs.npz"), image=img, image_embd=emb.cpu().numpy(),
+             text_ids=np.array(tp), text_logits=tl.cpu().numpy(),
+             image_ids=np.array(ip), image_logits=il.cpu().numpy())
+    ev = evaluate(w, 10**9 + 7)
+    ev.update(train_s=ttrain, datagen_s=tgen, steps=step + 1, batch=BS)
+    print(json.dumps(ev, indent=1), flush=True)
+    with open(os.path.join(out, "eval.json"), "w") as f:
+        json.dump(ev, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
