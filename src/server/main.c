@@ -303,7 +303,7 @@ int main(int argc, char **argv)
     atomic_store(&a->stopping, true);
     http_quiesce(http);
     fifo_stop(f);       /* cancels in-flight work; waiting handlers wake up */
-    http_stop(http);    /* joins the connection threads */
+    http_stop(http);    /* wakes suspended connections, joins the polling and watch threads */
     fifo_free(f);
     if (rt->vision) vision_free(rt->vision);
     engine_free(&rt->eng);
