@@ -242,6 +242,35 @@ static const char *sniff(const uint8_t *b, size_t n)
     return NULL;
 }
 
+/* Debian's stb_image 2.27 trusts a DHT segment's 16 symbol counts: a table of more than 256
+ * symbols runs past its size[257] and values[256] arrays (found by fuzz/fuzz_image.c under
+ * UBSan; stb 2.28 added the check). stb reads DHT segments from stbi_info on, so before it
+ * sees a JPEG, walk every marker segment (skipping entropy-coded data, where 0xFF is
+ * followed by 0x00 or a restart marker) and refuse any table whose counts add up past 256. */
+static bool jpeg_tables_ok(const uint8_t *b, size_t n)
+{
+    size_t i = 2;
+    while (i + 4 <= n) {
+        if (b[i] != 0xFF) { i++; continue; }
+        uint8_t m = b[i + 1];
+        if (m == 0xFF) { i++; continue; }
+        if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD8)) { i += 2; continue; }
+        if (m == 0xD9) return true;
+        size_t len = (size_t)b[i + 2] << 8 | b[i + 3];
+        if (m == 0xC4) {
+            size_t p = i + 4, end = i + 2 + len > n ? n : i + 2 + len;
+            while (p < end) {
+                unsigned total = 0;
+                for (size_t k = 1; k <= 16 && p + k < n; k++) total += b[p + k];
+                if (total > 256) return false;
+                p += 17 + total;
+            }
+        }
+        i += 2 + len;
+    }
+    return true;
+}
+
 int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
                  struct image_u8 *out, char *err, size_t errlen)
 {
@@ -254,11 +283,15 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
         return fail(TIDE_EUNSUPPORTED, err, errlen,
                     "not a PNG, JPEG, BMP or GIF image (%zu bytes)", n);
     if (n > INT32_MAX) return fail(TIDE_ERANGE, err, errlen, "image is too large");
+    if (fmt[0] == 'J' && !jpeg_tables_ok(bytes, n))
+        return fail(TIDE_EFORMAT, err, errlen, "cannot decode JPEG image: a Huffman table has more than 256 symbols");
     int w, h, comp;
     /* Header only first: refuse a decompression bomb before allocating its pixels. */
     if (!stbi_info_from_memory(bytes, (int)n, &w, &h, &comp))
         return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
                     stbi_failure_reason());
+    if (w <= 0 || h <= 0)   /* stb takes a BMP with height 0 */
+        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: it is %dx%d", fmt, w, h);
     if (lim && lim->max_pixels && (uint64_t)w * (uint64_t)h > lim->max_pixels)
         return fail(TIDE_ERANGE, err, errlen, "image is %dx%d = %llu pixels, over the %llu limit",
                     w, h, (unsigned long long)w * h, (unsigned long long)lim->max_pixels);
