@@ -405,7 +405,7 @@ Test(server, disconnect_cancels)
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
     int seen = 0;
     curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{" HELLO ",\"max_tokens\":100000,\"stream\":true}");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{" HELLO ",\"max_tokens\":900,\"temperature\":0,\"stream\":true}");
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, abort_after_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &seen);
@@ -496,5 +496,50 @@ Test(server, completions_logprobs_have_the_legacy_shape)
         cJSON_ArrayForEach(t, top) cr_assert_leq(t->valuedouble, l + 1e-6, "greedy token %d is not the most likely", i);
     }
     cJSON_Delete(o);
+    free(b);
+}
+
+/* One request with a client-side timeout (the client hangs up after ms); returns the body. */
+static char *post_with_timeout(const char *body, long ms)
+{
+    CURL *c = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    struct buf b = { calloc(1, 1), 0 };
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, ms);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_perform(c);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return b.p;
+}
+
+/* A client that hangs up on a non-streamed request (its connection is suspended, so only the
+ * watch thread can see it) stops the generation: the next request is not stuck behind it. */
+Test(server, disconnect_cancels_non_stream)
+{
+    free(post_with_timeout("{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 400));
+    double t0 = now();
+    char *b;
+    cr_expect_eq(chat("{" HELLO ",\"max_tokens\":2,\"temperature\":0}", &b), 200);
+    free(b);
+    cr_expect(now() - t0 < 2.0, "follow-up took %.1f s: the abandoned request kept running", now() - t0);
+}
+
+/* A stream waiting in the queue gets `: keep-alive` comments (about every 2 s). */
+Test(server, queued_stream_keep_alive, .timeout = 60)
+{
+    struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
+    pthread_t th;
+    pthread_create(&th, NULL, par_run, &a);
+    usleep(300000);
+    char *b = post_with_timeout("{" HELLO ",\"max_tokens\":2,\"stream\":true}", 2800);
+    pthread_join(th, NULL);
+    cr_expect(strstr(b, ": keep-alive\n\n") != NULL, "no keep-alive while queued: %.200s", b);
     free(b);
 }
