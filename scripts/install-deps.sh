@@ -7,7 +7,9 @@ pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcu
       prometheus   # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
       nodejs       # the official OpenAI Node client: tests/sdk/run.sh
       chromium     # the page at GET / in a browser: tests/browser/run.sh
-      xxd)         # ui/* compiled into the daemon (Makefile: ui_assets.h)
+      xxd          # ui/* compiled into the daemon (Makefile: ui_assets.h)
+      clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan runtimes
+      valgrind)    # make valgrind: the unit tests under memcheck
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
