@@ -1,7 +1,8 @@
 /* http.c - libmicrohttpd glue: routing, limits, auth, error bodies, SSE streaming.
  *
- * Threading: MHD's one internal polling thread (epoll where the library has it, else
- * poll) runs every handler, with MHD_ALLOW_SUSPEND_RESUME. Handlers never block: a
+ * Threading: MHD's internal polling threads (a pool of HTTP_POLLING_THREADS, each with
+ * its own epoll set where the library has it, else poll) run every handler, with
+ * MHD_ALLOW_SUSPEND_RESUME. Handlers never block on the engine: a
  * request that needs the engine queues a job and its connection is suspended; the job's
  * notify hook (output, start, finish, cancel; fifo.c calls it from the engine thread)
  * resumes it. SSE readers return what the job has, or suspend and return 0. One small
@@ -380,6 +381,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/* Polling threads, each with its own epoll set and its share of the connections. One would do
+ * for the JSON, but an image request decodes its image in the handler (up to the pixel limit,
+ * a second or so): with a few threads that stalls only the connections on its thread. */
+#define HTTP_POLLING_THREADS 4
+
 int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
                int n_routes, void *app, const char *api_key, char *err, size_t errlen)
 {
@@ -406,6 +412,7 @@ int http_start(struct http_server **out, const char *host, int port, const struc
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_POLLING_THREADS,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
