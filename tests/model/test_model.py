@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""test_model.py - tide's own trained model (models/tide-shapes*.gguf) through the HTTP API on CPU.
+
+Starts $TIDE_BIN on a free loopback port with the shipped model and its mmproj, then:
+ 1. parity: the top-5 logprobs tide reports for the reference prompts (one text, one with the
+    reference image) match PyTorch's top-10 (tests/model/refs.json, from scripts/train/make_refs.py)
+    to a relative error < 1e-3;
+ 2. accuracy: N held-out images (seeds from 10^9, training used 1000..~10^6), drawn by
+    scripts/train/shapes.py, asked "What is in this image?" (one shape: the answer must name
+    its colour and shape, >= 95%) and "How many shapes are there?" (1-3 shapes, >= 90%);
+ 3. text: a fixed list of prompts; the arithmetic ones must give the right sum.
+Prints the measured accuracies. Usage: tests/model/test_model.py [N]   (env: TIDE_BIN)
+Not in `make test` yet: it needs the trained models/tide-shapes*.gguf and refs.json committed.
+"""
+import base64
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "train"))
+import numpy as np  # noqa: E402
+import shapes as S  # noqa: E402
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+fails = []
+
+
+def post(port, path, body):
+    r = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=120) as f:
+        return json.loads(f.read())
+
+
+def ask(port, question, img=None):
+    content = question
+    if img is not None:
+        url = "data:image/png;base64," + base64.b64encode(S.png_bytes(img)).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+    r = post(port, "/v1/chat/completions", {"model": "tide", "temperature": 0, "max_tokens": 64,
+                                            "messages": [{"role": "user", "content": content}]})
+    return r["choices"][0]["message"]["content"]
+
+
+def parity(port):
+    refs = json.load(open(os.path.join(ROOT, "tests", "model", "refs.json")))
+    worst = 0.0
+    for ref in refs:
+        img = np.array(ref["image"], np.uint8) if ref.get("image") else None
+        q = ref["question"]
+        content = q
+        if img is not None:
+            url = "data:image/png;base64," + base64.b64encode(S.png_bytes(img)).decode()
+            content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": q}]
+        r = post(port, "/v1/chat/completions", {"model": "tide", "temperature": 0, "max_tokens": 1,
+                                                "logprobs": True, "top_logprobs": 5,
+                                                "messages": [{"role": "user", "content": content}]})
+        top = r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        want = {tuple(b): lp for b, lp in ref["top"]}
+        for t in top:
+            b = tuple(t["bytes"])
+            if b not in want:
+                fails.append("parity %r: tide's top-5 token %r is not in PyTorch's top-10" % (q, t["token"]))
+                continue
+            worst = max(worst, abs(t["logprob"] - want[b]) / max(abs(want[b]), 1e-2))
+    print("parity: worst relative error of top-5 logprobs vs PyTorch %.2e" % worst)
+    if worst >= 1e-3:
+        fails.append("parity: relative error %.2e >= 1e-3" % worst)
+
+
+def accuracy(port):
+    rng = np.random.default_rng(10**9 + 2026)
+    ok_what = ok_cnt = 0
+    for i in range(N):
+        img, objs = S.make_image(rng, 1)
+        a = ask(port, S.Q_WHAT, img).lower()
+        good = objs[0][0] in a and objs[0][1] in a
+        ok_what += good
+        if not good and len(fails) < 5:
+            print("  miss: %s -> %r" % (objs, a))
+    for i in range(N):
+        img, objs = S.make_image(rng)
+        a = ask(port, S.Q_COUNT, img).lower()
+        ok_cnt += S.NUM[len(objs)] in a.split(" ") or S.NUM[len(objs)] + "." in a
+    pw, pc = ok_what / N, ok_cnt / N
+    print("accuracy: 'What is in this image?' %d/%d = %.1f%% (colour and shape named)" % (ok_what, N, 100 * pw))
+    print("accuracy: 'How many shapes are there?' %d/%d = %.1f%%" % (ok_cnt, N, 100 * pc))
+    if pw < 0.95:
+        fails.append("what-is-in-this-image accuracy %.3f < 0.95" % pw)
+    if pc < 0.90:
+        fails.append("count accuracy %.3f < 0.90" % pc)
+
+
+def text(port):
+    for a, b in ((3, 4), (2, 5), (7, 1), (9, 9)):
+        r = ask(port, "What is %d + %d?" % (a, b))
+        print("text: 'What is %d + %d?' -> %r" % (a, b, r))
+        if str(a + b) not in r.replace("%d + %d" % (a, b), ""):
+            fails.append("arithmetic %d + %d: %r" % (a, b, r))
+    for q, want in (("Hello", "hello"), ("What shapes do you know?", "circle"),
+                    ("How many sides does a triangle have?", "three")):
+        r = ask(port, q)
+        print("text: %r -> %r" % (q, r))
+        if want not in r.lower():
+            fails.append("text %r: %r (expected %r in it)" % (q, r, want))
+
+
+def main():
+    tide = os.environ.get("TIDE_BIN", os.path.join(ROOT, "build", "tide"))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    log = tempfile.TemporaryFile()
+    p = subprocess.Popen([tide, "--config", os.path.join(ROOT, "config", "tide.json"), "--port", str(port),
+                          "--model", os.path.join(ROOT, "models", "tide-shapes.gguf"),
+                          "--mmproj", os.path.join(ROOT, "models", "tide-shapes-mmproj.gguf")],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    t0 = time.time()
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % port, timeout=2).read()
+                break
+            except Exception:
+                if p.poll() is not None:
+                    break
+                time.sleep(0.1)
+        parity(port)
+        text(port)
+        accuracy(port)
+    finally:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        if fails:
+            log.seek(0)
+            print("--- tide log (tail)\n" + log.read().decode(errors="replace")[-1500:])
+    print("test_model: %.1f s" % (time.time() - t0))
+    if fails:
+        for f in fails:
+            print("FAIL test_model: " + f)
+        sys.exit(1)
+    print("PASS test_model")
+
+
+if __name__ == "__main__":
+    main()
