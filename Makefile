@@ -134,6 +134,7 @@ ASAN_BUILD ?= $(BUILD)/asan
 # halt_on_error makes every other report fatal.
 ASAN_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:log_path=$(abspath $(ASAN_BUILD))/san \
+            LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(abspath fuzz/ubsan.supp):log_path=$(abspath $(ASAN_BUILD))/san
 .PHONY: asan fuzz
 asan: deps

@@ -62,9 +62,8 @@ static long req_h(const char *method, const char *path, const char *body, const 
     if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
-    if (!sb) {
-        if (out) *out = b.p; else free(b.p);
-    }
+    if (!sb && out) *out = b.p;
+    else free(b.p);
     return code;
 }
 static long req(const char *method, const char *path, const char *body, char **out)
@@ -135,6 +134,17 @@ static cJSON *vram(void)
     cr_assert_not_null(o, "GET /v1/vram: %s", b);
     free(b);
     return o;
+}
+
+/* The vision state of a fresh GET /v1/vram (copied: nothing to free). */
+static const char *vstate(cJSON *o);
+static const char *vision_state_now(void)
+{
+    static char st[32];
+    cJSON *o = vram();
+    snprintf(st, sizeof st, "%s", vstate(o));
+    cJSON_Delete(o);
+    return st;
 }
 
 static double dnum(cJSON *o, int dev, const char *k)
@@ -440,7 +450,7 @@ Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
     cr_assert_lt(total_slots(l2), lazy, "no hand-back");
     char *t1 = content(TEXT);
     cr_assert_str_eq(t0, t1, "text changed while the encoder is loaded");
-    for (int i = 0; i < 150 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    for (int i = 0; i < 150 && strcmp(vision_state_now(), "unloaded"); i++) usleep(100000);
     cJSON *l3 = vram();
     cr_assert_str_eq(vstate(l3), "unloaded", "encoder still loaded after idle_s");
     cr_assert_eq(total_slots(l3), lazy, "caches not regrown to the lazy-boot count");
@@ -451,7 +461,7 @@ Test(vision, lazy_cycle_hands_back_and_regrows_exactly, .timeout = 120)
     cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 200);
     cJSON *ir2 = cJSON_Parse(b);
     free(b);
-    cr_assert_str_eq(vstate(vram()), "unloaded", "a cached image woke the encoder");
+    cr_assert_str_eq(vision_state_now(), "unloaded", "a cached image woke the encoder");
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(ir2, "usage"), "prompt_tokens")->valuedouble, pt);
     stop();
     free(t0); free(t1); free(t2); free(img);
@@ -490,7 +500,7 @@ Test(vision, a_user_reserve_survives_the_encoder_load_and_unload, .timeout = 120
     cJSON *r1 = vram();
     cr_assert_str_eq(vstate(r1), "ready");
     cr_assert_lt(total_slots(r1), reserved, "the encoder was given the operator's reserve");
-    for (int i = 0; i < 150 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    for (int i = 0; i < 150 && strcmp(vision_state_now(), "unloaded"); i++) usleep(100000);
     cJSON *r2 = vram();
     cr_assert_str_eq(vstate(r2), "unloaded");
     cr_assert_eq(total_slots(r2), reserved, "after the unload the cache grew into the reserve");
@@ -610,7 +620,7 @@ Test(vision, images_around_the_idle_unload_all_succeed, .timeout = 90)
         free(b);
         free(img);
     }
-    for (int i = 0; i < 50 && strcmp(vstate(vram()), "unloaded"); i++) usleep(100000);
+    for (int i = 0; i < 50 && strcmp(vision_state_now(), "unloaded"); i++) usleep(100000);
     cJSON *v1 = vram();
     cr_assert_str_eq(vstate(v1), "unloaded");
     cr_assert_eq(total_slots(v1), full);
