@@ -45,6 +45,16 @@ struct backend_i {
     void (*zero)(void *ctx, float *x, int n);
     /* Wait until every op queued on this backend has finished. */
     void (*sync)(void *ctx);
+    /* One token's MoE FFN over its k chosen experts (views in this backend's memory, all
+     * valid at once), weights w[0..k) (host array): y (n_embd) = sum over j = 0..k-1, in that
+     * order, of w[j] * down_j(silu(gate_j x) * up_j x) - the same result as zero, then per
+     * expert matmul, matmul, swiglu, matmul, axpy. hb, hb2 (n_ff_exp) and tmp (n_embd) are
+     * scratch a backend may use. Returns 0, or TIDE_EUNSUPPORTED with nothing done (types or
+     * shapes it does not fuse: the caller runs the per-expert ops), or another negative code.
+     * x NULL is a probe: nothing runs, the answer says whether views of these types and
+     * shapes would (ex may then be host views). NULL when the backend has no fused form. */
+    int (*moe_ffn)(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
+                   float *y, float *hb, float *hb2, float *tmp);
 };
 
 struct backend {

@@ -592,6 +592,24 @@ static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int *
 static void cpu_zero(void *ctx, float *x, int n) { memset(x, 0, sizeof(float) * (size_t)n); }
 static void cpu_sync(void *ctx) { (void)ctx; }
 
+/* The fused MoE slot as the per-expert ops it stands for (the CUDA form must match this). */
+static int cpu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
+                       float *y, float *hb, float *hb2, float *tmp)
+{
+    int E = (int)ex[0].gate.ne[0], F = (int)ex[0].gate.ne[1];
+    if (!x)
+        return 0; /* a probe: every type runs here */
+    cpu_zero(ctx, y, E);
+    for (int j = 0; j < k; j++) {
+        cpu_matmul(ctx, &ex[j].gate, x, hb, 1);
+        cpu_matmul(ctx, &ex[j].up, x, hb2, 1);
+        cpu_swiglu(ctx, hb, hb2, F);
+        cpu_matmul(ctx, &ex[j].down, hb, tmp, 1);
+        cpu_axpy(ctx, y, tmp, w[j], E);
+    }
+    return 0;
+}
+
 static const struct backend_i cpu_iface = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -608,6 +626,7 @@ static const struct backend_i cpu_iface = {
     .gather_rows = cpu_gather_rows,
     .zero = cpu_zero,
     .sync = cpu_sync,
+    .moe_ffn = cpu_moe_ffn,
 };
 
 int backend_cpu_init(struct backend *b, int n_threads)

@@ -327,6 +327,51 @@ static void route(const struct model_config *c, const float *logits, int *sel, f
         w[j] = (float)(w[j] / z);
 }
 
+/* Decode: one token's k experts in the backend's fused op, in ascending expert order (the
+ * order of the per-expert loop below, so the sum is the same). Every view must stay valid
+ * until the op is queued: with fewer live cache slots than k a lookup could evict an
+ * earlier one, so then (and for types the backend does not fuse) TIDE_EUNSUPPORTED sends
+ * the caller to the per-expert path. */
+#define MOE_FUSED_MAX_K 16
+static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint32_t l)
+{
+    const struct model_config *c = &s->m->cfg;
+    int k = (int)c->n_expert_used;
+    struct expert_cache *ec = st->cache;
+    if (k < 1 || k > MOE_FUSED_MAX_K || (ec && (ec->n_seg - ec->n_borrowed) * ec->slots_per_seg < k))
+        return TIDE_EUNSUPPORTED;
+    int sel[MOE_FUSED_MAX_K];
+    float w[MOE_FUSED_MAX_K];
+    struct expert_weights ew[MOE_FUSED_MAX_K];
+    /* ask first with the host views (same types and shapes), so that an unfused type is
+     * looked up in the cache once, by the per-expert path, and the hit counts stay true */
+    for (int j = 0; j < k; j++)
+        model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
+    int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL);
+    if (rc < 0)
+        return rc;
+    for (int j = 0; j < k; j++) { /* insertion sort by expert index */
+        int e = s->moe_sel[j], i = j;
+        float wj = s->moe_w[j];
+        for (; i > 0 && sel[i - 1] > e; i--)
+            sel[i] = sel[i - 1], w[i] = w[i - 1];
+        sel[i] = e, w[i] = wj;
+    }
+    for (int j = 0; j < k; j++) {
+        if (ec) {
+            rc = expert_cache_lookup(ec, l, (uint32_t)sel[j], &ew[j]);
+            if (rc < 0)
+                return rc;
+        } else {
+            model_expert_host(s->m, l, (uint32_t)sel[j], &ew[j]);
+        }
+    }
+    rc = st->be.i->moe_ffn(st->be.ctx, ew, w, k, st->xb, st->moe_out, st->hb, st->hb2, st->xb2);
+    if (rc == 0)
+        s->n_expert_calls += k;
+    return rc;
+}
+
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E). */
 static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
 {
@@ -340,6 +385,11 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     B->download(bc, s->host_router, st->router, sizeof(float) * (size_t)n * c->n_expert);
     for (int t = 0; t < n; t++)
         route(c, s->host_router + (size_t)t * c->n_expert, s->moe_sel + t * k, s->moe_w + t * k);
+    if (n == 1 && B->moe_ffn) {
+        int rc = moe_ffn_fused(s, st, l);
+        if (rc != TIDE_EUNSUPPORTED)
+            return rc;
+    }
     B->zero(bc, st->moe_out, n * E);
 
     int *tok = s->moe_tok;   /* tokens routed to expert e */

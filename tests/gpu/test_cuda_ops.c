@@ -14,6 +14,7 @@
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 #include "memory/vmm.h"
+#include "gpu_test.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,15 +28,15 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
-    "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "upload_download", "vmm",
+    "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0",
-    "bench_copy", "bench_matmul", "bench_attention", "bench_decode",
+    "bench_copy", "bench_matmul", "bench_attention", "bench_decode", "bench_decode_fused",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
-static struct backend cpu, gpu;
-static int n_fail;
+struct backend cpu, gpu;
+int n_fail;
 
 /* ---- helpers ---- */
 
@@ -53,7 +54,7 @@ static float randn(void)
     float u = randu(), v = randu();
     return sqrtf(-2.0f * logf(u + 1e-12f)) * cosf(6.2831853f * v);
 }
-static float *rand_vec(size_t n, float scale)
+float *rand_vec(size_t n, float scale)
 {
     float *v = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
@@ -61,7 +62,7 @@ static float *rand_vec(size_t n, float scale)
     return v;
 }
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -69,7 +70,7 @@ static double now_s(void)
 }
 
 /* ||a - b|| / ||b||; NaN or Inf anywhere -> +inf */
-static double relerr(const float *a, const float *b, size_t n)
+double relerr(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -82,21 +83,21 @@ static double relerr(const float *a, const float *b, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void *dev_put(const void *src, size_t bytes)
+void *dev_put(const void *src, size_t bytes)
 {
     void *d = gpu.i->alloc(gpu.ctx, bytes);
     if (d && src)
         gpu.i->upload(gpu.ctx, d, src, bytes);
     return d;
 }
-static void dev_poison(void *d, size_t bytes)
+void dev_poison(void *d, size_t bytes)
 {
     unsigned char *p = malloc(bytes);
     memset(p, 0xff, bytes); /* 0xffffffff is a NaN */
     gpu.i->upload(gpu.ctx, d, p, bytes);
     free(p);
 }
-static float *dev_get(const void *d, size_t n)
+float *dev_get(const void *d, size_t n)
 {
     float *h = malloc(n * sizeof(float));
     gpu.i->download(gpu.ctx, h, d, n * sizeof(float));
@@ -114,7 +115,7 @@ static bool gpu_ok(const char *name)
     return true;
 }
 
-static void verdict(const char *name, bool ok, const char *fmt, double v)
+void verdict(const char *name, bool ok, const char *fmt, double v)
 {
     char detail[160];
     snprintf(detail, sizeof detail, fmt, v);
@@ -146,7 +147,7 @@ static void quantize_q4(const float *x, uint8_t *out, int n)
 }
 
 /* Host tensor of type from f32 values (rows, cols); data malloc'ed. */
-static struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src)
+struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src)
 {
     struct tensor t = {.type = type, .ne = {(uint64_t)cols, (uint64_t)rows}};
     t.row_bytes = type == GGML_TYPE_Q4_0 ? (size_t)cols / 32 * 18 : ggml_row_size(type, (uint64_t)cols);
@@ -160,7 +161,7 @@ static struct tensor make_tensor(uint32_t type, int cols, int rows, const float 
     t.data = d;
     return t;
 }
-static struct tensor to_dev(const struct tensor *h)
+struct tensor to_dev(const struct tensor *h)
 {
     struct tensor t = *h;
     t.data = dev_put(h->data, h->row_bytes * (h->ne[1] ? h->ne[1] : 1));
@@ -453,7 +454,7 @@ static void test_vmm(void)
 
 #ifdef TIDE_CUDA
 /* buf[0..total) = host block repeated: one upload, then doubling device-to-device copies */
-static void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen)
+void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen)
 {
     gpu.i->upload(gpu.ctx, buf, blk, blen < total ? blen : total);
     gpu.i->sync(gpu.ctx);
@@ -581,108 +582,6 @@ static void bench_attention(double d2d)
 /* One decode token through a Qwen3-30B-A3B-shaped model (48 layers, n_embd 2048, 32 q / 4 kv
  * heads of 128, 128 experts of 768, 8 used, vocab 151936), q8_0, issued op by op exactly as
  * the forward does: router logits downloaded each layer for the host top-k. */
-static void bench_decode(double d2d)
-{
-    const int L = 48, E = 2048, H = 32, KV = 4, HD = 128, NE = 128, K = 8, F = 768, V = 151936, P = 512;
-    const int QD = H * HD, KVD = KV * HD;
-    uint32_t T = GGML_TYPE_Q8_0;
-    size_t rb_e = ggml_row_size(T, E), rb_q = ggml_row_size(T, QD), rb_f = ggml_row_size(T, F);
-    size_t per_layer_attn = rb_e * (QD + 2 * KVD) + rb_q * E;
-    size_t per_expert = rb_e * F * 2 + rb_f * E;
-    size_t total = (per_layer_attn + per_expert * NE) * L + rb_e * (size_t)V * 2;
-    uint8_t *w = gpu.i->alloc(gpu.ctx, total);
-    float *kc = gpu.i->alloc(gpu.ctx, (size_t)L * (P + 1) * KVD * 4 * 2);
-    float *act = gpu.i->alloc(gpu.ctx, (size_t)(8 * E + 4 * QD + 2 * F + NE + V) * 4);
-    float *routf = gpu.i->alloc(gpu.ctx, (size_t)E * NE * 4 * L);
-    float *normw = gpu.i->alloc(gpu.ctx, (size_t)E * 4);
-    if (!w || !kc || !act || !routf || !normw) {
-        verdict("bench_decode", false, "alloc of %.1f GB failed", total / 1e9);
-        return;
-    }
-    /* fill: a random q8_0 block repeated (D2D, fast) */
-    float *wf = rand_vec((size_t)E * 64, 0.03f);
-    struct tensor th = make_tensor(T, E, 64, wf);
-    size_t blk = th.row_bytes * 64;
-    fill_repeat(w, total, th.data, blk);
-    float *rf = rand_vec((size_t)E * NE, 0.05f);
-    for (int l = 0; l < L; l++)
-        gpu.i->upload(gpu.ctx, routf + (size_t)l * E * NE, rf, (size_t)E * NE * 4);
-    float *ones = malloc(E * 4);
-    for (int i = 0; i < E; i++) ones[i] = 1.0f;
-    gpu.i->upload(gpu.ctx, normw, ones, E * 4);
-    gpu.i->zero(gpu.ctx, kc, (int)((size_t)L * (P + 1) * KVD * 2));
-    float *x = act, *xb = x + E, *xb2 = xb + E, *mo = xb2 + E, *q = mo + E * 4, *ao = q + QD, *hb = ao + QD * 3,
-          *hb2 = hb + F, *rt = hb2 + F, *lg = rt + NE;
-    float *xv = rand_vec(E, 1.0f);
-    gpu.i->upload(gpu.ctx, x, xv, E * 4);
-    struct tensor nw = {.type = GGML_TYPE_F32, .ne = {E, 1}, .data = normw, .row_bytes = E * 4};
-    struct tensor hn = {.type = GGML_TYPE_F32, .ne = {HD, 1}, .data = normw, .row_bytes = HD * 4};
-    float host_rt[128], host_lg_dummy[4];
-    uint64_t active = 0;
-    double best = 1e9;
-    for (int rep = 0; rep < 6; rep++) {
-        gpu.i->sync(gpu.ctx);
-        double t0 = now_s();
-        active = 0;
-        uint8_t *p = w;
-        for (int l = 0; l < L; l++) {
-            struct tensor wq = {T, {E, QD}, p, rb_e}; p += rb_e * QD;
-            struct tensor wk = {T, {E, KVD}, p, rb_e}; p += rb_e * KVD;
-            struct tensor wv = {T, {E, KVD}, p, rb_e}; p += rb_e * KVD;
-            struct tensor wo = {T, {QD, E}, p, rb_q}; p += rb_q * E;
-            float *kl = kc + (size_t)l * (P + 1) * KVD, *vl = kc + (size_t)(L + l) * (P + 1) * KVD;
-            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
-            gpu.i->matmul(gpu.ctx, &wq, xb, q, 1);
-            gpu.i->matmul(gpu.ctx, &wk, xb, kl + (size_t)P * KVD, 1);
-            gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
-            gpu.i->rmsnorm(gpu.ctx, q, &hn, q, HD, H, 1e-6f);
-            gpu.i->rmsnorm(gpu.ctx, kl + (size_t)P * KVD, &hn, kl + (size_t)P * KVD, HD, KV, 1e-6f);
-            gpu.i->rope(gpu.ctx, q, H, HD, P, 1e6f, ROPE_NEOX);
-            gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, KV, HD, P, 1e6f, ROPE_NEOX);
-            gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, P, H, KV, HD);
-            gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
-            gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
-            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
-            struct tensor wr = {GGML_TYPE_F32, {E, NE}, routf + (size_t)l * E * NE, (size_t)E * 4};
-            gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
-            gpu.i->download(gpu.ctx, host_rt, rt, NE * 4);
-            active += per_layer_attn + (size_t)E * NE * 4 + (size_t)(P + 1) * KVD * 8;
-            gpu.i->zero(gpu.ctx, mo, E);
-            for (int j = 0; j < K; j++) {
-                int e = (int)((unsigned)(host_rt[j] * 1e6f + l * 131 + j * 17 + rep) % NE); /* any 8 distinct-ish */
-                e = (e + j * 16) % NE;
-                uint8_t *ep = p + (size_t)e * per_expert;
-                struct tensor g = {T, {E, F}, ep, rb_e}, u = {T, {E, F}, ep + rb_e * F, rb_e};
-                struct tensor d = {T, {F, E}, ep + 2 * rb_e * F, rb_f};
-                gpu.i->matmul(gpu.ctx, &g, xb, hb, 1);
-                gpu.i->matmul(gpu.ctx, &u, xb, hb2, 1);
-                gpu.i->swiglu(gpu.ctx, hb, hb2, F);
-                gpu.i->matmul(gpu.ctx, &d, hb, xb2, 1);
-                gpu.i->axpy(gpu.ctx, mo, xb2, 0.125f, E);
-                active += per_expert;
-            }
-            p += per_expert * NE;
-            gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
-        }
-        struct tensor out = {T, {E, V}, p, rb_e};
-        gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
-        gpu.i->matmul(gpu.ctx, &out, xb, lg, 1);
-        active += rb_e * (size_t)V;
-        gpu.i->download(gpu.ctx, host_lg_dummy, lg, sizeof host_lg_dummy);
-        double dt = now_s() - t0;
-        if (rep > 0 && dt < best) best = dt;
-        gpu.i->upload(gpu.ctx, x, xv, E * 4); /* keep activations bounded */
-    }
-    double roof = active / (d2d * 1e9);
-    printf("  decode step (Qwen3-30B-A3B shape, q8_0, pos %d, op by op as forward issues them):\n"
-           "    %.3f ms/token = %.1f tok/s; active bytes %.2f GB/token; roofline at d2d %.0f GB/s: %.3f ms "
-           "(%.0f tok/s) -> %.0f%% of roofline\n",
-           P, best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
-    gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, kc); gpu.i->free(gpu.ctx, act);
-    gpu.i->free(gpu.ctx, routf); gpu.i->free(gpu.ctx, normw);
-    free(wf); free(rf); free(ones); free(xv); free((void *)th.data);
-    verdict("bench_decode", isfinite(host_rt[0]), "%.1f tok/s", 1.0 / best);
-}
 #endif
 
 int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
@@ -751,6 +650,7 @@ int main(int argc, char **argv)
     if (want(only, "swiglu")) test_elementwise();
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
+    if (want(only, "moe_ffn")) test_moe_ffn();
     if (want(only, "e2e")) test_e2e();
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
@@ -759,7 +659,8 @@ int main(int argc, char **argv)
         bench_copy(&d2d);
         bench_matmul(d2d);
         bench_attention(d2d);
-        bench_decode(d2d);
+        bench_decode(d2d, false);
+        bench_decode(d2d, true);
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

@@ -184,6 +184,16 @@ static void cu_matmul(void *ctx, const struct tensor *w, const float *x, float *
         cuda_matmul(c, w, x, y, n);
 }
 
+static int cu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
+                      float *y, float *hb, float *hb2, float *tmp)
+{
+    (void)hb, (void)hb2, (void)tmp;
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    return cuda_moe_ffn(c, ex, w, k, x, y);
+}
+
 static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -310,6 +320,7 @@ static const struct backend_i cuda_iface = {
     .gather_rows = cu_gather_rows,
     .zero = cu_zero,
     .sync = cu_sync,
+    .moe_ffn = cu_moe_ffn,
 };
 
 /* ---- public entry points ---- */

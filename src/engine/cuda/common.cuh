@@ -59,6 +59,9 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int pos, int n_head, int n_head_kv, int head_dim);
+/* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
+int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
+                 float *y);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v)

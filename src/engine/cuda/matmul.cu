@@ -11,12 +11,10 @@
  * that converts x to the weight's type while staging it in shared memory. cuBLAS is not
  * used: the toolkit here has no static cuBLAS and the shared one is ~600 MB, which the
  * "one binary that starts without a driver" rule and the device tool's carry limit exclude. */
-#include "engine/cuda/common.cuh"
+#include "engine/cuda/mmq.cuh"
 
 #include <mma.h>
 
-#define MM_WARPS 4   /* rows per CTA in the row-per-warp kernels */
-#define MM_NT 8      /* tokens per launch of the row-per-warp kernels */
 
 /* ---- x -> int8 blocks (for q8_0 / q4_0 weights) ---- */
 
@@ -48,107 +46,6 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, bool pairs,
             const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y);
 
-/* s[t] += dw * xd[t] * (wq . xq[t]) for one 32-block: the CPU's exact per-block formula. */
-template <bool SMEM>
-__device__ __forceinline__ void dot_block(const int wq[8], float dw, const int8_t *xq, const float *xd, int nb, int b,
-                                          int nt, float s[MM_NT])
-{
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
-            int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
-            int acc = __dp4a(wq[0], a.x, 0);
-            acc = __dp4a(wq[1], a.y, acc);
-            acc = __dp4a(wq[2], a.z, acc);
-            acc = __dp4a(wq[3], a.w, acc);
-            acc = __dp4a(wq[4], c.x, acc);
-            acc = __dp4a(wq[5], c.y, acc);
-            acc = __dp4a(wq[6], c.z, acc);
-            acc = __dp4a(wq[7], c.w, acc);
-            float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
-            s[t] += (dw * xs) * (float)acc;
-        }
-    }
-}
-
-/* q4_0: byte j holds element j (low nibble) and j + 16 (high), both offset by 8 */
-__device__ __forceinline__ void unpack_q4(const uint32_t u[4], int wq[8])
-{
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        wq[i] = (int)__vsub4(u[i] & 0x0F0F0F0Fu, 0x08080808u);
-        wq[4 + i] = (int)__vsub4((u[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-    }
-}
-
-/* One warp's dot of weight row wr with nt quantised vectors. When pairs is set (row 4-byte
- * aligned, nb even) each lane takes two adjacent blocks (68 bytes for q8_0, 36 for q4_0,
- * both 4-byte aligned) with 32-bit loads and funnel shifts, half the load instructions of
- * the 16-bit path, and a warp covers 64 blocks per step. */
-template <int QT, bool SMEM>
-__device__ __forceinline__ void row_dot_q(const uint8_t *__restrict__ wr, int nb, bool pairs, const int8_t *xq,
-                                          const float *xd, int nt, float s[MM_NT], int lane)
-{
-    constexpr int BLK = QT == 8 ? 34 : 18;
-    constexpr int NU = BLK * 2 / 4; /* u32 per pair: 17 or 9 */
-    int b0 = 0;
-    if (pairs) {
-        int np = nb / 2;
-#pragma unroll 2
-        for (int p = lane; p < np; p += 32) {
-            const uint32_t *pp = (const uint32_t *)(wr + (size_t)p * 2 * BLK);
-            uint32_t u[NU];
-#pragma unroll
-            for (int i = 0; i < NU; i++)
-                u[i] = __ldg(pp + i);
-            int wq[8];
-            float d0 = f16_bits_to_f32((uint16_t)(u[0] & 0xFFFFu));
-            if (QT == 8) {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    wq[i] = (int)__funnelshift_r(u[i], u[i + 1], 16);
-                dot_block<SMEM>(wq, d0, xq, xd, nb, 2 * p, nt, s);
-                float d1 = f16_bits_to_f32((uint16_t)(u[8] >> 16));
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    wq[i] = (int)u[9 + i];
-                dot_block<SMEM>(wq, d1, xq, xd, nb, 2 * p + 1, nt, s);
-            } else {
-                uint32_t q[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    q[i] = __funnelshift_r(u[i], u[i + 1], 16);
-                unpack_q4(q, wq);
-                dot_block<SMEM>(wq, d0, xq, xd, nb, 2 * p, nt, s);
-                float d1 = f16_bits_to_f32((uint16_t)(u[4] >> 16));
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    q[i] = u[5 + i];
-                unpack_q4(q, wq);
-                dot_block<SMEM>(wq, d1, xq, xd, nb, 2 * p + 1, nt, s);
-            }
-        }
-        b0 = np * 2;
-    }
-    for (int b = b0 + lane; b < nb; b += 32) {
-        const uint16_t *bp = (const uint16_t *)(wr + (size_t)b * BLK);
-        float dw = f16_bits_to_f32(__ldg(bp));
-        int wq[8];
-        if (QT == 8) {
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                wq[i] = (int)((uint32_t)__ldg(bp + 1 + 2 * i) | ((uint32_t)__ldg(bp + 2 + 2 * i) << 16));
-        } else {
-            uint32_t q[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                q[i] = (uint32_t)__ldg(bp + 1 + 2 * i) | ((uint32_t)__ldg(bp + 2 + 2 * i) << 16);
-            unpack_q4(q, wq);
-        }
-        dot_block<SMEM>(wq, dw, xq, xd, nb, b, nt, s);
-    }
-}
 
 #define MMQ_WARPS 8
 

@@ -1,0 +1,31 @@
+/* gpu_test.h - what the GPU test program's files share: the two backends under test, the
+ * failure count, random inputs, device buffers and the PASS/FAIL line (test_cuda_ops.c). */
+#ifndef TIDE_GPU_TEST_H
+#define TIDE_GPU_TEST_H
+
+#include "engine/backend.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern struct backend cpu, gpu;
+extern int n_fail;
+
+float *rand_vec(size_t n, float scale);
+double now_s(void);
+/* ||a - b|| / ||b||; NaN or Inf anywhere -> +inf */
+double relerr(const float *a, const float *b, size_t n);
+void *dev_put(const void *src, size_t bytes); /* src NULL: allocation only */
+void dev_poison(void *d, size_t bytes);       /* NaN everywhere */
+float *dev_get(const void *d, size_t n);      /* n floats back, malloc'ed */
+void verdict(const char *name, bool ok, const char *fmt, double v);
+/* Host tensor of type from f32 values (rows, cols), data malloc'ed; to_dev copies it over. */
+struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src);
+struct tensor to_dev(const struct tensor *h);
+void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
+
+void test_moe_ffn(void);
+void bench_decode(double d2d, bool fused);
+
+#endif
