@@ -249,7 +249,8 @@ def main():
         decoder.aux = 0.0
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = forward(w, ids[:, :-1], im)
-        ce = F.cross_entropy(logits.float().reshape(-1, S.N_VOCAB), ids[:, 1:].reshape(-1), reduction="none")
+        ce = F.cross_entropy(logits.float().reshape(-1, S.N_VOCAB), ids[:, 1:].reshape(-1), reduction="none",
+                             ignore_index=S.IMG)  # image positions are masked out of the loss anyway
         loss = (ce * lm[:, 1:].reshape(-1)).sum() / lm[:, 1:].sum()
         (loss + 0.01 * decoder.aux).backward()
         torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
