@@ -195,7 +195,7 @@ def greedy(w, prompts, imgs, n=48):
     for _ in range(n):
         t = forward(w, ids, imgs)[:, -1].argmax(-1)
         for i, v in enumerate(t.tolist()):
-            if not done[i] and v != S.IM_END:
+            if not done[i] and v < 256:  # bytes only; an untrained model may emit other specials
                 out[i].append(v)
         done |= t == S.IM_END
         ids = torch.cat([ids, t[:, None]], 1)
