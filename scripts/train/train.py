@@ -259,7 +259,7 @@ def main():
         if step % 25 == 0 or step == steps - 1:
             log.append((step, loss.item()))
             print("step %d loss %.4f %.1fs" % (step, loss.item(), time.time() - t0), flush=True)
-        if time.time() - t0 > 140:
+        if time.time() - t0 > float(os.environ.get("TRAIN_SECONDS", "140")):
             break
     ttrain = time.time() - t0
     torch.backends.cuda.matmul.allow_tf32 = False
