@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen)
 {
@@ -29,6 +30,13 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     rc = memory_plan_init(&e->mem, &po, &e->model, err, errlen);
     if (rc < 0)
         goto fail_tok;
+    /* Test hook: TIDE_FAULT_SLOW_TOKEN_MS makes every generated token take at least that long,
+     * so timeout tests do not depend on how fast the machine is. Unset in normal runs. */
+    const char *slow = getenv("TIDE_FAULT_SLOW_TOKEN_MS");
+    if (slow && atoi(slow) > 0) {
+        e->slow_token_us = (unsigned)atoi(slow) * 1000u;
+        tide_log("fault injection armed: every token takes at least %s ms", slow);
+    }
     /* k-quants have CPU kernels only: a CUDA device would multiply by nothing */
     for (int i = 0; i < e->mem.n_dev; i++) {
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_type_of(&e->model, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
@@ -331,6 +339,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         if (t + 1 == max_new) break;  /* no need to run the forward for an unused token */
         if (pos >= e->n_ctx) break;
         if (job->boundary) job->boundary(job->ud);
+        if (e->slow_token_us) usleep(e->slow_token_us); /* test hook, see engine_init */
         rc = forward_eval(&e->fw, &id, 1, pos);
         if (rc < 0) {
             snprintf(err, errlen, "forward at position %d: %s", pos, tide_strerror(rc));

@@ -25,6 +25,7 @@ struct engine {
     struct tokenizer *tok;
     enum chat_template_kind tmpl;
     struct memory_plan mem;     /* devices, ledgers, expert caches */
+    unsigned slow_token_us;     /* test hook TIDE_FAULT_SLOW_TOKEN_MS; 0 in normal runs */
     struct forward_state fw;
     int n_ctx;
     int *tokens;        /* (n_ctx) tokens now in the KV cache, for prefix reuse (-1: image) */

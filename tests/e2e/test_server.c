@@ -341,7 +341,9 @@ Test(server, queue_full_503)
 Test(server, queue_timeout_503, .timeout = 90)
 {
     stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "10", 1); /* the long request ahead takes >= 9 s anywhere */
     start("\"queue_timeout_s\":1,\"request_timeout_s\":0", NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
     pthread_t th;
     pthread_create(&th, NULL, par_run, &a);
@@ -362,7 +364,9 @@ Test(server, queue_timeout_503, .timeout = 90)
 Test(server, request_timeout_stream_error_event, .timeout = 90)
 {
     stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "10", 1); /* 600 tokens take >= 6 s on any machine */
     start("\"request_timeout_s\":1", NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     char *b;
     double t0 = now();
     long code = chat("{" HELLO ",\"max_tokens\":600,\"temperature\":0,\"stream\":true}", &b);
