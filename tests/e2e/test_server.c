@@ -538,6 +538,10 @@ Test(server, disconnect_cancels_non_stream)
 /* A stream waiting in the queue gets `: keep-alive` comments (about every 2 s). */
 Test(server, queued_stream_keep_alive, .timeout = 60)
 {
+    stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "5", 1); /* the request ahead takes >= 4.5 s anywhere */
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
     pthread_t th;
     pthread_create(&th, NULL, par_run, &a);
