@@ -37,6 +37,13 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         e->slow_token_us = (unsigned)atoi(slow) * 1000u;
         tide_log("fault injection armed: every token takes at least %s ms", slow);
     }
+    /* Test hook: TIDE_FAULT_ENGINE_STEP=n makes the n-th forward step fail once (a prompt's
+     * prefill is one step, each generated token one), as a backend failure would. */
+    const char *step = getenv("TIDE_FAULT_ENGINE_STEP");
+    if (step && atol(step) > 0) {
+        e->fail_step = atol(step);
+        tide_log("fault injection armed: forward step #%ld fails", e->fail_step);
+    }
     /* k-quants have CPU kernels only: a CUDA device would multiply by nothing */
     for (int i = 0; i < e->mem.n_dev; i++) {
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_type_of(&e->model, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
@@ -50,7 +57,8 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     }
     rc = forward_init_stages(&e->fw, &e->model, e->n_ctx, e->mem.max_batch, e->mem.spec, e->mem.n_dev);
     if (rc < 0) {
-        snprintf(err, errlen, "forward state for %d tokens: %s", e->n_ctx, tide_strerror(rc));
+        snprintf(err, errlen, "forward state for %d tokens: %s", e->n_ctx,
+                 rc == TIDE_ERANGE ? "a device allocation (weights, KV cache or workspace) failed" : tide_strerror(rc));
         goto fail_mem;
     }
     e->img_open = tokenizer_find(e->tok, "<|vision_start|>");
@@ -176,12 +184,23 @@ static int job_tokens(struct engine *e, const struct gen_job *job, int **ids_out
     return 0;
 }
 
+/* The TIDE_FAULT_ENGINE_STEP hook: true when this step is the one that fails. */
+static bool step_fault(struct engine *e)
+{
+    if (e->fail_step <= 0 || --e->fail_step > 0)
+        return false;
+    tide_log("injected forward step failure (TIDE_FAULT_ENGINE_STEP)");
+    return true;
+}
+
 /* Prefill positions [from, n): runs of tokens through forward_eval, images through
  * forward_eval_embd. The last call leaves the logits of position n-1. */
 static int prefill(struct engine *e, const struct gen_job *job, const int *ids, int n, int from,
                    const int *img_at)
 {
     size_t E = e->model.cfg.n_embd;
+    if (step_fault(e))
+        return TIDE_EINTERNAL;
     for (int p = from; p < n;) {
         int q = p;
         if (ids[p] >= 0) {
@@ -340,7 +359,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         if (pos >= e->n_ctx) break;
         if (job->boundary) job->boundary(job->ud);
         if (e->slow_token_us) usleep(e->slow_token_us); /* test hook, see engine_init */
-        rc = forward_eval(&e->fw, &id, 1, pos);
+        rc = step_fault(e) ? TIDE_EINTERNAL : forward_eval(&e->fw, &id, 1, pos);
         if (rc < 0) {
             snprintf(err, errlen, "forward at position %d: %s", pos, tide_strerror(rc));
             e->n_tokens = 0;

@@ -26,6 +26,7 @@ struct engine {
     enum chat_template_kind tmpl;
     struct memory_plan mem;     /* devices, ledgers, expert caches */
     unsigned slow_token_us;     /* test hook TIDE_FAULT_SLOW_TOKEN_MS; 0 in normal runs */
+    long fail_step;             /* test hook TIDE_FAULT_ENGINE_STEP: steps until one fails; 0 = off */
     struct forward_state fw;
     int n_ctx;
     int *tokens;        /* (n_ctx) tokens now in the KV cache, for prefix reuse (-1: image) */

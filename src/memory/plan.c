@@ -178,7 +178,8 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     for (int i = 0; i < n; i++) {
         int rc = expert_cache_init(&p->cache[i], &p->dev[i], m, p->l0[i], p->l1[i], o->segment_bytes, 0);
         if (rc < 0) {
-            snprintf(err, errlen, "device %d: expert cache: %s", i, tide_strerror(rc));
+            snprintf(err, errlen, "device %d: expert cache: %s", i,
+                     rc == TIDE_ERANGE ? "its staging slot could not be allocated" : tide_strerror(rc));
             memory_plan_free(p);
             return rc;
         }
@@ -232,6 +233,14 @@ int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortf
             int rc = expert_cache_resize(c, n);
             if (rc < 0)
                 return rc;
+            /* resize stops at the first segment it cannot allocate: the cache is then behind */
+            int target = n < c->n_seg_full ? n : c->n_seg_full, behind = rc < target ? target - rc : 0;
+            if (behind && !p->grow_behind[d])
+                tide_log("device %d: expert cache grew to %d of %d segments (a device allocation failed); "
+                         "retrying on the engine timer", d, rc, target);
+            else if (!behind && p->grow_behind[d])
+                tide_log("device %d: expert cache back at %d segments", d, rc);
+            p->grow_behind[d] = behind;
         }
         size_t fr = device_free_bytes(&p->dev[d]);
         size_t s = fr >= want ? 0 : want - fr;
@@ -241,6 +250,22 @@ int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortf
             partial = 1;
     }
     return partial;
+}
+
+int memory_plan_behind(const struct memory_plan *p)
+{
+    int n = 0;
+    for (int d = 0; d < p->n_dev; d++)
+        n += p->grow_behind[d] > 0;
+    return n;
+}
+
+int memory_plan_retry_grow(struct memory_plan *p, const size_t *extra)
+{
+    if (!memory_plan_behind(p))
+        return 0;
+    memory_plan_apply(p, extra, NULL);
+    return memory_plan_behind(p);
 }
 
 void memory_plan_free(struct memory_plan *p)

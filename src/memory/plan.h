@@ -42,6 +42,9 @@ struct memory_plan {
     size_t host_expert_bytes;  /* every expert of the model, in host RAM */
     struct model *pinned;      /* the model whose experts this plan pinned, or NULL */
     int max_batch;
+    /* Segments a cache could not get back when it last grew (a device allocation failed):
+     * it is below its target until memory_plan_retry_grow gets them. 0 when in step. */
+    int grow_behind[PLAN_MAX_DEVICES];
 };
 
 /* m is written to only to pin its experts (page-locked mirrors) when a CUDA device exists. */
@@ -53,6 +56,11 @@ int memory_plan_size_caches(struct memory_plan *p);
  * Grows back at most to the full size. shortfall[d] (bytes) is what could not be freed.
  * Returns 0, or 1 when some device falls short. */
 int memory_plan_apply(struct memory_plan *p, const size_t *extra, size_t *shortfall);
+/* Devices whose cache is below its target because an allocation failed while growing. */
+int memory_plan_behind(const struct memory_plan *p);
+/* Try again to grow the caches that are behind (memory_plan_apply with the same extra);
+ * the engine timer calls it. Returns the number of devices still behind. */
+int memory_plan_retry_grow(struct memory_plan *p, const size_t *extra);
 void memory_plan_free(struct memory_plan *p);
 
 /* Host RAM from /proc/meminfo (0 when unknown). */

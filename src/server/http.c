@@ -37,6 +37,7 @@ struct http_server {
     pthread_t watch;
     bool watching;
     atomic_bool stop;
+    atomic_bool quiesced;     /* shutting down: streams cut short end with an error event */
 };
 
 /* Per-request state (MHD's con_cls). */
@@ -51,7 +52,7 @@ struct req_state {
     void (*done)(void *app, struct job *j, struct http_response *rs); /* wait jobs */
     struct req_state *prev, *next;
     /* guarded by job->mu: */
-    bool suspended, ka_due, tmo_sent;
+    bool suspended, ka_due, tmo_sent, shut_sent;
     char tmo[96];             /* set: the job timed out; this is what it waited for */
     double t_out;             /* last bytes handed to MHD (keep-alive clock) */
     int fd;
@@ -160,7 +161,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     ssize_t r;
     pthread_mutex_lock(&j->mu);
-    if (st->tmo_sent) {
+    if (st->tmo_sent || st->shut_sent) {
         r = MHD_CONTENT_READER_END_OF_STREAM;
     } else if (st->tmo[0]) {
         char *e = openai_error_json(st->tmo, "server_error", NULL, "timeout");
@@ -174,6 +175,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         memcpy(buf, j->buf + j->rd, n);
         j->rd += n;
         r = (ssize_t)n;
+    } else if (!st->shut_sent && atomic_load(&st->srv->quiesced) &&
+               (j->done ? j->status == 499 || j->status == 503 : job_cancelled(j))) {
+        /* Cut short by the shutdown (a finished or failed job wrote its own end): say so. */
+        char *e = openai_error_json("server is shutting down", "server_error", NULL, "shutdown");
+        int n = snprintf(buf, max, "data: %s\n\ndata: [DONE]\n\n", e ? e : "{}");
+        free(e);
+        st->shut_sent = true;
+        r = n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
     } else if (j->done || job_cancelled(j)) {
         r = MHD_CONTENT_READER_END_OF_STREAM;
     } else if (st->ka_due && max >= 14) {
@@ -405,6 +414,7 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     s->api_key = api_key ? strdup(api_key) : NULL;
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->stop, false);
+    atomic_init(&s->quiesced, false);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -443,7 +453,9 @@ void http_set_timeouts(struct http_server *s, double queue_s, double run_s)
 
 void http_quiesce(struct http_server *s)
 {
-    if (s && s->d) MHD_quiesce_daemon(s->d);
+    if (!s) return;
+    atomic_store(&s->quiesced, true);
+    if (s->d) MHD_quiesce_daemon(s->d);
 }
 
 void http_stop(struct http_server *s)
@@ -460,6 +472,15 @@ void http_stop(struct http_server *s)
         pthread_mutex_unlock(&st->job->mu);
     }
     pthread_mutex_unlock(&s->mu);
+    /* Let them write their last bytes (an answer, a stream's error event and [DONE]) before
+     * the connections are closed: at most 3 s, a client that does not read is cut off. */
+    for (int i = 0; i < 300; i++) {
+        pthread_mutex_lock(&s->mu);
+        bool any = s->head != NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!any) break;
+        usleep(10000);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->mu);
     free(s->api_key);

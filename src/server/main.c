@@ -159,12 +159,19 @@ static const struct http_route routes[] = {
     { "POST", "/v1/vram", h_vram_post },
 };
 
-/* Engine thread timer: the vision idle unload, and a fresh snapshot for /v1/vram and /metrics. */
+/* Engine thread timer: the vision idle unload, another try for a cache whose regrow failed
+ * part way (memory/plan.c), and a fresh snapshot for /v1/vram and /metrics. */
 static void engine_tick(void *ctx)
 {
     struct runtime *rt = ctx;
     if (rt->vision)
         vision_tick(rt->vision);
+    if (memory_plan_behind(&rt->eng.mem)) {
+        size_t extra[PLAN_MAX_DEVICES] = {0};
+        if (rt->vision)
+            vision_lifecycle_extra(rt->vision, extra);
+        memory_plan_retry_grow(&rt->eng.mem, extra);
+    }
     runtime_publish(rt);
 }
 

@@ -1,6 +1,7 @@
 /* vram_api.c - the /v1/vram endpoints and the runtime snapshot. */
 #include "server/vram_api.h"
 #include "server/metrics.h"
+#include "server/openai.h"
 #include "vision/vision.h"
 
 #include <cjson/cJSON.h>
@@ -261,6 +262,23 @@ static void vram_run(struct job *j, void *ctx)
     runtime_publish(rt);
     struct vram_snapshot s;
     runtime_snapshot(rt, &s);
+    if (rc >= 0 && memory_plan_behind(p)) {
+        /* A cache could not grow back (a device allocation failed): say so; the engine timer
+         * keeps trying, and GET /v1/vram shows the slots come back. */
+        char msg[256];
+        int d = 0;
+        while (d < p->n_dev && !p->grow_behind[d]) d++;
+        snprintf(msg, sizeof msg, "the expert cache of device %d could not grow back: a device allocation failed "
+                 "(%d segments missing); the reserve is applied and the engine retries every 0.25 s", d,
+                 p->grow_behind[d]);
+        char *e = openai_error_json(msg, "server_error", NULL, "regrow_failed");
+        if (e) {
+            job_write(j, e, strlen(e));
+            free(e);
+            job_finish(j, 500);
+            return;
+        }
+    }
     char *body = rc < 0 ? NULL : vram_render(&s, rc == 1 ? "partial" : "ok", shortfall);
     if (!body) {
         const char *e = "{\"error\":{\"message\":\"resize failed\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
