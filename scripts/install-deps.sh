@@ -9,7 +9,8 @@ pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcu
       chromium     # the page at GET / in a browser: tests/browser/run.sh
       xxd          # ui/* compiled into the daemon (Makefile: ui_assets.h)
       clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan runtimes
-      valgrind)    # make valgrind: the unit tests under memcheck
+      valgrind     # make valgrind: the unit tests under memcheck
+      jq)          # scripts/soak.sh: checks every answer is well-formed JSON
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
