@@ -108,13 +108,13 @@ unit: $(BUILD)/test-unit
 	$(Q)$(BUILD)/test-unit
 
 e2e: $(BUILD)/test-e2e all
-	$(Q)$(BUILD)/test-e2e
+	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
 	$(Q)$(BUILD)/test-unit
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
-	$(Q)$(BUILD)/test-e2e
+	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/browser/run.sh
