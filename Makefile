@@ -118,6 +118,7 @@ test: deps
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/browser/run.sh
+	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/model/test_model.py 200 # our trained model: parity, accuracy
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all

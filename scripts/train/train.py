@@ -21,10 +21,12 @@ import torch.nn.functional as F
 
 import shapes as S
 
-from train_cfg import E, NL, NH, NKV, HD, FF, NX, NUSED, VD, VF, VH, VL, P, NP
+from train_cfg import E, NL, NH, NKV, HD, FF, NX, NUSED, VD, VF, VH, VL, P, NP, CFG
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
-SEQ = 128
+SEQ = NP + 128  # the longest sample (three shapes named) fits
+LR = float(os.environ.get("TRAIN_LR", "1e-3"))
+AUX = float(os.environ.get("TRAIN_AUX", "0.5"))
 dev = "cuda"
 
 
@@ -67,6 +69,10 @@ def build():
     w["v.post_ln.weight"], w["v.post_ln.bias"] = ones(VD), zeros(VD)
     w["mm.0.weight"], w["mm.0.bias"] = P_(E, VD), zeros(E)
     w["mm.2.weight"], w["mm.2.bias"] = P_(E, E), zeros(E)
+    # training only (never exported): linear probes on the mean image embedding that name the
+    # shape, the colour (one-shape images) and the count, so the tower learns to see shapes
+    # without waiting for the decoder's sparse answer-token signal
+    w["train_aux.weight"], w["train_aux.bias"] = P_(len(S.SHAPES) + len(S.CNAMES) + 3, E), zeros(len(S.SHAPES) + len(S.CNAMES) + 3)
     return w
 
 
@@ -134,14 +140,26 @@ def decoder(w, h):
 decoder.aux = 0.0
 
 
-def forward(w, ids, imgs):
+def forward(w, ids, imgs, want_embd=False):
     """ids: (B, T) with S.IMG at image positions; imgs: (Bi, 3, 64, 64) for the rows that have them."""
     h = w["token_embd.weight"][ids.clamp(min=0)]
     m = ids == S.IMG
+    emb = None
     if imgs is not None and imgs.shape[0]:
         h = h.clone()
-        h[m] = vision(w, imgs).reshape(-1, E).to(h.dtype)
-    return decoder(w, h)
+        emb = vision(w, imgs)
+        h[m] = emb.reshape(-1, E).to(h.dtype)
+    out = decoder(w, h)
+    return (out, emb) if want_embd else out
+
+
+def aux_loss(w, emb, labels):
+    """labels: (Bi, 3) shape, colour (-100 when several shapes) and count-1 per image."""
+    z = F.linear(emb.float().mean(1), w["train_aux.weight"], w["train_aux.bias"])
+    ns, nc = len(S.SHAPES), len(S.CNAMES)
+    return (F.cross_entropy(z[:, :ns], labels[:, 0], ignore_index=-100) +
+            F.cross_entropy(z[:, ns:ns + nc], labels[:, 1], ignore_index=-100) +
+            F.cross_entropy(z[:, ns + nc:], labels[:, 2]))
 
 
 def norm_img(u8):
@@ -156,12 +174,14 @@ def sample(seed):
         img, objs = S.make_image(rng)
         q, a = S.image_qa(rng, objs)
         p = S.prompt_ids(q, True, NP)
+        lab = (S.SHAPES.index(objs[0][1]) if len(objs) == 1 else -100,
+               S.CNAMES.index(objs[0][0]) if len(objs) == 1 else -100, len(objs) - 1)
     else:
-        img = None
+        img, lab = None, None
         q, a = S.text_chat(rng)
         p = S.prompt_ids(q, False, NP)
     ans = S.answer_ids(a)
-    return p + ans, len(p), img
+    return p + ans, len(p), img, lab
 
 
 def batches(n, base):
@@ -174,17 +194,19 @@ def collate(items):
     B = len(items)
     ids = np.full((B, SEQ + 1), S.EOT, np.int64)
     lm = np.zeros((B, SEQ + 1), np.float32)
-    imgs = []
-    for i, (seq, np_, img) in enumerate(items):
+    imgs, labs = [], []
+    for i, (seq, np_, img, lab) in enumerate(items):
         seq = seq[:SEQ + 1]
         ids[i, :len(seq)] = seq
         lm[i, np_:len(seq)] = 1
         if img is not None:
             imgs.append(img)
+            labs.append(lab)
     ids = torch.from_numpy(ids).to(dev)
     lm = torch.from_numpy(lm).to(dev)
     im = norm_img(np.stack(imgs)) if imgs else None
-    return ids, lm, im
+    lab = torch.tensor(labs, device=dev) if labs else None
+    return ids, lm, im, lab
 
 
 @torch.no_grad()
@@ -233,33 +255,45 @@ def main():
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     w = build()
-    opt = torch.optim.AdamW(w.values(), lr=2e-3, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(w.values(), lr=LR, betas=(0.9, 0.98), weight_decay=0.01)
     t0 = time.time()
     BS = 128
-    n_data = min(steps * BS, 160000)
+    cap = float(os.environ.get("TRAIN_SECONDS", "140"))
+    n_data = min(steps * BS, int(os.environ.get("TRAIN_SAMPLES", "160000")))
     data = batches(n_data, 1000)  # training seeds 1000 .. 161000; the tests use seeds >= 10^9
     tgen = time.time() - t0
-    log = []
+    log, skipped = [], 0
+    t1 = time.time()
     for step in range(steps):
-        lr = 2e-3 * min(1.0, (step + 1) / 200) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.95 + 0.05)
+        # the schedule follows whichever of steps and the time cap ends the run first, so a run
+        # cut by the cap still finishes its cosine
+        prog = min(1.0, max(step / steps, (time.time() - t1) / max(1.0, cap - tgen)))
+        lr = LR * min(1.0, (step + 1) / 300) * (0.5 * (1 + math.cos(math.pi * prog)) * 0.95 + 0.05)
         for gp in opt.param_groups:
             gp["lr"] = lr
         o = (step * BS) % (n_data - BS)
-        ids, lm, im = collate(data[o:o + BS])
+        ids, lm, im, lab = collate(data[o:o + BS])
         decoder.aux = 0.0
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = forward(w, ids[:, :-1], im)
+            logits, emb = forward(w, ids[:, :-1], im, True)
         ce = F.cross_entropy(logits.float().reshape(-1, S.N_VOCAB), ids[:, 1:].reshape(-1), reduction="none",
                              ignore_index=S.IMG)  # image positions are masked out of the loss anyway
         loss = (ce * lm[:, 1:].reshape(-1)).sum() / lm[:, 1:].sum()
-        (loss + 0.01 * decoder.aux).backward()
+        total = loss + 0.01 * decoder.aux
+        if AUX > 0 and emb is not None:
+            total = total + AUX * aux_loss(w, emb, lab)
+        if not torch.isfinite(total):  # a bad step is skipped, never applied
+            skipped += 1
+            opt.zero_grad(set_to_none=True)
+            continue
+        total.backward()
         torch.nn.utils.clip_grad_norm_(w.values(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 25 == 0 or step == steps - 1:
             log.append((step, loss.item()))
-            print("step %d loss %.4f %.1fs" % (step, loss.item(), time.time() - t0), flush=True)
-        if time.time() - t0 > float(os.environ.get("TRAIN_SECONDS", "140")):
+            print("step %d loss %.4f lr %.2e %.1fs" % (step, loss.item(), lr, time.time() - t0), flush=True)
+        if time.time() - t0 > cap or prog >= 1.0:
             break
     ttrain = time.time() - t0
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -268,7 +302,10 @@ def main():
         for k, v in w.items():
             if v.dim() >= 2 and "ffn_gate_inp" not in k:
                 v.copy_(v.half().float())
-    np.savez(os.path.join(out, "weights.npz"), **{k: v.detach().cpu().numpy() for k, v in w.items()})
+    np.savez_compressed(os.path.join(out, "weights.npz"),
+             **{k: v.detach().cpu().numpy() for k, v in w.items() if not k.startswith("train_aux.")})
+    with open(os.path.join(out, "cfg.json"), "w") as f:
+        json.dump(dict(CFG, LR=LR, AUX=AUX), f)
     with open(os.path.join(out, "loss.csv"), "w") as f:
         f.write("step,loss\n" + "".join("%d,%.5f\n" % s for s in log))
     # reference vectors: a text prompt's last logits, an image's embeddings, an image prompt's logits
@@ -284,7 +321,8 @@ def main():
              text_ids=np.array(tp), text_logits=tl.cpu().numpy(),
              image_ids=np.array(ip), image_logits=il.cpu().numpy())
     ev = evaluate(w, 10**9 + 7)
-    ev.update(train_s=ttrain, datagen_s=tgen, steps=step + 1, batch=BS)
+    ev.update(train_s=ttrain, datagen_s=tgen, steps=step + 1, batch=BS, skipped=skipped, samples=n_data,
+              cfg=dict(CFG, LR=LR, AUX=AUX))
     print(json.dumps(ev, indent=1), flush=True)
     with open(os.path.join(out, "eval.json"), "w") as f:
         json.dump(ev, f, indent=1)

@@ -8,9 +8,11 @@ Starts $TIDE_BIN on a free loopback port with the shipped model and its mmproj, 
  2. accuracy: N held-out images (seeds from 10^9, training used 1000..~10^6), drawn by
     scripts/train/shapes.py, asked "What is in this image?" (one shape: the answer must name
     its colour and shape, >= 95%) and "How many shapes are there?" (1-3 shapes, >= 90%);
- 3. text: a fixed list of prompts; the arithmetic ones must give the right sum.
+ 3. text: a fixed list of prompts; the arithmetic ones must give the right sum;
+ 4. the README's request: models/red-square.png, "What is in this image?", default sampling
+    (temperature 0, as the README's curl sends it), must answer a red square.
 Prints the measured accuracies. Usage: tests/model/test_model.py [N]   (env: TIDE_BIN)
-Not in `make test` yet: it needs the trained models/tide-shapes*.gguf and refs.json committed.
+Run by `make test` (N = 200); tests/unit/test_model_refs.c checks the vision embeddings.
 """
 import base64
 import json
@@ -98,6 +100,17 @@ def accuracy(port):
         fails.append("count accuracy %.3f < 0.90" % pc)
 
 
+def bundled(port):
+    png = open(os.path.join(ROOT, "models", "red-square.png"), "rb").read()
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    r = post(port, "/v1/chat/completions", {"temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": S.Q_WHAT}]}]})
+    a = r["choices"][0]["message"]["content"]
+    print("README: models/red-square.png, %r -> %r" % (S.Q_WHAT, a))
+    if "red square" not in a.lower():
+        fails.append("the README's picture: %r does not say red square" % a)
+
+
 def text(port):
     for a, b in ((3, 4), (2, 5), (7, 1), (9, 9)):
         r = ask(port, "What is %d + %d?" % (a, b))
@@ -134,6 +147,7 @@ def main():
                     break
                 time.sleep(0.1)
         parity(port)
+        bundled(port)
         text(port)
         accuracy(port)
     finally:
