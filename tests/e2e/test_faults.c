@@ -396,6 +396,16 @@ Test(faults, failing_engine_step, .timeout = 60)
     stop();
 }
 
+static double waiting(void)
+{
+    char *m;
+    cr_assert_eq(req("GET", "/metrics", NULL, &m), 200);
+    const char *p = strstr(m, "\ntide_requests_waiting ");
+    double v = p ? atof(p + strlen("\ntide_requests_waiting ")) : -1;
+    free(m);
+    return v;
+}
+
 struct stream_arg { const char *body; struct buf b; long code; };
 static void *stream_thread(void *p)
 {
@@ -420,7 +430,8 @@ Test(faults, sigterm_during_a_stream, .timeout = 60)
     cr_assert(strstr(a[0].b.p, "\"content\""), "the first stream did not start");
     pthread_create(&th[1], NULL, stream_thread, &a[1]);
     pthread_create(&th[2], NULL, stream_thread, &a[2]);
-    usleep(300000); /* both queued behind the first */
+    for (int i = 0; i < 250 && waiting() < 2; i++) usleep(20000); /* both queued behind the first */
+    cr_assert_eq(waiting(), 2, "the two requests are not queued");
     double dt = stop();
     for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
     cr_expect_lt(dt, 5.0, "exit took %.2f s", dt);
