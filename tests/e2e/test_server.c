@@ -383,12 +383,19 @@ Test(server, request_timeout_stream_error_event, .timeout = 90)
 
 Test(server, fifo_order)
 {
+    /* Each request takes >= 300 ms (the slow-token hook), so the ~300 ms between finishes
+     * dwarfs the client threads' scheduling noise on a loaded machine (a fast model finished
+     * all four within a few ms and a late-scheduled thread 0 read its clock after thread 1). */
+    stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "25", 1);
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par ps[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
         ps[i] = (struct par){ "{" HELLO ",\"max_tokens\":12,\"temperature\":0}", 0, 0, i };
         pthread_create(&th[i], NULL, par_run, &ps[i]);
-        usleep(30000);   /* arrival order 0,1,2,3 */
+        usleep(100000);   /* arrival order 0,1,2,3, each while request 0 still runs */
     }
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
     for (int i = 1; i < 4; i++) cr_expect(ps[i].t_end >= ps[i - 1].t_end, "request %d finished before %d", i, i - 1);
