@@ -410,6 +410,12 @@ static size_t abort_after_data(char *d, size_t sz, size_t nm, void *ud)
 
 Test(server, disconnect_cancels)
 {
+    /* 900 tokens take >= 18 s at the hook's 20 ms a token, so a follow-up answered within
+     * 10 s proves the dropped stream was cancelled, on a machine of any speed */
+    stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "20", 1);
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     CURL *c = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
@@ -534,6 +540,11 @@ static char *post_with_timeout(const char *body, long ms)
  * watch thread can see it) stops the generation: the next request is not stuck behind it. */
 Test(server, disconnect_cancels_non_stream)
 {
+    /* >= 4.5 s of generation at 5 ms a token, against a 2 s bound for the follow-up */
+    stop();
+    setenv("TIDE_FAULT_SLOW_TOKEN_MS", "5", 1);
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     free(post_with_timeout("{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 400));
     double t0 = now();
     char *b;
