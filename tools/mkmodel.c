@@ -11,9 +11,11 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: tide-mkmodel --preset dense|moe|qwen3moe|big --out FILE [--seed N]\n"
+            "usage: tide-mkmodel --preset dense|moe|qwen3moe|big|qwen3-30b-a3b --out FILE [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0|q4_K|q6_K] [--layers N] [--embd N] [--heads N]\n"
-            "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N]\n"
+            "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
+            "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
+            "       its matrices are made by --threads threads, default all CPUs)\n"
             "       tide-mkmodel --preset mmproj --out FILE [--text-embd N] [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
             "       (a LLaVA-style vision tower; --text-embd is the text model's n_embd)\n");
@@ -40,6 +42,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--experts")) o.n_expert = u;
         else if (!strcmp(a, "--experts-used")) o.n_expert_used = u;
         else if (!strcmp(a, "--text-embd")) text_embd = u;
+        else if (!strcmp(a, "--threads")) o.threads = (int)u;
         else if (!strcmp(a, "--type")) {
             if (!strcmp(v, "f32")) o.type = GGML_TYPE_F32;
             else if (!strcmp(v, "f16")) o.type = GGML_TYPE_F16;

@@ -105,7 +105,7 @@ uint16_t tide_f32_to_f16(float f);
 float tide_bf16_to_f32(uint16_t h);
 uint16_t tide_f32_to_bf16(float f);
 
-/* ---- writer: build in memory, then write the file in one go ---- */
+/* ---- writer (gguf_write.c): build in memory, then write the file in one go ---- */
 struct gguf_writer;
 struct gguf_writer *gguf_writer_new(void);
 void gguf_writer_free(struct gguf_writer *w);
@@ -121,6 +121,20 @@ void gguf_w_arr_f32(struct gguf_writer *w, const char *key, const float *v, uint
  * ne[0] innermost; n_dims 1..4. The data is copied. */
 void gguf_w_tensor(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                    const uint64_t *ne, const float *data);
+/* A tensor whose values are made at write time: fill(ctx, first, n, dst) writes elements
+ * [first, first + n) (flat index, ne[0] innermost) as f32 into dst. It is called from
+ * several threads at once and must depend only on its arguments; ctx_size bytes of ctx
+ * are copied. For models too large to hold in memory (gguf_write.c streams them). */
+typedef void (*gguf_fill_fn)(const void *ctx, uint64_t first, uint64_t n, float *dst);
+void gguf_w_tensor_fill(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                        const uint64_t *ne, gguf_fill_fn fill, const void *ctx, size_t ctx_size);
+/* The same with the stored bytes made directly: raw(ctx, first, n, dst) writes elements
+ * [first, first + n) (whole blocks) in the tensor's type into dst. */
+typedef void (*gguf_raw_fn)(const void *ctx, uint64_t first, uint64_t n, void *dst);
+void gguf_w_tensor_fill_raw(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                            const uint64_t *ne, gguf_raw_fn raw, const void *ctx, size_t ctx_size);
+/* Threads that make filled tensors (0, the default: one per online CPU). */
+void gguf_writer_set_threads(struct gguf_writer *w, int n);
 int gguf_writer_write(struct gguf_writer *w, const char *path);
 /* Serialise to a malloc'd buffer (tests, fuzz seeds). */
 int gguf_writer_to_memory(struct gguf_writer *w, void **buf, size_t *size);

@@ -1,6 +1,9 @@
 /* modelgen.c - deterministic synthetic GGUF models: presets, a byte-level BPE trained
  * on an embedded corpus (so the tokenizer is real, not a stub) and scaled random
- * weights (so greedy decoding does not collapse to a single repeated token). */
+ * weights (so greedy decoding does not collapse to a single repeated token).
+ * The benchmark preset (qwen3-30b-a3b, ~32 GB in q8_0) pads the vocabulary to the real
+ * model's size and has its matrices made at write time, uniform with the same std, by
+ * several threads (gguf_w_tensor_fill), so it is written in seconds, not held in RAM. */
 #include "modelgen.h"
 
 #include <math.h>
@@ -233,6 +236,26 @@ out:
     return rc;
 }
 
+/* Pad the vocabulary to n tokens with unused ones (type 5, as in converted models whose
+ * embedding is larger than their tokenizer), so the embedding and output head have the
+ * real model's size. */
+static int vocab_pad(struct vocab *v, uint32_t n)
+{
+    if (n <= v->n) return 0;
+    char **tok = realloc(v->tok, n * sizeof(char *));
+    if (tok) v->tok = tok;
+    int32_t *type = tok ? realloc(v->type, n * sizeof(int32_t)) : NULL;
+    if (type) v->type = type;
+    if (!tok || !type) { vocab_free(v); return TIDE_ENOMEM; }
+    while (v->n < n) {
+        char name[32];
+        snprintf(name, sizeof name, "<|tide_pad_%u|>", v->n);
+        if (!(v->tok[v->n] = str_cat2(name, "", ""))) { vocab_free(v); return TIDE_ENOMEM; }
+        v->type[v->n++] = 5;
+    }
+    return 0;
+}
+
 /* ---- presets ---- */
 struct preset {
     const char *name, *arch;
@@ -240,13 +263,20 @@ struct preset {
     int type;
     bool qk_norm;
     float eps;
+    uint32_t n_vocab;   /* pad the vocabulary to this many tokens (0: the BPE's 771) */
+    float rope_base;    /* 0: 10000 */
+    bool fill;          /* big matrices made at write time (uniform), not held in memory */
 };
 
 static const struct preset presets[] = {
-    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f},
-    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f},
-    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f},
-    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f},
+    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false},
+    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false},
+    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false},
+    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false},
+    /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
+     * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
+     151936, 1e6f, true},
 };
 
 static const char chatml[] =
@@ -259,7 +289,43 @@ struct gen {
     struct rng r;
     float *buf;
     uint64_t params;
+    bool fill;
 };
+
+/* Filled tensors: base + uniform values of standard deviation std from a counter hash of
+ * (seed, index), so any chunking gives the same bytes. */
+struct fill_ctx { uint64_t seed; float base, half; };
+#define FILL_MIN (1u << 20) /* tensors this large are filled at write time */
+
+static void fill_uniform(const void *ctx, uint64_t first, uint64_t n, float *dst)
+{
+    const struct fill_ctx *f = ctx;
+    for (uint64_t i = 0; i < n; i++) {
+        struct rng r = {f->seed ^ ((first + i) * 0xd1342543de82ef95ull)};
+        float u = (float)(rnext(&r) >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        dst[i] = f->base + f->half * (2.0f * u - 1.0f);
+    }
+}
+
+/* q8_0 made directly (the 30B model's ~1e9 blocks): quants uniform in -127..127 from one
+ * hash per 8, and a scale giving the same std as fill_uniform (uniform ints have std
+ * sqrt(127 * 128 / 3) = 73.9). Zero-mean only: norms are never this large. */
+static void fill_q8_0(const void *ctx, uint64_t first, uint64_t n, void *dst)
+{
+    const struct fill_ctx *f = ctx;
+    uint8_t *d8 = dst;
+    uint16_t h = tide_f32_to_f16(f->half / 1.7320508f / 73.9f);
+    for (uint64_t b = first / 32; b < (first + n) / 32; b++, d8 += 34) {
+        d8[0] = h & 0xff;
+        d8[1] = h >> 8;
+        for (int k = 0; k < 4; k++) {
+            struct rng r = {f->seed ^ ((b * 4 + (uint64_t)k) * 0xd1342543de82ef95ull)};
+            uint64_t x = rnext(&r);
+            for (int j = 0; j < 8; j++, x >>= 8)
+                d8[2 + k * 8 + j] = (uint8_t)(int8_t)((int)((x & 0xff) * 255 >> 8) - 127);
+        }
+    }
+}
 
 /* kind: 0 = normal matrix scaled std * N(0,1), 1 = norm (1 + std * N) */
 static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
@@ -268,6 +334,15 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
     uint64_t ne[3] = {a, b, c}, n = a * b * c;
     if ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) && a % QK_K)
         type = GGML_TYPE_Q8_0; /* rows that are not whole super-blocks, as other tools do */
+    if (g->fill && n >= FILL_MIN) {
+        struct fill_ctx f = {rnext(&g->r), norm ? 1.0f : 0.0f, std * 1.7320508f};
+        if (type == GGML_TYPE_Q8_0 && !norm)
+            gguf_w_tensor_fill_raw(g->w, name, type, nd, ne, fill_q8_0, &f, sizeof f);
+        else
+            gguf_w_tensor_fill(g->w, name, type, nd, ne, fill_uniform, &f, sizeof f);
+        g->params += n;
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         g->buf[i] = (norm ? 1.0f : 0.0f) + std * rnorm(&g->r);
     gguf_w_tensor(g->w, name, type, nd, ne, g->buf);
@@ -286,7 +361,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, big)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -306,14 +381,19 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
 
     struct vocab v;
     if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
+    uint32_t bos = v.n - 3, eos = v.n - 1; /* the specials end the BPE's tokens */
+    if (vocab_pad(&v, c.n_vocab)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
     struct gen g = {0};
     g.r.s = o->seed * 0x2545f4914f6cdd1dull + 12345;
     g.w = gguf_writer_new();
+    g.fill = c.fill;
+    if (g.w) gguf_writer_set_threads(g.w, o->threads);
     uint64_t E = c.n_embd, V = v.n, Q = (uint64_t)c.n_head * hd, KV = (uint64_t)c.n_head_kv * hd;
     uint64_t F = c.n_ff, X = c.n_expert ? c.n_expert : 1;
     uint64_t maxn = E * V;
     if (E * F * X > maxn) maxn = E * F * X;
     if (E * Q > maxn) maxn = E * Q;
+    if (c.fill) maxn = FILL_MIN; /* only the small tensors are made here */
     g.buf = malloc(maxn * sizeof(float));
     if (!g.w || !g.buf) {
         vocab_free(&v);
@@ -335,7 +415,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_u32(w, AK("attention.head_count_kv"), c.n_head_kv);
     gguf_w_u32(w, AK("attention.key_length"), hd);
     gguf_w_u32(w, AK("attention.value_length"), hd);
-    gguf_w_f32(w, AK("rope.freq_base"), 10000.0f);
+    gguf_w_f32(w, AK("rope.freq_base"), c.rope_base ? c.rope_base : 10000.0f);
     gguf_w_u32(w, AK("rope.dimension_count"), hd);
     gguf_w_f32(w, AK("attention.layer_norm_rms_epsilon"), c.eps);
     gguf_w_u32(w, AK("vocab_size"), (uint32_t)V);
@@ -350,9 +430,9 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
     gguf_w_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
     gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, v.n_merges);
-    gguf_w_u32(w, "tokenizer.ggml.bos_token_id", v.n - 3);
-    gguf_w_u32(w, "tokenizer.ggml.eos_token_id", v.n - 1);
-    gguf_w_u32(w, "tokenizer.ggml.padding_token_id", v.n - 3);
+    gguf_w_u32(w, "tokenizer.ggml.bos_token_id", bos);
+    gguf_w_u32(w, "tokenizer.ggml.eos_token_id", eos);
+    gguf_w_u32(w, "tokenizer.ggml.padding_token_id", bos);
     gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false);
     gguf_w_str(w, "tokenizer.chat_template", chatml);
 

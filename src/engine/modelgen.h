@@ -7,12 +7,13 @@
 #include "gguf.h"
 
 struct modelgen_options {
-    const char *preset;   /* "dense", "moe", "qwen3moe", "big" */
+    const char *preset;   /* "dense", "moe", "qwen3moe", "big", "qwen3-30b-a3b" (benchmarks) */
     const char *out;      /* output path */
     uint64_t seed;        /* PRNG seed; same options -> byte-identical file */
     int type;             /* ggml type of the big matrices, or -1 for the preset's */
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
+    int threads;          /* threads for the write-time matrices (0: all CPUs) */
 };
 
 struct modelgen_summary {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "engine/gguf.h"
+#include "engine/model.h"
 #include "engine/modelgen.h"
 
 static void *small_file(size_t *size)
@@ -377,4 +378,115 @@ Test(gguf, modelgen_presets_load)
         gguf_close(&g);
         unlink(path);
     }
+}
+
+/* Filled tensors (gguf_write.c): values made at write time by threads. */
+static void fill_ramp(const void *ctx, uint64_t first, uint64_t n, float *dst)
+{
+    float scale = *(const float *)ctx;
+    for (uint64_t i = 0; i < n; i++) dst[i] = scale * (float)((first + i) % 1000) - 1.0f;
+}
+
+static void raw_q8(const void *ctx, uint64_t first, uint64_t n, void *dst)
+{
+    (void)ctx;
+    uint8_t *d = dst;
+    for (uint64_t b = first / 32; b < (first + n) / 32; b++, d += 34) {
+        d[0] = 0x00, d[1] = 0x3c; /* f16 1.0 */
+        for (int j = 0; j < 32; j++) d[2 + j] = (uint8_t)((b + (uint64_t)j) % 200);
+    }
+}
+
+static void *filled_file(int threads, size_t *size)
+{
+    struct gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_threads(w, threads);
+    float small[64];
+    for (int i = 0; i < 64; i++) small[i] = (float)i;
+    float scale = 0.002f;
+    uint64_t ne_small[1] = {64}, ne_big[2] = {1024, 9000}, ne_q[2] = {96, 3};
+    gguf_w_tensor(w, "small", GGML_TYPE_F32, 1, ne_small, small);
+    /* 9.2M values: more than two 4M-value chunks, so threads meet at chunk edges */
+    gguf_w_tensor_fill(w, "big", GGML_TYPE_F16, 2, ne_big, fill_ramp, &scale, sizeof scale);
+    gguf_w_tensor_fill_raw(w, "q", GGML_TYPE_Q8_0, 2, ne_q, raw_q8, NULL, 0);
+    gguf_w_tensor(w, "after", GGML_TYPE_F32, 1, ne_small, small);
+    void *buf = NULL;
+    cr_assert_eq(gguf_writer_to_memory(w, &buf, size), 0);
+    gguf_writer_free(w);
+    return buf;
+}
+
+Test(gguf, filled_tensors_any_thread_count)
+{
+    size_t n1, n4;
+    uint8_t *a = filled_file(1, &n1), *b = filled_file(4, &n4);
+    cr_assert_eq(n1, n4);
+    cr_assert(memcmp(a, b, n1) == 0, "bytes depend on the thread count");
+    struct gguf_file g;
+    char err[200];
+    cr_assert_eq(gguf_open_memory(&g, a, n1, err, sizeof err), 0, "%s", err);
+    const struct gguf_tensor *big = gguf_find_tensor(&g, "big"), *q = gguf_find_tensor(&g, "q");
+    const struct gguf_tensor *after = gguf_find_tensor(&g, "after");
+    cr_assert(big && q && after);
+    cr_assert_eq(big->nbytes, 1024 * 9000 * 2);
+    const uint64_t at[4] = {0, 4194303, 4194304, 1024 * 9000 - 1};
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *p = (const uint8_t *)big->data + at[i] * 2;
+        float want = 0.002f * (float)(at[i] % 1000) - 1.0f;
+        cr_assert_float_eq(tide_f16_to_f32((uint16_t)(p[0] | p[1] << 8)), want, 1e-3, "element %llu",
+                           (unsigned long long)at[i]);
+    }
+    uint8_t want_q[9 * 34];
+    raw_q8(NULL, 0, 96 * 3, want_q);
+    cr_assert_eq(q->nbytes, sizeof want_q);
+    cr_assert(memcmp(q->data, want_q, sizeof want_q) == 0);
+    cr_assert_float_eq(((const float *)after->data)[63], 63.0f, 0);
+    gguf_close(&g);
+    free(a);
+    free(b);
+}
+
+Test(gguf, modelgen_qwen3_30b_preset)
+{
+    /* the benchmark preset, shrunk except for its vocabulary and head_dim (256 / 2 heads) */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-30b.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen3-30b-a3b", .out = path, .seed = 1, .type = -1,
+                                 .n_layer = 1, .n_embd = 256, .n_head = 2, .n_head_kv = 1,
+                                 .n_expert = 4, .n_expert_used = 2, .n_ff = 64, .threads = 2};
+    char err[200] = "";
+    struct modelgen_summary s;
+    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(s.n_vocab, 151936);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.arch, ARCH_QWEN3MOE);
+    cr_assert_eq(m.cfg.n_vocab, 151936);
+    cr_assert_eq(m.cfg.n_embd, 256);
+    cr_assert_eq(m.cfg.n_head, 2);
+    cr_assert_eq(m.cfg.n_expert, 4);
+    cr_assert_eq(m.cfg.head_dim, 128);
+    cr_assert_float_eq(m.cfg.rope_theta, 1e6f, 1);
+    model_free(&m);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    const struct gguf_kv *tok = gguf_find_kv(&g, "tokenizer.ggml.tokens");
+    cr_assert(gguf_str_eq(tok->v.arr.strs[151935], "<|tide_pad_151935|>"));
+    uint32_t eos;
+    cr_assert_eq(gguf_get_u32(&g, "tokenizer.ggml.eos_token_id", &eos), 0);
+    cr_assert(gguf_str_eq(tok->v.arr.strs[eos], "<|im_end|>"));
+    /* q8_0 weights made directly, with the std the small presets use: 1/sqrt(n_embd) */
+    const struct gguf_tensor *te = gguf_find_tensor(&g, "token_embd.weight");
+    cr_assert(te && te->type == GGML_TYPE_Q8_0 && te->ne[0] == 256 && te->ne[1] == 151936);
+    const struct gguf_tensor *tq = gguf_find_tensor(&g, "blk.0.attn_q.weight");
+    cr_assert(tq && tq->type == GGML_TYPE_Q8_0 && tq->ne[0] == 256 && tq->ne[1] == 256);
+    static float w[256 * 256];
+    double ss = 0, sum = 0;
+    ggml_dequantize(GGML_TYPE_Q8_0, tq->data, w, 256 * 256);
+    for (int i = 0; i < 256 * 256; i++) ss += (double)w[i] * w[i], sum += w[i];
+    double sd = sqrt(ss / (256 * 256));
+    cr_assert(sd > 0.95 / 16 && sd < 1.05 / 16, "std %g", sd);
+    cr_assert(fabs(sum / (256 * 256)) < 0.05 / 16, "mean %g", sum / (256 * 256));
+    gguf_close(&g);
+    unlink(path);
 }
