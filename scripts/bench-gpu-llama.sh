@@ -34,8 +34,12 @@ build)
     ldd "$B/tide" | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux)' |
         xargs -I{} cp -L {} "$C/gpu-libs/"
     if [ -x "$LLAMA/bin/llama-bench" ]; then
+        # stripped and xz-compressed (48 -> 26 MB: the carry limit is 64 MiB with the tree);
+        # cuBLAS/cudart come from the device's pip packages, libcuda from its driver; OpenMP from here
         strip -o "$C/llama-bench" "$LLAMA/bin/llama-bench"
+        ldd "$C/llama-bench" | awk '$3 ~ /libgomp/ {print $3}' | xargs -r -I{} cp -L {} "$C/gpu-libs/"
         ldd "$C/llama-bench" | grep -E "not found|cublas|cudart" || true
+        xz -T0 -6 -f "$C/llama-bench"
     else
         echo "no $LLAMA/bin/llama-bench: the llama.cpp steps will be skipped"
     fi
@@ -49,9 +53,8 @@ device)
     export LD_LIBRARY_PATH=$PWD/$C/gpu-libs
     # llama-bench links cuBLAS/cudart dynamically: the pip copies on the device machine
     nv=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia
-    for d in "$nv"/cu13/lib "$nv"/cublas/lib "$nv"/cuda_runtime/lib; do
-        [ -d "$d" ] && LLAMA_LIBS=${LLAMA_LIBS:+$LLAMA_LIBS:}$d
-    done
+    LLAMA_LIBS=$(find "$nv" -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o -name 'libcudart.so.13*' 2>/dev/null |
+        xargs -r -n1 dirname | sort -u | paste -sd:)
     log "== bench-gpu-llama $(date -u +%FT%TZ), LAYERS=$LAYERS BACKEND=$BACKEND"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$S"
     log "host: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM"
@@ -168,9 +171,12 @@ EOF
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
     grep -E "pinning|expert cache|device 0|error" "$OUT/daemon.log" | tail -6 | tee -a "$S"
     # b) + c) llama.cpp
-    LB=$C/llama-bench
+    LB=/tmp/llama-bench
+    [ -f "$C/llama-bench.xz" ] && python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        "$C/llama-bench.xz" "$LB" && chmod +x "$LB"
     if [ -x "$LB" ] && [ "$BACKEND" = cuda ]; then
         export LD_LIBRARY_PATH=${LLAMA_LIBS:-}:$LD_LIBRARY_PATH
+        log "llama-bench libraries: ${LLAMA_LIBS:-none found}; $(ldd "$LB" | grep -c 'not found') not found"
         cmd="llama-bench -m $M -ngl 99 -fa 0 -p 512 -n 128 -r 3"
         log "\$ $cmd"
         timeout 240 "$LB" -m "$M" -ngl 99 -fa 0 -p 512 -n 128 -r 3 -o jsonl -oe md 2>"$OUT/llama-resident.txt" |

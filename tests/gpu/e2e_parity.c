@@ -1,7 +1,10 @@
 /* e2e_parity.c - end-to-end parity for the GPU test program: the same tiny generated model
  * through forward_eval on the CPU backend and on the CUDA backend (weights, KV and
  * activations in device memory, experts through an expert cache on the CUDA device).
- * Compares the prefill logits, then 24 greedy tokens and the logits at each step. */
+ * Compares the prefill logits, then 24 greedy tokens and the logits at each step. gpu_e2e
+ * uses a one-segment cache (misses, evictions, the op-by-op expert path); gpu_e2e_full a
+ * cache of every expert, where decode takes the fused moe_ffn op (counted, so a forward
+ * that silently falls back fails). */
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -18,6 +21,8 @@
 
 int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
             double lim);
+int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
+                 double lim);
 
 static double rel(const float *a, const float *b, size_t n)
 {
@@ -39,9 +44,12 @@ static int argmax(const float *v, int n)
     return b;
 }
 
-/* Returns 1 on pass, 0 on fail (and prints the verdict line). */
-int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
-            double lim)
+static int full_fused; /* moe_ffn calls that computed in decode steps (the probe passes x NULL) */
+
+/* Returns 1 on pass, 0 on fail (and prints the verdict line). n_seg: the expert cache's
+ * segments (clamped to all experts); *n_layer gets the model's layer count. */
+static int e2e_run(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
+                   double lim, int n_seg, int *n_layer)
 {
     char path[64], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-%d-%s.gguf", (int)getpid(), name);
@@ -63,8 +71,7 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
     bool have_cache = false;
     int rc = forward_init(&sc, &m, cpu, n_ctx);
     if (!rc && m.cfg.n_expert) {
-        /* fewer segments than experts when possible, so misses and evictions happen too */
-        rc = expert_cache_init(&cache, &dev, &m, 0, m.cfg.n_layer, 0, 1);
+        rc = expert_cache_init(&cache, &dev, &m, 0, m.cfg.n_layer, 0, n_seg);
         have_cache = rc == 0;
     }
     struct forward_stage_spec sp = {.dev = &dev, .l0 = 0, .l1 = m.cfg.n_layer, .cache = have_cache ? &cache : NULL};
@@ -75,6 +82,7 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
         return 0;
     }
     int V = (int)m.cfg.n_vocab;
+    *n_layer = (int)m.cfg.n_layer;
     int *tok = malloc(sizeof(int) * (n_prompt + n_gen));
     uint64_t s = 12345;
     for (int i = 0; i < n_prompt; i++) {
@@ -85,6 +93,7 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
     double e_prefill = rc1 || rc2 ? INFINITY : rel(sg.logits, sc.logits, V), e_worst = e_prefill;
     int same = 0, first_diff = -1;
     int tc = argmax(sc.logits, V), tg = argmax(sg.logits, V);
+    full_fused = 0; /* gpu_e2e_full counts the decode steps only */
     for (int i = 0; i < n_gen && !rc1 && !rc2; i++) {
         if (tc == tg) same++;
         else if (first_diff < 0) first_diff = i;
@@ -129,6 +138,41 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
     model_free(&m);
     unlink(path);
     return ok;
+}
+
+int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
+            double lim)
+{
+    int nl;
+    /* fewer segments than experts when possible, so misses and evictions happen too */
+    return e2e_run(cpu, gpu, name, preset, type, lim, 1, &nl);
+}
+
+static struct backend full_gpu;
+static int full_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
+                        float *y, float *hb, float *hb2, float *tmp)
+{
+    int rc = full_gpu.i->moe_ffn(ctx, ex, w, k, x, y, hb, hb2, tmp);
+    if (x && rc == 0)
+        full_fused++;
+    return rc;
+}
+
+int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
+                 double lim)
+{
+    static struct backend_i wrap;
+    full_gpu = gpu;
+    full_fused = 0;
+    wrap = *gpu.i;
+    if (gpu.i->moe_ffn)
+        wrap.moe_ffn = full_moe_ffn;
+    struct backend wb = {&wrap, gpu.ctx};
+    int nl = 0, ok = e2e_run(cpu, wb, name, preset, type, lim, 1 << 20, &nl);
+    int want = 24 * nl; /* every layer of every decode step */
+    printf("%s %s fused moe_ffn: %d of %d decode layer steps\n", full_fused == want ? "PASS" : "FAIL", name,
+           full_fused, want);
+    return ok && full_fused == want;
 }
 
 /* ---- shadow check: every op of a CUDA forward re-run on the CPU from the same inputs ----

@@ -30,7 +30,7 @@ static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
     "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
-    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0",
+    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_attention", "bench_decode", "bench_decode_fused",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
@@ -588,8 +588,13 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
             double lim);
 
 int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type);
+int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
+                 double lim);
 
-static void test_e2e(void)
+static bool want(const char *only, const char *name);
+
+/* only: a name filter (--only e2e runs them all, --only e2e_full the full-cache ones) */
+static void test_e2e(const char *only)
 {
     static const struct { const char *name, *preset; int type; double lim; } m[] = {
         {"e2e_dense", "dense", -1, 1e-3},          /* f32 */
@@ -602,15 +607,23 @@ static void test_e2e(void)
         {"e2e_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
+        if (!want(only, m[i].name))
+            continue;
         fflush(stdout);
         if (!gpu_e2e(cpu, gpu, m[i].name, m[i].preset, m[i].type, m[i].lim))
             n_fail++;
         fflush(stdout);
     }
     /* q8_0 end to end: every op checked on identical inputs (see e2e_parity.c for why) */
-    if (!gpu_e2e_shadow(cpu, gpu, "e2e_shadow_dense_q8_0", "dense", GGML_TYPE_Q8_0))
+    if (want(only, "e2e_shadow_dense_q8_0") && !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_dense_q8_0", "dense", GGML_TYPE_Q8_0))
         n_fail++;
-    if (!gpu_e2e_shadow(cpu, gpu, "e2e_shadow_moe_q8_0", "moe", GGML_TYPE_Q8_0))
+    if (want(only, "e2e_shadow_moe_q8_0") && !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_moe_q8_0", "moe", GGML_TYPE_Q8_0))
+        n_fail++;
+    /* a cache of every expert: decode through the fused moe_ffn op, end to end */
+    if (want(only, "e2e_full_moe_q8_0") && !gpu_e2e_full(cpu, gpu, "e2e_full_moe_q8_0", "moe", GGML_TYPE_Q8_0, 3e-2))
+        n_fail++;
+    if (want(only, "e2e_full_qwen3moe_q8_0") &&
+        !gpu_e2e_full(cpu, gpu, "e2e_full_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2))
         n_fail++;
     fflush(stdout);
 }
@@ -651,16 +664,16 @@ int main(int argc, char **argv)
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();
-    if (want(only, "e2e")) test_e2e();
+    if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
-    if (bench) {
+    if (bench) { /* --only bench_copy: the bandwidth probe alone (scripts/bench-gpu-llama.sh) */
         double d2d = 0;
         bench_copy(&d2d);
-        bench_matmul(d2d);
-        bench_attention(d2d);
-        bench_decode(d2d, false);
-        bench_decode(d2d, true);
+        if (want(only, "bench_matmul")) bench_matmul(d2d);
+        if (want(only, "bench_attention")) bench_attention(d2d);
+        if (want(only, "bench_decode")) bench_decode(d2d, false);
+        if (want(only, "bench_decode_fused")) bench_decode(d2d, true);
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))
