@@ -198,7 +198,7 @@ static void add_filled(struct gguf_writer *w, const char *name, uint32_t type, u
     struct wtensor *t = add_tensor(w, name, type, n_dims, ne);
     if (!t) return;
     if (!(t->ctx = malloc(ctx_size ? ctx_size : 1))) { w->data.oom = true; return; }
-    memcpy(t->ctx, ctx, ctx_size);
+    if (ctx_size) memcpy(t->ctx, ctx, ctx_size);  /* ctx may be NULL when there is none */
     t->fill = fill;
     t->raw = raw;
     w->data_len += t->nbytes;
