@@ -1,6 +1,7 @@
 /* test_sample.c - the sampler: greedy, top_k/top_p/min_p, seeding, penalties, logprobs. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/sample.h"
@@ -179,5 +180,125 @@ Test(sample, logprobs)
     for (int i = 0; i < NV; i++)
         z += exp(raw[i]);
     cr_assert_float_eq(lp.logprob, (float)(raw[id] - log(z)), 1e-4);
+    sampler_free(&s);
+}
+
+/* The sampler sorts a bucket of candidates only when its walk reaches it (sample.c,
+ * struct lazy_order); it must draw
+ * exactly what the documented algorithm draws with a full sort of the vocabulary. The
+ * reference below is that algorithm written plainly, fed the same xorshift64* stream
+ * (sample.c's generator, restated). Vocabulary of Qwen3's size; four logit shapes: the
+ * third sends draws into a later bucket, the fourth with top_p 0.99999 makes the top_p walk
+ * reach the last bucket (16 or more temperatures below the best). */
+struct ref_vi { float v; int id; };
+static int ref_cmp(const void *a, const void *b)
+{
+    const struct ref_vi *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+static double ref_uniform(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    *s = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+static int ref_sample(const struct sampling_params *p, const float *l, int n, uint64_t *rng,
+                      struct ref_vi *c, float *pr)
+{
+    for (int i = 0; i < n; i++) c[i] = (struct ref_vi){ l[i], i };
+    qsort(c, n, sizeof(*c), ref_cmp);
+    int m = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    double sum = 0;
+    for (int i = 0; i < m; i++) {
+        pr[i] = (float)exp(((double)c[i].v - c[0].v) / p->temperature);
+        sum += pr[i];
+    }
+    for (int i = 0; i < m; i++) pr[i] = (float)(pr[i] / sum);
+    if (p->top_p > 0 && p->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < m; i++)
+            if ((cum += pr[i]) >= p->top_p) { m = i + 1; break; }
+    }
+    if (p->min_p > 0) {
+        int keep = 1;
+        while (keep < m && pr[keep] >= p->min_p * pr[0]) keep++;
+        m = keep;
+    }
+    double mass = 0, acc = 0;
+    for (int i = 0; i < m; i++) mass += pr[i];
+    double r = ref_uniform(rng) * mass;
+    for (int i = 0; i < m; i++)
+        if (r < (acc += pr[i])) return c[i].id;
+    return c[m - 1].id;
+}
+
+Test(sample, head_sort_draws_what_a_full_sort_draws, .timeout = 60)
+{
+    enum { V = 151936, DRAWS = 16 };
+    float *l = malloc(sizeof(float) * V), *work = malloc(sizeof(float) * V);
+    float *pr = malloc(sizeof(float) * V);
+    struct ref_vi *c = malloc(sizeof(*c) * V);
+    struct { float temp, top_p, min_p; int top_k; } set[] = {
+        {1.0f, 1.0f, 0, 0}, {0.7f, 0.9f, 0, 0}, {1.5f, 1.0f, 0.05f, 0}, {1.0f, 1.0f, 0, 40},
+        {2.0f, 0.999f, 0, 0}, {1.0f, 1.0f, 0, 100000}, {1.0f, 0.99999f, 0, 0},
+    };
+    uint64_t g = 12345;
+    int tail_draws = 0;
+    for (int shape = 0; shape < 4; shape++) {
+        /* 0: a few strong tokens; 1: flat, all within 2; 2: one token 13.5 above a crowd
+         * of 151,935 that together hold over half the mass, all in the unsorted tail */
+        for (int i = 0; i < V; i++)
+            l[i] = (float)(ref_uniform(&g) * (shape == 1 ? 2.0 : shape == 2 ? 1.0 : 6.0)) +
+                   (shape == 0 && i % 9973 == 0 ? 14.0f : 0);
+        if (shape == 2) l[777] = 13.5f;
+        if (shape == 3) l[777] = 17.5f;  /* the crowd holds ~0.6% of the mass */
+        for (size_t k = 0; k < sizeof set / sizeof set[0]; k++) {
+            struct sampling_params p;
+            sampling_params_default(&p);
+            p.temperature = set[k].temp, p.top_p = set[k].top_p, p.min_p = set[k].min_p;
+            p.top_k = set[k].top_k, p.seed = 1000 + k;
+            struct sampler s;
+            cr_assert_eq(sampler_init(&s, &p, V), 0);
+            uint64_t rng = p.seed;
+            for (int d = 0; d < DRAWS; d++) {
+                memcpy(work, l, sizeof(float) * V);
+                int got = sampler_sample(&s, work, NULL);
+                int want = ref_sample(&p, l, V, &rng, c, pr);
+                cr_assert_eq(got, want, "shape %d setting %zu draw %d: %d, full sort %d", shape, k, d,
+                             got, want);
+                tail_draws += l[got] <= l[c[0].id] - 2.0f * p.temperature;  /* past bucket 0 */
+            }
+            sampler_free(&s);
+        }
+    }
+    /* the draws are deterministic; count those two or more temperatures below the best */
+    cr_assert(tail_draws >= 5, "only %d draws reached the tail: the test lost its point", tail_draws);
+    free(l); free(work); free(pr); free(c);
+}
+
+/* top_logprobs comes from one pass now; it must list what a full sort lists, ties by id. */
+Test(sample, top_logprobs_match_a_full_sort)
+{
+    enum { V = 5000 };
+    float l[V];
+    uint64_t g = 99;
+    for (int i = 0; i < V; i++) l[i] = (float)(int)(ref_uniform(&g) * 50) * 0.25f;  /* many ties */
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0, p.logprobs = true, p.top_logprobs = SAMPLE_MAX_TOP_LOGPROBS;
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, V), 0);
+    struct token_logprob lp;
+    float work[V];
+    memcpy(work, l, sizeof l);
+    sampler_sample(&s, work, &lp);
+    struct ref_vi c[V];
+    for (int i = 0; i < V; i++) c[i] = (struct ref_vi){ l[i], i };
+    qsort(c, V, sizeof(*c), ref_cmp);
+    cr_assert_eq(lp.n_top, SAMPLE_MAX_TOP_LOGPROBS);
+    for (int j = 0; j < lp.n_top; j++)
+        cr_assert_eq(lp.top_ids[j], c[j].id, "rank %d: %d, full sort %d", j, lp.top_ids[j], c[j].id);
     sampler_free(&s);
 }
