@@ -55,6 +55,21 @@ struct backend_i {
      * shapes would (ex may then be host views). NULL when the backend has no fused form. */
     int (*moe_ffn)(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
                    float *y, float *hb, float *hb2, float *tmp);
+    /* Top-k routing of n tokens from their router logits (n, n_expert), all in backend memory.
+     * out (backend memory) receives sel (n, k) int32, each token's k experts in ascending
+     * index order, then w (n, k) f32, their weights: softmax over all n_expert logits, the top
+     * k kept (ties: the lower index), renormalised over the k when norm (Mixtral's softmax over
+     * the selected logits). On a GPU this keeps the router logits on the device: only the
+     * 2nk words of out travel, and a decode step whose experts are all resident needs none. */
+    void (*route)(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out);
+    /* moe_ffn for one token whose experts are found on the device, without the host: table
+     * (backend memory) holds, per expert of this layer, the addresses of its gate, up and down
+     * data (3 pointers an expert, every one valid); routed is one token's route() output (k
+     * ids, then k weights). shape gives the types and shapes (any expert of the layer). Same
+     * arithmetic as moe_ffn with the same experts and weights, so the two are interchangeable
+     * bit for bit. x NULL is a probe (as in moe_ffn). NULL when the backend has no such form. */
+    int (*moe_ffn_table)(void *ctx, const struct expert_weights *shape, const void *const *table,
+                         const int32_t *routed, int k, const float *x, float *y);
 };
 
 struct backend {

@@ -4,7 +4,9 @@
  * once for the whole chunk, so each weight row is read once per chunk rather than once
  * per token. Attention stays per token (each has its own causal window). MoE tokens are
  * grouped by expert so each chosen expert is fetched and multiplied once per chunk.
- * Top-k routing runs on the host over downloaded router logits (n_expert floats a token). */
+ * Top-k routing runs on the device (backend_i.route); the host downloads the chosen ids to look
+ * the experts up in the cache, except in a decode step whose experts are all resident: that
+ * step runs its experts from the cache's device table and never waits for the device. */
 #include "forward.h"
 #include "memory/device.h"
 #include "memory/expert_cache.h"
@@ -48,6 +50,14 @@ static struct buf_dims dims(const struct model *m, int n_ctx)
     d.V = c->n_vocab;
     d.att = (size_t)c->n_head * n_ctx;
     return d;
+}
+
+/* The route() output of a stage: max_batch tokens' rows, then one row per layer. */
+static size_t route_bytes(const struct model *m, int max_batch, uint32_t n_layers)
+{
+    if (!m->cfg.n_expert)
+        return 0;
+    return ((size_t)max_batch + n_layers) * 2 * m->cfg.n_expert_used * sizeof(int32_t);
 }
 
 /* Batch buffers for B tokens, in the order of struct stage_bufs. */
@@ -98,10 +108,13 @@ void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
     out->workspace += d.att * sizeof(float) + (last ? d.V * sizeof(float) : 0);
+    out->workspace += route_bytes(m, max_batch, l1 - l0);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->prefill += sizes[i];
 }
+
+#define MOE_FUSED_MAX_K 16 /* the most experts a token a fused op takes */
 
 /* Allocation for a stage: through the device ledger when there is one. */
 static void *stage_alloc(struct forward_stage *st, enum mem_kind k, size_t bytes)
@@ -196,6 +209,19 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
         return TIDE_ERANGE;
     if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, d.V * sizeof(float))))
         return TIDE_ERANGE;
+    size_t rb = route_bytes(m, s->max_batch, st->l1 - st->l0);
+    if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
+        return TIDE_ERANGE;
+    /* Can a decode step take its experts from a device table? Asked once per layer with the
+     * host views (the same types and shapes as the cached copies). */
+    st->table_ok = m->cfg.n_expert && st->cache && st->be.i->moe_ffn_table &&
+                   m->cfg.n_expert_used <= MOE_FUSED_MAX_K;
+    for (uint32_t l = st->l0; l < st->l1 && st->table_ok; l++) {
+        struct expert_weights ew;
+        model_expert_host(m, l, 0, &ew);
+        st->table_ok = st->be.i->moe_ffn_table(st->be.ctx, &ew, NULL, NULL, (int)m->cfg.n_expert_used, NULL,
+                                               NULL) == 0;
+    }
     use_bufs(st, &st->dec);
     return 0;
 }
@@ -251,13 +277,14 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     struct buf_dims d = dims(m, n_ctx);
     size_t B = (size_t)max_batch, nu = m->cfg.n_expert_used ? m->cfg.n_expert_used : 1;
     s->host_x = malloc(B * d.E * sizeof(float));
-    s->host_router = malloc(B * d.ne * sizeof(float));
+    size_t rows = B > m->cfg.n_layer ? B : m->cfg.n_layer;
+    s->host_route = malloc(rows * 2 * nu * sizeof(int32_t));
     s->moe_sel = malloc(B * nu * sizeof(int));
     s->moe_w = malloc(B * nu * sizeof(float));
     s->moe_tok = malloc(B * sizeof(int));
     s->moe_tokw = malloc(B * sizeof(float));
     s->logits = malloc(d.V * sizeof(float));
-    if (!s->host_x || !s->host_router || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->logits) {
+    if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->logits) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -288,7 +315,7 @@ void forward_free(struct forward_state *s)
         if (s->stage[i].layers || s->stage[i].n_owned)
             stage_free(&s->stage[i]);
     free(s->host_x);
-    free(s->host_router);
+    free(s->host_route);
     free(s->moe_sel);
     free(s->moe_w);
     free(s->moe_tok);
@@ -297,42 +324,11 @@ void forward_free(struct forward_state *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Pick the top-k experts of one token's router logits (ties -> lower index) and their
- * weights per the arch rule: softmax over all experts, keep the top k, optionally
- * renormalise (which equals Mixtral's softmax over the k selected logits). */
-static void route(const struct model_config *c, const float *logits, int *sel, float *w)
-{
-    int k = (int)c->n_expert_used, ne = (int)c->n_expert;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            bool used = false;
-            for (int t = 0; t < j; t++)
-                if (sel[t] == e) { used = true; break; }
-            if (!used && (best < 0 || logits[e] > logits[best]))
-                best = e;
-        }
-        sel[j] = best;
-    }
-    float mx = logits[sel[0]]; /* the max of all logits */
-    double all = 0.0, top = 0.0;
-    for (int e = 0; e < ne; e++)
-        all += exp((double)logits[e] - mx);
-    for (int j = 0; j < k; j++) {
-        w[j] = (float)exp((double)logits[sel[j]] - mx);
-        top += w[j];
-    }
-    double z = c->expert_weights_norm ? top : all;
-    for (int j = 0; j < k; j++)
-        w[j] = (float)(w[j] / z);
-}
-
 /* Decode: one token's k experts in the backend's fused op, in ascending expert order (the
- * order of the per-expert loop below, so the sum is the same). Every view must stay valid
- * until the op is queued: with fewer live cache slots than k a lookup could evict an
- * earlier one, so then (and for types the backend does not fuse) TIDE_EUNSUPPORTED sends
- * the caller to the per-expert path. */
-#define MOE_FUSED_MAX_K 16
+ * order route() gives them and the per-expert loop below visits them, so the sum is the
+ * same). Every view must stay valid until the op is queued: with fewer live cache slots than
+ * k a lookup could evict an earlier one, so then (and for types the backend does not fuse)
+ * TIDE_EUNSUPPORTED sends the caller to the per-expert path. */
 static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint32_t l)
 {
     const struct model_config *c = &s->m->cfg;
@@ -340,8 +336,6 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
     struct expert_cache *ec = st->cache;
     if (k < 1 || k > MOE_FUSED_MAX_K || (ec && (ec->n_seg - ec->n_borrowed) * ec->slots_per_seg < k))
         return TIDE_EUNSUPPORTED;
-    int sel[MOE_FUSED_MAX_K];
-    float w[MOE_FUSED_MAX_K];
     struct expert_weights ew[MOE_FUSED_MAX_K];
     /* ask first with the host views (same types and shapes), so that an unfused type is
      * looked up in the cache once, by the per-expert path, and the hit counts stay true */
@@ -350,26 +344,26 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
     int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL);
     if (rc < 0)
         return rc;
-    for (int j = 0; j < k; j++) { /* insertion sort by expert index */
-        int e = s->moe_sel[j], i = j;
-        float wj = s->moe_w[j];
-        for (; i > 0 && sel[i - 1] > e; i--)
-            sel[i] = sel[i - 1], w[i] = w[i - 1];
-        sel[i] = e, w[i] = wj;
-    }
     for (int j = 0; j < k; j++) {
         if (ec) {
-            rc = expert_cache_lookup(ec, l, (uint32_t)sel[j], &ew[j]);
+            rc = expert_cache_lookup(ec, l, (uint32_t)s->moe_sel[j], &ew[j]);
             if (rc < 0)
                 return rc;
         } else {
-            model_expert_host(s->m, l, (uint32_t)sel[j], &ew[j]);
+            model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
         }
     }
-    rc = st->be.i->moe_ffn(st->be.ctx, ew, w, k, st->xb, st->moe_out, st->hb, st->hb2, st->xb2);
+    rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, st->xb, st->moe_out, st->hb, st->hb2, st->xb2);
     if (rc == 0)
         s->n_expert_calls += k;
     return rc;
+}
+
+/* A decode step's route() row for layer l. */
+static int32_t *layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l)
+{
+    size_t row = 2 * (size_t)s->m->cfg.n_expert_used;
+    return st->route + ((size_t)s->max_batch + (l - st->l0)) * row;
 }
 
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E). */
@@ -382,9 +376,19 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     const struct model_layer *L = &st->layers[l - st->l0];
 
     B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
-    B->download(bc, s->host_router, st->router, sizeof(float) * (size_t)n * c->n_expert);
-    for (int t = 0; t < n; t++)
-        route(c, s->host_router + (size_t)t * c->n_expert, s->moe_sel + t * k, s->moe_w + t * k);
+    int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
+    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
+    if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
+        struct expert_weights shape;
+        model_expert_host(s->m, l, 0, &shape);
+        int rc = B->moe_ffn_table(bc, &shape, expert_cache_table(st->cache, l), routed, k, st->xb, st->moe_out);
+        if (rc == 0)
+            s->n_expert_calls += k;
+        return rc;
+    }
+    B->download(bc, s->host_route, routed, sizeof(int32_t) * 2 * (size_t)n * k);
+    memcpy(s->moe_sel, s->host_route, sizeof(int32_t) * (size_t)n * k);
+    memcpy(s->moe_w, s->host_route + (size_t)n * k, sizeof(float) * (size_t)n * k);
     if (n == 1 && B->moe_ffn) {
         int rc = moe_ffn_fused(s, st, l);
         if (rc != TIDE_EUNSUPPORTED)
@@ -475,6 +479,20 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
     return 0;
 }
 
+/* After a decode step that ran from the device table: the experts it chose become the
+ * cache's hits and most recent uses, as lookups would have made them (one small download,
+ * after the step's work). */
+static void count_table_step(struct forward_state *s, struct forward_stage *st)
+{
+    int k = (int)s->m->cfg.n_expert_used;
+    uint32_t nl = st->l1 - st->l0;
+    st->be.i->download(st->be.ctx, s->host_route, layer_route(s, st, st->l0), sizeof(int32_t) * 2 * (size_t)k * nl);
+    for (uint32_t i = 0; i < nl; i++)
+        for (int j = 0; j < k; j++)
+            expert_cache_touch(st->cache, st->l0 + i, (uint32_t)s->host_route[(size_t)i * 2 * k + j]);
+    st->from_table = false;
+}
+
 /* n <= max_batch tokens (or embeddings) at positions pos.. */
 static int eval_chunk(struct forward_state *s, const int *tokens, const float *embd, int n, int pos,
                       bool last)
@@ -499,6 +517,13 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
             pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
             st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
         }
+        st->from_table = false;
+        if (n == 1 && st->table_ok && expert_cache_complete(st->cache)) {
+            int rc = expert_cache_sync_table(st->cache);
+            if (rc < 0)
+                return rc;
+            st->from_table = true;
+        }
         int rc = stage_layers(s, st, n, pos);
         if (rc < 0)
             return rc;
@@ -509,6 +534,9 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
         st->be.i->matmul(st->be.ctx, &st->output, st->xb, st->logits, 1);
         st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
     }
+    for (int i = 0; i < s->n_stage; i++)
+        if (s->stage[i].from_table)
+            count_table_step(s, &s->stage[i]);
     return 0;
 }
 

@@ -65,6 +65,11 @@ struct forward_stage {
     enum prefill_mode prefill;
     float *att;                  /* (n_head, n_ctx) */
     float *logits;               /* last stage: (n_vocab) */
+    /* backend_i.route output: a chunk's (n, 2 * n_expert_used) at 0, then a decode step's
+     * per layer ((l1-l0), 2 * n_expert_used) after max_batch such rows */
+    int32_t *route;
+    bool table_ok;               /* the backend runs every layer's experts from a device table */
+    bool from_table;             /* this decode step does: its experts are all resident */
 };
 
 struct forward_state {
@@ -75,7 +80,7 @@ struct forward_state {
     struct forward_stage stage[FORWARD_MAX_STAGES];
     /* host side */
     float *host_x;       /* (max_batch, n_embd) activations crossing devices */
-    float *host_router;  /* (max_batch, n_expert) router logits for top-k */
+    int32_t *host_route; /* (max(max_batch, n_layer), 2 * n_expert_used) route() output */
     int *moe_sel;        /* (max_batch, n_expert_used) chosen experts per token */
     float *moe_w;        /* (max_batch, n_expert_used) their weights */
     int *moe_tok;        /* (max_batch) tokens routed to one expert */

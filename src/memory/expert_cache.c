@@ -105,6 +105,16 @@ int expert_cache_init(struct expert_cache *c, struct device *d, const struct mod
         expert_cache_free(c);
         return TIDE_ERANGE;
     }
+    size_t tb = expert_cache_table_bytes(c, d);
+    if (tb) {
+        c->table_host = calloc(n_keys * 3, sizeof(void *));
+        c->table_dev = device_alloc(d, MEM_WORKSPACE, tb);
+        if (!c->table_host || !c->table_dev) {
+            expert_cache_free(c);
+            return c->table_host ? TIDE_ERANGE : TIDE_ENOMEM;
+        }
+        c->table_dirty = true;
+    }
     if (n_seg > c->n_seg_max)
         n_seg = c->n_seg_max;
     c->n_seg_full = c->n_seg_max; /* let resize grow as far as asked */
@@ -150,6 +160,9 @@ void expert_cache_free(struct expert_cache *c)
         vmm_release(c->vmm);
     if (c->staging)
         device_free(c->dev, MEM_WORKSPACE, c->staging, c->slot_bytes);
+    if (c->table_dev)
+        device_free(c->dev, MEM_WORKSPACE, c->table_dev, expert_cache_table_bytes(c, c->dev));
+    free(c->table_host);
     free(c->seg);
     free(c->slot_of);
     free(c->key_tick);
@@ -220,6 +233,9 @@ int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct e
     s = victim(c);
     if (c->slot_key[s] >= 0)
         c->slot_of[c->slot_key[s]] = -1;
+    else
+        c->n_live_keys++;
+    c->table_dirty = true;
     c->slot_key[s] = key;
     c->slot_of[key] = s;
     c->slot_tick[s] = c->tick;
@@ -230,8 +246,11 @@ int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct e
 static void evict_segment(struct expert_cache *c, int s)
 {
     for (int i = s * c->slots_per_seg; i < (s + 1) * c->slots_per_seg; i++) {
-        if (c->slot_key[i] >= 0)
+        if (c->slot_key[i] >= 0) {
             c->slot_of[c->slot_key[i]] = -1;
+            c->n_live_keys--;
+            c->table_dirty = true;
+        }
         c->slot_key[i] = -1;
         c->slot_tick[i] = 0;
     }
@@ -275,7 +294,10 @@ static int cmp_tick_desc(const void *a, const void *b, void *ctx)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Fill empty live slots with evicted experts, most recently used first. */
+/* Fill empty live slots with evicted experts, most recently used first, then with experts
+ * never used yet, in layer order. So a cache grown to hold every expert holds every expert
+ * before the first token (no cold misses, and a decode step may run from the device table),
+ * and a smaller one starts with the early layers' experts instead of nothing. */
 static void refill(struct expert_cache *c)
 {
     size_t n_keys = (size_t)(c->l1 - c->l0) * c->n_expert;
@@ -287,6 +309,9 @@ static void refill(struct expert_cache *c)
         if (c->slot_of[k] < 0 && c->key_tick[k])
             cand[nc++] = (int32_t)k;
     qsort_r(cand, nc, sizeof(int32_t), cmp_tick_desc, c->key_tick);
+    for (size_t k = 0; k < n_keys; k++)
+        if (c->slot_of[k] < 0 && !c->key_tick[k])
+            cand[nc++] = (int32_t)k;
     int n = c->n_seg * c->slots_per_seg;
     size_t next = 0;
     for (int s = 0; s < n && next < nc; s++) {
@@ -298,6 +323,8 @@ static void refill(struct expert_cache *c)
         c->slot_key[s] = key;
         c->slot_of[key] = s;
         c->slot_tick[s] = c->key_tick[key];
+        c->n_live_keys++;
+        c->table_dirty = true;
     }
     free(cand);
 }
@@ -326,4 +353,60 @@ int expert_cache_resize(struct expert_cache *c, int n_seg)
         refill(c);
     c->staging_key = -1;
     return c->n_seg;
+}
+
+size_t expert_cache_table_bytes(const struct expert_cache *g, const struct device *d)
+{
+    if (!d->be.i || !d->be.i->moe_ffn_table || !g->n_seg_max)
+        return 0;
+    return (size_t)(g->l1 - g->l0) * g->n_expert * 3 * sizeof(void *);
+}
+
+bool expert_cache_complete(const struct expert_cache *c)
+{
+    return c->table_dev && c->n_borrowed == 0 && c->n_live_keys == (size_t)(c->l1 - c->l0) * c->n_expert;
+}
+
+int expert_cache_sync_table(struct expert_cache *c)
+{
+    if (!c->table_dev)
+        return TIDE_EUNSUPPORTED;
+    if (!c->table_dirty)
+        return 0;
+    size_t n_keys = (size_t)(c->l1 - c->l0) * c->n_expert;
+    for (size_t k = 0; k < n_keys; k++) {
+        const void **t = c->table_host + 3 * k;
+        int s = c->slot_of[k];
+        if (s < 0) {
+            t[0] = t[1] = t[2] = NULL;
+            continue;
+        }
+        struct expert_weights w;
+        place(c, c->l0 + (uint32_t)(k / c->n_expert), (uint32_t)(k % c->n_expert), slot_ptr(c, s), false, &w);
+        t[0] = w.gate.data, t[1] = w.up.data, t[2] = w.down.data;
+    }
+    /* the upload is queued after every op already queued (which may still read the old
+     * table) and before any later one */
+    c->dev->be.i->upload(c->dev->be.ctx, c->table_dev, c->table_host, n_keys * 3 * sizeof(void *));
+    c->table_dirty = false;
+    return 0;
+}
+
+const void *const *expert_cache_table(const struct expert_cache *c, uint32_t l)
+{
+    return (const void *const *)c->table_dev + (size_t)(l - c->l0) * c->n_expert * 3;
+}
+
+void expert_cache_touch(struct expert_cache *c, uint32_t l, uint32_t e)
+{
+    if (l < c->l0 || l >= c->l1 || e >= c->n_expert)
+        return;
+    int32_t key = (int32_t)((l - c->l0) * c->n_expert + e);
+    int s = c->slot_of[key];
+    if (s < 0)
+        return;
+    c->tick++;
+    c->key_tick[key] = c->tick;
+    c->slot_tick[s] = c->tick;
+    c->hits++;
 }

@@ -39,6 +39,14 @@ struct expert_cache {
     int32_t staging_key;
     int n_borrowed;             /* tail segments lent as prefill scratch right now */
     uint64_t hits, misses, bytes_copied;
+    size_t n_live_keys;         /* experts that have a live slot */
+    /* The device's view of the slots, for backends that run a decode step's experts without
+     * the host (backend_i.moe_ffn_table): per expert of these layers, the device addresses of
+     * its gate, up and down data (NULL when it has no slot). Rebuilt and uploaded by
+     * expert_cache_sync_table when a slot changed since the last upload. */
+    const void **table_host;    /* ((l1-l0) * n_expert * 3) */
+    void *table_dev;            /* the same in device memory (workspace), or NULL */
+    bool table_dirty;
 };
 
 /* Sizing only: slot and segment bytes for layers [l0, l1). seg_bytes_hint 0 = automatic
@@ -62,6 +70,18 @@ int expert_cache_resize(struct expert_cache *c, int n_seg);
  * TIDE_ERANGE when the live segments cannot hold the blocks. */
 int expert_cache_borrow(struct expert_cache *c, const size_t *sizes, int n, void **out);
 void expert_cache_unborrow(struct expert_cache *c);
+/* Device bytes of the expert table on device d (0 when its backend has no use for one). */
+size_t expert_cache_table_bytes(const struct expert_cache *geometry, const struct device *d);
+/* True when every expert of these layers has a live slot (none can miss) and the device table
+ * exists: a decode step may then run its experts from the table, with no lookups. */
+bool expert_cache_complete(const struct expert_cache *c);
+/* Bring the device table up to date (an upload only when a slot changed); 0 or a negative
+ * code. Then expert_cache_table(c, l) is layer l's part: n_expert entries of 3 pointers. */
+int expert_cache_sync_table(struct expert_cache *c);
+const void *const *expert_cache_table(const struct expert_cache *c, uint32_t l);
+/* Count a use of resident expert e of layer l that ran from the table: a hit, and its LRU
+ * and refill order as a lookup would have left them. */
+void expert_cache_touch(struct expert_cache *c, uint32_t l, uint32_t e);
 int expert_cache_slots(const struct expert_cache *c);
 size_t expert_cache_bytes(const struct expert_cache *c);
 

@@ -150,14 +150,15 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         struct expert_cache g;
         memset(&g, 0, sizeof g);
         expert_cache_geometry(&g, m, p->l0[i], p->l1[i], o->segment_bytes);
-        size_t need = sb.weights + sb.kv + sb.workspace + g.slot_bytes + p->dev[i].reserve;
+        size_t cache_ws = g.slot_bytes + expert_cache_table_bytes(&g, &p->dev[i]); /* staging slot, table */
+        size_t need = sb.weights + sb.kv + sb.workspace + cache_ws + p->dev[i].reserve;
         if (need > budget) {
             snprintf(err, errlen,
                      "device %d (%s, %.0f MiB): layers %u-%u need %.1f MiB (weights %.1f, kv %.1f for %d tokens, "
                      "workspace %.1f) plus a %.0f MiB reserve; lower context or give it more memory",
                      i, d->kind == DEVICE_KIND_CPU ? "cpu" : "cuda", (double)budget / MIB, p->l0[i], p->l1[i] - 1,
                      (double)(need - p->dev[i].reserve) / MIB, (double)sb.weights / MIB, (double)sb.kv / MIB,
-                     o->n_ctx, (double)(sb.workspace + g.slot_bytes) / MIB, (double)p->dev[i].reserve / MIB);
+                     o->n_ctx, (double)(sb.workspace + cache_ws) / MIB, (double)p->dev[i].reserve / MIB);
             memory_plan_free(p);
             return TIDE_ERANGE;
         }

@@ -3,8 +3,10 @@
  * activations in device memory, experts through an expert cache on the CUDA device).
  * Compares the prefill logits, then 24 greedy tokens and the logits at each step. gpu_e2e
  * uses a one-segment cache (misses, evictions, the op-by-op expert path); gpu_e2e_full a
- * cache of every expert, where decode takes the fused moe_ffn op (counted, so a forward
- * that silently falls back fails). */
+ * cache of every expert, where decode routes on the device and takes its experts from the
+ * cache's device table (counted, so a forward that silently falls back fails), and a second
+ * CUDA run with one segment fewer (misses, the fused op through host lookups) must give the
+ * same logits bit for bit. */
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -44,7 +46,8 @@ static int argmax(const float *v, int n)
     return b;
 }
 
-static int full_fused; /* moe_ffn calls that computed in decode steps (the probe passes x NULL) */
+static int full_fused; /* moe_ffn_table calls that computed in decode steps (the probe passes x NULL) */
+static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
 
 /* Returns 1 on pass, 0 on fail (and prints the verdict line). n_seg: the expert cache's
  * segments (clamped to all experts); *n_layer gets the model's layer count. */
@@ -83,6 +86,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     }
     int V = (int)m.cfg.n_vocab;
     *n_layer = (int)m.cfg.n_layer;
+    if (have_cache && n_seg < 0) /* one segment fewer than every expert needs */
+        expert_cache_resize(&cache, cache.n_seg_max - 1);
     int *tok = malloc(sizeof(int) * (n_prompt + n_gen));
     uint64_t s = 12345;
     for (int i = 0; i < n_prompt; i++) {
@@ -91,6 +96,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     }
     int rc1 = forward_eval(&sc, tok, n_prompt, 0), rc2 = forward_eval(&sg, tok, n_prompt, 0);
     double e_prefill = rc1 || rc2 ? INFINITY : rel(sg.logits, sc.logits, V), e_worst = e_prefill;
+    if (keep_logits && !rc2)
+        memcpy(keep_logits, sg.logits, sizeof(float) * V);
     int same = 0, first_diff = -1;
     int tc = argmax(sc.logits, V), tg = argmax(sg.logits, V);
     full_fused = 0; /* gpu_e2e_full counts the decode steps only */
@@ -103,6 +110,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
         int pos = n_prompt + i;
         rc1 = forward_eval(&sc, &tc, 1, pos);
         rc2 = forward_eval(&sg, &tc, 1, pos);
+        if (keep_logits && !rc2)
+            memcpy(keep_logits + (size_t)(i + 1) * V, sg.logits, sizeof(float) * V);
         double e = rel(sg.logits, sc.logits, V);
         if (e > e_worst) e_worst = e;
         tc = argmax(sc.logits, V);
@@ -149,10 +158,10 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
 }
 
 static struct backend full_gpu;
-static int full_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
-                        float *y, float *hb, float *hb2, float *tmp)
+static int full_moe_ffn_table(void *ctx, const struct expert_weights *shape, const void *const *table,
+                              const int32_t *routed, int k, const float *x, float *y)
 {
-    int rc = full_gpu.i->moe_ffn(ctx, ex, w, k, x, y, hb, hb2, tmp);
+    int rc = full_gpu.i->moe_ffn_table(ctx, shape, table, routed, k, x, y);
     if (x && rc == 0)
         full_fused++;
     return rc;
@@ -165,14 +174,29 @@ int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const
     full_gpu = gpu;
     full_fused = 0;
     wrap = *gpu.i;
-    if (gpu.i->moe_ffn)
-        wrap.moe_ffn = full_moe_ffn;
+    if (gpu.i->moe_ffn_table)
+        wrap.moe_ffn_table = full_moe_ffn_table;
     struct backend wb = {&wrap, gpu.ctx};
+    const size_t n_keep = 25 * 151936; /* prefill + 24 steps of any preset's vocabulary */
+    float *a = malloc(sizeof(float) * n_keep), *b = malloc(sizeof(float) * n_keep);
+    for (size_t i = 0; i < n_keep; i++)
+        a[i] = b[i] = NAN;
+    keep_logits = a;
     int nl = 0, ok = e2e_run(cpu, wb, name, preset, type, lim, 1 << 20, &nl);
     int want = 24 * nl; /* every layer of every decode step */
-    printf("%s %s fused moe_ffn: %d of %d decode layer steps\n", full_fused == want ? "PASS" : "FAIL", name,
-           full_fused, want);
-    return ok && full_fused == want;
+    printf("%s %s experts from the device table: %d of %d decode layer steps\n", full_fused == want ? "PASS" : "FAIL",
+           name, full_fused, want);
+    /* the same on a cache one segment short: lookups, misses, the fused op; same bits */
+    keep_logits = b;
+    full_fused = 0;
+    int ok2 = e2e_run(cpu, wb, name, preset, type, lim, -1, &nl);
+    keep_logits = NULL;
+    bool same = !memcmp(a, b, sizeof(float) * n_keep);
+    printf("%s %s logits with every expert resident == logits one segment short (%d table steps): %s\n",
+           same && full_fused == 0 ? "PASS" : "FAIL", name, full_fused, same ? "bit for bit" : "DIFFERENT");
+    free(a);
+    free(b);
+    return ok && ok2 && want > 0 && same && full_fused == 0;
 }
 
 /* ---- shadow check: every op of a CUDA forward re-run on the CPU from the same inputs ----

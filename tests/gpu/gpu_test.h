@@ -26,6 +26,8 @@ struct tensor to_dev(const struct tensor *h);
 void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
 
 void test_moe_ffn(void);
-void bench_decode(double d2d, bool fused);
+void test_route(void);
+void test_moe_ffn_table(void);
+void bench_decode(double d2d, int mode);
 
 #endif

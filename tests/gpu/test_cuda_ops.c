@@ -28,10 +28,10 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
-    "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
+    "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
-    "bench_copy", "bench_matmul", "bench_attention", "bench_decode", "bench_decode_fused",
+    "bench_copy", "bench_matmul", "bench_attention", "bench_decode", "bench_decode_fused", "bench_decode_table",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -664,6 +664,8 @@ int main(int argc, char **argv)
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();
+    if (want(only, "route")) test_route();
+    if (want(only, "moe_ffn_table")) test_moe_ffn_table();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
@@ -672,8 +674,9 @@ int main(int argc, char **argv)
         bench_copy(&d2d);
         if (want(only, "bench_matmul")) bench_matmul(d2d);
         if (want(only, "bench_attention")) bench_attention(d2d);
-        if (want(only, "bench_decode")) bench_decode(d2d, false);
-        if (want(only, "bench_decode_fused")) bench_decode(d2d, true);
+        if (want(only, "bench_decode")) bench_decode(d2d, 0);
+        if (want(only, "bench_decode_fused")) bench_decode(d2d, 1);
+        if (want(only, "bench_decode_table")) bench_decode(d2d, 2);
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

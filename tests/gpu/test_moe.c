@@ -1,7 +1,10 @@
-/* test_moe.c - the fused MoE op (backend_i.moe_ffn) on the GPU against the CPU, and the
- * decode-step benchmark of a Qwen3-30B-A3B-shaped model with the experts op by op (the
- * per-expert path) and through moe_ffn, side by side in one run. */
+/* test_moe.c - the MoE ops on the GPU against the CPU: top-k routing (backend_i.route), the
+ * fused op (backend_i.moe_ffn) and its table form (moe_ffn_table, bit for bit the fused op);
+ * and the decode-step benchmark of a Qwen3-30B-A3B-shaped model with the experts op by op
+ * (the per-expert path), through moe_ffn (router logits to the host each layer), and from a
+ * device table (routing on the device, no host wait in the step), side by side in one run. */
 #include "gpu_test.h"
+#include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 
 #include <math.h>
@@ -80,10 +83,110 @@ void test_moe_ffn(void)
     verdict("moe_ffn", ok, "max rel err %.3g (f16/bf16: not fused, per-expert path)", worst);
 }
 
-#ifdef TIDE_CUDA
-void bench_decode(double d2d, bool fused)
+/* route on both backends: the same experts, in index order, and the same weights (the sum
+ * over all experts is a warp reduction on the GPU: 1e-6 apart at most); ties included. */
+void test_route(void)
 {
-    const char *name = fused ? "bench_decode_fused" : "bench_decode";
+    static const int cfg[][3] = {{128, 8, 37}, {8, 2, 64}, {60, 4, 5}, {128, 1, 3}, {1000, 16, 2}};
+    bool ok = cpu.i->route && gpu.i->route;
+    double worst = 0;
+    for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++) {
+        int ne = cfg[c][0], k = cfg[c][1], n = cfg[c][2];
+        for (int norm = 0; norm < 2 && ok; norm++) {
+            float *lg = rand_vec((size_t)n * ne, 2.0f);
+            for (int t = 0; t < n; t += 2) /* ties: the lower index must win */
+                lg[(size_t)t * ne + ne - 1] = lg[(size_t)t * ne + ne / 2] = lg[(size_t)t * ne + 1] = 9.0f;
+            size_t ob = sizeof(int32_t) * 2 * (size_t)n * k;
+            int32_t *oc = malloc(ob), *og;
+            cpu.i->route(cpu.ctx, lg, n, ne, k, norm, oc);
+            float *ld = dev_put(lg, sizeof(float) * (size_t)n * ne);
+            int32_t *od = dev_put(NULL, ob);
+            dev_poison(od, ob);
+            gpu.i->route(gpu.ctx, ld, n, ne, k, norm, od);
+            og = (int32_t *)dev_get(od, 2 * (size_t)n * k);
+            bool same_sel = !memcmp(oc, og, sizeof(int32_t) * (size_t)n * k);
+            double e = relerr((float *)(og + (size_t)n * k), (float *)(oc + (size_t)n * k), (size_t)n * k);
+            if (e > worst) worst = e;
+            if (!same_sel || e > 1e-6) {
+                printf("  route ne %d k %d n %d norm %d: %s, weights rel err %.3g\n", ne, k, n, norm,
+                       same_sel ? "same experts" : "DIFFERENT experts", e);
+                ok = false;
+            }
+            gpu.i->free(gpu.ctx, ld); gpu.i->free(gpu.ctx, od);
+            free(lg); free(oc); free(og);
+        }
+    }
+    verdict("route", ok, "weights max rel err %.3g, experts identical", worst);
+}
+
+/* moe_ffn_table against moe_ffn on the same experts and the same routed weights: the bits
+ * must be equal (the forward switches between the two as the cache fills or shrinks). */
+void test_moe_ffn_table(void)
+{
+    static const int cfg[][5] = {{GGML_TYPE_Q8_0, 2048, 768, 8, 128}, {GGML_TYPE_Q8_0, 96, 64, 3, 7},
+                                 {GGML_TYPE_Q4_0, 256, 96, 4, 16}, {GGML_TYPE_Q8_0, 128, 64, 16, 40}};
+    bool ok = gpu.i->moe_ffn_table && gpu.i->route;
+    for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++) {
+        uint32_t T = (uint32_t)cfg[c][0];
+        int E = cfg[c][1], F = cfg[c][2], k = cfg[c][3], NE = cfg[c][4];
+        size_t rbe = ggml_row_size(T, E), rbf = ggml_row_size(T, F);
+        size_t parts[3] = {rbe * F, rbe * F, rbf * E}, slot = 0;
+        for (int m = 0; m < 3; m++) slot += (parts[m] + 255) / 256 * 256;
+        uint8_t *ex = gpu.i->alloc(gpu.ctx, slot * NE);
+        const void **tab = malloc(sizeof(void *) * 3 * NE);
+        struct expert_weights *ew = malloc(sizeof *ew * NE);
+        for (int e = 0; e < NE; e++) {
+            size_t off = 0;
+            struct tensor t3[3];
+            for (int m = 0; m < 3; m++) {
+                int cols = m < 2 ? E : F, rows = m < 2 ? F : E;
+                float *wf = rand_vec((size_t)cols * rows, 1.0f / sqrtf((float)cols));
+                struct tensor h = make_tensor(T, cols, rows, wf);
+                gpu.i->upload(gpu.ctx, ex + (size_t)e * slot + off, h.data, parts[m]);
+                t3[m] = h;
+                t3[m].data = ex + (size_t)e * slot + off;
+                tab[3 * e + m] = t3[m].data;
+                off += (parts[m] + 255) / 256 * 256;
+                free((void *)h.data);
+                free(wf);
+            }
+            ew[e] = (struct expert_weights){t3[0], t3[1], t3[2]};
+        }
+        void *tab_d = dev_put(tab, sizeof(void *) * 3 * NE);
+        /* a token's routing from random logits, on the device */
+        float *lg = rand_vec(NE, 2.0f), *ld = dev_put(lg, sizeof(float) * NE);
+        int32_t *rd = dev_put(NULL, sizeof(int32_t) * 2 * k);
+        gpu.i->route(gpu.ctx, ld, 1, NE, k, true, rd);
+        int32_t *rh = (int32_t *)dev_get(rd, 2 * (size_t)k);
+        struct expert_weights sel[16];
+        for (int j = 0; j < k; j++) sel[j] = ew[rh[j]];
+        float *x = rand_vec(E, 1.0f), *xd = dev_put(x, sizeof(float) * E);
+        float *y1 = dev_put(NULL, sizeof(float) * E), *y2 = dev_put(NULL, sizeof(float) * E);
+        dev_poison(y1, sizeof(float) * E);
+        dev_poison(y2, sizeof(float) * E);
+        int rc1 = gpu.i->moe_ffn(gpu.ctx, sel, (float *)(rh + k), k, xd, y1, NULL, NULL, NULL);
+        int rc2 = gpu.i->moe_ffn_table(gpu.ctx, &ew[0], tab_d, rd, k, xd, y2);
+        float *h1 = dev_get(y1, E), *h2 = dev_get(y2, E);
+        bool same = rc1 == 0 && rc2 == 0 && !memcmp(h1, h2, sizeof(float) * E) && isfinite(h1[0]);
+        if (!same)
+            printf("  moe_ffn_table %s E %d F %d k %d: rc %d/%d, %s\n", ggml_type_name(T), E, F, k, rc1, rc2,
+                   "outputs differ");
+        ok = ok && same;
+        gpu.i->free(gpu.ctx, ex); gpu.i->free(gpu.ctx, tab_d); gpu.i->free(gpu.ctx, ld); gpu.i->free(gpu.ctx, rd);
+        gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, y1); gpu.i->free(gpu.ctx, y2);
+        free(tab); free(ew); free(lg); free(rh); free(x); free(h1); free(h2);
+    }
+    verdict("moe_ffn_table", ok, "%.0f cases, each bit for bit the moe_ffn result", (double)(sizeof cfg / sizeof cfg[0]));
+}
+
+#ifdef TIDE_CUDA
+/* mode 0: experts op by op; 1: the fused op, routing on the host (a download a layer);
+ * 2: routing on the device and the experts from a device table (the resident decode step) */
+void bench_decode(double d2d, int mode)
+{
+    static const char *const names[] = {"bench_decode", "bench_decode_fused", "bench_decode_table"};
+    const char *name = names[mode];
+    bool fused = mode == 1, table = mode == 2;
     const int L = 48, E = 2048, H = 32, KV = 4, HD = 128, NE = 128, K = 8, F = 768, V = 151936, P = 512;
     const int QD = H * HD, KVD = KV * HD;
     uint32_t T = GGML_TYPE_Q8_0;
@@ -95,8 +198,10 @@ void bench_decode(double d2d, bool fused)
     float *kc = gpu.i->alloc(gpu.ctx, (size_t)L * (P + 1) * KVD * 4 * 2);
     float *act = gpu.i->alloc(gpu.ctx, (size_t)(8 * E + 4 * QD + 2 * F + NE + V) * 4);
     float *routf = gpu.i->alloc(gpu.ctx, (size_t)E * NE * 4 * L);
+    int32_t *routed = gpu.i->alloc(gpu.ctx, sizeof(int32_t) * 2 * K * L);
+    void *tab_d = gpu.i->alloc(gpu.ctx, sizeof(void *) * 3 * NE * L);
     float *normw = gpu.i->alloc(gpu.ctx, (size_t)E * 4);
-    if (!w || !kc || !act || !routf || !normw) {
+    if (!w || !kc || !act || !routf || !normw || !routed || !tab_d) {
         verdict(name, false, "alloc of %.1f GB failed", total / 1e9);
         return;
     }
@@ -119,6 +224,24 @@ void bench_decode(double d2d, bool fused)
     struct tensor nw = {.type = GGML_TYPE_F32, .ne = {E, 1}, .data = normw, .row_bytes = E * 4};
     struct tensor hn = {.type = GGML_TYPE_F32, .ne = {HD, 1}, .data = normw, .row_bytes = HD * 4};
     float host_rt[128], host_lg_dummy[4];
+    { /* the device table of every layer's experts, as the expert cache would publish it */
+        const void **tab = malloc(sizeof(void *) * 3 * NE * L);
+        uint8_t *p = w;
+        for (int l = 0; l < L; l++) {
+            p += per_layer_attn;
+            for (int e = 0; e < NE; e++) {
+                uint8_t *ep = p + (size_t)e * per_expert;
+                tab[3 * ((size_t)l * NE + e)] = ep;
+                tab[3 * ((size_t)l * NE + e) + 1] = ep + rb_e * F;
+                tab[3 * ((size_t)l * NE + e) + 2] = ep + 2 * rb_e * F;
+            }
+            p += per_expert * NE;
+        }
+        gpu.i->upload(gpu.ctx, tab_d, tab, sizeof(void *) * 3 * NE * L);
+        gpu.i->sync(gpu.ctx);
+        free(tab);
+    }
+    host_rt[0] = 0.0f;
     uint64_t active = 0;
     double best = 1e9;
     for (int rep = 0; rep < 6; rep++) {
@@ -146,8 +269,20 @@ void bench_decode(double d2d, bool fused)
             gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
             struct tensor wr = {GGML_TYPE_F32, {E, NE}, routf + (size_t)l * E * NE, (size_t)E * 4};
             gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
-            gpu.i->download(gpu.ctx, host_rt, rt, NE * 4);
             active += per_layer_attn + (size_t)E * NE * 4 + (size_t)(P + 1) * KVD * 8;
+            if (table) {
+                int32_t *rl = routed + (size_t)l * 2 * K;
+                struct tensor g = {T, {E, F}, p, rb_e}, u = {T, {E, F}, p + rb_e * F, rb_e};
+                struct tensor d = {T, {F, E}, p + 2 * rb_e * F, rb_f};
+                struct expert_weights shape = {g, u, d};
+                gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
+                gpu.i->moe_ffn_table(gpu.ctx, &shape, (const void *const *)tab_d + (size_t)l * NE * 3, rl, K, xb, mo);
+                active += per_expert * K;
+                p += per_expert * NE;
+                gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
+                continue;
+            }
+            gpu.i->download(gpu.ctx, host_rt, rt, NE * 4);
             struct expert_weights ew[K];
             float ewt[K];
             if (!fused)
@@ -188,10 +323,13 @@ void bench_decode(double d2d, bool fused)
     printf("  decode step (Qwen3-30B-A3B shape, q8_0, pos %d, %s):\n"
            "    %.3f ms/token = %.1f tok/s; active bytes %.2f GB/token; roofline at d2d %.0f GB/s: %.3f ms "
            "(%.0f tok/s) -> %.0f%% of roofline\n",
-           P, fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
+           P, table ? "routing on the device, experts from the device table" : fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
+    float xf[4];
+    gpu.i->download(gpu.ctx, xf, x, sizeof xf); /* before act is freed */
     gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, kc); gpu.i->free(gpu.ctx, act);
     gpu.i->free(gpu.ctx, routf); gpu.i->free(gpu.ctx, normw);
+    gpu.i->free(gpu.ctx, routed); gpu.i->free(gpu.ctx, tab_d);
     free(wf); free(rf); free(ones); free(xv); free((void *)th.data);
-    verdict(name, isfinite(host_rt[0]), "%.1f tok/s", 1.0 / best);
+    verdict(name, isfinite(host_rt[0]) && isfinite(xf[0]) && !backend_cuda_error(&gpu, NULL, 0), "%.1f tok/s", 1.0 / best);
 }
 #endif

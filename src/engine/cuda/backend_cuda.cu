@@ -194,6 +194,22 @@ static int cu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w
     return cuda_moe_ffn(c, ex, w, k, x, y);
 }
 
+static int cu_moe_ffn_table(void *ctx, const struct expert_weights *shape, const void *const *table,
+                            const int32_t *routed, int k, const float *x, float *y)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    return cuda_moe_ffn_table(c, shape, table, routed, k, x, y);
+}
+
+static void cu_route(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_route(c, logits, n, n_expert, k, norm, out);
+}
+
 static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -321,6 +337,8 @@ static const struct backend_i cuda_iface = {
     .zero = cu_zero,
     .sync = cu_sync,
     .moe_ffn = cu_moe_ffn,
+    .route = cu_route,
+    .moe_ffn_table = cu_moe_ffn_table,
 };
 
 /* ---- public entry points ---- */

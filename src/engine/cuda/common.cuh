@@ -62,6 +62,10 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, co
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
                  float *y);
+/* moe.cu: backend_i.moe_ffn_table and backend_i.route. */
+int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                       const int32_t *routed, int k, const float *x, float *y);
+void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v)

@@ -11,9 +11,15 @@
  *      blocks of that row and the warp sums w[j] * (down_j . h_j) (the CPU's zero-then-axpy
  *      loop in another summation order).
  * q8_0 and q4_0 weights (dp4a, mmq.cuh); other types report TIDE_EUNSUPPORTED and the
- * forward uses the per-expert ops. */
+ * forward uses the per-expert ops.
+ *
+ * The same two kernels also run from a device table (cuda_moe_ffn_table): the expert ids and
+ * weights come from route_kernel's output in device memory and the addresses from the expert
+ * cache's table, so a decode step with every expert resident never waits for the host. The
+ * arithmetic is the same either way, so both forms give the same bits. */
 #include "engine/cuda/mmq.cuh"
 
+#include <stdio.h>
 #include <string.h>
 
 #define MOE_MAX_K 16
@@ -23,6 +29,10 @@
 struct moe_args {
     const uint8_t *gate[MOE_MAX_K], *up[MOE_MAX_K], *down[MOE_MAX_K];
     float w[MOE_MAX_K];
+    /* table form: when table is set, expert j is table[3 * routed[j] + 0/1/2] (gate, up,
+     * down) and its weight the float at routed[k + j]; gate/up/down/w above are unused */
+    const void *const *table;
+    const int32_t *routed;
     size_t rb_gu, rb_d; /* row bytes of gate/up (E columns) and down (F columns) */
     int k, E, F;
     bool pairs_gu;
@@ -49,14 +59,20 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
     }
     __syncthreads();
     int j = blockIdx.y, r0 = blockIdx.x * QK;
+    const uint8_t *G = a.gate[j], *U = a.up[j];
+    if (a.table) {
+        int e = a.routed[j];
+        G = (const uint8_t *)a.table[3 * e];
+        U = (const uint8_t *)a.table[3 * e + 1];
+    }
     for (int i = 0; i < QK / MOE_GU_WARPS; i++) {
         int rr = warp + i * MOE_GU_WARPS, r = r0 + rr;
         float g[MM_NT], u[MM_NT];
 #pragma unroll
         for (int t = 0; t < MM_NT; t++)
             g[t] = u[t] = 0.0f;
-        row_dot_q<QT, true>(a.gate[j] + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, g, lane);
-        row_dot_q<QT, true>(a.up[j] + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, u, lane);
+        row_dot_q<QT, true>(G + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, g, lane);
+        row_dot_q<QT, true>(U + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, u, lane);
         float gv = warp_sum(g[0]), uv = warp_sum(u[0]);
         if (lane == 0)
             hs[rr] = gv / (1.0f + expf(-gv)) * uv; /* as swiglu_kernel / cpu_swiglu */
@@ -82,6 +98,14 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32)
 moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__restrict__ hd, float *__restrict__ y)
 {
     constexpr int BLK = QT == 8 ? 34 : 18;
+    __shared__ const uint8_t *dn[MOE_MAX_K];
+    __shared__ float wt[MOE_MAX_K];
+    if (threadIdx.x < a.k) {
+        int j = threadIdx.x;
+        dn[j] = a.table ? (const uint8_t *)a.table[3 * a.routed[j] + 2] : a.down[j];
+        wt[j] = a.table ? __int_as_float(a.routed[a.k + j]) : a.w[j];
+    }
+    __syncthreads();
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * MOE_DN_WARPS + (threadIdx.x >> 5);
     if (r >= a.E)
@@ -90,7 +114,7 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
     float acc = 0.0f;
     for (int idx = lane; idx < total; idx += 32) {
         int j = idx / nb, b = idx - j * nb;
-        const uint16_t *bp = (const uint16_t *)(a.down[j] + (size_t)r * a.rb_d + (size_t)b * BLK);
+        const uint16_t *bp = (const uint16_t *)(dn[j] + (size_t)r * a.rb_d + (size_t)b * BLK);
         float dw = f16_bits_to_f32(__ldg(bp));
         int wq[8];
         if (QT == 8) {
@@ -106,7 +130,7 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
         }
         float s[MM_NT] = {0.0f};
         dot_block<false>(wq, dw, hq + (size_t)j * a.F, hd + (size_t)j * nb, nb, b, 1, s);
-        acc += a.w[j] * s[0];
+        acc += wt[j] * s[0];
     }
     acc = warp_sum(acc);
     if (lane == 0)
@@ -115,45 +139,35 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
 
 static bool aligned4(const void *p) { return ((uintptr_t)p & 3) == 0; }
 
-int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
-                 float *y)
+/* The shape part of the arguments from expert ex (types, sizes, row bytes); false when the
+ * fused kernels do not take it. */
+static bool moe_shape(const struct expert_weights *ex, int k, moe_args *a)
 {
-    if (c->err)
-        return c->err;
+    memset(a, 0, sizeof *a);
     if (k < 1 || k > MOE_MAX_K)
-        return TIDE_EUNSUPPORTED;
-    uint32_t T = ex[0].gate.type;
+        return false;
+    uint32_t T = ex->gate.type;
     if (T != GGML_TYPE_Q8_0 && T != GGML_TYPE_Q4_0)
-        return TIDE_EUNSUPPORTED;
-    moe_args a;
-    memset(&a, 0, sizeof a);
-    a.k = k;
-    a.E = (int)ex[0].gate.ne[0];
-    a.F = (int)ex[0].gate.ne[1];
-    a.rb_gu = ex[0].gate.row_bytes;
-    a.rb_d = ex[0].down.row_bytes;
-    if (a.E <= 0 || a.F <= 0 || a.E % QK || a.F % QK)
-        return TIDE_EUNSUPPORTED;
-    a.pairs_gu = (a.E / QK) % 2 == 0 && (a.rb_gu & 3) == 0;
-    for (int j = 0; j < k; j++) {
-        const struct expert_weights *e = &ex[j];
-        if (e->gate.type != T || e->up.type != T || e->down.type != T || (int)e->gate.ne[0] != a.E ||
-            (int)e->up.ne[0] != a.E || (int)e->gate.ne[1] != a.F || (int)e->up.ne[1] != a.F ||
-            (int)e->down.ne[0] != a.F || (int)e->down.ne[1] != a.E || e->gate.row_bytes != a.rb_gu ||
-            e->up.row_bytes != a.rb_gu || e->down.row_bytes != a.rb_d || !e->gate.data || !e->up.data ||
-            !e->down.data)
-            return TIDE_EUNSUPPORTED;
-        a.gate[j] = (const uint8_t *)e->gate.data;
-        a.up[j] = (const uint8_t *)e->up.data;
-        a.down[j] = (const uint8_t *)e->down.data;
-        a.w[j] = w[j];
-        a.pairs_gu = a.pairs_gu && aligned4(a.gate[j]) && aligned4(a.up[j]);
-    }
+        return false;
+    a->k = k;
+    a->E = (int)ex->gate.ne[0];
+    a->F = (int)ex->gate.ne[1];
+    a->rb_gu = ex->gate.row_bytes;
+    a->rb_d = ex->down.row_bytes;
+    if (a->E <= 0 || a->F <= 0 || a->E % QK || a->F % QK)
+        return false;
+    if (ex->up.type != T || ex->down.type != T || (int)ex->up.ne[0] != a->E || (int)ex->up.ne[1] != a->F ||
+        (int)ex->down.ne[0] != a->F || (int)ex->down.ne[1] != a->E || ex->up.row_bytes != a->rb_gu)
+        return false;
+    a->pairs_gu = (a->E / QK) % 2 == 0 && (a->rb_gu & 3) == 0;
+    size_t sm = (((size_t)a->E + 15) & ~(size_t)15) + (size_t)(a->E / QK) * sizeof(float);
+    return sm <= 40 * 1024;
+}
+
+static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const float *x, float *y)
+{
+    int k = a.k;
     size_t sm = (((size_t)a.E + 15) & ~(size_t)15) + (size_t)(a.E / QK) * sizeof(float);
-    if (sm > 40 * 1024)
-        return TIDE_EUNSUPPORTED;
-    if (!x)
-        return 0; /* a probe: these would run fused */
     size_t qbytes = ((size_t)k * a.F + 255) & ~(size_t)255;
     uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)k * (a.F / QK) * sizeof(float));
     if (!ws)
@@ -173,4 +187,136 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
         moe_down_kernel<2><<<g2, MOE_DN_WARPS * 32, 0, c->st>>>(a, hq, hd, y);
     }
     return CU_LAUNCH(c, "moe_down_kernel") ? 0 : c->err;
+}
+
+int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
+                 float *y)
+{
+    if (c->err)
+        return c->err;
+    moe_args a;
+    if (!moe_shape(&ex[0], k, &a))
+        return TIDE_EUNSUPPORTED;
+    uint32_t T = ex[0].gate.type;
+    for (int j = 0; j < k; j++) {
+        const struct expert_weights *e = &ex[j];
+        if (e->gate.type != T || e->up.type != T || e->down.type != T || (int)e->gate.ne[0] != a.E ||
+            (int)e->up.ne[0] != a.E || (int)e->gate.ne[1] != a.F || (int)e->up.ne[1] != a.F ||
+            (int)e->down.ne[0] != a.F || (int)e->down.ne[1] != a.E || e->gate.row_bytes != a.rb_gu ||
+            e->up.row_bytes != a.rb_gu || e->down.row_bytes != a.rb_d || !e->gate.data || !e->up.data ||
+            !e->down.data)
+            return TIDE_EUNSUPPORTED;
+        a.gate[j] = (const uint8_t *)e->gate.data;
+        a.up[j] = (const uint8_t *)e->up.data;
+        a.down[j] = (const uint8_t *)e->down.data;
+        a.w[j] = w[j];
+        a.pairs_gu = a.pairs_gu && aligned4(a.gate[j]) && aligned4(a.up[j]);
+    }
+    if (!x)
+        return 0; /* a probe: these would run fused */
+    return moe_launch(c, T, a, x, y);
+}
+
+/* The table form. The table's addresses are the expert cache's slots, 256-byte aligned, so
+ * the paired 4-byte loads of moe_shape's pairs_gu are safe without looking at them. */
+int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                       const int32_t *routed, int k, const float *x, float *y)
+{
+    if (c->err)
+        return c->err;
+    moe_args a;
+    if (!moe_shape(shape, k, &a))
+        return TIDE_EUNSUPPORTED;
+    if (!x)
+        return 0;
+    a.table = table;
+    a.routed = routed;
+    return moe_launch(c, shape->gate.type, a, x, y);
+}
+
+/* ---- top-k routing (backend_i.route), one warp a token ----
+ * The steps of cpu_route: k rounds of arg-max over the experts not yet chosen (ties: the
+ * lower index), exponentials in double, the chosen sorted by index. Only the sum over all
+ * experts (norm off) is added in another order, a warp reduction. */
+#define ROUTE_MAX_EXPERTS 1024 /* 32 per lane: one bit each in a lane's chosen mask */
+#define ROUTE_MAX_K 64
+
+__device__ __forceinline__ bool route_better(float v, int e, float bv, int be)
+{
+    return be < 0 || v > bv || (v == bv && e < be);
+}
+
+__global__ void __launch_bounds__(32) route_kernel(const float *__restrict__ logits, int n, int ne, int k, int norm,
+                                                   int32_t *__restrict__ out)
+{
+    int t = blockIdx.x, lane = threadIdx.x;
+    const float *lg = logits + (size_t)t * ne;
+    __shared__ int sel[ROUTE_MAX_K];
+    uint32_t chosen = 0; /* bit i: expert lane + 32 i is taken */
+    for (int j = 0; j < k; j++) {
+        float bv = 0.0f;
+        int be = -1;
+        for (int i = 0, e = lane; e < ne; i++, e += 32)
+            if (!(chosen >> i & 1u)) {
+                float v = lg[e];
+                if (route_better(v, e, bv, be))
+                    bv = v, be = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && route_better(ov, oe, bv, be))
+                bv = ov, be = oe;
+        }
+        if (be >= 0 && (be & 31) == lane)
+            chosen |= 1u << (be >> 5);
+        if (lane == 0)
+            sel[j] = be;
+    }
+    __syncwarp();
+    float mx = lg[sel[0]];
+    double all = 0.0;
+    if (!norm) {
+        for (int e = lane; e < ne; e += 32)
+            all += exp((double)lg[e] - mx);
+        for (int o = 16; o > 0; o >>= 1)
+            all += __shfl_xor_sync(0xffffffffu, all, o);
+    }
+    if (lane != 0)
+        return;
+    double w[ROUTE_MAX_K], top = 0.0;
+    int s[ROUTE_MAX_K];
+    for (int j = 0; j < k; j++) {
+        s[j] = sel[j];
+        w[j] = (double)(float)exp((double)lg[s[j]] - mx);
+        top += w[j];
+    }
+    double z = norm ? top : all;
+    for (int j = 1; j < k; j++) {
+        int e = s[j], i = j;
+        double wj = w[j];
+        for (; i > 0 && s[i - 1] > e; i--)
+            s[i] = s[i - 1], w[i] = w[i - 1];
+        s[i] = e, w[i] = wj;
+    }
+    int32_t *o_sel = out + (size_t)t * k;
+    float *o_w = (float *)(out + (size_t)n * k) + (size_t)t * k;
+    for (int j = 0; j < k; j++) {
+        o_sel[j] = s[j];
+        o_w[j] = (float)(w[j] / z);
+    }
+}
+
+void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
+{
+    if (n <= 0 || k < 1 || k > ROUTE_MAX_K || k > n_expert || n_expert > ROUTE_MAX_EXPERTS) {
+        if (!c->err) {
+            c->err = TIDE_EUNSUPPORTED;
+            snprintf(c->errmsg, sizeof c->errmsg, "route: %d of %d experts is outside the kernel's limits", k,
+                     n_expert);
+        }
+        return;
+    }
+    route_kernel<<<n, 32, 0, c->st>>>(logits, n, n_expert, k, norm ? 1 : 0, out);
+    CU_LAUNCH(c, "route_kernel");
 }
