@@ -29,6 +29,12 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
  * mirrors. NULL on failure. */
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *p);
+/* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
+ * them before ops are queued): the smallest n it takes (a huge value keeps the dp4a path for
+ * every n) and a forced tile width in tokens (16, 32 or 64; 0 = chosen per product). Each
+ * returns the previous value. */
+int cuda_set_mmq_min_n(int n);
+int cuda_set_mmq_tile(int bn);
 
 #ifdef __cplusplus
 }

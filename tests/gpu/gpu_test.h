@@ -26,6 +26,8 @@ struct tensor to_dev(const struct tensor *h);
 void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
 
 void test_moe_ffn(void);
+void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
+void bench_mmq(void);
 void bench_decode(double d2d, bool fused);
 
 #endif
