@@ -33,7 +33,7 @@ void test_mmq(void)
         {2048, 1000, 16, 0}, {2048, 1000, 33, 0}, {2048, 1000, 64, 0}, {2048, 768, 512, 0},
         {768, 2048, 64, 0},  {768, 2048, 40, 16}, {768, 2048, 40, 32}, {768, 2048, 40, 64},
         {96, 70, 40, 0},     {96, 70, 9, 64},     {32, 65, 3, 16},     {4096, 130, 17, 32},
-        {1024, 1, 20, 0},    {160, 129, 100, 64},
+        {1024, 1, 20, 0},    {160, 129, 100, 64}, {2080, 130, 24, 0}, {2080, 130, 24, 16},
     };
     uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
     bool quick = getenv("TIDE_TEST_QUICK") != NULL; /* small shapes only (under compute-sanitizer) */
@@ -102,8 +102,8 @@ void bench_mmq(void)
     static const int ns[] = {8, 16, 32, 64, 512};
     uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
     bool ok = true;
-    printf("  mmq (cols x rows, n): dp4a us, mma us (auto tile), speed-up, int8 TOP/s of each; "
-           "then us with tile 16/32/64\n");
+    printf("  mmq (cols x rows, n): dp4a us, mma us (auto), speed-up, int8 TOP/s of each; then mma us "
+           "without split-K, and (n >= 32) with tile 16/32/64\n");
     for (int ti = 0; ti < 2; ti++)
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
             int cols = shapes[s][0], rows = shapes[s][1];
@@ -133,6 +133,9 @@ void bench_mmq(void)
                 double t_new = time_matmul(&td, buf, mbytes, nm, x, y, n);
                 printf("  %-5s %5d x %5d n %3d: %8.2f us %8.2f us  x%5.2f  %6.1f %6.1f TOP/s", ggml_type_name(types[ti]),
                        cols, rows, n, t_old * 1e6, t_new * 1e6, t_old / t_new, ops / t_old / 1e12, ops / t_new / 1e12);
+                int osp = cuda_set_mmq_split(1);
+                printf("  nosplit %7.2f", time_matmul(&td, buf, mbytes, nm, x, y, n) * 1e6);
+                cuda_set_mmq_split(osp);
                 if (n >= 32) {
                     for (int bn = 16; bn <= 64; bn *= 2) {
                         int ot = cuda_set_mmq_tile(bn);

@@ -472,18 +472,22 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             }
             return;
         }
+        /* prefill sizes: the tensor-core kernel (needs W 4-byte aligned, see mmq_mma.cu) */
+        bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 2 == 0;
         size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
-        uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)n * nb * sizeof(float));
+        size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
+        size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;
+        uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
         if (!ws)
             return;
         int8_t *xq = (int8_t *)ws;                 /* (n, cols) */
         float *xd = (float *)(ws + qbytes);         /* (n, nb) */
         int nblocks = n * nb;
-        /* prefill sizes: the tensor-core kernel (needs W 4-byte aligned, see mmq_mma.cu) */
-        if (n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 2 == 0) {
+        if (mma) {
             quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
             if (CU_LAUNCH(c, "quantize_q8_kernel"))
-                cuda_mmq_mma(c, type, W, w->row_bytes, rows, nb, xq, xd, n, y);
+                cuda_mmq_mma(c, type, W, w->row_bytes, rows, nb, xq, xd, n, y,
+                             pbytes ? (float *)(ws + qbytes + dbytes) : NULL);
             return;
         }
         quantize_q8_kernel<false><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
