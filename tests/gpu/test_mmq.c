@@ -4,8 +4,8 @@
  * Both paths quantise x the same way and form the same integer block dots, so they may
  * differ only in the order of the f32 sum over blocks: the check is ||mma - dp4a|| /
  * ||dp4a|| < 1e-5 (and the usual 1e-2 against the CPU backend), over every tile width, row
- * and token tails, an odd block count (rows whose blocks start 2 bytes off a word) and K
- * shorter than one stage. */
+ * and token tails, K shorter than one stage or ending in a partial one, split-K with a
+ * short last slice. */
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 #include "gpu_test.h"
@@ -32,8 +32,9 @@ void test_mmq(void)
     static const int shapes[][4] = {
         {2048, 1000, 16, 0}, {2048, 1000, 33, 0}, {2048, 1000, 64, 0}, {2048, 768, 512, 0},
         {768, 2048, 64, 0},  {768, 2048, 40, 16}, {768, 2048, 40, 32}, {768, 2048, 40, 64},
-        {96, 70, 40, 0},     {96, 70, 9, 64},     {32, 65, 3, 16},     {4096, 130, 17, 32},
-        {1024, 1, 20, 0},    {160, 129, 100, 64}, {2080, 130, 24, 0}, {2080, 130, 24, 16},
+        {64, 70, 40, 0},     {64, 70, 9, 64},     {64, 65, 3, 16},     {4096, 130, 17, 32},
+        {1024, 1, 20, 0},    {192, 129, 100, 64}, {2112, 130, 24, 0}, {2112, 130, 24, 16},
+        {96, 70, 40, 0}, /* an odd block count: rows not 4-byte multiples, the dp4a path */
     };
     uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
     bool quick = getenv("TIDE_TEST_QUICK") != NULL; /* small shapes only (under compute-sanitizer) */

@@ -8,7 +8,8 @@
  *     CPU backend does, and rows are dp4a integer dot products per 32-block, so the CUDA
  *     result matches the CPU one up to float summation order.
  * Prefill with f16/bf16 weights (n > 8) runs a tensor-core (WMMA, f32 accumulate) tiled GEMM
- * that converts x to the weight's type while staging it in shared memory. cuBLAS is not
+ * that converts x to the weight's type while staging it in shared memory; with q8_0/q4_0
+ * weights (n >= 16) an int8 tensor-core kernel on the same quantised x (mmq_mma.cu). cuBLAS is not
  * used: the toolkit here has no static cuBLAS and the shared one is ~600 MB, which the
  * "one binary that starts without a driver" rule and the device tool's carry limit exclude. */
 #include "engine/cuda/mmq.cuh"
@@ -472,8 +473,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             }
             return;
         }
-        /* prefill sizes: the tensor-core kernel (needs W 4-byte aligned, see mmq_mma.cu) */
-        bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 2 == 0;
+        /* prefill sizes: the tensor-core kernel. It copies weight rows in 4-byte granules, so
+         * W and the row size must be multiples of 4 (an even number of blocks: every model
+         * shape); then no granule reaches past a row's last byte (see mmq_mma.cu). */
+        bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 4 == 0;
         size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
         size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
         size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;

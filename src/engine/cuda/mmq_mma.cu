@@ -13,10 +13,14 @@
  *     of the float sum over blocks differs from the other backends;
  *   - a ring of MQ_STAGES shared-memory stages is filled by cp.async, MQ_STAGES - 1 stages
  *     ahead of the MMAs (one CTA's K walk is a chain of memory latencies otherwise). The
- *     weight rows arrive raw, as contiguous 4-byte granules (a 34- or 18-byte block is only
- *     2-byte aligned, so the granules start up to 2 bytes before the stage's first block),
- *     and each stage is then unpacked once into the fragment layout below; the quantised
- *     activations (32-byte aligned blocks) are copied straight into theirs.
+ *     weight rows arrive raw, as contiguous 4-byte granules, and each stage is then unpacked
+ *     once into the fragment layout below; the quantised activations (32-byte aligned
+ *     blocks) are copied straight into theirs. A 34- or 18-byte block is only 2-byte
+ *     aligned: the kernel can start a row's granules 2 bytes early and end one with a 2-byte
+ *     partial copy, but cuda_matmul sends it only rows of a multiple of 4 bytes (an even
+ *     number of blocks), where neither happens. On a tensor whose last row ended 2 bytes
+ *     after a 4-byte boundary (65 rows of one q8_0 block) compute-sanitizer's memcheck
+ *     failed the kernel, most likely on that partial granule's 4-byte source range.
  *
  * Fragment layout of m16n8k32 .s8 (PTX ISA, "Matrix Fragments for mma.m16n8k32"), with
  * g = lane / 4, t = lane % 4: A a0/a2 = row g, k words t / t+4 (4 int8 each), a1/a3 = the
@@ -43,7 +47,11 @@ extern "C" {
 #define MQ_STAGES 4               /* cp.async ring depth */
 #define MQ_MAX_SPLIT 8
 
-static int mmq_min_n = 16; /* see cuda_matmul: where the MMQ path starts to win */
+/* Smallest n sent here. Measured (H200, q8_0, the five Qwen3-30B-A3B shapes of bench_mmq):
+ * at n = 16 this kernel beat the dp4a path on all five (1.04x on 768 x 2048 to 2.4x on
+ * 2048 x 4096); at n = 8 (one dp4a launch) it lost on the three smaller ones (0.47-0.70x).
+ * n = 9..15 was not measured (dp4a needs 2 launches there, as at 16). */
+static int mmq_min_n = 16;
 static int mmq_bn = 0;     /* 0: choose per launch; 16/32/64 forced (benchmarks) */
 static int mmq_split = MQ_MAX_SPLIT; /* most K slices (benchmarks: 1 = no split-K) */
 
@@ -320,8 +328,11 @@ struct mq_plan {
     int bn, splits, kps;
 };
 
-/* Tile width: the narrowest that holds n (at most 64). Slices of K when the tiles give
- * fewer than 2 CTAs an SM (2 of the 60-90 KB CTAs fit on one), at least 2 stages each. */
+/* Tile width: the narrowest that holds n (at most 64). Slices of K when the tiles leave SMs
+ * idle, up to ~2 CTAs an SM (2 of the 60-90 KB CTAs fit on one), at least 2 stages each.
+ * Measured on the H200 (q8_0, 2048-768 cols): split-K took 32-96-CTA products 1.4-3.4x
+ * faster, but made 256-CTA ones (4096 x 2048 and 768 x 2048 at n = 512) 4-20% slower, the
+ * partial sums' traffic outweighing the second CTA an SM. */
 static mq_plan plan(struct cuda_ctx *c, int rows, int nb, int n)
 {
     mq_plan p;
@@ -329,7 +340,7 @@ static mq_plan plan(struct cuda_ctx *c, int rows, int nb, int n)
     int nkt = (nb + MQ_KB - 1) / MQ_KB;
     long ctas = (long)((rows + MQ_BM - 1) / MQ_BM) * ((n + p.bn - 1) / p.bn);
     long want = 2L * c->sm_count;
-    int s = ctas >= want ? 1 : (int)((want + ctas - 1) / ctas);
+    int s = ctas >= c->sm_count ? 1 : (int)((want + ctas - 1) / ctas);
     int smax = nkt / 2 > 1 ? nkt / 2 : 1;
     s = s < smax ? s : smax;
     s = s < mmq_split ? s : mmq_split;
