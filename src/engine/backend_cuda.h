@@ -29,6 +29,13 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
  * mirrors. NULL on failure. */
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *p);
+/* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
+ * them before ops are queued): the smallest n it takes (a huge value keeps the dp4a path for
+ * every n), a forced tile width in tokens (16, 32 or 64; 0 = chosen per product). Each
+ * returns the previous value. */
+int cuda_set_mmq_min_n(int n);
+int cuda_set_mmq_tile(int bn);
+int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
 
 #ifdef __cplusplus
 }

@@ -29,5 +29,7 @@ void test_moe_ffn(void);
 void test_route(void);
 void test_moe_ffn_table(void);
 void bench_decode(double d2d, int mode);
+void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
+void bench_mmq(void);
 
 #endif

@@ -27,11 +27,11 @@
 #endif
 
 static const char *tests[] = {
-    "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
+    "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_mmq", "rmsnorm", "rope",
     "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
-    "bench_copy", "bench_matmul", "bench_attention", "bench_decode", "bench_decode_fused", "bench_decode_table",
+    "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_decode", "bench_decode_fused", "bench_decode_table",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -176,7 +176,10 @@ static void test_matmul(const char *name, uint32_t type)
                                     {128, 256, 3}, {256, 300, 8},  {512, 200, 9},   {96, 64, 17},
                                     {1024, 1024, 64}, {2048, 512, 130}, {100, 50, 2}, {100, 70, 20},
                                     {8192, 300, 12}, {8192, 200, 1}, {6144, 100, 8},
-                                    {256, 999, 3}, {64, 1, 1}, {512, 33, 11}};
+                                    {256, 999, 3}, {64, 1, 1}, {512, 33, 11},
+                                    /* prefill sizes (q8_0/q4_0: the tensor-core kernel), odd row counts */
+                                    {2048, 1000, 16}, {2048, 1000, 33}, {2048, 1001, 64}, {768, 2048, 33},
+                                    {2048, 768, 64}, {2048, 1000, 512}, {768, 2048, 512}};
     double lim = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 ? 1e-3 : 1e-2, worst = 0;
     bool ok = true;
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -657,6 +660,9 @@ int main(int argc, char **argv)
     if (want(only, "matmul_bf16")) test_matmul("matmul_bf16", GGML_TYPE_BF16);
     if (want(only, "matmul_q8_0")) test_matmul("matmul_q8_0", GGML_TYPE_Q8_0);
     if (want(only, "matmul_q4_0")) test_matmul("matmul_q4_0", GGML_TYPE_Q4_0);
+#ifdef TIDE_CUDA
+    if (want(only, "matmul_mmq")) test_mmq();
+#endif
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
     if (want(only, "attention")) test_attention();
@@ -673,6 +679,7 @@ int main(int argc, char **argv)
         double d2d = 0;
         bench_copy(&d2d);
         if (want(only, "bench_matmul")) bench_matmul(d2d);
+        if (want(only, "bench_mmq")) bench_mmq();
         if (want(only, "bench_attention")) bench_attention(d2d);
         if (want(only, "bench_decode")) bench_decode(d2d, 0);
         if (want(only, "bench_decode_fused")) bench_decode(d2d, 1);

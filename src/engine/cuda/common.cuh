@@ -59,6 +59,14 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int pos, int n_head, int n_head_kv, int head_dim);
+/* mmq_mma.cu: y = W x on the int8 tensor cores from x quantised by quantize_q8_kernel<true>
+ * (q8_0 or q4_0 W, 4-byte aligned); cuda_mmq_min_n() is the smallest n that cuda_matmul
+ * sends there. False if the launch failed (recorded in c). */
+bool cuda_mmq_mma(struct cuda_ctx *c, uint32_t type, const uint8_t *W, size_t row_bytes, int rows, int nb,
+                  const int8_t *xq, const float *xd, int n, float *y, float *part);
+int cuda_mmq_min_n(void);
+/* bytes of part (split-K partial sums) that cuda_mmq_mma needs for this product; 0 = none */
+size_t cuda_mmq_scratch(struct cuda_ctx *c, int rows, int nb, int n);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
                  float *y);

@@ -8,7 +8,8 @@
  *     CPU backend does, and rows are dp4a integer dot products per 32-block, so the CUDA
  *     result matches the CPU one up to float summation order.
  * Prefill with f16/bf16 weights (n > 8) runs a tensor-core (WMMA, f32 accumulate) tiled GEMM
- * that converts x to the weight's type while staging it in shared memory. cuBLAS is not
+ * that converts x to the weight's type while staging it in shared memory; with q8_0/q4_0
+ * weights (n >= 16) an int8 tensor-core kernel on the same quantised x (mmq_mma.cu). cuBLAS is not
  * used: the toolkit here has no static cuBLAS and the shared one is ~600 MB, which the
  * "one binary that starts without a driver" rule and the device tool's carry limit exclude. */
 #include "engine/cuda/mmq.cuh"
@@ -19,7 +20,10 @@
 /* ---- x -> int8 blocks (for q8_0 / q4_0 weights) ---- */
 
 /* xq (n, cols) int8, xd (n, cols/32) f32 scale already rounded through f16. One warp per
- * block of 32: d = amax/127, q = round-to-nearest-even(v / d), as backend_cpu.c does. */
+ * block of 32: d = amax/127, q = round-to-nearest-even(v / d), as backend_cpu.c does.
+ * PERM stores each block's 4-byte words in the order 0,4,1,5,2,6,3,7, the order the
+ * tensor-core kernel (mmq_mma.cu) reads its fragments in; the values are the same. */
+template <bool PERM>
 __global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int8_t *__restrict__ xq,
                                    float *__restrict__ xd)
 {
@@ -31,7 +35,8 @@ __global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int
     float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    xq[(size_t)gb * QK + lane] = (int8_t)__float2int_rn(v * id);
+    int w = lane >> 2, pos = PERM ? (w < 4 ? 2 * w : 2 * w - 7) * 4 + (lane & 3) : lane;
+    xq[(size_t)gb * QK + pos] = (int8_t)__float2int_rn(v * id);
     if (lane == 0)
         xd[gb] = __half2float(__float2half_rn(d));
 }
@@ -468,14 +473,27 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             }
             return;
         }
+        /* prefill sizes: the tensor-core kernel. It copies weight rows in 4-byte granules, so
+         * W and the row size must be multiples of 4 (an even number of blocks: every model
+         * shape); then no granule reaches past a row's last byte (see mmq_mma.cu). */
+        bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 4 == 0;
         size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
-        uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)n * nb * sizeof(float));
+        size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
+        size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;
+        uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
         if (!ws)
             return;
         int8_t *xq = (int8_t *)ws;                 /* (n, cols) */
         float *xd = (float *)(ws + qbytes);         /* (n, nb) */
         int nblocks = n * nb;
-        quantize_q8_kernel<<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
+        if (mma) {
+            quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
+            if (CU_LAUNCH(c, "quantize_q8_kernel"))
+                cuda_mmq_mma(c, type, W, w->row_bytes, rows, nb, xq, xd, n, y,
+                             pbytes ? (float *)(ws + qbytes + dbytes) : NULL);
+            return;
+        }
+        quantize_q8_kernel<false><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
         if (!CU_LAUNCH(c, "quantize_q8_kernel"))
             return;
         for (int t0 = 0; t0 < n; t0 += MM_NT) {
