@@ -2,7 +2,7 @@
  *
  * Prompts are processed in chunks of up to max_batch tokens: every matmul of a layer runs
  * once for the whole chunk, so each weight row is read once per chunk rather than once
- * per token. Attention stays per token (each has its own causal window). MoE tokens are
+ * per token. Rope and causal attention take the whole chunk in one op each. MoE tokens are
  * grouped by expert so each chosen expert is fetched and multiplied once per chunk.
  * Top-k routing runs on the host over downloaded router logits (n_expert floats a token). */
 #include "forward.h"
@@ -419,8 +419,7 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
         B->matmul(bc, &ew.up, st->moe_in, st->hb2, cnt);    /* (cnt, F) */
         B->swiglu(bc, st->hb, st->hb2, cnt * F);
         B->matmul(bc, &ew.down, st->hb, st->xb2, cnt);      /* (cnt, E) */
-        for (int i = 0; i < cnt; i++)
-            B->axpy(bc, st->moe_out + (size_t)tok[i] * E, st->xb2 + (size_t)i * E, wt[i], E);
+        B->scatter_axpy(bc, st->moe_out, st->xb2, tok, wt, cnt, E); /* moe_out[tok[i]] += wt[i] xb2[i] */
     }
     return 0;
 }
@@ -431,7 +430,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
     const struct backend_i *B = st->be.i;
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
-    int qd = (int)c->n_head * hd, kvd = (int)c->n_head_kv * hd;
+    int kvd = (int)c->n_head_kv * hd;
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* this layer's cache rows; k/v matmuls write straight into them */
@@ -447,13 +446,10 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
             B->rmsnorm(bc, st->q, &L->q_norm, st->q, hd, n * (int)c->n_head, c->rms_eps);
         if (L->k_norm.data)
             B->rmsnorm(bc, kpos, &L->k_norm, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
-        for (int t = 0; t < n; t++) {
-            B->rope(bc, st->q + (size_t)t * qd, (int)c->n_head, hd, pos + t, c->rope_theta, c->rope);
-            B->rope(bc, kpos + (size_t)t * kvd, (int)c->n_head_kv, hd, pos + t, c->rope_theta, c->rope);
-        }
-        for (int t = 0; t < n; t++)
-            B->attention(bc, st->q + (size_t)t * qd, kc, vc, st->att_out + (size_t)t * qd, st->att,
-                         pos + t, (int)c->n_head, (int)c->n_head_kv, hd);
+        B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
+        B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
+        /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
+        B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
         B->matmul(bc, &L->wo, st->att_out, st->xb2, n); /* (n, E) */
         B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
 

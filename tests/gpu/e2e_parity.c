@@ -230,17 +230,17 @@ static void sh_rmsnorm(void *ctx, const float *x, const struct tensor *w, float 
 }
 
 static void sh_attention(void *ctx, const float *q, const float *kc, const float *vc, float *out, float *att,
-                         int pos, int nh, int nkv, int hd)
+                         int n, int pos, int nh, int nkv, int hd)
 {
-    size_t kv = (size_t)(pos + 1) * nkv * hd * sizeof(float);
-    float *qh = sh_get(q, sizeof(float) * nh * hd), *kh = sh_get(kc, kv), *vh = sh_get(vc, kv);
-    float *oc = malloc(sizeof(float) * nh * hd), *ah = malloc(sizeof(float) * nh * (pos + 1));
-    sh_cpu.i->attention(sh_cpu.ctx, qh, kh, vh, oc, ah, pos, nh, nkv, hd);
-    sh_gpu.i->attention(sh_gpu.ctx, q, kc, vc, out, att, pos, nh, nkv, hd);
-    float *og = sh_get(out, sizeof(float) * nh * hd);
+    size_t kv = (size_t)(pos + n) * nkv * hd * sizeof(float), qb = sizeof(float) * n * nh * hd;
+    float *qh = sh_get(q, qb), *kh = sh_get(kc, kv), *vh = sh_get(vc, kv);
+    float *oc = malloc(qb), *ah = malloc(sizeof(float) * nh * (pos + n));
+    sh_cpu.i->attention(sh_cpu.ctx, qh, kh, vh, oc, ah, n, pos, nh, nkv, hd);
+    sh_gpu.i->attention(sh_gpu.ctx, q, kc, vc, out, att, n, pos, nh, nkv, hd);
+    float *og = sh_get(out, qb);
     char what[64];
-    snprintf(what, sizeof what, "attention pos %d", pos);
-    sh_note(2, what, rel(og, oc, (size_t)nh * hd), 1e-4);
+    snprintf(what, sizeof what, "attention n %d pos %d", n, pos);
+    sh_note(2, what, rel(og, oc, (size_t)n * nh * hd), 1e-4);
     free(qh); free(kh); free(vh); free(oc); free(ah); free(og);
 }
 
@@ -254,14 +254,30 @@ static void sh_swiglu(void *ctx, float *g, const float *u, int n)
     free(gh); free(uh); free(gg);
 }
 
-static void sh_rope(void *ctx, float *v, int nh, int hd, int pos, float theta, enum rope_kind k)
+static void sh_rope(void *ctx, float *v, int n, int nh, int hd, int pos, float theta, enum rope_kind k)
 {
-    float *vh = sh_get(v, sizeof(float) * nh * hd);
-    sh_cpu.i->rope(sh_cpu.ctx, vh, nh, hd, pos, theta, k);
-    sh_gpu.i->rope(sh_gpu.ctx, v, nh, hd, pos, theta, k);
-    float *vg = sh_get(v, sizeof(float) * nh * hd);
-    sh_note(3, "rope", rel(vg, vh, (size_t)nh * hd), 1e-5);
+    size_t len = (size_t)n * nh * hd;
+    float *vh = sh_get(v, sizeof(float) * len);
+    sh_cpu.i->rope(sh_cpu.ctx, vh, n, nh, hd, pos, theta, k);
+    sh_gpu.i->rope(sh_gpu.ctx, v, n, nh, hd, pos, theta, k);
+    float *vg = sh_get(v, sizeof(float) * len);
+    sh_note(3, "rope", rel(vg, vh, len), 1e-5);
     free(vh); free(vg);
+}
+
+/* y's rows 0..max(rows) are compared: the rows touched and the ones between them */
+static void sh_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n, int dim)
+{
+    int ny = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i] + 1 > ny) ny = rows[i] + 1;
+    size_t yb = sizeof(float) * (size_t)ny * dim;
+    float *yh = sh_get(y, yb), *xh = sh_get(x, sizeof(float) * (size_t)n * dim);
+    sh_cpu.i->scatter_axpy(sh_cpu.ctx, yh, xh, rows, w, n, dim);
+    sh_gpu.i->scatter_axpy(sh_gpu.ctx, y, x, rows, w, n, dim);
+    float *yg = sh_get(y, yb);
+    sh_note(3, "scatter_axpy", rel(yg, yh, (size_t)ny * dim), 1e-5);
+    free(yh); free(xh); free(yg);
 }
 
 /* The fused op on the same inputs. Its int8 re-quantisation of the hidden activations
@@ -312,6 +328,7 @@ int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, con
     wrap.attention = sh_attention;
     wrap.swiglu = sh_swiglu;
     wrap.rope = sh_rope;
+    wrap.scatter_axpy = sh_scatter_axpy;
     if (gpu.i->moe_ffn)
         wrap.moe_ffn = sh_moe_ffn;
     memset(sh_worst, 0, sizeof sh_worst);
@@ -324,7 +341,7 @@ int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, con
     bool ok = sh_worst[0] < 1e-5 && sh_worst[1] < 1e-5 && sh_worst[2] < 1e-4 && sh_worst[3] < 1e-5 &&
               sh_worst[4] < 1e-3;
     printf("%s %s (worst op rel err on identical inputs: matmul %.3g, rmsnorm %.3g, attention %.3g, "
-           "rope/swiglu %.3g, moe_ffn %.3g)\n", ok ? "PASS" : "FAIL", name, sh_worst[0], sh_worst[1], sh_worst[2],
+           "rope/swiglu/scatter %.3g, moe_ffn %.3g)\n", ok ? "PASS" : "FAIL", name, sh_worst[0], sh_worst[1], sh_worst[2],
            sh_worst[3], sh_worst[4]);
     return ok;
 }

@@ -1,4 +1,5 @@
-/* attention.cu - causal attention of one query token over the KV cache, GQA, any length.
+/* attention.cu - causal attention of one query token over the KV cache, GQA, any length
+ * (decode; a prefill chunk goes to attention_prefill.cu, see cuda_attention at the end).
  *
  * Split-K ("flash-decoding"): the n_keys = pos + 1 cached positions are cut into chunks, one
  * CTA per (kv head, chunk, group of up to 8 query heads). A CTA reads each K and V row of its
@@ -163,8 +164,8 @@ __global__ void attn_merge_kernel(const float *__restrict__ part_o, const float 
     }
 }
 
-void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
-                    float *out, int pos, int n_head, int n_head_kv, int head_dim)
+static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                          float *out, int pos, int n_head, int n_head_kv, int head_dim)
 {
     if (c->err)
         return;
@@ -224,4 +225,23 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, co
         return;
     attn_merge_kernel<<<n_head, 128, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks);
     CU_LAUNCH(c, "attn_merge_kernel");
+}
+
+/* A chunk of n tokens: the tiled kernel (attention_prefill.cu) when its grid fills the GPU or
+ * the keys are few; otherwise (a short chunk deep in a long context, where a few CTAs would
+ * each walk every key) the split-K decode kernel per token, which spreads the keys over SMs. */
+void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                    float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    if (c->err || n <= 0)
+        return;
+    if (n > 1 && n_head_kv > 0 && n_head >= n_head_kv) {
+        long ctas = (long)n_head_kv * ((n * (long)(n_head / n_head_kv) + 63) / 64);
+        if ((2 * ctas >= c->sm_count || pos + n <= 512) &&
+            cuda_attention_prefill(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim))
+            return;
+    }
+    size_t qd = (size_t)n_head * head_dim;
+    for (int t = 0; t < n && !c->err; t++)
+        attention_one(c, q + t * qd, k_cache, v_cache, out + t * qd, pos + t, n_head, n_head_kv, head_dim);
 }

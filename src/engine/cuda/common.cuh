@@ -57,8 +57,13 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
 
 /* ---- launchers implemented in matmul.cu / attention.cu ---- */
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
+/* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
-                    float *out, int pos, int n_head, int n_head_kv, int head_dim);
+                    float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
+/* attention_prefill.cu: the tiled kernel for a chunk, one launch. false: not launched (shape
+ * it does not take; nothing queued, c->err untouched) so the caller runs it token by token. */
+bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                            float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
                  float *y);
