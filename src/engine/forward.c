@@ -508,24 +508,38 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
     return 0;
 }
 
-/* Point every stage at buffers for a chunk of n tokens: the decode set for one token, else
- * the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
- * the buffers allow: n, or 1 when some stage has no prefill buffer. */
+/* Point every stage at buffers for a chunk of up to n tokens: the decode set for one token,
+ * else the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
+ * the buffers allow: n; fewer when the borrowed segments are too small for max_batch tokens'
+ * buffers but hold half as many (halving down to FORWARD_DEFAULT_BATCH, so only a CUDA chunk is
+ * ever cut: a CPU plan borrows for 64 or runs token by token, as before); 1 when some stage has
+ * no prefill buffer. */
 static int bind_buffers(struct forward_state *s, int n)
 {
-    bool ok = n > 1;
-    size_t sizes[FORWARD_N_BATCH_BUFS];
-    batch_sizes(s->m, s->n_ctx, s->max_batch, sizes);
-    for (int i = 0; i < s->n_stage && ok; i++) {
-        struct forward_stage *st = &s->stage[i];
-        if (st->prefill == PREFILL_NONE)
-            ok = false;
-        else if (st->prefill == PREFILL_BORROW) {
-            void *blk[FORWARD_N_BATCH_BUFS];
-            ok = expert_cache_borrow(st->cache, sizes, FORWARD_N_BATCH_BUFS, blk) == 0;
-            for (int k = 0; ok && k < FORWARD_N_BATCH_BUFS; k++)
-                *bufs_of(&st->pre, k) = blk[k];
+    bool ok = false;
+    int B = s->max_batch;
+    for (;;) {
+        ok = n > 1;
+        size_t sizes[FORWARD_N_BATCH_BUFS];
+        batch_sizes(s->m, s->n_ctx, B, sizes);
+        bool none = false;
+        for (int i = 0; i < s->n_stage && ok; i++) {
+            struct forward_stage *st = &s->stage[i];
+            if (st->prefill == PREFILL_NONE)
+                ok = false, none = true;
+            else if (st->prefill == PREFILL_BORROW) {
+                void *blk[FORWARD_N_BATCH_BUFS];
+                ok = expert_cache_borrow(st->cache, sizes, FORWARD_N_BATCH_BUFS, blk) == 0;
+                for (int k = 0; ok && k < FORWARD_N_BATCH_BUFS; k++)
+                    *bufs_of(&st->pre, k) = blk[k];
+            }
         }
+        if (ok || n <= 1 || none || B / 2 < FORWARD_DEFAULT_BATCH)
+            break;
+        for (int i = 0; i < s->n_stage; i++) /* give back what this size took, try half */
+            if (s->stage[i].prefill == PREFILL_BORROW && s->stage[i].cache)
+                expert_cache_unborrow(s->stage[i].cache);
+        B /= 2;
     }
     for (int i = 0; i < s->n_stage; i++) {
         struct forward_stage *st = &s->stage[i];
@@ -533,7 +547,7 @@ static int bind_buffers(struct forward_state *s, int n)
             expert_cache_unborrow(st->cache);
         use_bufs(st, ok ? &st->pre : &st->dec);
     }
-    return ok ? n : 1;
+    return ok ? (n < B ? n : B) : 1;
 }
 
 static void unbind_buffers(struct forward_state *s)

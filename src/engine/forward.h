@@ -108,6 +108,10 @@ int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos
 /* KV bytes for n_ctx positions of all layers. */
 size_t forward_kv_bytes(const struct model *m, int n_ctx);
 
+/* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
+ * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides
+ * the launches (and the expert fetches) of a prompt; the CPU gains nothing past 64. */
 #define FORWARD_DEFAULT_BATCH 64
+#define FORWARD_CUDA_BATCH 512
 
 #endif
