@@ -27,5 +27,6 @@ void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
 
 void test_moe_ffn(void);
 void bench_decode(double d2d, bool fused);
+void bench_prefill(void);
 
 #endif

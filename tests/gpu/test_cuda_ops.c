@@ -31,7 +31,7 @@ static const char *tests[] = {
     "attention", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
-    "bench_copy", "bench_matmul", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused",
+    "bench_copy", "bench_matmul", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_prefill",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -757,6 +757,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_attention_prefill")) bench_attention_prefill();
         if (want(only, "bench_decode")) bench_decode(d2d, false);
         if (want(only, "bench_decode_fused")) bench_decode(d2d, true);
+        if (want(only, "bench_prefill")) bench_prefill();
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))
