@@ -11,7 +11,8 @@
  *   chunk-512  the chunk ops, FORWARD_CUDA_BATCH-token chunks (the CUDA default now).
  * Prints ms per prompt, backend op calls by kind (a matmul of n tokens is n/8 launches more on
  * the current kernels, so calls are a lower bound on launches) and the logits' difference to
- * the per-token run. */
+ * the per-token run; then the last way once more with a sync around every op, for the time
+ * each kind of op takes (launch gaps included; the sum is above the plain run's). */
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -25,29 +26,47 @@
 #include <string.h>
 
 #ifdef TIDE_CUDA
-enum { C_MATMUL, C_ROPE, C_ATT, C_AXPY, C_SCATTER, C_GATHER, C_OTHER, C_N };
-static const char *cname[C_N] = {"matmul", "rope", "attention", "axpy", "scatter_axpy", "gather", "other"};
+enum { C_MM_DENSE, C_MM_EXPERT, C_ROPE, C_ATT, C_AXPY, C_SCATTER, C_GATHER, C_OTHER, C_N };
+static const char *cname[C_N] = {"matmul(dense)", "matmul(expert)", "rope", "attention", "axpy",
+                                 "scatter_axpy", "gather", "other"};
 static unsigned long calls[C_N];
-static bool per_token;
+static double secs[C_N]; /* with timed: wall time of each kind, a sync on either side of each call */
+static bool per_token, timed;
+static int n_ff_exp;
+static double t_op;
+
+static void op_begin(void)
+{
+    if (timed) {
+        gpu.i->sync(gpu.ctx);
+        t_op = now_s();
+    }
+}
+static void op_end(int kind)
+{
+    if (timed) {
+        gpu.i->sync(gpu.ctx);
+        secs[kind] += now_s() - t_op;
+    }
+}
+#define OP(kind, call) (calls[kind]++, op_begin(), (call), op_end(kind))
 
 static void w_matmul(void *c, const struct tensor *w, const float *x, float *y, int n)
 {
-    calls[C_MATMUL]++;
-    gpu.i->matmul(c, w, x, y, n);
+    bool ex = (int)w->ne[0] == n_ff_exp || (int)w->ne[1] == n_ff_exp;
+    OP(ex ? C_MM_EXPERT : C_MM_DENSE, gpu.i->matmul(c, w, x, y, n));
 }
 static void w_rmsnorm(void *c, const float *x, const struct tensor *w, float *o, int dim, int n, float eps)
 {
-    calls[C_OTHER]++;
-    gpu.i->rmsnorm(c, x, w, o, dim, n, eps);
+    OP(C_OTHER, gpu.i->rmsnorm(c, x, w, o, dim, n, eps));
 }
 static void w_rope(void *c, float *v, int n, int nh, int hd, int pos, float th, enum rope_kind k)
 {
     for (int t = 0; t < (per_token ? n : 1); t++) {
-        calls[C_ROPE]++;
         if (per_token)
-            gpu.i->rope(c, v + (size_t)t * nh * hd, 1, nh, hd, pos + t, th, k);
+            OP(C_ROPE, gpu.i->rope(c, v + (size_t)t * nh * hd, 1, nh, hd, pos + t, th, k));
         else
-            gpu.i->rope(c, v, n, nh, hd, pos, th, k);
+            OP(C_ROPE, gpu.i->rope(c, v, n, nh, hd, pos, th, k));
     }
 }
 static void w_attention(void *c, const float *q, const float *kc, const float *vc, float *o, float *att, int n,
@@ -55,28 +74,24 @@ static void w_attention(void *c, const float *q, const float *kc, const float *v
 {
     size_t qd = (size_t)nh * hd;
     for (int t = 0; t < (per_token ? n : 1); t++) {
-        calls[C_ATT]++;
         if (per_token)
-            gpu.i->attention(c, q + t * qd, kc, vc, o + t * qd, att, 1, pos + t, nh, nkv, hd);
+            OP(C_ATT, gpu.i->attention(c, q + t * qd, kc, vc, o + t * qd, att, 1, pos + t, nh, nkv, hd));
         else
-            gpu.i->attention(c, q, kc, vc, o, att, n, pos, nh, nkv, hd);
+            OP(C_ATT, gpu.i->attention(c, q, kc, vc, o, att, n, pos, nh, nkv, hd));
     }
 }
 static void w_swiglu(void *c, float *g, const float *u, int n)
 {
-    calls[C_OTHER]++;
-    gpu.i->swiglu(c, g, u, n);
+    OP(C_OTHER, gpu.i->swiglu(c, g, u, n));
 }
 static void w_axpy(void *c, float *y, const float *x, float a, int n)
 {
-    calls[C_AXPY]++;
-    gpu.i->axpy(c, y, x, a, n);
+    OP(C_AXPY, gpu.i->axpy(c, y, x, a, n));
 }
 static void w_scatter(void *c, float *y, const float *x, const int *rows, const float *w, int n, int dim)
 {
     if (!per_token) {
-        calls[C_SCATTER]++;
-        gpu.i->scatter_axpy(c, y, x, rows, w, n, dim);
+        OP(C_SCATTER, gpu.i->scatter_axpy(c, y, x, rows, w, n, dim));
         return;
     }
     for (int i = 0; i < n; i++)
@@ -84,18 +99,15 @@ static void w_scatter(void *c, float *y, const float *x, const int *rows, const 
 }
 static void w_get_row(void *c, const struct tensor *t, int id, float *out)
 {
-    calls[C_OTHER]++;
-    gpu.i->get_row(c, t, id, out);
+    OP(C_OTHER, gpu.i->get_row(c, t, id, out));
 }
 static void w_gather(void *c, float *d, const float *s, const int *rows, int n, int dim)
 {
-    calls[C_GATHER]++;
-    gpu.i->gather_rows(c, d, s, rows, n, dim);
+    OP(C_GATHER, gpu.i->gather_rows(c, d, s, rows, n, dim));
 }
 static void w_zero(void *c, float *x, int n)
 {
-    calls[C_OTHER]++;
-    gpu.i->zero(c, x, n);
+    OP(C_OTHER, gpu.i->zero(c, x, n));
 }
 
 #define ALIGN 4352 /* lcm(34, 256): q8_0 blocks of the fill pattern stay whole, tensors 256-aligned */
@@ -178,11 +190,16 @@ void bench_prefill(void)
         {"chunk ops, 64-token chunks", false, FORWARD_DEFAULT_BATCH},
         {"chunk ops, 512-token chunks", false, FORWARD_CUDA_BATCH},
     };
+    n_ff_exp = F;
     float *ref = malloc((size_t)V * sizeof(float));
     double t_first = 0, t_last = 0;
     bool ok = true;
     printf("  prefill of %d tokens at pos 0, Qwen3-30B-A3B shape, q8_0, all resident (%.1f GB):\n", N, total / 1e9);
-    for (int wi = 0; wi < 3 && ok; wi++) {
+    for (int wi = 0; wi < 4 && ok; wi++) {
+        if (wi == 3) { /* the last way again, each op timed alone: where the time goes */
+            timed = true;
+            wi = 2;
+        }
         struct forward_state fs;
         per_token = way[wi].per_token;
         int rc = forward_init_stages(&fs, &m, NCTX, way[wi].batch, &sp, 1);
@@ -192,12 +209,14 @@ void bench_prefill(void)
             ok = false;
             break;
         }
-        rc = forward_eval(&fs, tok, N, 0); /* warm-up */
+        if (!timed)
+            rc = forward_eval(&fs, tok, N, 0); /* warm-up */
         double best = 1e9;
         unsigned long c0[C_N];
         uint64_t x0 = 0;
-        for (int r = 0; r < 2 && !rc; r++) {
+        for (int r = 0; r < (timed ? 1 : 2) && !rc; r++) {
             memcpy(c0, calls, sizeof c0);
+            memset(secs, 0, sizeof secs);
             x0 = fs.n_expert_calls;
             double t0 = now_s();
             rc = forward_eval(&fs, tok, N, 0); /* ends with the logits downloaded: synchronous */
@@ -219,9 +238,21 @@ void bench_prefill(void)
                    (unsigned long long)(fs.n_expert_calls - x0), e, isfinite(fs.logits[0]) ? "" : " (NaN)");
             ok = isfinite(fs.logits[0]) && isfinite(e);
             if (wi == 0) t_first = best;
-            t_last = best;
+            if (!timed) t_last = best;
         }
         forward_free(&fs);
+        if (timed) {
+            double sum = 0;
+            printf("  where the %.0f ms of the last way go, each op synchronised alone (%.1f ms in all):\n   ",
+                   t_last * 1e3, best * 1e3);
+            for (int k = 0; k < C_N; k++) {
+                printf(" %s %.1f ms", cname[k], secs[k] * 1e3);
+                sum += secs[k];
+            }
+            printf("; host (routing, downloads, launch gaps) %.1f ms\n", (best - sum) * 1e3);
+            timed = false;
+            break;
+        }
     }
     gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, f32);
     free(wf); free((void *)th.data); free(rf); free(ones); free(m.layers); free(gt); free(tok); free(ref);

@@ -28,7 +28,7 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "rmsnorm", "rope",
-    "attention", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
+    "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_prefill",
@@ -269,7 +269,7 @@ static void test_rope(void)
  * NaN past them, which no token may read); the CPU runs it token by token. Covers the decode
  * kernel (n = 1), the tiled prefill kernel (partial tiles, group > 8, group not dividing 64,
  * padded head dims) and the per-token fallback for short chunks deep in a long context. */
-static void test_attention(void)
+static void test_attention(bool chunk)
 {
     /* n_head, n_head_kv, head_dim, pos, n */
     static const int cfg[][5] = {{4, 2, 16, 0, 1},      {8, 4, 16, 5, 1},      {4, 2, 32, 100, 1},
@@ -284,6 +284,8 @@ static void test_attention(void)
     bool ok = true;
     for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
         int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], pos = cfg[c][3], n = cfg[c][4];
+        if ((n > 1) != chunk)
+            continue;
         size_t kvd = (size_t)nkv * hd, nk = (size_t)pos + n, ctx = nk + 40, qd = (size_t)nh * hd;
         float *q = rand_vec(n * qd, 1.0f), *k = rand_vec(nk * kvd, 1.0f), *v = rand_vec(nk * kvd, 1.0f);
         float *oc = malloc(n * qd * 4), *att = malloc((size_t)nh * ctx * 4);
@@ -306,7 +308,7 @@ static void test_attention(void)
     }
     char err[300] = "";
     if (backend_cuda_error(&gpu, err, sizeof err)) { ok = false; printf("  CUDA: %s\n", err); }
-    verdict("attention", ok, "max rel err %.3g", worst);
+    verdict(chunk ? "attention_chunk" : "attention", ok, "max rel err %.3g", worst);
 }
 
 static void test_elementwise(void)
@@ -326,26 +328,6 @@ static void test_elementwise(void)
     e = relerr(r, g, n);
     verdict("axpy", e < 1e-6, "rel err %.3g", e);
     free(r);
-    { /* scatter_axpy: 300 distinct rows of 1000 (over two launches' worth), bitwise as axpy per row */
-        int ns = 300, dim = 2048, ny = 1000;
-        float *y = rand_vec((size_t)ny * dim, 1.0f), *x = rand_vec((size_t)ns * dim, 1.0f), *w = rand_vec(ns, 1.0f);
-        int *rows = malloc(ns * sizeof(int)), *perm = malloc(ny * sizeof(int));
-        for (int i = 0; i < ny; i++) perm[i] = i;
-        for (int i = ny - 1; i > 0; i--) { int j = (int)(rnd64() % (uint64_t)(i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-        for (int i = 0; i < ns; i++) rows[i] = perm[i];
-        float *yd = dev_put(y, (size_t)ny * dim * 4), *xd = dev_put(x, (size_t)ns * dim * 4);
-        float *ref = dev_put(y, (size_t)ny * dim * 4);
-        cpu.i->scatter_axpy(cpu.ctx, y, x, rows, w, ns, dim);
-        gpu.i->scatter_axpy(gpu.ctx, yd, xd, rows, w, ns, dim);
-        for (int i = 0; i < ns; i++) /* the GPU's own axpy, row by row */
-            gpu.i->axpy(gpu.ctx, ref + (size_t)rows[i] * dim, xd + (size_t)i * dim, w[i], dim);
-        float *yg = dev_get(yd, (size_t)ny * dim), *rg = dev_get(ref, (size_t)ny * dim);
-        double es = relerr(yg, y, (size_t)ny * dim);
-        bool same = memcmp(yg, rg, (size_t)ny * dim * 4) == 0;
-        verdict("scatter_axpy", es < 1e-6 && same, "rel err %.3g vs cpu, bitwise as per-row axpy", es);
-        gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, ref);
-        free(y); free(x); free(w); free(rows); free(perm); free(yg); free(rg);
-    }
     gpu.i->zero(gpu.ctx, gd, n - 1);
     r = dev_get(gd, n);
     size_t bad = 0;
@@ -356,6 +338,29 @@ static void test_elementwise(void)
     free(r);
     gpu.i->free(gpu.ctx, gd); gpu.i->free(gpu.ctx, ud);
     free(g); free(u);
+}
+
+/* scatter_axpy: 300 distinct rows of 1000 (over two launches' worth), bitwise as axpy per row */
+static void test_scatter(void)
+{
+    int ns = 300, dim = 2048, ny = 1000;
+    float *y = rand_vec((size_t)ny * dim, 1.0f), *x = rand_vec((size_t)ns * dim, 1.0f), *w = rand_vec(ns, 1.0f);
+    int *rows = malloc(ns * sizeof(int)), *perm = malloc(ny * sizeof(int));
+    for (int i = 0; i < ny; i++) perm[i] = i;
+    for (int i = ny - 1; i > 0; i--) { int j = (int)(rnd64() % (uint64_t)(i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    for (int i = 0; i < ns; i++) rows[i] = perm[i];
+    float *yd = dev_put(y, (size_t)ny * dim * 4), *xd = dev_put(x, (size_t)ns * dim * 4);
+    float *ref = dev_put(y, (size_t)ny * dim * 4);
+    cpu.i->scatter_axpy(cpu.ctx, y, x, rows, w, ns, dim);
+    gpu.i->scatter_axpy(gpu.ctx, yd, xd, rows, w, ns, dim);
+    for (int i = 0; i < ns; i++) /* the GPU's own axpy, row by row */
+        gpu.i->axpy(gpu.ctx, ref + (size_t)rows[i] * dim, xd + (size_t)i * dim, w[i], dim);
+    float *yg = dev_get(yd, (size_t)ny * dim), *rg = dev_get(ref, (size_t)ny * dim);
+    double es = relerr(yg, y, (size_t)ny * dim);
+    bool same = memcmp(yg, rg, (size_t)ny * dim * 4) == 0;
+    verdict("scatter_axpy", es < 1e-6 && same, "rel err %.3g vs cpu, bitwise as per-row axpy", es);
+    gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, ref);
+    free(y); free(x); free(w); free(rows); free(perm); free(yg); free(rg);
 }
 
 static void test_get_row(void)
@@ -624,12 +629,13 @@ static void bench_attention(double d2d)
  * pos..pos+511: one call (the tiled kernel) against the decode kernel once per token. */
 static void bench_attention_prefill(void)
 {
-    static const int poss[] = {0, 3584, 31744};
-    int nh = 32, nkv = 4, hd = 128, n = 512;
-    printf("  attention prefill chunk (32/4 heads of 128, %d tokens): one call vs per token\n", n);
+    /* pos, n: full chunks, then tails of a prompt (the op picks its kernel by itself) */
+    static const int cfg[][2] = {{0, 512}, {3584, 512}, {31744, 512}, {512, 88}, {6000, 20}, {30000, 2}};
+    int nh = 32, nkv = 4, hd = 128;
+    printf("  attention prefill chunk (32/4 heads of 128): one call vs a decode call per token\n");
     bool ok = true;
-    for (int c = 0; c < 3; c++) {
-        int pos = poss[c];
+    for (int c = 0; c < 6; c++) {
+        int pos = cfg[c][0], n = cfg[c][1];
         size_t kvb = (size_t)(pos + n) * nkv * hd * 4, qb = (size_t)n * nh * hd * 4;
         float *q = dev_put(NULL, qb), *o = dev_put(NULL, qb), *k = dev_put(NULL, kvb), *v = dev_put(NULL, kvb);
         float *qh = rand_vec(qb / 4, 1.0f), *kh = rand_vec(kvb / 4, 1.0f);
@@ -652,13 +658,13 @@ static void bench_attention_prefill(void)
             t[way] = (now_s() - t[way]) / it;
         }
         double flop = 4.0 * nh * hd * ((double)n * pos + (double)n * (n + 1) / 2);
-        printf("  pos %6d: chunk %8.3f ms (%5.1f TFLOP/s), per token %8.3f ms\n", pos, t[0] * 1e3,
+        printf("  pos %6d n %3d: chunk %8.3f ms (%5.1f TFLOP/s), per token %8.3f ms\n", pos, n, t[0] * 1e3,
                flop / t[0] / 1e12, t[1] * 1e3);
         ok = ok && !backend_cuda_error(&gpu, NULL, 0);
         gpu.i->free(gpu.ctx, q); gpu.i->free(gpu.ctx, o); gpu.i->free(gpu.ctx, k); gpu.i->free(gpu.ctx, v);
         free(qh); free(kh);
     }
-    verdict("bench_attention_prefill", ok, "%g positions", 3.0);
+    verdict("bench_attention_prefill", ok, "%g shapes", 6.0);
 }
 
 /* One decode token through a Qwen3-30B-A3B-shaped model (48 layers, n_embd 2048, 32 q / 4 kv
@@ -741,8 +747,10 @@ int main(int argc, char **argv)
     if (want(only, "matmul_q4_0")) test_matmul("matmul_q4_0", GGML_TYPE_Q4_0);
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
-    if (want(only, "attention")) test_attention();
+    if (want(only, "attention")) test_attention(false);
+    if (want(only, "attention_chunk")) test_attention(true);
     if (want(only, "swiglu")) test_elementwise();
+    if (want(only, "scatter_axpy")) test_scatter();
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();

@@ -227,17 +227,23 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     CU_LAUNCH(c, "attn_merge_kernel");
 }
 
-/* A chunk of n tokens: the tiled kernel (attention_prefill.cu) when its grid fills the GPU or
- * the keys are few; otherwise (a short chunk deep in a long context, where a few CTAs would
- * each walk every key) the split-K decode kernel per token, which spreads the keys over SMs. */
+/* A chunk of n tokens: the tiled kernel (attention_prefill.cu, one launch) or the split-K
+ * decode kernel once per token, whichever a cost model from the H200's timings says is faster
+ * (bench_attention, bench_attention_prefill): the tiled kernel takes ~7 us a 32-key tile on a
+ * CTA, ~2 CTAs an SM at once, and its CTAs split only the queries, so a short chunk deep in a
+ * long context leaves most SMs idle while a few CTAs walk every key; the decode kernel spreads
+ * the keys over the SMs at ~8 us + ~4 ns a key per token. */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
     if (c->err || n <= 0)
         return;
     if (n > 1 && n_head_kv > 0 && n_head >= n_head_kv) {
-        long ctas = (long)n_head_kv * ((n * (long)(n_head / n_head_kv) + 63) / 64);
-        if ((2 * ctas >= c->sm_count || pos + n <= 512) &&
+        double ctas = (double)n_head_kv * ceil((double)n * (n_head / n_head_kv) / 64.0);
+        double waves = ctas / (2.0 * (c->sm_count > 0 ? c->sm_count : 1));
+        double t_tiled = (waves < 1.0 ? 1.0 : waves) * ceil((pos + n) / 32.0) * 7.0;
+        double t_token = n * (8.0 + 0.004 * (pos + n / 2.0));
+        if (t_tiled <= t_token &&
             cuda_attention_prefill(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim))
             return;
     }
