@@ -254,10 +254,12 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->host_router = malloc(B * d.ne * sizeof(float));
     s->moe_sel = malloc(B * nu * sizeof(int));
     s->moe_w = malloc(B * nu * sizeof(float));
-    s->moe_tok = malloc(B * sizeof(int));
-    s->moe_tokw = malloc(B * sizeof(float));
+    s->moe_tok = malloc(B * nu * sizeof(int));
+    s->moe_tokw = malloc(B * nu * sizeof(float));
+    s->moe_off = malloc((d.ne + 1) * sizeof(int));
     s->logits = malloc(d.V * sizeof(float));
-    if (!s->host_x || !s->host_router || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->logits) {
+    if (!s->host_x || !s->host_router || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
+        !s->logits) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -293,6 +295,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_w);
     free(s->moe_tok);
     free(s->moe_tokw);
+    free(s->moe_off);
     free(s->logits);
     memset(s, 0, sizeof *s);
 }
@@ -302,22 +305,28 @@ void forward_free(struct forward_state *s)
  * renormalise (which equals Mixtral's softmax over the k selected logits). */
 static void route(const struct model_config *c, const float *logits, int *sel, float *w)
 {
-    int k = (int)c->n_expert_used, ne = (int)c->n_expert;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            bool used = false;
-            for (int t = 0; t < j; t++)
-                if (sel[t] == e) { used = true; break; }
-            if (!used && (best < 0 || logits[e] > logits[best]))
-                best = e;
-        }
-        sel[j] = best;
+    int k = (int)c->n_expert_used, ne = (int)c->n_expert, m = 0;
+    /* One pass keeping sel[0..m) in descending order, an equal logit after those already
+     * there: the same choice and order as k passes of "largest unused, ties to the lower
+     * index" (for finite logits), in O(ne k) rather than O(ne k^2) - a prompt chunk routes
+     * every token of every layer on the host while the device waits. */
+    for (int e = 0; e < ne; e++) {
+        int i = m;
+        while (i > 0 && logits[e] > logits[sel[i - 1]])
+            i--;
+        if (i >= k)
+            continue;
+        if (m < k)
+            m++;
+        for (int q = m - 1; q > i; q--)
+            sel[q] = sel[q - 1];
+        sel[i] = e;
     }
     float mx = logits[sel[0]]; /* the max of all logits */
     double all = 0.0, top = 0.0;
-    for (int e = 0; e < ne; e++)
-        all += exp((double)logits[e] - mx);
+    if (!c->expert_weights_norm) /* only the plain softmax needs the sum over all experts */
+        for (int e = 0; e < ne; e++)
+            all += exp((double)logits[e] - mx);
     for (int j = 0; j < k; j++) {
         w[j] = (float)exp((double)logits[sel[j]] - mx);
         top += w[j];
@@ -392,17 +401,26 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     }
     B->zero(bc, st->moe_out, n * E);
 
-    int *tok = s->moe_tok;   /* tokens routed to expert e */
-    float *wt = s->moe_tokw; /* their weights for e */
+    /* The tokens routed to each expert in ascending order, by one counting sort over the
+     * (token, choice) pairs: expert e's are moe_tok[off[e]..off[e+1]), weights in moe_tokw. */
+    int *off = s->moe_off; /* (n_expert + 1) */
+    memset(off, 0, sizeof(int) * (c->n_expert + 1));
+    for (int i = 0; i < n * k; i++)
+        off[s->moe_sel[i] + 1]++;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        off[e + 1] += off[e];
+    for (int i = 0; i < n * k; i++) { /* off[e] walks from e's start to e+1's */
+        int p = off[s->moe_sel[i]]++;
+        s->moe_tok[p] = i / k;
+        s->moe_tokw[p] = s->moe_w[i];
+    }
+    for (uint32_t e = c->n_expert; e > 0; e--)
+        off[e] = off[e - 1];
+    off[0] = 0;
     for (uint32_t e = 0; e < c->n_expert; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++)
-                if (s->moe_sel[t * k + j] == (int)e) {
-                    tok[cnt] = t;
-                    wt[cnt] = s->moe_w[t * k + j];
-                    cnt++;
-                }
+        int cnt = off[e + 1] - off[e];
+        int *tok = s->moe_tok + off[e];    /* tokens routed to expert e */
+        float *wt = s->moe_tokw + off[e];  /* their weights for e */
         if (!cnt)
             continue;
         struct expert_weights ew;

@@ -78,8 +78,9 @@ struct forward_state {
     float *host_router;  /* (max_batch, n_expert) router logits for top-k */
     int *moe_sel;        /* (max_batch, n_expert_used) chosen experts per token */
     float *moe_w;        /* (max_batch, n_expert_used) their weights */
-    int *moe_tok;        /* (max_batch) tokens routed to one expert */
-    float *moe_tokw;     /* (max_batch) their weights for it */
+    int *moe_tok;        /* (max_batch * n_expert_used) tokens routed to each expert, by expert */
+    float *moe_tokw;     /* (max_batch * n_expert_used) their weights for it */
+    int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
     float *logits;       /* (n_vocab) the last token's logits */
     uint64_t n_expert_calls;
 };
