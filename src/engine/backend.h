@@ -18,19 +18,25 @@ struct backend_i {
     /* out = x / rms(x) * w, per vector of length dim, n vectors. */
     void (*rmsnorm)(void *ctx, const float *x, const struct tensor *w, float *out, int dim,
                     int n, float eps);
-    /* Rotate n_heads heads of head_dim in vec (one token) for position pos. */
-    void (*rope)(void *ctx, float *vec, int n_heads, int head_dim, int pos, float theta,
+    /* Rotate n tokens of n_heads heads of head_dim, token t for position pos + t:
+     * vec (n, n_heads*head_dim). */
+    void (*rope)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, float theta,
                  enum rope_kind kind);
-    /* Causal attention for one query token at position pos over kv positions 0..pos.
-     * q (n_head*head_dim), k_cache/v_cache (n_ctx, n_head_kv*head_dim) for this layer,
-     * out (n_head*head_dim), att scratch (n_head, n_ctx). */
+    /* Causal attention for n query tokens at positions pos..pos+n-1: token t attends to kv
+     * positions 0..pos+t. q, out (n, n_head*head_dim); k_cache/v_cache (n_ctx,
+     * n_head_kv*head_dim) for this layer, rows 0..pos+n-1 already written; att scratch
+     * (n_head, n_ctx) a backend may use. */
     void (*attention)(void *ctx, const float *q, const float *k_cache, const float *v_cache,
-                      float *out, float *att, int pos, int n_head, int n_head_kv,
+                      float *out, float *att, int n, int pos, int n_head, int n_head_kv,
                       int head_dim);
     /* gate = silu(gate) * up, n elements. */
     void (*swiglu)(void *ctx, float *gate, const float *up, int n);
     /* y += a * x */
     void (*axpy)(void *ctx, float *y, const float *x, float a, int n);
+    /* y[rows[i]] += w[i] * x[i] for i = 0..n-1 in that order: y (*, dim), x (n, dim); rows
+     * (distinct) and w are host arrays. The same per-row result as an axpy per i. */
+    void (*scatter_axpy)(void *ctx, float *y, const float *x, const int *rows, const float *w, int n,
+                         int dim);
     /* row `id` of an embedding table (any type) as f32 into out. */
     void (*get_row)(void *ctx, const struct tensor *t, int id, float *out);
     /* Host <-> device copies (plain memcpy on the CPU). upload may be asynchronous on a

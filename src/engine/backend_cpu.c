@@ -436,8 +436,7 @@ static void cpu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float
     }
 }
 
-static void cpu_rope(void *ctx, float *vec, int n_heads, int head_dim, int pos, float theta,
-                     enum rope_kind kind)
+static void rope_one(float *vec, int n_heads, int head_dim, int pos, float theta, enum rope_kind kind)
 {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -453,6 +452,14 @@ static void cpu_rope(void *ctx, float *vec, int n_heads, int head_dim, int pos, 
             v[i1] = x0 * sn + x1 * cs;
         }
     }
+}
+
+static void cpu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, float theta,
+                     enum rope_kind kind)
+{
+    (void)ctx;
+    for (int t = 0; t < n; t++)
+        rope_one(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, pos + t, theta, kind);
 }
 
 struct att_job {
@@ -503,17 +510,21 @@ static void att_worker(void *p, int ith, int nth)
         attention_heads(j, h0, h1);
 }
 
+/* Token by token: each has its own causal window, and the (n_head, n_ctx) scratch is reused. */
 static void cpu_attention(void *ctx, const float *q, const float *k_cache,
-                          const float *v_cache, float *out, float *att, int pos, int n_head,
+                          const float *v_cache, float *out, float *att, int n, int pos, int n_head,
                           int n_head_kv, int head_dim)
 {
     struct cpu_ctx *c = ctx;
-    struct att_job j = {q, k_cache, v_cache, out, att, pos, n_head, n_head_kv, head_dim};
-    /* short contexts are cheaper than waking the pool */
-    if ((size_t)(pos + 1) * (size_t)n_head * (size_t)head_dim < 32768)
-        attention_heads(&j, 0, n_head);
-    else
-        pool_run(c, att_worker, &j);
+    size_t qd = (size_t)n_head * head_dim;
+    for (int t = 0; t < n; t++) {
+        struct att_job j = {q + t * qd, k_cache, v_cache, out + t * qd, att, pos + t, n_head, n_head_kv, head_dim};
+        /* short contexts are cheaper than waking the pool */
+        if ((size_t)(pos + t + 1) * (size_t)n_head * (size_t)head_dim < 32768)
+            attention_heads(&j, 0, n_head);
+        else
+            pool_run(c, att_worker, &j);
+    }
 }
 
 static void cpu_swiglu(void *ctx, float *gate, const float *up, int n)
@@ -526,6 +537,13 @@ static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n)
 {
     for (int i = 0; i < n; i++)
         y[i] += a * x[i];
+}
+
+static void cpu_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n,
+                             int dim)
+{
+    for (int i = 0; i < n; i++)
+        cpu_axpy(ctx, y + (size_t)rows[i] * dim, x + (size_t)i * dim, w[i], dim);
 }
 
 /* Buffers of 4 MiB and up get their own 2 MiB-aligned mapping advised for transparent huge
@@ -669,6 +687,7 @@ static const struct backend_i cpu_iface = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
+    .scatter_axpy = cpu_scatter_axpy,
     .get_row = cpu_get_row,
     .upload = cpu_copy,
     .download = cpu_copy,

@@ -2,7 +2,7 @@
  *
  * Prompts are processed in chunks of up to max_batch tokens: every matmul of a layer runs
  * once for the whole chunk, so each weight row is read once per chunk rather than once
- * per token. Attention stays per token (each has its own causal window). MoE tokens are
+ * per token. Rope and causal attention take the whole chunk in one op each. MoE tokens are
  * grouped by expert so each chosen expert is fetched and multiplied once per chunk.
  * Top-k routing runs on the device (backend_i.route); the host downloads the chosen ids to look
  * the experts up in the cache, except in a decode step whose experts are all resident: that
@@ -281,10 +281,12 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->host_route = malloc(rows * 2 * nu * sizeof(int32_t));
     s->moe_sel = malloc(B * nu * sizeof(int));
     s->moe_w = malloc(B * nu * sizeof(float));
-    s->moe_tok = malloc(B * sizeof(int));
-    s->moe_tokw = malloc(B * sizeof(float));
+    s->moe_tok = malloc(B * nu * sizeof(int));
+    s->moe_tokw = malloc(B * nu * sizeof(float));
+    s->moe_off = malloc((d.ne + 1) * sizeof(int));
     s->logits = malloc(d.V * sizeof(float));
-    if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->logits) {
+    if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
+        !s->logits) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -320,6 +322,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_w);
     free(s->moe_tok);
     free(s->moe_tokw);
+    free(s->moe_off);
     free(s->logits);
     memset(s, 0, sizeof *s);
 }
@@ -396,17 +399,26 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     }
     B->zero(bc, st->moe_out, n * E);
 
-    int *tok = s->moe_tok;   /* tokens routed to expert e */
-    float *wt = s->moe_tokw; /* their weights for e */
+    /* The tokens routed to each expert in ascending order, by one counting sort over the
+     * (token, choice) pairs: expert e's are moe_tok[off[e]..off[e+1]), weights in moe_tokw. */
+    int *off = s->moe_off; /* (n_expert + 1) */
+    memset(off, 0, sizeof(int) * (c->n_expert + 1));
+    for (int i = 0; i < n * k; i++)
+        off[s->moe_sel[i] + 1]++;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        off[e + 1] += off[e];
+    for (int i = 0; i < n * k; i++) { /* off[e] walks from e's start to e+1's */
+        int p = off[s->moe_sel[i]]++;
+        s->moe_tok[p] = i / k;
+        s->moe_tokw[p] = s->moe_w[i];
+    }
+    for (uint32_t e = c->n_expert; e > 0; e--)
+        off[e] = off[e - 1];
+    off[0] = 0;
     for (uint32_t e = 0; e < c->n_expert; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++)
-                if (s->moe_sel[t * k + j] == (int)e) {
-                    tok[cnt] = t;
-                    wt[cnt] = s->moe_w[t * k + j];
-                    cnt++;
-                }
+        int cnt = off[e + 1] - off[e];
+        int *tok = s->moe_tok + off[e];    /* tokens routed to expert e */
+        float *wt = s->moe_tokw + off[e];  /* their weights for e */
         if (!cnt)
             continue;
         struct expert_weights ew;
@@ -423,8 +435,7 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
         B->matmul(bc, &ew.up, st->moe_in, st->hb2, cnt);    /* (cnt, F) */
         B->swiglu(bc, st->hb, st->hb2, cnt * F);
         B->matmul(bc, &ew.down, st->hb, st->xb2, cnt);      /* (cnt, E) */
-        for (int i = 0; i < cnt; i++)
-            B->axpy(bc, st->moe_out + (size_t)tok[i] * E, st->xb2 + (size_t)i * E, wt[i], E);
+        B->scatter_axpy(bc, st->moe_out, st->xb2, tok, wt, cnt, E); /* moe_out[tok[i]] += wt[i] xb2[i] */
     }
     return 0;
 }
@@ -435,7 +446,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
     const struct backend_i *B = st->be.i;
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
-    int qd = (int)c->n_head * hd, kvd = (int)c->n_head_kv * hd;
+    int kvd = (int)c->n_head_kv * hd;
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* this layer's cache rows; k/v matmuls write straight into them */
@@ -451,13 +462,10 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
             B->rmsnorm(bc, st->q, &L->q_norm, st->q, hd, n * (int)c->n_head, c->rms_eps);
         if (L->k_norm.data)
             B->rmsnorm(bc, kpos, &L->k_norm, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
-        for (int t = 0; t < n; t++) {
-            B->rope(bc, st->q + (size_t)t * qd, (int)c->n_head, hd, pos + t, c->rope_theta, c->rope);
-            B->rope(bc, kpos + (size_t)t * kvd, (int)c->n_head_kv, hd, pos + t, c->rope_theta, c->rope);
-        }
-        for (int t = 0; t < n; t++)
-            B->attention(bc, st->q + (size_t)t * qd, kc, vc, st->att_out + (size_t)t * qd, st->att,
-                         pos + t, (int)c->n_head, (int)c->n_head_kv, hd);
+        B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
+        B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
+        /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
+        B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
         B->matmul(bc, &L->wo, st->att_out, st->xb2, n); /* (n, E) */
         B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
 
@@ -540,24 +548,38 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
     return 0;
 }
 
-/* Point every stage at buffers for a chunk of n tokens: the decode set for one token, else
- * the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
- * the buffers allow: n, or 1 when some stage has no prefill buffer. */
+/* Point every stage at buffers for a chunk of up to n tokens: the decode set for one token,
+ * else the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
+ * the buffers allow: n; fewer when the borrowed segments are too small for max_batch tokens'
+ * buffers but hold half as many (halving down to FORWARD_DEFAULT_BATCH, so only a CUDA chunk is
+ * ever cut: a CPU plan borrows for 64 or runs token by token, as before); 1 when some stage has
+ * no prefill buffer. */
 static int bind_buffers(struct forward_state *s, int n)
 {
-    bool ok = n > 1;
-    size_t sizes[FORWARD_N_BATCH_BUFS];
-    batch_sizes(s->m, s->n_ctx, s->max_batch, sizes);
-    for (int i = 0; i < s->n_stage && ok; i++) {
-        struct forward_stage *st = &s->stage[i];
-        if (st->prefill == PREFILL_NONE)
-            ok = false;
-        else if (st->prefill == PREFILL_BORROW) {
-            void *blk[FORWARD_N_BATCH_BUFS];
-            ok = expert_cache_borrow(st->cache, sizes, FORWARD_N_BATCH_BUFS, blk) == 0;
-            for (int k = 0; ok && k < FORWARD_N_BATCH_BUFS; k++)
-                *bufs_of(&st->pre, k) = blk[k];
+    bool ok = false;
+    int B = s->max_batch;
+    for (;;) {
+        ok = n > 1;
+        size_t sizes[FORWARD_N_BATCH_BUFS];
+        batch_sizes(s->m, s->n_ctx, B, sizes);
+        bool none = false;
+        for (int i = 0; i < s->n_stage && ok; i++) {
+            struct forward_stage *st = &s->stage[i];
+            if (st->prefill == PREFILL_NONE)
+                ok = false, none = true;
+            else if (st->prefill == PREFILL_BORROW) {
+                void *blk[FORWARD_N_BATCH_BUFS];
+                ok = expert_cache_borrow(st->cache, sizes, FORWARD_N_BATCH_BUFS, blk) == 0;
+                for (int k = 0; ok && k < FORWARD_N_BATCH_BUFS; k++)
+                    *bufs_of(&st->pre, k) = blk[k];
+            }
         }
+        if (ok || n <= 1 || none || B / 2 < FORWARD_DEFAULT_BATCH)
+            break;
+        for (int i = 0; i < s->n_stage; i++) /* give back what this size took, try half */
+            if (s->stage[i].prefill == PREFILL_BORROW && s->stage[i].cache)
+                expert_cache_unborrow(s->stage[i].cache);
+        B /= 2;
     }
     for (int i = 0; i < s->n_stage; i++) {
         struct forward_stage *st = &s->stage[i];
@@ -565,7 +587,7 @@ static int bind_buffers(struct forward_state *s, int n)
             expert_cache_unborrow(st->cache);
         use_bufs(st, ok ? &st->pre : &st->dec);
     }
-    return ok ? n : 1;
+    return ok ? (n < B ? n : B) : 1;
 }
 
 static void unbind_buffers(struct forward_state *s)

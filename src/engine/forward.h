@@ -83,8 +83,9 @@ struct forward_state {
     int32_t *host_route; /* (max(max_batch, n_layer), 2 * n_expert_used) route() output */
     int *moe_sel;        /* (max_batch, n_expert_used) chosen experts per token */
     float *moe_w;        /* (max_batch, n_expert_used) their weights */
-    int *moe_tok;        /* (max_batch) tokens routed to one expert */
-    float *moe_tokw;     /* (max_batch) their weights for it */
+    int *moe_tok;        /* (max_batch * n_expert_used) tokens routed to each expert, by expert */
+    float *moe_tokw;     /* (max_batch * n_expert_used) their weights for it */
+    int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
     float *logits;       /* (n_vocab) the last token's logits */
     uint64_t n_expert_calls;
 };
@@ -113,6 +114,10 @@ int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos
 /* KV bytes for n_ctx positions of all layers. */
 size_t forward_kv_bytes(const struct model *m, int n_ctx);
 
+/* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
+ * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides
+ * the launches (and the expert fetches) of a prompt; the CPU gains nothing past 64. */
 #define FORWARD_DEFAULT_BATCH 64
+#define FORWARD_CUDA_BATCH 512
 
 #endif

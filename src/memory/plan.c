@@ -112,7 +112,10 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         snprintf(err, errlen, "%d devices for %u layers: every device needs at least one layer", n, m->cfg.n_layer);
         return TIDE_EINVAL;
     }
-    p->max_batch = o->max_batch > 0 ? o->max_batch : FORWARD_DEFAULT_BATCH;
+    bool cuda_stage = false;
+    for (int i = 0; i < n; i++)
+        cuda_stage |= dv[i].kind == DEVICE_KIND_CUDA;
+    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : FORWARD_DEFAULT_BATCH;
     split_layers(m->cfg.n_layer, n, o->layer_split, o->n_layer_split, p->l0, p->l1);
     for (int i = 0; i < n; i++) {
         if (p->l1[i] == p->l0[i]) {

@@ -30,7 +30,8 @@ struct plan_options {
     size_t segment_bytes;    /* 0: automatic */
     int n_threads;
     int n_ctx;
-    int max_batch;           /* prefill chunk (0: FORWARD_DEFAULT_BATCH) */
+    int max_batch;           /* prefill chunk (0: FORWARD_CUDA_BATCH with a CUDA device, else
+                                FORWARD_DEFAULT_BATCH) */
 };
 
 struct memory_plan {

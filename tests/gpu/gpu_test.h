@@ -31,5 +31,6 @@ void test_moe_ffn_table(void);
 void bench_decode(double d2d, int mode);
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
+void bench_prefill(void);
 
 #endif

@@ -28,10 +28,10 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_mmq", "rmsnorm", "rope",
-    "attention", "swiglu", "axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "upload_download", "vmm",
+    "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
-    "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_decode", "bench_decode_fused", "bench_decode_table",
+    "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_prefill",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -240,21 +240,27 @@ static void test_rmsnorm(void)
     verdict("rmsnorm", ok, "max rel err %.3g", worst);
 }
 
+/* n tokens at positions pos..pos+n-1 in one call; the GPU must give the CPU's result for each
+ * token (the same double-precision angles), so the limit is tight. */
 static void test_rope(void)
 {
-    static const int cfg[][3] = {{8, 128, 0}, {8, 128, 7}, {4, 16, 40000}, {32, 64, 131000}, {2, 32, 3}};
+    /* n_heads, head_dim, pos, n */
+    static const int cfg[][4] = {{8, 128, 0, 1},  {8, 128, 7, 1},    {4, 16, 40000, 1}, {32, 64, 131000, 1},
+                                 {2, 32, 3, 1},   {32, 128, 0, 512}, {4, 128, 300, 77}, {8, 64, 130000, 33},
+                                 {6, 96, 5, 200}};
     double worst = 0;
     bool ok = true;
-    for (int c = 0; c < 5; c++)
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++)
         for (int kind = 0; kind < 2; kind++) {
-            int nh = cfg[c][0], hd = cfg[c][1], pos = cfg[c][2];
-            float *v = rand_vec((size_t)nh * hd, 1.0f);
-            float *vd = dev_put(v, (size_t)nh * hd * 4);
-            cpu.i->rope(cpu.ctx, v, nh, hd, pos, 1e6f, kind ? ROPE_NEOX : ROPE_NORM);
-            gpu.i->rope(gpu.ctx, vd, nh, hd, pos, 1e6f, kind ? ROPE_NEOX : ROPE_NORM);
-            float *g = dev_get(vd, (size_t)nh * hd);
-            double e = relerr(g, v, (size_t)nh * hd);
-            if (!(e < 1e-6)) { ok = false; printf("  rope nh %d hd %d pos %d kind %d: %.3g\n", nh, hd, pos, kind, e); }
+            int nh = cfg[c][0], hd = cfg[c][1], pos = cfg[c][2], n = cfg[c][3];
+            size_t len = (size_t)n * nh * hd;
+            float *v = rand_vec(len, 1.0f);
+            float *vd = dev_put(v, len * 4);
+            cpu.i->rope(cpu.ctx, v, n, nh, hd, pos, 1e6f, kind ? ROPE_NEOX : ROPE_NORM);
+            gpu.i->rope(gpu.ctx, vd, n, nh, hd, pos, 1e6f, kind ? ROPE_NEOX : ROPE_NORM);
+            float *g = dev_get(vd, len);
+            double e = relerr(g, v, len);
+            if (!(e < 1e-6)) { ok = false; printf("  rope nh %d hd %d pos %d n %d kind %d: %.3g\n", nh, hd, pos, n, kind, e); }
             if (e > worst) worst = e;
             gpu.i->free(gpu.ctx, vd);
             free(v); free(g);
@@ -262,33 +268,50 @@ static void test_rope(void)
     verdict("rope", ok, "max rel err %.3g", worst);
 }
 
-static void test_attention(void)
+/* One call for n query tokens at positions pos..pos+n-1 over a cache holding pos+n rows (and
+ * NaN past them, which no token may read); the CPU runs it token by token. Covers the decode
+ * kernel (n = 1), the tiled prefill kernel (partial tiles, group > 8, group not dividing 64,
+ * padded head dims) and the per-token fallback for short chunks deep in a long context. */
+static void test_attention(bool chunk)
 {
-    /* n_head, n_head_kv, head_dim, pos */
-    static const int cfg[][4] = {{4, 2, 16, 0},     {8, 4, 16, 5},     {4, 2, 32, 100},  {32, 4, 128, 700},
-                                 {32, 4, 128, 5000}, {16, 16, 64, 2047}, {32, 2, 64, 300}, {64, 8, 128, 20000},
-                                 {8, 1, 256, 999},   {6, 2, 96, 77}};
+    /* n_head, n_head_kv, head_dim, pos, n */
+    static const int cfg[][5] = {{4, 2, 16, 0, 1},      {8, 4, 16, 5, 1},      {4, 2, 32, 100, 1},
+                                 {32, 4, 128, 700, 1},   {32, 4, 128, 5000, 1}, {16, 16, 64, 2047, 1},
+                                 {32, 2, 64, 300, 1},    {64, 8, 128, 20000, 1}, {8, 1, 256, 999, 1},
+                                 {6, 2, 96, 77, 1},      {32, 4, 128, 0, 512},  {32, 4, 128, 1000, 512},
+                                 {32, 4, 128, 0, 100},   {32, 4, 128, 37, 64},  {4, 2, 16, 0, 70},
+                                 {6, 2, 96, 77, 45},     {16, 16, 64, 200, 130}, {32, 2, 64, 0, 300},
+                                 {8, 1, 256, 10, 40},    {12, 4, 40, 3, 99},    {32, 4, 128, 6000, 20},
+                                 {128, 1, 32, 5, 9}};
     double worst = 0;
     bool ok = true;
     for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
-        int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], pos = cfg[c][3];
-        size_t kvd = (size_t)nkv * hd, nk = (size_t)pos + 1;
-        float *q = rand_vec((size_t)nh * hd, 1.0f), *k = rand_vec(nk * kvd, 1.0f), *v = rand_vec(nk * kvd, 1.0f);
-        float *oc = malloc((size_t)nh * hd * 4), *att = malloc((size_t)nh * nk * 4);
-        cpu.i->attention(cpu.ctx, q, k, v, oc, att, pos, nh, nkv, hd);
-        float *qd = dev_put(q, (size_t)nh * hd * 4), *kd = dev_put(k, nk * kvd * 4), *vd = dev_put(v, nk * kvd * 4);
-        float *od = dev_put(NULL, (size_t)nh * hd * 4), *attd = dev_put(NULL, (size_t)nh * nk * 4);
-        dev_poison(od, (size_t)nh * hd * 4);
-        gpu.i->attention(gpu.ctx, qd, kd, vd, od, attd, pos, nh, nkv, hd);
-        float *og = dev_get(od, (size_t)nh * hd);
-        double e = relerr(og, oc, (size_t)nh * hd);
-        if (!(e < 1e-4)) { ok = false; printf("  attention nh %d nkv %d hd %d pos %d: %.3g\n", nh, nkv, hd, pos, e); }
+        int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], pos = cfg[c][3], n = cfg[c][4];
+        if ((n > 1) != chunk)
+            continue;
+        size_t kvd = (size_t)nkv * hd, nk = (size_t)pos + n, ctx = nk + 40, qd = (size_t)nh * hd;
+        float *q = rand_vec(n * qd, 1.0f), *k = rand_vec(nk * kvd, 1.0f), *v = rand_vec(nk * kvd, 1.0f);
+        float *oc = malloc(n * qd * 4), *att = malloc((size_t)nh * ctx * 4);
+        cpu.i->attention(cpu.ctx, q, k, v, oc, att, n, pos, nh, nkv, hd);
+        float *qd_ = dev_put(q, n * qd * 4), *kd = dev_put(NULL, ctx * kvd * 4), *vd = dev_put(NULL, ctx * kvd * 4);
+        dev_poison(kd, ctx * kvd * 4);
+        dev_poison(vd, ctx * kvd * 4);
+        gpu.i->upload(gpu.ctx, kd, k, nk * kvd * 4);
+        gpu.i->upload(gpu.ctx, vd, v, nk * kvd * 4);
+        float *od = dev_put(NULL, n * qd * 4), *attd = dev_put(NULL, (size_t)nh * ctx * 4);
+        dev_poison(od, n * qd * 4);
+        gpu.i->attention(gpu.ctx, qd_, kd, vd, od, attd, n, pos, nh, nkv, hd);
+        float *og = dev_get(od, n * qd);
+        double e = relerr(og, oc, n * qd);
+        if (!(e < 1e-4)) { ok = false; printf("  attention nh %d nkv %d hd %d pos %d n %d: %.3g\n", nh, nkv, hd, pos, n, e); }
         if (e > worst) worst = e;
-        gpu.i->free(gpu.ctx, qd); gpu.i->free(gpu.ctx, kd); gpu.i->free(gpu.ctx, vd);
+        gpu.i->free(gpu.ctx, qd_); gpu.i->free(gpu.ctx, kd); gpu.i->free(gpu.ctx, vd);
         gpu.i->free(gpu.ctx, od); gpu.i->free(gpu.ctx, attd);
         free(q); free(k); free(v); free(oc); free(att); free(og);
     }
-    verdict("attention", ok, "max rel err %.3g", worst);
+    char err[300] = "";
+    if (backend_cuda_error(&gpu, err, sizeof err)) { ok = false; printf("  CUDA: %s\n", err); }
+    verdict(chunk ? "attention_chunk" : "attention", ok, "max rel err %.3g", worst);
 }
 
 static void test_elementwise(void)
@@ -318,6 +341,29 @@ static void test_elementwise(void)
     free(r);
     gpu.i->free(gpu.ctx, gd); gpu.i->free(gpu.ctx, ud);
     free(g); free(u);
+}
+
+/* scatter_axpy: 300 distinct rows of 1000 (over two launches' worth), bitwise as axpy per row */
+static void test_scatter(void)
+{
+    int ns = 300, dim = 2048, ny = 1000;
+    float *y = rand_vec((size_t)ny * dim, 1.0f), *x = rand_vec((size_t)ns * dim, 1.0f), *w = rand_vec(ns, 1.0f);
+    int *rows = malloc(ns * sizeof(int)), *perm = malloc(ny * sizeof(int));
+    for (int i = 0; i < ny; i++) perm[i] = i;
+    for (int i = ny - 1; i > 0; i--) { int j = (int)(rnd64() % (uint64_t)(i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    for (int i = 0; i < ns; i++) rows[i] = perm[i];
+    float *yd = dev_put(y, (size_t)ny * dim * 4), *xd = dev_put(x, (size_t)ns * dim * 4);
+    float *ref = dev_put(y, (size_t)ny * dim * 4);
+    cpu.i->scatter_axpy(cpu.ctx, y, x, rows, w, ns, dim);
+    gpu.i->scatter_axpy(gpu.ctx, yd, xd, rows, w, ns, dim);
+    for (int i = 0; i < ns; i++) /* the GPU's own axpy, row by row */
+        gpu.i->axpy(gpu.ctx, ref + (size_t)rows[i] * dim, xd + (size_t)i * dim, w[i], dim);
+    float *yg = dev_get(yd, (size_t)ny * dim), *rg = dev_get(ref, (size_t)ny * dim);
+    double es = relerr(yg, y, (size_t)ny * dim);
+    bool same = memcmp(yg, rg, (size_t)ny * dim * 4) == 0;
+    verdict("scatter_axpy", es < 1e-6 && same, "rel err %.3g vs cpu, bitwise as per-row axpy", es);
+    gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, ref);
+    free(y); free(x); free(w); free(rows); free(perm); free(yg); free(rg);
 }
 
 static void test_get_row(void)
@@ -567,12 +613,12 @@ static void bench_attention(double d2d)
         gpu.i->zero(gpu.ctx, k, (int)(kvb / 4));
         gpu.i->zero(gpu.ctx, v, (int)(kvb / 4));
         for (int i = 0; i < 3; i++)
-            gpu.i->attention(gpu.ctx, q, k, v, o, NULL, pos, nh, nkv, hd);
+            gpu.i->attention(gpu.ctx, q, k, v, o, NULL, 1, pos, nh, nkv, hd);
         gpu.i->sync(gpu.ctx);
         int it = 200;
         double t0 = now_s();
         for (int i = 0; i < it; i++)
-            gpu.i->attention(gpu.ctx, q, k, v, o, NULL, pos, nh, nkv, hd);
+            gpu.i->attention(gpu.ctx, q, k, v, o, NULL, 1, pos, nh, nkv, hd);
         gpu.i->sync(gpu.ctx);
         double dt = (now_s() - t0) / it;
         printf("  %3d %2d %3d %7d: %8.2f us  %6.0f GB/s (%.0f%% of d2d)\n", nh, nkv, hd, pos + 1, dt * 1e6,
@@ -580,6 +626,48 @@ static void bench_attention(double d2d)
         gpu.i->free(gpu.ctx, q); gpu.i->free(gpu.ctx, o); gpu.i->free(gpu.ctx, k); gpu.i->free(gpu.ctx, v);
     }
     verdict("bench_attention", true, "%g configs", 4.0);
+}
+
+/* A 512-token chunk of Qwen3-30B-A3B attention (32 q / 4 kv heads of 128) at positions
+ * pos..pos+511: one call (the tiled kernel) against the decode kernel once per token. */
+static void bench_attention_prefill(void)
+{
+    /* pos, n: full chunks, then tails of a prompt (the op picks its kernel by itself) */
+    static const int cfg[][2] = {{0, 512}, {3584, 512}, {31744, 512}, {512, 88}, {6000, 20}, {30000, 2}};
+    int nh = 32, nkv = 4, hd = 128;
+    printf("  attention prefill chunk (32/4 heads of 128): one call vs a decode call per token\n");
+    bool ok = true;
+    for (int c = 0; c < 6; c++) {
+        int pos = cfg[c][0], n = cfg[c][1];
+        size_t kvb = (size_t)(pos + n) * nkv * hd * 4, qb = (size_t)n * nh * hd * 4;
+        float *q = dev_put(NULL, qb), *o = dev_put(NULL, qb), *k = dev_put(NULL, kvb), *v = dev_put(NULL, kvb);
+        float *qh = rand_vec(qb / 4, 1.0f), *kh = rand_vec(kvb / 4, 1.0f);
+        gpu.i->upload(gpu.ctx, q, qh, qb);
+        gpu.i->upload(gpu.ctx, k, kh, kvb);
+        gpu.i->upload(gpu.ctx, v, kh, kvb);
+        double t[2];
+        for (int way = 0; way < 2; way++) {
+            int it = 5;
+            for (int i = 0; i <= it; i++) {
+                if (i == 1) { gpu.i->sync(gpu.ctx); t[way] = now_s(); }
+                if (way == 0)
+                    gpu.i->attention(gpu.ctx, q, k, v, o, NULL, n, pos, nh, nkv, hd);
+                else
+                    for (int j = 0; j < n; j++)
+                        gpu.i->attention(gpu.ctx, q + (size_t)j * nh * hd, k, v, o + (size_t)j * nh * hd, NULL, 1,
+                                         pos + j, nh, nkv, hd);
+            }
+            gpu.i->sync(gpu.ctx);
+            t[way] = (now_s() - t[way]) / it;
+        }
+        double flop = 4.0 * nh * hd * ((double)n * pos + (double)n * (n + 1) / 2);
+        printf("  pos %6d n %3d: chunk %8.3f ms (%5.1f TFLOP/s), per token %8.3f ms\n", pos, n, t[0] * 1e3,
+               flop / t[0] / 1e12, t[1] * 1e3);
+        ok = ok && !backend_cuda_error(&gpu, NULL, 0);
+        gpu.i->free(gpu.ctx, q); gpu.i->free(gpu.ctx, o); gpu.i->free(gpu.ctx, k); gpu.i->free(gpu.ctx, v);
+        free(qh); free(kh);
+    }
+    verdict("bench_attention_prefill", ok, "%g shapes", 6.0);
 }
 
 /* One decode token through a Qwen3-30B-A3B-shaped model (48 layers, n_embd 2048, 32 q / 4 kv
@@ -665,8 +753,10 @@ int main(int argc, char **argv)
 #endif
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
-    if (want(only, "attention")) test_attention();
+    if (want(only, "attention")) test_attention(false);
+    if (want(only, "attention_chunk")) test_attention(true);
     if (want(only, "swiglu")) test_elementwise();
+    if (want(only, "scatter_axpy")) test_scatter();
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();
@@ -681,9 +771,11 @@ int main(int argc, char **argv)
         if (want(only, "bench_matmul")) bench_matmul(d2d);
         if (want(only, "bench_mmq")) bench_mmq();
         if (want(only, "bench_attention")) bench_attention(d2d);
+        if (want(only, "bench_attention_prefill")) bench_attention_prefill();
         if (want(only, "bench_decode")) bench_decode(d2d, 0);
         if (want(only, "bench_decode_fused")) bench_decode(d2d, 1);
         if (want(only, "bench_decode_table")) bench_decode(d2d, 2);
+        if (want(only, "bench_prefill")) bench_prefill();
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

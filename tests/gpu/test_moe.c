@@ -261,9 +261,9 @@ void bench_decode(double d2d, int mode)
             gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
             gpu.i->rmsnorm(gpu.ctx, q, &hn, q, HD, H, 1e-6f);
             gpu.i->rmsnorm(gpu.ctx, kl + (size_t)P * KVD, &hn, kl + (size_t)P * KVD, HD, KV, 1e-6f);
-            gpu.i->rope(gpu.ctx, q, H, HD, P, 1e6f, ROPE_NEOX);
-            gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, KV, HD, P, 1e6f, ROPE_NEOX);
-            gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, P, H, KV, HD);
+            gpu.i->rope(gpu.ctx, q, 1, H, HD, P, 1e6f, ROPE_NEOX);
+            gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, 1, KV, HD, P, 1e6f, ROPE_NEOX);
+            gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, 1, P, H, KV, HD);
             gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
             gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
             gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);

@@ -320,3 +320,48 @@ Test(memory, prefill_borrowing_cache_segments_gives_the_same_output)
     forward_free(&ref);
     backend_cpu_free(&be);
 }
+
+/* A chunk longer than the borrowed segments can hold (CUDA's 512) is halved until its buffers
+ * fit, rather than falling back to a token at a time; the logits are those of own buffers
+ * with the chunk it ran (256). */
+Test(memory, a_long_chunk_borrows_half_when_segments_are_small)
+{
+    const int n_ctx = 512, n = 300;
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    struct forward_state ref;
+    struct forward_stage_spec rsp = {.be = be, .l0 = 0, .l1 = M.cfg.n_layer};
+    cr_assert_eq(forward_init_stages(&ref, &M, n_ctx, 256, &rsp, 1), 0);
+    cr_assert_eq(forward_setup_prefill(&ref, 0, PREFILL_OWN), 0);
+    const struct model_config *c = &M.cfg;
+    size_t w = c->n_embd;
+    size_t dims[] = {(size_t)c->n_head * c->head_dim, c->n_ff_exp, c->n_expert};
+    for (int i = 0; i < 3; i++)
+        if (dims[i] > w) w = dims[i];
+    struct device dev;
+    cr_assert_eq(device_init_cpu(&dev, 0, (size_t)1 << 30, 1), 0);
+    struct expert_cache cache;
+    /* segments that hold the widest buffer of a 256-token chunk but not of a 512-token one */
+    cr_assert_eq(expert_cache_init(&cache, &dev, &M, 0, c->n_layer, 384 * w * sizeof(float), 1 << 20), 0);
+    cr_assert(cache.seg_bytes >= 256 * w * sizeof(float) && cache.seg_bytes < 512 * w * sizeof(float),
+              "segment of %zu bytes for a widest row of %zu floats", cache.seg_bytes, w);
+    struct forward_stage_spec sp = {.dev = &dev, .l0 = 0, .l1 = c->n_layer, .cache = &cache};
+    struct forward_state fw;
+    cr_assert_eq(forward_init_stages(&fw, &M, n_ctx, 512, &sp, 1), 0);
+    cr_assert_eq(forward_setup_prefill(&fw, 0, PREFILL_BORROW), 0);
+    int tok[300];
+    for (int i = 0; i < n; i++)
+        tok[i] = (int)((i * 37u + 11) % c->n_vocab);
+    cr_assert_eq(forward_eval(&ref, tok, n, 0), 0);
+    cr_assert_eq(forward_eval(&fw, tok, n, 0), 0);
+    /* chunks of 256 and 44: at most every expert of every layer twice (a token at a time
+     * would be n_expert_used per token and layer) */
+    cr_assert_leq(fw.n_expert_calls, 2ull * c->n_expert * c->n_layer, "%llu expert calls",
+                  (unsigned long long)fw.n_expert_calls);
+    cr_assert_eq(memcmp(fw.logits, ref.logits, sizeof(float) * c->n_vocab), 0, "logits differ from own-buffer 256-token chunks");
+    forward_free(&fw);
+    expert_cache_free(&cache);
+    device_free_all(&dev);
+    forward_free(&ref);
+    backend_cpu_free(&be);
+}

@@ -1,4 +1,5 @@
-/* attention.cu - causal attention of one query token over the KV cache, GQA, any length.
+/* attention.cu - causal attention of one query token over the KV cache, GQA, any length
+ * (decode; a prefill chunk goes to attention_prefill.cu, see cuda_attention at the end).
  *
  * Split-K ("flash-decoding"): the n_keys = pos + 1 cached positions are cut into chunks, one
  * CTA per (kv head, chunk, group of up to 8 query heads). A CTA reads each K and V row of its
@@ -163,8 +164,8 @@ __global__ void attn_merge_kernel(const float *__restrict__ part_o, const float 
     }
 }
 
-void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
-                    float *out, int pos, int n_head, int n_head_kv, int head_dim)
+static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                          float *out, int pos, int n_head, int n_head_kv, int head_dim)
 {
     if (c->err)
         return;
@@ -224,4 +225,29 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, co
         return;
     attn_merge_kernel<<<n_head, 128, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks);
     CU_LAUNCH(c, "attn_merge_kernel");
+}
+
+/* A chunk of n tokens: the tiled kernel (attention_prefill.cu, one launch) or the split-K
+ * decode kernel once per token, whichever a cost model from the H200's timings says is faster
+ * (bench_attention, bench_attention_prefill): the tiled kernel takes ~7 us a 32-key tile on a
+ * CTA, ~2 CTAs an SM at once, and its CTAs split only the queries, so a short chunk deep in a
+ * long context leaves most SMs idle while a few CTAs walk every key; the decode kernel spreads
+ * the keys over the SMs at ~8 us + ~4 ns a key per token. */
+void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                    float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    if (c->err || n <= 0)
+        return;
+    if (n > 1 && n_head_kv > 0 && n_head >= n_head_kv) {
+        double ctas = (double)n_head_kv * ceil((double)n * (n_head / n_head_kv) / 64.0);
+        double waves = ctas / (2.0 * (c->sm_count > 0 ? c->sm_count : 1));
+        double t_tiled = (waves < 1.0 ? 1.0 : waves) * ceil((pos + n) / 32.0) * 7.0;
+        double t_token = n * (8.0 + 0.004 * (pos + n / 2.0));
+        if (t_tiled <= t_token &&
+            cuda_attention_prefill(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim))
+            return;
+    }
+    size_t qd = (size_t)n_head * head_dim;
+    for (int t = 0; t < n && !c->err; t++)
+        attention_one(c, q + t * qd, k_cache, v_cache, out + t * qd, pos + t, n_head, n_head_kv, head_dim);
 }

@@ -1,6 +1,6 @@
 /* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
- * (rmsnorm, rope, swiglu, axpy, get_row, gather_rows, zero) and the copies. matmul.cu and
- * attention.cu hold the two big kernels.
+ * (rmsnorm, rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
+ * matmul.cu, moe.cu, attention.cu (decode) and attention_prefill.cu hold the big kernels.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
@@ -94,17 +94,19 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, uint32_t wtype, cons
         o[i] = v[i] * s * row_elem(wtype, w, i);
 }
 
+/* grid.y = token t of the chunk, at position pos + t; vec (n, n_heads*head_dim) */
 __global__ void rope_kernel(float *vec, int n_heads, int head_dim, int pos, float theta, int neox)
 {
     int half = head_dim / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= half * n_heads)
         return;
+    int t = blockIdx.y;
     int i = idx % half, h = idx / half;
     double freq = pow((double)theta, -2.0 * i / head_dim);
-    double a = pos * freq;
+    double a = (pos + t) * freq;
     float cs = (float)cos(a), sn = (float)sin(a);
-    float *v = vec + (size_t)h * head_dim;
+    float *v = vec + ((size_t)t * n_heads + h) * head_dim;
     int i0 = neox ? i : 2 * i;
     int i1 = neox ? i + half : 2 * i + 1;
     float x0 = v[i0], x1 = v[i1];
@@ -124,6 +126,21 @@ __global__ void axpy_kernel(float *y, const float *__restrict__ x, float a, size
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] += a * x[i];
+}
+
+/* Row indices and weights travel in the launch parameters, like gather's; one CTA per row
+ * (rows distinct, so no two CTAs touch the same y row). Same expression as axpy_kernel, so
+ * each row gets the bits a per-row axpy would give. */
+#define SCATTER_MAX 128
+struct scatter_args { int row[SCATTER_MAX]; float w[SCATTER_MAX]; };
+
+__global__ void scatter_axpy_kernel(float *y, const float *__restrict__ x, scatter_args a, int dim)
+{
+    float *yr = y + (size_t)a.row[blockIdx.x] * dim;
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float w = a.w[blockIdx.x];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] += w * xr[i];
 }
 
 __global__ void get_row_kernel(uint32_t type, const uint8_t *__restrict__ row, float *__restrict__ out, int n)
@@ -220,23 +237,29 @@ static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float 
     CU_LAUNCH(c, "rmsnorm_kernel");
 }
 
-static void cu_rope(void *ctx, float *vec, int n_heads, int head_dim, int pos, float theta, enum rope_kind kind)
+static void cu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, float theta,
+                    enum rope_kind kind)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int work = n_heads * (head_dim / 2);
-    if (!enter(c) || work <= 0)
+    if (!enter(c) || work <= 0 || n <= 0)
         return;
-    rope_kernel<<<(work + 127) / 128, 128, 0, c->st>>>(vec, n_heads, head_dim, pos, theta, kind == ROPE_NEOX);
+    if (n > 65535) {
+        cuda_fail(c, cudaErrorInvalidValue, "rope (over 65535 tokens in one call)", __FILE__, __LINE__);
+        return;
+    }
+    dim3 grid((unsigned)((work + 127) / 128), (unsigned)n);
+    rope_kernel<<<grid, 128, 0, c->st>>>(vec, n_heads, head_dim, pos, theta, kind == ROPE_NEOX);
     CU_LAUNCH(c, "rope_kernel");
 }
 
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                         float *att, int pos, int n_head, int n_head_kv, int head_dim)
+                         float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     (void)att;
-    if (enter(c))
-        cuda_attention(c, q, k_cache, v_cache, out, pos, n_head, n_head_kv, head_dim);
+    if (enter(c) && n > 0)
+        cuda_attention(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim);
 }
 
 static void cu_swiglu(void *ctx, float *gate, const float *up, int n)
@@ -255,6 +278,23 @@ static void cu_axpy(void *ctx, float *y, const float *x, float a, int n)
         return;
     axpy_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(y, x, a, (size_t)n);
     CU_LAUNCH(c, "axpy_kernel");
+}
+
+static void cu_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n, int dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0 || dim <= 0)
+        return;
+    int block = dim < 256 ? ((dim + 31) & ~31) : 256;
+    for (int i0 = 0; i0 < n; i0 += SCATTER_MAX) {
+        int k = n - i0 < SCATTER_MAX ? n - i0 : SCATTER_MAX;
+        scatter_args a;
+        memcpy(a.row, rows + i0, sizeof(int) * (size_t)k);
+        memcpy(a.w, w + i0, sizeof(float) * (size_t)k);
+        scatter_axpy_kernel<<<k, block, 0, c->st>>>(y, x + (size_t)i0 * dim, a, dim);
+        if (!CU_LAUNCH(c, "scatter_axpy_kernel"))
+            return;
+    }
 }
 
 static void cu_get_row(void *ctx, const struct tensor *t, int id, float *out)
@@ -330,6 +370,7 @@ static const struct backend_i cuda_iface = {
     .attention = cu_attention,
     .swiglu = cu_swiglu,
     .axpy = cu_axpy,
+    .scatter_axpy = cu_scatter_axpy,
     .get_row = cu_get_row,
     .upload = cu_upload,
     .download = cu_download,

@@ -57,8 +57,9 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
 
 /* ---- launchers implemented in matmul.cu / attention.cu ---- */
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
+/* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
-                    float *out, int pos, int n_head, int n_head_kv, int head_dim);
+                    float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* mmq_mma.cu: y = W x on the int8 tensor cores from x quantised by quantize_q8_kernel<true>
  * (q8_0 or q4_0 W, 4-byte aligned); cuda_mmq_min_n() is the smallest n that cuda_matmul
  * sends there. False if the launch failed (recorded in c). */
@@ -67,6 +68,10 @@ bool cuda_mmq_mma(struct cuda_ctx *c, uint32_t type, const uint8_t *W, size_t ro
 int cuda_mmq_min_n(void);
 /* bytes of part (split-K partial sums) that cuda_mmq_mma needs for this product; 0 = none */
 size_t cuda_mmq_scratch(struct cuda_ctx *c, int rows, int nb, int n);
+/* attention_prefill.cu: the tiled kernel for a chunk, one launch. false: not launched (shape
+ * it does not take; nothing queued, c->err untouched) so the caller runs it token by token. */
+bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+                            float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
                  float *y);
