@@ -158,6 +158,11 @@ print(f"tide capped: expert slots {v['expert_slots']} of {full_slots} "
 decode("capped warm-up", 1, 7, 1.0)
 dcs = decode("capped", 3, 30, 1.0)
 dc = decode("capped", 2, 8)
+# regrow: the reserve lifted; the engine maps the segments back and refills them from the pinned
+# host copies (it waits for the copies, so the logged time includes them)
+t = time.time(); post("/v1/vram", {"reserve_mib": None}); wall = time.time() - t
+v2 = vram()
+print(f"tide restore: expert slots {v2['expert_slots']} of {full_slots}, POST answered in {wall * 1e3:.1f} ms")
 avg = lambda xs, k: sum(x[k] for x in xs) / len(xs)
 res = {"prefill_tok_s": sum(pf) / len(pf), "decode_tok_s": avg(dr, 0), "decode_sampled_tok_s": avg(drs, 0),
        "capped_sampled_tok_s": avg(dcs, 0), "capped_sampled_hit": avg(dcs, 1),

@@ -76,6 +76,10 @@ struct backend_i {
      * bit for bit. x NULL is a probe (as in moe_ffn). NULL when the backend has no such form. */
     int (*moe_ffn_table)(void *ctx, const struct expert_weights *shape, const void *const *table,
                          const int32_t *routed, int k, const float *x, float *y);
+    /* Host memory that download fills at full speed (page-locked on a GPU), for the buffers a
+     * step downloads every token; NULL on failure. NULL slots: plain malloc/free serve. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 };
 
 struct backend {

@@ -284,7 +284,18 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->moe_tok = malloc(B * nu * sizeof(int));
     s->moe_tokw = malloc(B * nu * sizeof(float));
     s->moe_off = malloc((d.ne + 1) * sizeof(int));
-    s->logits = malloc(d.V * sizeof(float));
+    /* downloaded every token: page-locked when the last stage's backend offers it */
+    const struct backend_i *li = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be.i : sp[n_stage - 1].be.i;
+    void *lctx = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be.ctx : sp[n_stage - 1].be.ctx;
+    if (li && li->host_alloc) {
+        s->logits = li->host_alloc(lctx, d.V * sizeof(float));
+        if (s->logits) {
+            s->logits_free = li->host_free;
+            s->logits_ctx = lctx;
+        }
+    }
+    if (!s->logits)
+        s->logits = malloc(d.V * sizeof(float));
     if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
         !s->logits) {
         forward_free(s);
@@ -323,7 +334,10 @@ void forward_free(struct forward_state *s)
     free(s->moe_tok);
     free(s->moe_tokw);
     free(s->moe_off);
-    free(s->logits);
+    if (s->logits_free)
+        s->logits_free(s->logits_ctx, s->logits);
+    else
+        free(s->logits);
     memset(s, 0, sizeof *s);
 }
 

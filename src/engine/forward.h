@@ -87,6 +87,8 @@ struct forward_state {
     float *moe_tokw;     /* (max_batch * n_expert_used) their weights for it */
     int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
     float *logits;       /* (n_vocab) the last token's logits */
+    void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
+    void *logits_ctx;
     uint64_t n_expert_calls;
 };
 

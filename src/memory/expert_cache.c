@@ -349,8 +349,12 @@ int expert_cache_resize(struct expert_cache *c, int n_seg)
         c->seg[c->n_seg++] = p;
         grew = true;
     }
-    if (grew)
+    if (grew) {
         refill(c);
+        /* the refill copies run on the device's copy stream; wait for them, so a regrow is
+         * done (and its time honest) when this returns - the next step would wait anyway */
+        c->dev->be.i->sync(c->dev->be.ctx);
+    }
     c->staging_key = -1;
     return c->n_seg;
 }

@@ -243,8 +243,10 @@ static void vram_run(struct job *j, void *ctx)
     struct memory_plan *p = &rt->eng.mem;
     double t0 = tide_now();
     size_t before = 0, after = 0;
+    uint64_t copied = 0;
     for (int i = 0; i < p->n_dev; i++) {
         before += expert_cache_bytes(&p->cache[i]);
+        copied -= p->cache[i].bytes_copied;
         if (vr->set[i])
             p->dev[i].reserve = vr->mib[i] < 0 ? p->dev[i].reserve_startup : (size_t)vr->mib[i] << 20;
     }
@@ -252,13 +254,15 @@ static void vram_run(struct job *j, void *ctx)
     if (rt->vision)
         vision_lifecycle_extra(rt->vision, extra);
     int rc = memory_plan_apply(p, extra, shortfall);
-    for (int i = 0; i < p->n_dev; i++)
+    for (int i = 0; i < p->n_dev; i++) {
         after += expert_cache_bytes(&p->cache[i]);
+        copied += p->cache[i].bytes_copied;
+    }
     double dt = tide_now() - t0;
     if (after < before) metrics_observe(METRICS_HANDBACK, dt);
     else if (after > before) metrics_observe(METRICS_REGROW, dt);
-    tide_log("vram: reserve applied in %.1f ms, expert cache %.1f -> %.1f MiB%s", dt * 1e3, before / MIB,
-             after / MIB, rc == 1 ? " (partial)" : "");
+    tide_log("vram: reserve applied in %.1f ms, expert cache %.1f -> %.1f MiB%s, %.1f MiB of experts copied back",
+             dt * 1e3, before / MIB, after / MIB, rc == 1 ? " (partial)" : "", copied / MIB);
     runtime_publish(rt);
     struct vram_snapshot s;
     runtime_snapshot(rt, &s);

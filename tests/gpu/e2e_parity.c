@@ -75,7 +75,7 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     bool have_cache = false;
     int rc = forward_init(&sc, &m, cpu, n_ctx);
     if (!rc && m.cfg.n_expert) {
-        rc = expert_cache_init(&cache, &dev, &m, 0, m.cfg.n_layer, 0, n_seg);
+        rc = expert_cache_init(&cache, &dev, &m, 0, m.cfg.n_layer, 0, n_seg < 0 ? 1 << 20 : n_seg);
         have_cache = rc == 0;
     }
     struct forward_stage_spec sp = {.dev = &dev, .l0 = 0, .l1 = m.cfg.n_layer, .cache = have_cache ? &cache : NULL};
@@ -88,8 +88,11 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     int V = (int)m.cfg.n_vocab;
     keep_V = V;
     *n_layer = (int)m.cfg.n_layer;
-    if (have_cache && n_seg < 0) /* one segment fewer than every expert needs */
+    if (have_cache && n_seg < 0) { /* one segment fewer than every expert needs */
         expert_cache_resize(&cache, cache.n_seg_max - 1);
+        printf("  expert cache one segment short: %d of %d segments, %d slots for %u experts\n", cache.n_seg,
+               cache.n_seg_max, expert_cache_slots(&cache), m.cfg.n_layer * m.cfg.n_expert);
+    }
     int *tok = malloc(sizeof(int) * (n_prompt + n_gen));
     uint64_t s = 12345;
     for (int i = 0; i < n_prompt; i++) {

@@ -360,6 +360,24 @@ static void cu_sync(void *ctx)
         CU(c, cudaStreamSynchronize(c->st));
 }
 
+static void *cu_host_alloc(void *ctx, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    void *p = NULL;
+    if (cuda_use_device(c->dev) != cudaSuccess || cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an answer (callers fall back to malloc), not a broken backend */
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p)
+        cudaFreeHost(p);
+}
+
 static const struct backend_i cuda_iface = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -380,6 +398,8 @@ static const struct backend_i cuda_iface = {
     .moe_ffn = cu_moe_ffn,
     .route = cu_route,
     .moe_ffn_table = cu_moe_ffn_table,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
 };
 
 /* ---- public entry points ---- */
