@@ -29,6 +29,8 @@ struct cuda_ctx {
     cudaEvent_t ev_st, ev_copy;
     void *scratch;           /* stream-ordered workspace: quantised x, attention partials */
     size_t scratch_n;
+    void *sum;               /* a fused-add op's product before the add (stream-ordered too) */
+    size_t sum_n;
     int err;                 /* first failure: 0 or TIDE_EINTERNAL / TIDE_ENOMEM */
     char errmsg[320];
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
@@ -54,9 +56,14 @@ static inline bool cuda_ok(struct cuda_ctx *c, cudaError_t e, const char *call, 
  * stream order, so one op's use is over before the next op's kernels start. Growth frees
  * the old buffer stream-ordered too, so it never synchronises the host. NULL on failure. */
 void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
+/* The same kind of workspace, apart from the scratch (which the product itself uses). */
+void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes);
 
 /* ---- launchers implemented in matmul.cu / attention.cu ---- */
-void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
+/* add: y += W x (backend_i.matmul_add), bit for bit the product, then axpy with a = 1 */
+void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add = false);
+/* backend_i.matmul3 (matmul.cu) */
+void cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n);
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
@@ -74,10 +81,10 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_c
                             float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
-                 float *y);
+                 float *y, bool add);
 /* moe.cu: backend_i.moe_ffn_table and backend_i.route. */
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
-                       const int32_t *routed, int k, const float *x, float *y);
+                       const int32_t *routed, int k, const float *x, float *y, bool add);
 void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out);
 
 /* ---- device helpers ---- */

@@ -9,7 +9,7 @@
  *      blocks (the down product's input, quantised exactly as the CPU backend does);
  *   2. down + weighted sum: a warp takes one output row, its lanes share the k experts'
  *      blocks of that row and the warp sums w[j] * (down_j . h_j) (the CPU's zero-then-axpy
- *      loop in another summation order).
+ *      loop in another summation order), added to y when the caller fuses the residual in.
  * q8_0 and q4_0 weights (dp4a, mmq.cuh); other types report TIDE_EUNSUPPORTED and the
  * forward uses the per-expert ops.
  *
@@ -36,6 +36,7 @@ struct moe_args {
     size_t rb_gu, rb_d; /* row bytes of gate/up (E columns) and down (F columns) */
     int k, E, F;
     bool pairs_gu;
+    bool add; /* y += the sum (the residual add fused in) instead of y = the sum */
 };
 
 /* grid (F / 32, k): block b of expert j -> hq[j*F + 32b ..], hd[j*F/32 + b] */
@@ -134,7 +135,7 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
     }
     acc = warp_sum(acc);
     if (lane == 0)
-        y[r] = acc;
+        y[r] = a.add ? y[r] + acc : acc; /* y + acc: the bits of axpy_kernel's y + 1.0f * acc */
 }
 
 static bool aligned4(const void *p) { return ((uintptr_t)p & 3) == 0; }
@@ -190,7 +191,7 @@ static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const f
 }
 
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
-                 float *y)
+                 float *y, bool add)
 {
     if (c->err)
         return c->err;
@@ -214,13 +215,14 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
     }
     if (!x)
         return 0; /* a probe: these would run fused */
+    a.add = add;
     return moe_launch(c, T, a, x, y);
 }
 
 /* The table form. The table's addresses are the expert cache's slots, 256-byte aligned, so
  * the paired 4-byte loads of moe_shape's pairs_gu are safe without looking at them. */
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
-                       const int32_t *routed, int k, const float *x, float *y)
+                       const int32_t *routed, int k, const float *x, float *y, bool add)
 {
     if (c->err)
         return c->err;
@@ -231,6 +233,7 @@ int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, c
         return 0;
     a.table = table;
     a.routed = routed;
+    a.add = add;
     return moe_launch(c, shape->gate.type, a, x, y);
 }
 
