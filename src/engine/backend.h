@@ -20,8 +20,11 @@ struct backend_i {
      * caller does those two ops. */
     void (*matmul_add)(void *ctx, const struct tensor *w, const float *x, float *y, int n);
     /* y[m](rows_m, n) = w[m] x for m = 0..2, three products of one input (wq, wk, wv) in one
-     * op: each output bit for bit its own matmul. The w[m] share x's width. NULL: three matmuls. */
-    void (*matmul3)(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n);
+     * op: each output bit for bit its own matmul. The w[m] share x's width (cols). With norm
+     * (else NULL), x is first normed as rmsnorm(x, norm, xn, cols, n, eps) does and the
+     * products read xn (n, cols). NULL: the caller runs rmsnorm and three matmuls. */
+    void (*matmul3)(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                    const struct tensor *norm, float eps, float *xn);
     /* out = x / rms(x) * w, per vector of length dim, n vectors. */
     void (*rmsnorm)(void *ctx, const float *x, const struct tensor *w, float *out, int dim,
                     int n, float eps);
@@ -93,6 +96,12 @@ struct backend_i {
      * has no such form. */
     int (*moe_ffn_table)(void *ctx, const struct expert_weights *shape, const void *const *table,
                          const int32_t *routed, int k, const float *x, float *y, bool add);
+    /* route() of one token's router logits (n_expert, backend memory) into routed (2k words),
+     * then moe_ffn_table from it, in one op: the same bits in routed and y as the two ops.
+     * Returns as moe_ffn_table (x NULL: a probe). NULL where the backend has no table form. */
+    int (*moe_ffn_table_route)(void *ctx, const struct expert_weights *shape, const void *const *table,
+                               const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                               float *y, bool add);
 };
 
 struct backend {

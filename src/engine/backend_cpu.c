@@ -565,8 +565,13 @@ static float *cpu_sum_buf(struct cpu_ctx *c, size_t n)
     return c->sum;
 }
 
-static void cpu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n)
+static void cpu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                        const struct tensor *norm, float eps, float *xn)
 {
+    if (norm) {
+        cpu_rmsnorm(ctx, x, norm, xn, (int)w[0]->ne[0], n, eps);
+        x = xn;
+    }
     for (int m = 0; m < 3; m++)
         cpu_matmul(ctx, w[m], x, y[m], n);
 }
@@ -749,6 +754,7 @@ static const struct backend_i cpu_iface = {
     .moe_ffn = cpu_moe_ffn,
     .route = cpu_route,
     .moe_ffn_table = NULL, /* a CPU device computes experts where the cache put them */
+    .moe_ffn_table_route = NULL,
 };
 
 int backend_cpu_init(struct backend *b, int n_threads)

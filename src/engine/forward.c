@@ -382,15 +382,23 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
 
     B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
     int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
-    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
     if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
         struct expert_weights shape;
         model_expert_host(s->m, l, 0, &shape);
-        int rc = B->moe_ffn_table(bc, &shape, expert_cache_table(st->cache, l), routed, k, st->xb, st->x, true);
+        const void *const *tab = expert_cache_table(st->cache, l);
+        int rc = TIDE_EUNSUPPORTED;
+        if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
+            rc = B->moe_ffn_table_route(bc, &shape, tab, st->router, (int)c->n_expert, c->expert_weights_norm,
+                                        routed, k, st->xb, st->x, true);
+        if (rc == TIDE_EUNSUPPORTED) {
+            B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
+            rc = B->moe_ffn_table(bc, &shape, tab, routed, k, st->xb, st->x, true);
+        }
         if (rc == 0)
             s->n_expert_calls += k;
         return rc < 0 ? rc : 1;
     }
+    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
     B->download(bc, s->host_route, routed, sizeof(int32_t) * 2 * (size_t)n * k);
     memcpy(s->moe_sel, s->host_route, sizeof(int32_t) * (size_t)n * k);
     memcpy(s->moe_w, s->host_route + (size_t)n * k, sizeof(float) * (size_t)n * k);
@@ -469,12 +477,12 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
         float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
         float *kpos = kc + (size_t)pos * kvd, *vpos = vc + (size_t)pos * kvd;
 
-        B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
-        if (B->matmul3) { /* one op for the three products of xb */
+        if (B->matmul3) { /* one op: the norm and the three products of xb */
             const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
             float *const y3[3] = {st->q, kpos, vpos};
-            B->matmul3(bc, w3, st->xb, y3, n);
+            B->matmul3(bc, w3, st->x, y3, n, &L->attn_norm, c->rms_eps, st->xb);
         } else {
+            B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
             B->matmul(bc, &L->wq, st->xb, st->q, n);  /* (n, qd) */
             B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
             B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */

@@ -169,6 +169,16 @@ static int full_moe_ffn_table(void *ctx, const struct expert_weights *shape, con
     return rc;
 }
 
+static int full_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
+                                    const float *logits, int n_expert, bool norm, int32_t *routed, int k,
+                                    const float *x, float *y, bool add)
+{
+    int rc = full_gpu.i->moe_ffn_table_route(ctx, shape, table, logits, n_expert, norm, routed, k, x, y, add);
+    if (x && rc == 0)
+        full_fused++;
+    return rc;
+}
+
 int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
                  double lim)
 {
@@ -178,6 +188,8 @@ int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const
     wrap = *gpu.i;
     if (gpu.i->moe_ffn_table)
         wrap.moe_ffn_table = full_moe_ffn_table;
+    if (gpu.i->moe_ffn_table_route)
+        wrap.moe_ffn_table_route = full_moe_ffn_table_route;
     struct backend wb = {&wrap, gpu.ctx};
     const size_t n_keep = 25 * 151936; /* prefill + 24 steps of any preset's vocabulary */
     float *a = malloc(sizeof(float) * n_keep), *b = malloc(sizeof(float) * n_keep);
@@ -320,20 +332,34 @@ static void sh_matmul_add(void *ctx, const struct tensor *w, const float *x, flo
     free((void *)th.data); free(xh); free(yc); free(yg);
 }
 
-/* each of the three outputs against its own CPU matmul */
-static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n)
+/* the normed input against the CPU's rmsnorm, and each output against the CPU's product of
+ * the GPU's normed x (an int8 rounding of x could flip on another normed x) */
+static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                       const struct tensor *norm, float eps, float *xn)
 {
     size_t cols = w[0]->ne[0];
-    float *xh = sh_get(x, sizeof(float) * n * cols), *yc[3];
-    struct tensor th[3];
+    float *xh = sh_get(x, sizeof(float) * n * cols), *yc[3], *xnc = malloc(sizeof(float) * n * cols);
+    struct tensor th[3], nh;
+    if (norm) nh = *norm, nh.data = sh_get(norm->data, norm->row_bytes);
     for (int m = 0; m < 3; m++) {
         size_t rows = w[m]->ne[1] ? w[m]->ne[1] : 1;
         th[m] = *w[m];
         th[m].data = sh_get(w[m]->data, w[m]->row_bytes * rows);
         yc[m] = malloc(sizeof(float) * n * rows);
-        sh_cpu.i->matmul(sh_cpu.ctx, &th[m], xh, yc[m], n);
     }
-    sh_gpu.i->matmul3(sh_gpu.ctx, w, x, y, n);
+    const struct tensor *const wh[3] = {&th[0], &th[1], &th[2]};
+    float *const yh[3] = {yc[0], yc[1], yc[2]};
+    sh_gpu.i->matmul3(sh_gpu.ctx, w, x, y, n, norm, eps, xn);
+    float *in = xh, *xng = NULL;
+    if (norm) { /* the norm against the CPU's; the products from the GPU's normed x (same inputs) */
+        xng = sh_get(xn, sizeof(float) * n * cols);
+        sh_cpu.i->rmsnorm(sh_cpu.ctx, xh, &nh, xnc, (int)cols, n, eps);
+        sh_note(1, "matmul3 norm", rel(xng, xnc, n * cols), 1e-5);
+        free((void *)nh.data);
+        in = xng;
+    }
+    sh_cpu.i->matmul3(sh_cpu.ctx, wh, in, yh, n, NULL, 0.0f, NULL);
+    free(xng);
     for (int m = 0; m < 3; m++) {
         size_t rows = w[m]->ne[1] ? w[m]->ne[1] : 1;
         float *yg = sh_get(y[m], sizeof(float) * n * rows);
@@ -342,7 +368,7 @@ static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *
         sh_note(0, what, rel(yg, yc[m], n * rows), w[m]->type == GGML_TYPE_Q8_0 ? 1e-5 : 1e-3);
         free(yg); free(yc[m]); free((void *)th[m].data);
     }
-    free(xh);
+    free(xh); free(xnc);
 }
 
 static void sh_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *qn, const struct tensor *kn, int n,

@@ -145,66 +145,93 @@ void test_matmul_add(void)
     verdict("matmul_add", ok, "bit for bit matmul + axpy on both backends; max rel err of the product %.3g", worst);
 }
 
-/* matmul3 (wq, wk, wv of one x): each output bit for bit its own matmul on the same backend,
- * and CUDA vs CPU; decode sizes (one launch for q8_0/q4_0) and others (three products). */
+/* matmul3 (wq, wk, wv of one x, normed on the way or not): each output, and the normed x, bit
+ * for bit the separate rmsnorm and matmuls on the same backend, and CUDA vs CPU; decode sizes
+ * (one launch for q8_0/q4_0 with widths over 128) and others (the separate kernels). */
+static bool mm3_case(uint32_t T, const int *shp, bool norm, double *worst)
+{
+    int cols = shp[0], n = shp[4];
+    size_t lx = (size_t)n * cols;
+    float *x = rand_vec(lx, 1.0f), *xd = dev_put(x, lx * 4), *nv = rand_vec(cols, 1.0f);
+    struct tensor nh = {.type = GGML_TYPE_F32, .ne = {(uint64_t)cols, 1}, .data = nv, .row_bytes = (size_t)cols * 4};
+    struct tensor nd = to_dev(&nh);
+    float *xn_c = malloc(lx * 4), *xn_c2 = malloc(lx * 4), *xn_a = dev_put(NULL, lx * 4), *xn_b = dev_put(NULL, lx * 4);
+    dev_poison(xn_a, lx * 4);
+    struct tensor th[3], td[3];
+    float *wf[3], *yc[3], *yc2[3], *ya[3], *yb[3];
+    size_t ly[3];
+    for (int m = 0; m < 3; m++) {
+        int rows = shp[1 + m];
+        ly[m] = (size_t)n * rows;
+        wf[m] = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
+        th[m] = make_tensor(T, cols, rows, wf[m]);
+        td[m] = to_dev(&th[m]);
+        yc[m] = malloc(ly[m] * 4);
+        yc2[m] = malloc(ly[m] * 4);
+        ya[m] = dev_put(NULL, ly[m] * 4);
+        yb[m] = dev_put(NULL, ly[m] * 4);
+        dev_poison(ya[m], ly[m] * 4);
+        dev_poison(yb[m], ly[m] * 4);
+    }
+    const struct tensor *const wh[3] = {&th[0], &th[1], &th[2]}, *const wd[3] = {&td[0], &td[1], &td[2]};
+    float *const yh3[3] = {yc[0], yc[1], yc[2]}, *const yd3[3] = {ya[0], ya[1], ya[2]};
+    cpu.i->matmul3(cpu.ctx, wh, x, yh3, n, norm ? &nh : NULL, 1e-6f, xn_c);
+    gpu.i->matmul3(gpu.ctx, wd, xd, yd3, n, norm ? &nd : NULL, 1e-6f, xn_a);
+    /* the separate ops */
+    const float *in_c = x, *in_g = xd;
+    if (norm) {
+        cpu.i->rmsnorm(cpu.ctx, x, &nh, xn_c2, cols, n, 1e-6f);
+        gpu.i->rmsnorm(gpu.ctx, xd, &nd, xn_b, cols, n, 1e-6f);
+        in_c = xn_c2, in_g = xn_b;
+    }
+    bool ok = true;
+    if (norm) {
+        float *ga = dev_get(xn_a, lx), *gb = dev_get(xn_b, lx);
+        bool same = !memcmp(xn_c, xn_c2, lx * 4) && !memcmp(ga, gb, lx * 4);
+        if (!same) {
+            printf("  matmul3 %s cols %d n %d: the normed x differs from rmsnorm's\n", ggml_type_name(T), cols, n);
+            ok = false;
+        }
+        free(ga); free(gb);
+    }
+    for (int m = 0; m < 3; m++) {
+        cpu.i->matmul(cpu.ctx, &th[m], in_c, yc2[m], n);
+        gpu.i->matmul(gpu.ctx, &td[m], in_g, yb[m], n);
+        float *ga = dev_get(ya[m], ly[m]), *gb = dev_get(yb[m], ly[m]);
+        bool cpu_same = !memcmp(yc[m], yc2[m], ly[m] * 4), gpu_same = !memcmp(ga, gb, ly[m] * 4);
+        double e = relerr(ga, yc[m], ly[m]), lim = T == GGML_TYPE_F16 ? 1e-3 : 1e-2;
+        if (e > *worst) *worst = e;
+        if (!cpu_same || !gpu_same || !(e < lim)) {
+            printf("  matmul3 %s cols %d [%d] rows %d n %d norm %d: cpu %s, cuda %s the separate ops, rel err %.3g\n",
+                   ggml_type_name(T), cols, m, shp[1 + m], n, (int)norm, cpu_same ? "==" : "!=", gpu_same ? "==" : "!=",
+                   e);
+            ok = false;
+        }
+        free(ga); free(gb);
+    }
+    for (int m = 0; m < 3; m++) {
+        gpu.i->free(gpu.ctx, ya[m]); gpu.i->free(gpu.ctx, yb[m]); gpu.i->free(gpu.ctx, (void *)td[m].data);
+        free(wf[m]); free(yc[m]); free(yc2[m]); free((void *)th[m].data);
+    }
+    gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, xn_a); gpu.i->free(gpu.ctx, xn_b);
+    gpu.i->free(gpu.ctx, (void *)nd.data);
+    free(x); free(nv); free(xn_c); free(xn_c2);
+    return ok;
+}
+
 void test_matmul3(void)
 {
     static const uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F16};
     /* cols, rows of wq, wk, wv, n */
     static const int shapes[][5] = {{2048, 4096, 512, 512, 1}, {2048, 4096, 512, 512, 2}, {96, 64, 32, 32, 1},
                                     {256, 100, 37, 37, 2},     {2048, 4096, 512, 512, 5}, {4096, 4096, 1024, 1024, 1},
-                                    {128, 64, 64, 64, 33}};
+                                    {128, 64, 64, 64, 33},     {160, 33, 8, 8, 1}};
     bool ok = cpu.i->matmul3 && gpu.i->matmul3;
     double worst = 0;
-    for (size_t ti = 0; ok && ti < sizeof types / sizeof types[0]; ti++) {
-        uint32_t T = types[ti];
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            int cols = shapes[s][0], n = shapes[s][4];
-            float *x = rand_vec((size_t)n * cols, 1.0f), *xd = dev_put(x, (size_t)n * cols * 4);
-            struct tensor th[3], td[3];
-            float *wf[3], *yc[3], *yc2[3], *ya[3], *yb[3];
-            size_t ly[3];
-            for (int m = 0; m < 3; m++) {
-                int rows = shapes[s][1 + m];
-                ly[m] = (size_t)n * rows;
-                wf[m] = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
-                th[m] = make_tensor(T, cols, rows, wf[m]);
-                td[m] = to_dev(&th[m]);
-                yc[m] = malloc(ly[m] * 4);
-                yc2[m] = malloc(ly[m] * 4);
-                ya[m] = dev_put(NULL, ly[m] * 4);
-                yb[m] = dev_put(NULL, ly[m] * 4);
-                dev_poison(ya[m], ly[m] * 4);
-                dev_poison(yb[m], ly[m] * 4);
-            }
-            const struct tensor *const wh[3] = {&th[0], &th[1], &th[2]}, *const wd[3] = {&td[0], &td[1], &td[2]};
-            float *const yh3[3] = {yc[0], yc[1], yc[2]}, *const yd3[3] = {ya[0], ya[1], ya[2]};
-            cpu.i->matmul3(cpu.ctx, wh, x, yh3, n);
-            gpu.i->matmul3(gpu.ctx, wd, xd, yd3, n);
-            bool c_ok = true;
-            for (int m = 0; m < 3; m++) {
-                cpu.i->matmul(cpu.ctx, &th[m], x, yc2[m], n);
-                gpu.i->matmul(gpu.ctx, &td[m], xd, yb[m], n);
-                float *ga = dev_get(ya[m], ly[m]), *gb = dev_get(yb[m], ly[m]);
-                bool cpu_same = !memcmp(yc[m], yc2[m], ly[m] * 4), gpu_same = !memcmp(ga, gb, ly[m] * 4);
-                double e = relerr(ga, yc[m], ly[m]), lim = T == GGML_TYPE_F16 ? 1e-3 : 1e-2;
-                if (e > worst) worst = e;
-                if (!cpu_same || !gpu_same || !(e < lim)) {
-                    printf("  matmul3 %s cols %d [%d] rows %d n %d: cpu %s, cuda %s matmul, rel err %.3g\n",
-                           ggml_type_name(T), cols, m, shapes[s][1 + m], n, cpu_same ? "==" : "!=",
-                           gpu_same ? "==" : "!=", e);
-                    c_ok = false;
-                }
-                free(ga); free(gb);
-            }
-            ok = ok && c_ok;
-            for (int m = 0; m < 3; m++) {
-                gpu.i->free(gpu.ctx, ya[m]); gpu.i->free(gpu.ctx, yb[m]); gpu.i->free(gpu.ctx, (void *)td[m].data);
-                free(wf[m]); free(yc[m]); free(yc2[m]); free((void *)th[m].data);
-            }
-            gpu.i->free(gpu.ctx, xd);
-            free(x);
-        }
-    }
-    verdict("matmul3", ok, "each output bit for bit its own matmul on both backends; max rel err %.3g", worst);
+    for (size_t ti = 0; ok && ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int norm = 0; norm < 2; norm++)
+                ok = mm3_case(types[ti], shapes[s], norm, &worst) && ok;
+    verdict("matmul3", ok, "outputs and normed x bit for bit the separate ops on both backends; max rel err %.3g",
+            worst);
 }

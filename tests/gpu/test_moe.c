@@ -145,7 +145,7 @@ void test_moe_ffn_table(void)
 {
     static const int cfg[][5] = {{GGML_TYPE_Q8_0, 2048, 768, 8, 128}, {GGML_TYPE_Q8_0, 96, 64, 3, 7},
                                  {GGML_TYPE_Q4_0, 256, 96, 4, 16}, {GGML_TYPE_Q8_0, 128, 64, 16, 40}};
-    bool ok = gpu.i->moe_ffn_table && gpu.i->route;
+    bool ok = gpu.i->moe_ffn_table && gpu.i->route && gpu.i->moe_ffn_table_route;
     for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++) {
         uint32_t T = (uint32_t)cfg[c][0];
         int E = cfg[c][1], F = cfg[c][2], k = cfg[c][3], NE = cfg[c][4];
@@ -202,21 +202,34 @@ void test_moe_ffn_table(void)
         if (!same_add)
             printf("  moe_ffn_table add %s E %d F %d k %d: rc %d/%d, %s\n", ggml_type_name(T), E, F, k, rc3, rc4,
                    "outputs differ");
-        ok = ok && same && same_add;
-        gpu.i->free(gpu.ctx, ra); gpu.i->free(gpu.ctx, rb);
-        free(r0); free(ha); free(hb);
+        /* routing fused in (moe_ffn_table_route): the same route() words and the same y */
+        int32_t *rd2 = dev_put(NULL, sizeof(int32_t) * 2 * k);
+        float *rc0 = rand_vec(E, 1.0f), *rcd = dev_put(rc0, sizeof(float) * E);
+        dev_poison(rd2, sizeof(int32_t) * 2 * k);
+        int rc5 = gpu.i->moe_ffn_table_route(gpu.ctx, &ew[0], tab_d, ld, NE, true, rd2, k, xd, rcd, false);
+        int32_t *rh2 = (int32_t *)dev_get(rd2, 2 * (size_t)k);
+        float *hc = dev_get(rcd, E);
+        bool same_route = rc5 == 0 && !memcmp(rh, rh2, sizeof(int32_t) * 2 * k) && !memcmp(hc, h1, sizeof(float) * E);
+        if (!same_route)
+            printf("  moe_ffn_table_route %s E %d F %d k %d: rc %d, %s\n", ggml_type_name(T), E, F, k, rc5,
+                   "routing or outputs differ from route + moe_ffn_table");
+        ok = ok && same && same_add && same_route;
+        gpu.i->free(gpu.ctx, ra); gpu.i->free(gpu.ctx, rb); gpu.i->free(gpu.ctx, rd2); gpu.i->free(gpu.ctx, rcd);
+        free(r0); free(ha); free(hb); free(rc0); free(rh2); free(hc);
         gpu.i->free(gpu.ctx, ex); gpu.i->free(gpu.ctx, tab_d); gpu.i->free(gpu.ctx, ld); gpu.i->free(gpu.ctx, rd);
         gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, y1); gpu.i->free(gpu.ctx, y2);
         free(tab); free(ew); free(lg); free(rh); free(x); free(h1); free(h2);
     }
-    verdict("moe_ffn_table", ok, "%.0f cases, each bit for bit the moe_ffn result, = and +=", (double)(sizeof cfg / sizeof cfg[0]));
+    verdict("moe_ffn_table", ok, "%.0f cases, each bit for bit the moe_ffn result, = and +=, routing fused or not",
+            (double)(sizeof cfg / sizeof cfg[0]));
 }
 
 #ifdef TIDE_CUDA
 /* mode 0: experts op by op; 1: the fused op, routing on the host (a download a layer);
  * 2: routing on the device and the experts from a device table (the resident decode step),
- * with the forward's fused ops: wq/wk/wv in one launch, q/k norms + rope in one op, the
- * residual adds inside the wo product and the MoE; 3: mode 2 with those as separate ops (the step before the fusion) */
+ * with the forward's fused ops: attention norm + wq/wk/wv in one launch, q/k norms + rope in
+ * one op, the routing inside the MoE's first launch, the residual adds inside the wo product
+ * and the MoE; 3: mode 2 with those as separate ops (the step before the fusion) */
 void bench_decode(double d2d, int mode)
 {
     static const char *const names[] = {"bench_decode", "bench_decode_fused", "bench_decode_table",
@@ -291,12 +304,12 @@ void bench_decode(double d2d, int mode)
             struct tensor wv = {T, {E, KVD}, p, rb_e}; p += rb_e * KVD;
             struct tensor wo = {T, {QD, E}, p, rb_q}; p += rb_q * E;
             float *kl = kc + (size_t)l * (P + 1) * KVD, *vl = kc + (size_t)(L + l) * (P + 1) * KVD;
-            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
             if (fuse_ops) {
                 const struct tensor *const w3[3] = {&wq, &wk, &wv};
                 float *const y3[3] = {q, kl + (size_t)P * KVD, vl + (size_t)P * KVD};
-                gpu.i->matmul3(gpu.ctx, w3, xb, y3, 1);
+                gpu.i->matmul3(gpu.ctx, w3, x, y3, 1, &nw, 1e-6f, xb);
             } else {
+                gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
                 gpu.i->matmul(gpu.ctx, &wq, xb, q, 1);
                 gpu.i->matmul(gpu.ctx, &wk, xb, kl + (size_t)P * KVD, 1);
                 gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
@@ -325,9 +338,13 @@ void bench_decode(double d2d, int mode)
                 struct tensor g = {T, {E, F}, p, rb_e}, u = {T, {E, F}, p + rb_e * F, rb_e};
                 struct tensor d = {T, {F, E}, p + 2 * rb_e * F, rb_f};
                 struct expert_weights shape = {g, u, d};
-                gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
                 const void *const *tl = (const void *const *)tab_d + (size_t)l * NE * 3;
-                gpu.i->moe_ffn_table(gpu.ctx, &shape, tl, rl, K, xb, fuse_ops ? x : mo, fuse_ops);
+                if (fuse_ops) {
+                    gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, NE, true, rl, K, xb, x, true);
+                } else {
+                    gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
+                    gpu.i->moe_ffn_table(gpu.ctx, &shape, tl, rl, K, xb, mo, false);
+                }
                 active += per_expert * K;
                 p += per_expert * NE;
                 if (!fuse_ops)
@@ -375,7 +392,7 @@ void bench_decode(double d2d, int mode)
     printf("  decode step (Qwen3-30B-A3B shape, q8_0, pos %d, %s):\n"
            "    %.3f ms/token = %.1f tok/s; active bytes %.2f GB/token; roofline at d2d %.0f GB/s: %.3f ms "
            "(%.0f tok/s) -> %.0f%% of roofline\n",
-           P, fuse_ops ? "routing on the device, experts from the device table, fused qkv, norm/rope and residual adds" : table ? "routing on the device, experts from the device table" : fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
+           P, fuse_ops ? "routing on the device, experts from the device table, fused norm+qkv, qk norm+rope, route+moe, residual adds" : table ? "routing on the device, experts from the device table" : fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
     float xf[4];
     gpu.i->download(gpu.ctx, xf, x, sizeof xf); /* before act is freed */
     gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, kc); gpu.i->free(gpu.ctx, act);

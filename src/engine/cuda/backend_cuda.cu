@@ -81,33 +81,6 @@ static inline bool enter(struct cuda_ctx *c)
 
 /* ---- kernels ---- */
 
-/* The block size rmsnorm runs a vector of dim with: the reduction order, and so the bits,
- * depend on it, and qk_norm_rope_kernel must reduce as rmsnorm_kernel does. */
-static int norm_block(int dim) { return dim <= 32 ? 32 : dim <= 128 ? 128 : 256; }
-
-/* 1 / sqrt(mean(v^2) + eps) as rmsnorm_kernel computes it: f32 sum of squares per thread
- * (stride blockDim), reduced across the CTA through red (32 shared floats). Every thread of
- * the CTA calls it, once per kernel (red is not free again on return). */
-__device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, float *red)
-{
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        ss = fmaf(v[i], v[i], ss);
-    ss = warp_sum(ss);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0)
-        red[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < nw ? red[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0)
-            red[0] = t;
-    }
-    __syncthreads();
-    return 1.0f / sqrtf(red[0] / (float)dim + eps);
-}
-
 /* One CTA per vector (block size norm_block(dim)). */
 __global__ void rmsnorm_kernel(const float *__restrict__ x, uint32_t wtype, const uint8_t *__restrict__ w,
                                float *out, int dim, float eps)
@@ -266,11 +239,16 @@ static void cu_matmul(void *ctx, const struct tensor *w, const float *x, float *
         cuda_matmul(c, w, x, y, n);
 }
 
-static void cu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n)
+static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps);
+
+static void cu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                       const struct tensor *norm, float eps, float *xn)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (enter(c))
-        cuda_matmul3(c, w, x, y, n);
+    if (!enter(c) || cuda_matmul3(c, w, x, y, n, norm, eps, xn))
+        return;
+    cu_rmsnorm(ctx, x, norm, xn, (int)w[0]->ne[0], n, eps); /* the norm did not fuse: first, alone */
+    cuda_matmul3(c, w, xn, y, n, NULL, 0.0f, NULL);
 }
 
 static void cu_matmul_add(void *ctx, const struct tensor *w, const float *x, float *y, int n)
@@ -297,6 +275,16 @@ static int cu_moe_ffn_table(void *ctx, const struct expert_weights *shape, const
     if (!enter(c))
         return c->err;
     return cuda_moe_ffn_table(c, shape, table, routed, k, x, y, add);
+}
+
+static int cu_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
+                                  const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                                  float *y, bool add)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    return cuda_moe_ffn_table_route(c, shape, table, logits, n_expert, norm, routed, k, x, y, add);
 }
 
 static void cu_route(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
@@ -482,6 +470,7 @@ static const struct backend_i cuda_iface = {
     .moe_ffn = cu_moe_ffn,
     .route = cu_route,
     .moe_ffn_table = cu_moe_ffn_table,
+    .moe_ffn_table_route = cu_moe_ffn_table_route,
 };
 
 /* ---- public entry points ---- */

@@ -72,8 +72,12 @@ mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, b
  * formula as quantize_q8_kernel), then each warp dots rpw rows. One launch per product
  * instead of two: decode issues thousands of small products per token, and launches, not
  * bytes, bound it. The two halves are device functions so that the three-matrix form below
- * runs the same instructions. */
-__device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int total, int8_t *xq, float *xd)
+ * runs the same instructions. NORM: x is first normed, element e of token t as rmsnorm_kernel
+ * writes it (x * sc[t] * nw[e % cols]), and CTA 0 writes the normed x to xn. */
+template <bool NORM>
+__device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int total, int8_t *xq, float *xd,
+                                                int cols = 0, const float *sc = nullptr, uint32_t ntype = 0,
+                                                const uint8_t *nw = nullptr, float *xn = nullptr)
 {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int base = 0; base < total; base += MMQ_WARPS * 32 * 4) {
@@ -82,6 +86,12 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
         for (int k = 0; k < 4; k++) { /* all loads first, then the reductions */
             int e = base + k * MMQ_WARPS * 32 + tid;
             v[k] = e < total ? __ldg(x + e) : 0.0f;
+            if (NORM && e < total) {
+                int t = e / cols;
+                v[k] = v[k] * sc[t] * row_elem(ntype, nw, e - t * cols);
+                if (blockIdx.x == 0)
+                    xn[e] = v[k];
+            }
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -135,13 +145,15 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
     int nb = cols / QK, total = nt * cols;
     int8_t *xq = (int8_t *)smq;                                   /* (nt, cols) */
     float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15)); /* (nt, nb) */
-    quantize_x_smem(x, total, xq, xd);
+    quantize_x_smem<false>(x, total, xq, xd);
     mmvq_rows<QT>(W, row_bytes, rows, nb, pairs, xq, xd, nt, y, rpw, add, blockIdx.x);
 }
 
 /* backend_i.matmul3: three products of one x (wq, wk, wv) in one grid. CTAs start[m] ..
  * start[m + 1) - 1 take matrix m, each as mmvq_fused_kernel would with rpw = 1, so every
- * row gets the bits of its own matmul. */
+ * row gets the bits of its own matmul. With nw (the attention norm's weight; needs
+ * norm_block(cols) == the CTA size, so that rms_scale reduces as rmsnorm_kernel), every CTA
+ * first computes each token's rms scale: the rmsnorm's launch folded into the product's. */
 struct mm3_args {
     const uint8_t *W[3];
     size_t row_bytes[3];
@@ -149,6 +161,10 @@ struct mm3_args {
     int rows[3];
     int start[4];
     bool pairs[3];
+    const uint8_t *nw; /* norm weight, or NULL */
+    uint32_t ntype;
+    float eps;
+    float *xn;         /* the normed x (nt, cols), written by CTA 0 */
 };
 
 template <int QT>
@@ -168,7 +184,18 @@ mmvq_fused3_kernel(const mm3_args a, int cols, const float *__restrict__ x, int 
     int rows = PICK(rows), first = PICK(start);
     bool pairs = PICK(pairs);
 #undef PICK
-    quantize_x_smem(x, total, xq, xd);
+    if (a.nw) { /* grid-uniform */
+        __shared__ float red[32], sc[MM_NT];
+        for (int t = 0; t < nt; t++) {
+            float s = rms_scale(x + (size_t)t * cols, cols, a.eps, red);
+            if (threadIdx.x == 0)
+                sc[t] = s;
+            __syncthreads(); /* sc[t] visible; every thread has read red before the next token */
+        }
+        quantize_x_smem<true>(x, total, xq, xd, cols, sc, a.ntype, a.nw, a.xn);
+    } else {
+        quantize_x_smem<false>(x, total, xq, xd);
+    }
     mmvq_rows<QT>(W, rb, rows, nb, pairs, xq, xd, nt, y, 1, false, b - first);
 }
 
@@ -639,19 +666,25 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
 }
 
 /* backend_i.matmul3: y[m] = w[m] x for m = 0..2. Decode (n <= 2) with q8_0 / q4_0 weights of
- * one type and width runs in one launch (mmvq_fused3_kernel); anything else as three
- * products. Either way each output has the bits of its own cuda_matmul. */
-void cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n)
+ * one type and width runs in one launch (mmvq_fused3_kernel), the rmsnorm included; anything
+ * else as three products, and with a norm not at all (false: the caller norms first). Either
+ * way each output has the bits of its own cuda_matmul. */
+bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                  const struct tensor *norm, float eps, float *xn)
 {
     if (c->err || n <= 0)
-        return;
+        return true;
     uint32_t type = w[0]->type;
     int cols = (int)w[0]->ne[0], nb = cols / QK;
     bool one = n <= 2 && (type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && cols % QK == 0;
     size_t sm = (((size_t)n * cols + 15) & ~(size_t)15) + (size_t)n * nb * sizeof(float);
-    one = one && sm <= 48 * 1024;
+    one = one && sm <= 48 * 1024 && (!norm || norm_block(cols) == MMQ_WARPS * 32);
     mm3_args a;
     a.start[0] = 0;
+    a.nw = norm ? (const uint8_t *)norm->data : NULL;
+    a.ntype = norm ? norm->type : 0;
+    a.eps = eps;
+    a.xn = xn;
     for (int m = 0; m < 3 && one; m++) {
         int rows = (int)w[m]->ne[1];
         one = w[m]->type == type && (int)w[m]->ne[0] == cols && rows > 0;
@@ -662,14 +695,17 @@ void cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
         a.pairs[m] = nb % 2 == 0 && (((uintptr_t)a.W[m] | a.row_bytes[m]) & 3) == 0;
         a.start[m + 1] = a.start[m] + (rows + MMQ_WARPS - 1) / MMQ_WARPS;
     }
+    if (!one && norm)
+        return false;
     if (!one) {
         for (int m = 0; m < 3; m++)
             cuda_matmul(c, w[m], x, y[m], n);
-        return;
+        return true;
     }
     if (type == GGML_TYPE_Q8_0)
         mmvq_fused3_kernel<8><<<a.start[3], MMQ_WARPS * 32, sm, c->st>>>(a, cols, x, n);
     else
         mmvq_fused3_kernel<2><<<a.start[3], MMQ_WARPS * 32, sm, c->st>>>(a, cols, x, n);
     CU_LAUNCH(c, "mmvq_fused3_kernel");
+    return true;
 }
