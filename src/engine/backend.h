@@ -15,6 +15,16 @@ struct backend_i {
     void (*free)(void *ctx, void *ptr);
     /* y(rows, n) = W x(cols, n): x and y are n vectors laid out one after another. */
     void (*matmul)(void *ctx, const struct tensor *w, const float *x, float *y, int n);
+    /* y(rows, n) += W x: the residual add fused into the product that feeds it. Bit for bit
+     * matmul into a temporary, then axpy(y, tmp, 1.0f) (a * x is exact for a = 1). NULL: the
+     * caller does those two ops. */
+    void (*matmul_add)(void *ctx, const struct tensor *w, const float *x, float *y, int n);
+    /* y[m](rows_m, n) = w[m] x for m = 0..2, three products of one input (wq, wk, wv) in one
+     * op: each output bit for bit its own matmul. The w[m] share x's width (cols). With norm
+     * (else NULL), x is first normed as rmsnorm(x, norm, xn, cols, n, eps) does and the
+     * products read xn (n, cols). NULL: the caller runs rmsnorm and three matmuls. */
+    void (*matmul3)(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                    const struct tensor *norm, float eps, float *xn);
     /* out = x / rms(x) * w, per vector of length dim, n vectors. */
     void (*rmsnorm)(void *ctx, const float *x, const struct tensor *w, float *out, int dim,
                     int n, float eps);
@@ -22,6 +32,13 @@ struct backend_i {
      * vec (n, n_heads*head_dim). */
     void (*rope)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, float theta,
                  enum rope_kind kind);
+    /* The attention's head norms and rope in one op, n tokens at positions pos..: q (n,
+     * n_head*head_dim) and k (n, n_head_kv*head_dim) in place; each head rmsnormed by q_norm /
+     * k_norm (head_dim weights; NULL: no norm, as llama) and then rotated. Bit for bit the
+     * rmsnorm(q), rmsnorm(k), rope(q), rope(k) ops it stands for. NULL: the caller runs those. */
+    void (*qk_norm_rope)(void *ctx, float *q, float *k, const struct tensor *q_norm,
+                         const struct tensor *k_norm, int n, int n_head, int n_head_kv, int head_dim,
+                         int pos, float theta, enum rope_kind kind, float eps);
     /* Causal attention for n query tokens at positions pos..pos+n-1: token t attends to kv
      * positions 0..pos+t. q, out (n, n_head*head_dim); k_cache/v_cache (n_ctx,
      * n_head_kv*head_dim) for this layer, rows 0..pos+n-1 already written; att scratch
@@ -58,9 +75,11 @@ struct backend_i {
      * scratch a backend may use. Returns 0, or TIDE_EUNSUPPORTED with nothing done (types or
      * shapes it does not fuse: the caller runs the per-expert ops), or another negative code.
      * x NULL is a probe: nothing runs, the answer says whether views of these types and
-     * shapes would (ex may then be host views). NULL when the backend has no fused form. */
+     * shapes would (ex may then be host views). NULL when the backend has no fused form.
+     * add: y += that sum instead (the residual add fused in), bit for bit the sum into a
+     * temporary, then axpy(y, tmp, 1.0f). */
     int (*moe_ffn)(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
-                   float *y, float *hb, float *hb2, float *tmp);
+                   float *y, float *hb, float *hb2, float *tmp, bool add);
     /* Top-k routing of n tokens from their router logits (n, n_expert), all in backend memory.
      * out (backend memory) receives sel (n, k) int32, each token's k experts in ascending
      * index order, then w (n, k) f32, their weights: softmax over all n_expert logits, the top
@@ -73,9 +92,16 @@ struct backend_i {
      * data (3 pointers an expert, every one valid); routed is one token's route() output (k
      * ids, then k weights). shape gives the types and shapes (any expert of the layer). Same
      * arithmetic as moe_ffn with the same experts and weights, so the two are interchangeable
-     * bit for bit. x NULL is a probe (as in moe_ffn). NULL when the backend has no such form. */
+     * bit for bit. x NULL is a probe (as in moe_ffn). add as in moe_ffn. NULL when the backend
+     * has no such form. */
     int (*moe_ffn_table)(void *ctx, const struct expert_weights *shape, const void *const *table,
-                         const int32_t *routed, int k, const float *x, float *y);
+                         const int32_t *routed, int k, const float *x, float *y, bool add);
+    /* route() of one token's router logits (n_expert, backend memory) into routed (2k words),
+     * then moe_ffn_table from it, in one op: the same bits in routed and y as the two ops.
+     * Returns as moe_ffn_table (x NULL: a probe). NULL where the backend has no table form. */
+    int (*moe_ffn_table_route)(void *ctx, const struct expert_weights *shape, const void *const *table,
+                               const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                               float *y, bool add);
     /* Host memory that download fills at full speed (page-locked on a GPU), for the buffers a
      * step downloads every token; NULL on failure. NULL slots: plain malloc/free serve. */
     void *(*host_alloc)(void *ctx, size_t bytes);

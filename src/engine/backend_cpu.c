@@ -43,6 +43,8 @@ struct cpu_ctx {
     size_t *scratch_n;
     struct blk_q8 *xq;       /* quantised input (n * cols/QK blocks) */
     size_t xq_n;
+    float *sum;              /* the fused-add slots' result before it is added (sum_n floats) */
+    size_t sum_n;
     pthread_mutex_t maps_mu; /* big_maps is used by alloc/free from any thread */
     struct big_map *big_maps; /* (n_big_maps) live mappings made by cpu_alloc */
     int n_big_maps, cap_big_maps;
@@ -462,6 +464,19 @@ static void cpu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, in
         rope_one(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, pos + t, theta, kind);
 }
 
+/* backend_i.qk_norm_rope: the ops it stands for, in the forward's old order. */
+static void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *q_norm, const struct tensor *k_norm,
+                             int n, int n_head, int n_head_kv, int head_dim, int pos, float theta,
+                             enum rope_kind kind, float eps)
+{
+    if (q_norm)
+        cpu_rmsnorm(ctx, q, q_norm, q, head_dim, n * n_head, eps);
+    if (k_norm)
+        cpu_rmsnorm(ctx, k, k_norm, k, head_dim, n * n_head_kv, eps);
+    cpu_rope(ctx, q, n, n_head, head_dim, pos, theta, kind);
+    cpu_rope(ctx, k, n, n_head_kv, head_dim, pos, theta, kind);
+}
+
 struct att_job {
     const float *q, *k_cache, *v_cache;
     float *out, *att;
@@ -539,6 +554,40 @@ static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n)
         y[i] += a * x[i];
 }
 
+/* The product of a fused-add slot before the add: a buffer of the engine thread's context. */
+static float *cpu_sum_buf(struct cpu_ctx *c, size_t n)
+{
+    if (c->sum_n < n) {
+        free(c->sum);
+        c->sum = malloc(n * sizeof(float));
+        c->sum_n = c->sum ? n : 0;
+    }
+    return c->sum;
+}
+
+static void cpu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                        const struct tensor *norm, float eps, float *xn)
+{
+    if (norm) {
+        cpu_rmsnorm(ctx, x, norm, xn, (int)w[0]->ne[0], n, eps);
+        x = xn;
+    }
+    for (int m = 0; m < 3; m++)
+        cpu_matmul(ctx, w[m], x, y[m], n);
+}
+
+/* y += W x as the two ops it stands for (matmul into a buffer, axpy with a = 1), so the CPU
+ * results of a fused forward are the bits of the unfused one. */
+static void cpu_matmul_add(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    size_t len = (size_t)n * (w->ne[1] ? w->ne[1] : 1);
+    float *t = cpu_sum_buf(ctx, len);
+    if (!t)
+        return;
+    cpu_matmul(ctx, w, x, t, n);
+    cpu_axpy(ctx, y, t, 1.0f, (int)len);
+}
+
 static void cpu_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n,
                              int dim)
 {
@@ -612,11 +661,14 @@ static void cpu_sync(void *ctx) { (void)ctx; }
 
 /* The fused MoE slot as the per-expert ops it stands for (the CUDA form must match this). */
 static int cpu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
-                       float *y, float *hb, float *hb2, float *tmp)
+                       float *y, float *hb, float *hb2, float *tmp, bool add)
 {
     int E = (int)ex[0].gate.ne[0], F = (int)ex[0].gate.ne[1];
     if (!x)
         return 0; /* a probe: every type runs here */
+    float *out = y;
+    if (add && !(y = cpu_sum_buf(ctx, (size_t)E))) /* the sum first, then y += sum */
+        return TIDE_ENOMEM;
     cpu_zero(ctx, y, E);
     for (int j = 0; j < k; j++) {
         cpu_matmul(ctx, &ex[j].gate, x, hb, 1);
@@ -625,6 +677,8 @@ static int cpu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *
         cpu_matmul(ctx, &ex[j].down, hb, tmp, 1);
         cpu_axpy(ctx, y, tmp, w[j], E);
     }
+    if (add)
+        cpu_axpy(ctx, out, y, 1.0f, E);
     return 0;
 }
 
@@ -682,8 +736,11 @@ static const struct backend_i cpu_iface = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .matmul = cpu_matmul,
+    .matmul_add = cpu_matmul_add,
+    .matmul3 = cpu_matmul3,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
+    .qk_norm_rope = cpu_qk_norm_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
@@ -697,6 +754,7 @@ static const struct backend_i cpu_iface = {
     .moe_ffn = cpu_moe_ffn,
     .route = cpu_route,
     .moe_ffn_table = NULL, /* a CPU device computes experts where the cache put them */
+    .moe_ffn_table_route = NULL,
 };
 
 int backend_cpu_init(struct backend *b, int n_threads)
@@ -760,6 +818,7 @@ void backend_cpu_free(struct backend *b)
     free(c->scratch_n);
     free(c->threads);
     free(c->xq);
+    free(c->sum);
     pthread_mutex_destroy(&c->mu);
     for (int i = 0; i < c->n_big_maps; i++) /* buffers the owner never freed */
         munmap(c->big_maps[i].raw, c->big_maps[i].len);

@@ -220,7 +220,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
         struct expert_weights ew;
         model_expert_host(m, l, 0, &ew);
         st->table_ok = st->be.i->moe_ffn_table(st->be.ctx, &ew, NULL, NULL, (int)m->cfg.n_expert_used, NULL,
-                                               NULL) == 0;
+                                               NULL, false) == 0;
     }
     use_bufs(st, &st->dec);
     return 0;
@@ -358,7 +358,7 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
      * looked up in the cache once, by the per-expert path, and the hit counts stay true */
     for (int j = 0; j < k; j++)
         model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
-    int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL);
+    int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL, false);
     if (rc < 0)
         return rc;
     for (int j = 0; j < k; j++) {
@@ -370,7 +370,8 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
             model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
         }
     }
-    rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, st->xb, st->moe_out, st->hb, st->hb2, st->xb2);
+    /* the residual add fused in: x += the experts' sum */
+    rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, st->xb, st->x, st->hb, st->hb2, st->xb2, true);
     if (rc == 0)
         s->n_expert_calls += k;
     return rc;
@@ -383,7 +384,8 @@ static int32_t *layer_route(const struct forward_state *s, const struct forward_
     return st->route + ((size_t)s->max_batch + (l - st->l0)) * row;
 }
 
-/* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E). */
+/* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E), returning 0; or, returning
+ * 1, already added into x (the fused decode forms: one launch fewer than an axpy after). */
 static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
 {
     const struct model_config *c = &s->m->cfg;
@@ -394,22 +396,30 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
 
     B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
     int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
-    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
     if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
         struct expert_weights shape;
         model_expert_host(s->m, l, 0, &shape);
-        int rc = B->moe_ffn_table(bc, &shape, expert_cache_table(st->cache, l), routed, k, st->xb, st->moe_out);
+        const void *const *tab = expert_cache_table(st->cache, l);
+        int rc = TIDE_EUNSUPPORTED;
+        if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
+            rc = B->moe_ffn_table_route(bc, &shape, tab, st->router, (int)c->n_expert, c->expert_weights_norm,
+                                        routed, k, st->xb, st->x, true);
+        if (rc == TIDE_EUNSUPPORTED) {
+            B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
+            rc = B->moe_ffn_table(bc, &shape, tab, routed, k, st->xb, st->x, true);
+        }
         if (rc == 0)
             s->n_expert_calls += k;
-        return rc;
+        return rc < 0 ? rc : 1;
     }
+    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
     B->download(bc, s->host_route, routed, sizeof(int32_t) * 2 * (size_t)n * k);
     memcpy(s->moe_sel, s->host_route, sizeof(int32_t) * (size_t)n * k);
     memcpy(s->moe_w, s->host_route + (size_t)n * k, sizeof(float) * (size_t)n * k);
     if (n == 1 && B->moe_ffn) {
         int rc = moe_ffn_fused(s, st, l);
         if (rc != TIDE_EUNSUPPORTED)
-            return rc;
+            return rc < 0 ? rc : 1;
     }
     B->zero(bc, st->moe_out, n * E);
 
@@ -454,6 +464,19 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     return 0;
 }
 
+/* x (n, rows) += W in: the fused slot when the backend has one, else the product into tmp
+ * and an axpy (the same bits either way). */
+static void matmul_residual(const struct backend_i *B, void *bc, const struct tensor *w, const float *in, float *x,
+                            float *tmp, int n)
+{
+    if (B->matmul_add) {
+        B->matmul_add(bc, w, in, x, n);
+        return;
+    }
+    B->matmul(bc, w, in, tmp, n);
+    B->axpy(bc, x, tmp, 1.0f, n * (int)w->ne[1]);
+}
+
 static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos)
 {
     const struct model_config *c = &s->m->cfg;
@@ -468,34 +491,46 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
         float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
         float *kpos = kc + (size_t)pos * kvd, *vpos = vc + (size_t)pos * kvd;
 
-        B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
-        B->matmul(bc, &L->wq, st->xb, st->q, n);  /* (n, qd) */
-        B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
-        B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */
-        if (L->q_norm.data) /* qwen3: rmsnorm each head before rope */
-            B->rmsnorm(bc, st->q, &L->q_norm, st->q, hd, n * (int)c->n_head, c->rms_eps);
-        if (L->k_norm.data)
-            B->rmsnorm(bc, kpos, &L->k_norm, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
-        B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
-        B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
+        if (B->matmul3) { /* one op: the norm and the three products of xb */
+            const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
+            float *const y3[3] = {st->q, kpos, vpos};
+            B->matmul3(bc, w3, st->x, y3, n, &L->attn_norm, c->rms_eps, st->xb);
+        } else {
+            B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
+            B->matmul(bc, &L->wq, st->xb, st->q, n);  /* (n, qd) */
+            B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
+            B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */
+        }
+        /* qwen3: rmsnorm each head before rope */
+        const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
+        if (B->qk_norm_rope) {
+            B->qk_norm_rope(bc, st->q, kpos, qn, kn, n, (int)c->n_head, (int)c->n_head_kv, hd, pos, c->rope_theta,
+                            c->rope, c->rms_eps);
+        } else {
+            if (qn)
+                B->rmsnorm(bc, st->q, qn, st->q, hd, n * (int)c->n_head, c->rms_eps);
+            if (kn)
+                B->rmsnorm(bc, kpos, kn, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
+            B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
+            B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
+        }
         /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
         B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
-        B->matmul(bc, &L->wo, st->att_out, st->xb2, n); /* (n, E) */
-        B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
+        matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
 
         B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         if (c->n_expert) {
             int rc = moe_ffn(s, st, l, n);
             if (rc < 0)
                 return rc;
-            B->axpy(bc, st->x, st->moe_out, 1.0f, n * E);
+            if (rc == 0)
+                B->axpy(bc, st->x, st->moe_out, 1.0f, n * E);
         } else {
             int F = (int)c->n_ff;
             B->matmul(bc, &L->ffn_gate, st->xb, st->hb, n); /* (n, F) */
             B->matmul(bc, &L->ffn_up, st->xb, st->hb2, n);
             B->swiglu(bc, st->hb, st->hb2, n * F);
-            B->matmul(bc, &L->ffn_down, st->hb, st->xb2, n); /* (n, E) */
-            B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
+            matmul_residual(B, bc, &L->ffn_down, st->hb, st->x, st->xb2, n); /* x (n, E) += down hb */
         }
     }
     return 0;

@@ -164,9 +164,19 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
 
 static struct backend full_gpu;
 static int full_moe_ffn_table(void *ctx, const struct expert_weights *shape, const void *const *table,
-                              const int32_t *routed, int k, const float *x, float *y)
+                              const int32_t *routed, int k, const float *x, float *y, bool add)
 {
-    int rc = full_gpu.i->moe_ffn_table(ctx, shape, table, routed, k, x, y);
+    int rc = full_gpu.i->moe_ffn_table(ctx, shape, table, routed, k, x, y, add);
+    if (x && rc == 0)
+        full_fused++;
+    return rc;
+}
+
+static int full_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
+                                    const float *logits, int n_expert, bool norm, int32_t *routed, int k,
+                                    const float *x, float *y, bool add)
+{
+    int rc = full_gpu.i->moe_ffn_table_route(ctx, shape, table, logits, n_expert, norm, routed, k, x, y, add);
     if (x && rc == 0)
         full_fused++;
     return rc;
@@ -181,6 +191,8 @@ int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const
     wrap = *gpu.i;
     if (gpu.i->moe_ffn_table)
         wrap.moe_ffn_table = full_moe_ffn_table;
+    if (gpu.i->moe_ffn_table_route)
+        wrap.moe_ffn_table_route = full_moe_ffn_table_route;
     struct backend wb = {&wrap, gpu.ctx};
     const size_t n_keep = 25 * 151936; /* prefill + 24 steps of any preset's vocabulary */
     float *a = malloc(sizeof(float) * n_keep), *b = malloc(sizeof(float) * n_keep);
@@ -223,7 +235,7 @@ int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const
  * shape instead of showing up as a logits difference at the end. */
 
 static struct backend sh_gpu, sh_cpu;
-static double sh_worst[5];          /* matmul, rmsnorm, attention, other, moe_ffn */
+static double sh_worst[5];          /* matmul(_add), rmsnorm/qk_norm_rope, attention, other, moe_ffn */
 static int sh_reported;
 
 static float *sh_get(const void *d, size_t bytes)
@@ -307,6 +319,82 @@ static void sh_rope(void *ctx, float *v, int n, int nh, int hd, int pos, float t
     free(vh); free(vg);
 }
 
+/* y is an input too: the CPU adds into a copy of the device's y before the CUDA op */
+static void sh_matmul_add(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    size_t rows = w->ne[1] ? w->ne[1] : 1, cols = w->ne[0];
+    struct tensor th = *w;
+    th.data = sh_get(w->data, w->row_bytes * rows);
+    float *xh = sh_get(x, sizeof(float) * n * cols), *yc = sh_get(y, sizeof(float) * n * rows);
+    sh_cpu.i->matmul_add(sh_cpu.ctx, &th, xh, yc, n);
+    sh_gpu.i->matmul_add(sh_gpu.ctx, w, x, y, n);
+    float *yg = sh_get(y, sizeof(float) * n * rows);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_add %s %zux%zu n %d", ggml_type_name(w->type), cols, rows, n);
+    sh_note(0, what, rel(yg, yc, n * rows), w->type == GGML_TYPE_Q8_0 ? 1e-5 : 1e-3);
+    free((void *)th.data); free(xh); free(yc); free(yg);
+}
+
+/* the normed input against the CPU's rmsnorm, and each output against the CPU's product of
+ * the GPU's normed x (an int8 rounding of x could flip on another normed x) */
+static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                       const struct tensor *norm, float eps, float *xn)
+{
+    size_t cols = w[0]->ne[0];
+    float *xh = sh_get(x, sizeof(float) * n * cols), *yc[3], *xnc = malloc(sizeof(float) * n * cols);
+    struct tensor th[3], nh;
+    if (norm) nh = *norm, nh.data = sh_get(norm->data, norm->row_bytes);
+    for (int m = 0; m < 3; m++) {
+        size_t rows = w[m]->ne[1] ? w[m]->ne[1] : 1;
+        th[m] = *w[m];
+        th[m].data = sh_get(w[m]->data, w[m]->row_bytes * rows);
+        yc[m] = malloc(sizeof(float) * n * rows);
+    }
+    const struct tensor *const wh[3] = {&th[0], &th[1], &th[2]};
+    float *const yh[3] = {yc[0], yc[1], yc[2]};
+    sh_gpu.i->matmul3(sh_gpu.ctx, w, x, y, n, norm, eps, xn);
+    float *in = xh, *xng = NULL;
+    if (norm) { /* the norm against the CPU's; the products from the GPU's normed x (same inputs) */
+        xng = sh_get(xn, sizeof(float) * n * cols);
+        sh_cpu.i->rmsnorm(sh_cpu.ctx, xh, &nh, xnc, (int)cols, n, eps);
+        sh_note(1, "matmul3 norm", rel(xng, xnc, n * cols), 1e-5);
+        free((void *)nh.data);
+        in = xng;
+    }
+    sh_cpu.i->matmul3(sh_cpu.ctx, wh, in, yh, n, NULL, 0.0f, NULL);
+    free(xng);
+    for (int m = 0; m < 3; m++) {
+        size_t rows = w[m]->ne[1] ? w[m]->ne[1] : 1;
+        float *yg = sh_get(y[m], sizeof(float) * n * rows);
+        char what[96];
+        snprintf(what, sizeof what, "matmul3[%d] %s %zux%zu n %d", m, ggml_type_name(w[m]->type), cols, rows, n);
+        sh_note(0, what, rel(yg, yc[m], n * rows), w[m]->type == GGML_TYPE_Q8_0 ? 1e-5 : 1e-3);
+        free(yg); free(yc[m]); free((void *)th[m].data);
+    }
+    free(xh); free(xnc);
+}
+
+static void sh_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *qn, const struct tensor *kn, int n,
+                            int nh, int nkv, int hd, int pos, float theta, enum rope_kind kind, float eps)
+{
+    size_t lq = (size_t)n * nh * hd, lk = (size_t)n * nkv * hd;
+    struct tensor qh, kh;
+    if (qn) qh = *qn, qh.data = sh_get(qn->data, qn->row_bytes);
+    if (kn) kh = *kn, kh.data = sh_get(kn->data, kn->row_bytes);
+    float *qc = sh_get(q, sizeof(float) * lq), *kc = sh_get(k, sizeof(float) * lk);
+    sh_cpu.i->qk_norm_rope(sh_cpu.ctx, qc, kc, qn ? &qh : NULL, kn ? &kh : NULL, n, nh, nkv, hd, pos, theta, kind, eps);
+    sh_gpu.i->qk_norm_rope(sh_gpu.ctx, q, k, qn, kn, n, nh, nkv, hd, pos, theta, kind, eps);
+    float *qg = sh_get(q, sizeof(float) * lq), *kg = sh_get(k, sizeof(float) * lk);
+    char what[64];
+    snprintf(what, sizeof what, "qk_norm_rope q n %d pos %d", n, pos);
+    sh_note(1, what, rel(qg, qc, lq), 1e-5);
+    snprintf(what, sizeof what, "qk_norm_rope k n %d pos %d", n, pos);
+    sh_note(1, what, rel(kg, kc, lk), 1e-5);
+    if (qn) free((void *)qh.data);
+    if (kn) free((void *)kh.data);
+    free(qc); free(kc); free(qg); free(kg);
+}
+
 /* y's rows 0..max(rows) are compared: the rows touched and the ones between them */
 static void sh_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n, int dim)
 {
@@ -325,12 +413,12 @@ static void sh_scatter_axpy(void *ctx, float *y, const float *x, const int *rows
 /* The fused op on the same inputs. Its int8 re-quantisation of the hidden activations
  * sees float sums in another order than the CPU's, so a rounding can flip: limit 1e-3. */
 static int sh_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
-                      float *y, float *hb, float *hb2, float *tmp)
+                      float *y, float *hb, float *hb2, float *tmp, bool add)
 {
     struct expert_weights eh[16];
     int E = (int)ex[0].gate.ne[0], F = (int)ex[0].gate.ne[1];
     if (!x) /* the forward's probe */
-        return sh_gpu.i->moe_ffn(sh_gpu.ctx, ex, w, k, x, y, hb, hb2, tmp);
+        return sh_gpu.i->moe_ffn(sh_gpu.ctx, ex, w, k, x, y, hb, hb2, tmp, add);
     if (k > 16)
         return TIDE_EUNSUPPORTED;
     for (int j = 0; j < k; j++) {
@@ -339,10 +427,11 @@ static int sh_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w
         eh[j].up.data = sh_get(ex[j].up.data, ex[j].up.row_bytes * ex[j].up.ne[1]);
         eh[j].down.data = sh_get(ex[j].down.data, ex[j].down.row_bytes * ex[j].down.ne[1]);
     }
-    float *xh = sh_get(x, sizeof(float) * E), *yc = malloc(sizeof(float) * E);
+    /* with add, y is an input too: the CPU adds into a copy of the device's y */
+    float *xh = sh_get(x, sizeof(float) * E), *yc = add ? sh_get(y, sizeof(float) * E) : malloc(sizeof(float) * E);
     float *h1 = malloc(sizeof(float) * F), *h2 = malloc(sizeof(float) * F), *t = malloc(sizeof(float) * E);
-    sh_cpu.i->moe_ffn(sh_cpu.ctx, eh, w, k, xh, yc, h1, h2, t);
-    int rc = sh_gpu.i->moe_ffn(sh_gpu.ctx, ex, w, k, x, y, hb, hb2, tmp);
+    sh_cpu.i->moe_ffn(sh_cpu.ctx, eh, w, k, xh, yc, h1, h2, t, add);
+    int rc = sh_gpu.i->moe_ffn(sh_gpu.ctx, ex, w, k, x, y, hb, hb2, tmp, add);
     if (rc == 0) {
         float *yg = sh_get(y, sizeof(float) * E);
         char what[96];
@@ -371,6 +460,12 @@ int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, con
     wrap.swiglu = sh_swiglu;
     wrap.rope = sh_rope;
     wrap.scatter_axpy = sh_scatter_axpy;
+    if (gpu.i->matmul_add)
+        wrap.matmul_add = sh_matmul_add;
+    if (gpu.i->matmul3)
+        wrap.matmul3 = sh_matmul3;
+    if (gpu.i->qk_norm_rope)
+        wrap.qk_norm_rope = sh_qk_norm_rope;
     if (gpu.i->moe_ffn)
         wrap.moe_ffn = sh_moe_ffn;
     memset(sh_worst, 0, sizeof sh_worst);

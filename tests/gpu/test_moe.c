@@ -37,13 +37,13 @@ static bool moe_case(uint32_t T, int E, int F, int k, double *worst)
     }
     float *x = rand_vec(E, 1.0f), *yc = malloc(E * sizeof(float));
     float *hb = malloc(F * sizeof(float)), *hb2 = malloc(F * sizeof(float)), *tmp = malloc(E * sizeof(float));
-    int rc_c = cpu.i->moe_ffn(cpu.ctx, eh, w, k, x, yc, hb, hb2, tmp);
+    int rc_c = cpu.i->moe_ffn(cpu.ctx, eh, w, k, x, yc, hb, hb2, tmp, false);
     float *xd = dev_put(x, E * sizeof(float)), *yd = dev_put(NULL, E * sizeof(float));
     float *s1 = dev_put(NULL, F * sizeof(float)), *s2 = dev_put(NULL, F * sizeof(float));
     float *s3 = dev_put(NULL, E * sizeof(float));
     dev_poison(yd, E * sizeof(float));
-    int rc_g = gpu.i->moe_ffn(gpu.ctx, ed, w, k, xd, yd, s1, s2, s3);
-    int rc_probe = gpu.i->moe_ffn(gpu.ctx, eh, w, k, NULL, NULL, NULL, NULL, NULL); /* host views */
+    int rc_g = gpu.i->moe_ffn(gpu.ctx, ed, w, k, xd, yd, s1, s2, s3, false);
+    int rc_probe = gpu.i->moe_ffn(gpu.ctx, eh, w, k, NULL, NULL, NULL, NULL, NULL, false); /* host views */
     bool fuses = T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0, ok;
     if (!fuses) {
         ok = rc_c == 0 && rc_g == TIDE_EUNSUPPORTED && rc_probe == rc_g;
@@ -56,6 +56,26 @@ static bool moe_case(uint32_t T, int E, int F, int k, double *worst)
         if (!ok)
             printf("  moe_ffn %s E %d F %d k %d: rc %d/%d rel err %.3g\n", ggml_type_name(T), E, F, k, rc_c, rc_g, e);
         if (e > *worst) *worst = e;
+        /* add (the residual fused in): bit for bit the sum, then axpy(y, sum, 1.0f), each side */
+        float *y0 = rand_vec(E, 1.0f), *ya = malloc(E * sizeof(float)), *yb = malloc(E * sizeof(float));
+        memcpy(ya, y0, E * sizeof(float));
+        memcpy(yb, y0, E * sizeof(float));
+        int rc_a = cpu.i->moe_ffn(cpu.ctx, eh, w, k, x, ya, hb, hb2, tmp, true);
+        cpu.i->axpy(cpu.ctx, yb, yc, 1.0f, E);
+        bool cpu_same = rc_a == 0 && !memcmp(ya, yb, E * sizeof(float));
+        float *y0d = dev_put(y0, E * sizeof(float));
+        int rc_ga = gpu.i->moe_ffn(gpu.ctx, ed, w, k, xd, y0d, s1, s2, s3, true);
+        float *gadd = dev_get(y0d, E);
+        for (int i = 0; i < E; i++)
+            yb[i] = y0[i] + yg[i]; /* the axpy with a = 1 on the host: the same bits */
+        bool gpu_same = rc_ga == 0 && !memcmp(gadd, yb, E * sizeof(float));
+        if (!cpu_same || !gpu_same) {
+            printf("  moe_ffn add %s E %d F %d k %d: cpu %s, cuda %s the sum + axpy\n", ggml_type_name(T), E, F, k,
+                   cpu_same ? "==" : "!=", gpu_same ? "==" : "!=");
+            ok = false;
+        }
+        gpu.i->free(gpu.ctx, y0d);
+        free(y0); free(ya); free(yb); free(gadd);
         free(yg);
     }
     for (int j = 0; j < k; j++)
@@ -125,7 +145,7 @@ void test_moe_ffn_table(void)
 {
     static const int cfg[][5] = {{GGML_TYPE_Q8_0, 2048, 768, 8, 128}, {GGML_TYPE_Q8_0, 96, 64, 3, 7},
                                  {GGML_TYPE_Q4_0, 256, 96, 4, 16}, {GGML_TYPE_Q8_0, 128, 64, 16, 40}};
-    bool ok = gpu.i->moe_ffn_table && gpu.i->route;
+    bool ok = gpu.i->moe_ffn_table && gpu.i->route && gpu.i->moe_ffn_table_route;
     for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++) {
         uint32_t T = (uint32_t)cfg[c][0];
         int E = cfg[c][1], F = cfg[c][2], k = cfg[c][3], NE = cfg[c][4];
@@ -164,29 +184,58 @@ void test_moe_ffn_table(void)
         float *y1 = dev_put(NULL, sizeof(float) * E), *y2 = dev_put(NULL, sizeof(float) * E);
         dev_poison(y1, sizeof(float) * E);
         dev_poison(y2, sizeof(float) * E);
-        int rc1 = gpu.i->moe_ffn(gpu.ctx, sel, (float *)(rh + k), k, xd, y1, NULL, NULL, NULL);
-        int rc2 = gpu.i->moe_ffn_table(gpu.ctx, &ew[0], tab_d, rd, k, xd, y2);
+        int rc1 = gpu.i->moe_ffn(gpu.ctx, sel, (float *)(rh + k), k, xd, y1, NULL, NULL, NULL, false);
+        int rc2 = gpu.i->moe_ffn_table(gpu.ctx, &ew[0], tab_d, rd, k, xd, y2, false);
         float *h1 = dev_get(y1, E), *h2 = dev_get(y2, E);
         bool same = rc1 == 0 && rc2 == 0 && !memcmp(h1, h2, sizeof(float) * E) && isfinite(h1[0]);
         if (!same)
             printf("  moe_ffn_table %s E %d F %d k %d: rc %d/%d, %s\n", ggml_type_name(T), E, F, k, rc1, rc2,
                    "outputs differ");
-        ok = ok && same;
+        /* the add forms (y += sum) on a residual: equal to each other and to sum + axpy */
+        float *r0 = rand_vec(E, 1.0f), *ra = dev_put(r0, sizeof(float) * E), *rb = dev_put(r0, sizeof(float) * E);
+        int rc3 = gpu.i->moe_ffn(gpu.ctx, sel, (float *)(rh + k), k, xd, ra, NULL, NULL, NULL, true);
+        int rc4 = gpu.i->moe_ffn_table(gpu.ctx, &ew[0], tab_d, rd, k, xd, rb, true);
+        float *ha = dev_get(ra, E), *hb = dev_get(rb, E);
+        for (int i = 0; i < E; i++)
+            r0[i] += h1[i]; /* axpy with a = 1, on the host: the same bits */
+        bool same_add = rc3 == 0 && rc4 == 0 && !memcmp(ha, hb, sizeof(float) * E) && !memcmp(ha, r0, sizeof(float) * E);
+        if (!same_add)
+            printf("  moe_ffn_table add %s E %d F %d k %d: rc %d/%d, %s\n", ggml_type_name(T), E, F, k, rc3, rc4,
+                   "outputs differ");
+        /* routing fused in (moe_ffn_table_route): the same route() words and the same y */
+        int32_t *rd2 = dev_put(NULL, sizeof(int32_t) * 2 * k);
+        float *rc0 = rand_vec(E, 1.0f), *rcd = dev_put(rc0, sizeof(float) * E);
+        dev_poison(rd2, sizeof(int32_t) * 2 * k);
+        int rc5 = gpu.i->moe_ffn_table_route(gpu.ctx, &ew[0], tab_d, ld, NE, true, rd2, k, xd, rcd, false);
+        int32_t *rh2 = (int32_t *)dev_get(rd2, 2 * (size_t)k);
+        float *hc = dev_get(rcd, E);
+        bool same_route = rc5 == 0 && !memcmp(rh, rh2, sizeof(int32_t) * 2 * k) && !memcmp(hc, h1, sizeof(float) * E);
+        if (!same_route)
+            printf("  moe_ffn_table_route %s E %d F %d k %d: rc %d, %s\n", ggml_type_name(T), E, F, k, rc5,
+                   "routing or outputs differ from route + moe_ffn_table");
+        ok = ok && same && same_add && same_route;
+        gpu.i->free(gpu.ctx, ra); gpu.i->free(gpu.ctx, rb); gpu.i->free(gpu.ctx, rd2); gpu.i->free(gpu.ctx, rcd);
+        free(r0); free(ha); free(hb); free(rc0); free(rh2); free(hc);
         gpu.i->free(gpu.ctx, ex); gpu.i->free(gpu.ctx, tab_d); gpu.i->free(gpu.ctx, ld); gpu.i->free(gpu.ctx, rd);
         gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, y1); gpu.i->free(gpu.ctx, y2);
         free(tab); free(ew); free(lg); free(rh); free(x); free(h1); free(h2);
     }
-    verdict("moe_ffn_table", ok, "%.0f cases, each bit for bit the moe_ffn result", (double)(sizeof cfg / sizeof cfg[0]));
+    verdict("moe_ffn_table", ok, "%.0f cases, each bit for bit the moe_ffn result, = and +=, routing fused or not",
+            (double)(sizeof cfg / sizeof cfg[0]));
 }
 
 #ifdef TIDE_CUDA
 /* mode 0: experts op by op; 1: the fused op, routing on the host (a download a layer);
- * 2: routing on the device and the experts from a device table (the resident decode step) */
+ * 2: routing on the device and the experts from a device table (the resident decode step),
+ * with the forward's fused ops: attention norm + wq/wk/wv in one launch, q/k norms + rope in
+ * one op, the routing inside the MoE's first launch, the residual adds inside the wo product
+ * and the MoE; 3: mode 2 with those as separate ops (the step before the fusion) */
 void bench_decode(double d2d, int mode)
 {
-    static const char *const names[] = {"bench_decode", "bench_decode_fused", "bench_decode_table"};
+    static const char *const names[] = {"bench_decode", "bench_decode_fused", "bench_decode_table",
+                                        "bench_decode_table_unfused"};
     const char *name = names[mode];
-    bool fused = mode == 1, table = mode == 2;
+    bool fused = mode == 1, table = mode >= 2, fuse_ops = mode == 2;
     const int L = 48, E = 2048, H = 32, KV = 4, HD = 128, NE = 128, K = 8, F = 768, V = 151936, P = 512;
     const int QD = H * HD, KVD = KV * HD;
     uint32_t T = GGML_TYPE_Q8_0;
@@ -255,17 +304,31 @@ void bench_decode(double d2d, int mode)
             struct tensor wv = {T, {E, KVD}, p, rb_e}; p += rb_e * KVD;
             struct tensor wo = {T, {QD, E}, p, rb_q}; p += rb_q * E;
             float *kl = kc + (size_t)l * (P + 1) * KVD, *vl = kc + (size_t)(L + l) * (P + 1) * KVD;
-            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
-            gpu.i->matmul(gpu.ctx, &wq, xb, q, 1);
-            gpu.i->matmul(gpu.ctx, &wk, xb, kl + (size_t)P * KVD, 1);
-            gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
-            gpu.i->rmsnorm(gpu.ctx, q, &hn, q, HD, H, 1e-6f);
-            gpu.i->rmsnorm(gpu.ctx, kl + (size_t)P * KVD, &hn, kl + (size_t)P * KVD, HD, KV, 1e-6f);
-            gpu.i->rope(gpu.ctx, q, 1, H, HD, P, 1e6f, ROPE_NEOX);
-            gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, 1, KV, HD, P, 1e6f, ROPE_NEOX);
+            if (fuse_ops) {
+                const struct tensor *const w3[3] = {&wq, &wk, &wv};
+                float *const y3[3] = {q, kl + (size_t)P * KVD, vl + (size_t)P * KVD};
+                gpu.i->matmul3(gpu.ctx, w3, x, y3, 1, &nw, 1e-6f, xb);
+            } else {
+                gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
+                gpu.i->matmul(gpu.ctx, &wq, xb, q, 1);
+                gpu.i->matmul(gpu.ctx, &wk, xb, kl + (size_t)P * KVD, 1);
+                gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
+            }
+            if (fuse_ops) {
+                gpu.i->qk_norm_rope(gpu.ctx, q, kl + (size_t)P * KVD, &hn, &hn, 1, H, KV, HD, P, 1e6f, ROPE_NEOX, 1e-6f);
+            } else {
+                gpu.i->rmsnorm(gpu.ctx, q, &hn, q, HD, H, 1e-6f);
+                gpu.i->rmsnorm(gpu.ctx, kl + (size_t)P * KVD, &hn, kl + (size_t)P * KVD, HD, KV, 1e-6f);
+                gpu.i->rope(gpu.ctx, q, 1, H, HD, P, 1e6f, ROPE_NEOX);
+                gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, 1, KV, HD, P, 1e6f, ROPE_NEOX);
+            }
             gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, 1, P, H, KV, HD);
-            gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
-            gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
+            if (fuse_ops) {
+                gpu.i->matmul_add(gpu.ctx, &wo, ao, x, 1);
+            } else {
+                gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
+                gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
+            }
             gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
             struct tensor wr = {GGML_TYPE_F32, {E, NE}, routf + (size_t)l * E * NE, (size_t)E * 4};
             gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
@@ -275,11 +338,17 @@ void bench_decode(double d2d, int mode)
                 struct tensor g = {T, {E, F}, p, rb_e}, u = {T, {E, F}, p + rb_e * F, rb_e};
                 struct tensor d = {T, {F, E}, p + 2 * rb_e * F, rb_f};
                 struct expert_weights shape = {g, u, d};
-                gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
-                gpu.i->moe_ffn_table(gpu.ctx, &shape, (const void *const *)tab_d + (size_t)l * NE * 3, rl, K, xb, mo);
+                const void *const *tl = (const void *const *)tab_d + (size_t)l * NE * 3;
+                if (fuse_ops) {
+                    gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, NE, true, rl, K, xb, x, true);
+                } else {
+                    gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
+                    gpu.i->moe_ffn_table(gpu.ctx, &shape, tl, rl, K, xb, mo, false);
+                }
                 active += per_expert * K;
                 p += per_expert * NE;
-                gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
+                if (!fuse_ops)
+                    gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
                 continue;
             }
             gpu.i->download(gpu.ctx, host_rt, rt, NE * 4);
@@ -306,7 +375,7 @@ void bench_decode(double d2d, int mode)
                 gpu.i->axpy(gpu.ctx, mo, xb2, 0.125f, E);
             }
             if (fused)
-                gpu.i->moe_ffn(gpu.ctx, ew, ewt, K, xb, mo, hb, hb2, xb2);
+                gpu.i->moe_ffn(gpu.ctx, ew, ewt, K, xb, mo, hb, hb2, xb2, false);
             p += per_expert * NE;
             gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
         }
@@ -323,7 +392,7 @@ void bench_decode(double d2d, int mode)
     printf("  decode step (Qwen3-30B-A3B shape, q8_0, pos %d, %s):\n"
            "    %.3f ms/token = %.1f tok/s; active bytes %.2f GB/token; roofline at d2d %.0f GB/s: %.3f ms "
            "(%.0f tok/s) -> %.0f%% of roofline\n",
-           P, table ? "routing on the device, experts from the device table" : fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
+           P, fuse_ops ? "routing on the device, experts from the device table, fused norm+qkv, qk norm+rope, route+moe, residual adds" : table ? "routing on the device, experts from the device table" : fused ? "experts through the fused moe_ffn op" : "every expert op by op", best * 1e3, 1.0 / best, active / 1e9, d2d, roof * 1e3, 1.0 / roof, 100.0 * roof / best);
     float xf[4];
     gpu.i->download(gpu.ctx, xf, x, sizeof xf); /* before act is freed */
     gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, kc); gpu.i->free(gpu.ctx, act);

@@ -1,5 +1,5 @@
 /* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
- * (rmsnorm, rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
+ * (rmsnorm, rope, qk_norm_rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
  * matmul.cu, moe.cu, attention.cu (decode) and attention_prefill.cu hold the big kernels.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
@@ -44,6 +44,21 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes)
     return c->scratch;
 }
 
+void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes)
+{
+    if (bytes <= c->sum_n)
+        return c->sum;
+    size_t want = bytes + bytes / 4;
+    if (c->sum && !CU(c, cudaFreeAsync(c->sum, c->st)))
+        return NULL;
+    c->sum = NULL;
+    c->sum_n = 0;
+    if (!CU(c, cudaMallocAsync(&c->sum, want, c->st)))
+        return NULL;
+    c->sum_n = want;
+    return c->sum;
+}
+
 /* The current device is per thread and several backends (GPUs) may share the engine
  * thread, so every entry point makes its device current; the thread-local cache skips the
  * runtime call in the common case (a decode step issues thousands of ops, and cudaSetDevice
@@ -66,32 +81,31 @@ static inline bool enter(struct cuda_ctx *c)
 
 /* ---- kernels ---- */
 
-/* One CTA per vector; sum of squares in f32 per thread, reduced across the CTA. */
+/* One CTA per vector (block size norm_block(dim)). */
 __global__ void rmsnorm_kernel(const float *__restrict__ x, uint32_t wtype, const uint8_t *__restrict__ w,
                                float *out, int dim, float eps)
 {
     __shared__ float red[32];
     const float *v = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        ss = fmaf(v[i], v[i], ss);
-    ss = warp_sum(ss);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0)
-        red[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < nw ? red[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0)
-            red[0] = t;
-    }
-    __syncthreads();
-    float s = 1.0f / sqrtf(red[0] / (float)dim + eps);
+    float s = rms_scale(v, dim, eps, red);
     /* in place is fine: each element is read and written by the same thread, after the sum */
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         o[i] = v[i] * s * row_elem(wtype, w, i);
+}
+
+/* Rotate pair i of one head v at position p (angles in double, as the CPU). */
+__device__ __forceinline__ void rope_pair(float *v, int i, int head_dim, int p, float theta, int neox)
+{
+    int half = head_dim / 2;
+    double freq = pow((double)theta, -2.0 * i / head_dim);
+    double a = p * freq;
+    float cs = (float)cos(a), sn = (float)sin(a);
+    int i0 = neox ? i : 2 * i;
+    int i1 = neox ? i + half : 2 * i + 1;
+    float x0 = v[i0], x1 = v[i1];
+    v[i0] = x0 * cs - x1 * sn;
+    v[i1] = x0 * sn + x1 * cs;
 }
 
 /* grid.y = token t of the chunk, at position pos + t; vec (n, n_heads*head_dim) */
@@ -103,15 +117,39 @@ __global__ void rope_kernel(float *vec, int n_heads, int head_dim, int pos, floa
         return;
     int t = blockIdx.y;
     int i = idx % half, h = idx / half;
-    double freq = pow((double)theta, -2.0 * i / head_dim);
-    double a = (pos + t) * freq;
-    float cs = (float)cos(a), sn = (float)sin(a);
-    float *v = vec + ((size_t)t * n_heads + h) * head_dim;
-    int i0 = neox ? i : 2 * i;
-    int i1 = neox ? i + half : 2 * i + 1;
-    float x0 = v[i0], x1 = v[i1];
-    v[i0] = x0 * cs - x1 * sn;
-    v[i1] = x0 * sn + x1 * cs;
+    rope_pair(vec + ((size_t)t * n_heads + h) * head_dim, i, head_dim, pos + t, theta, neox);
+}
+
+/* backend_i.qk_norm_rope: grid (n_head + n_head_kv, n), one head of one token a CTA, block
+ * norm_block(head_dim). The head is normed as rmsnorm_kernel norms it (same reduction, same
+ * products) into shared memory, then rotated by rope_pair from there and written back: the
+ * bits of rmsnorm + rope, in one launch instead of four. Without a norm weight the head is
+ * only rotated. smem: head_dim floats. */
+__global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const uint8_t *__restrict__ qw,
+                                    uint32_t ktype, const uint8_t *__restrict__ kw, int n_head, int n_head_kv,
+                                    int head_dim, int pos, float theta, int neox, float eps)
+{
+    extern __shared__ float hv[]; /* (head_dim) */
+    __shared__ float red[32];
+    int h = blockIdx.x, t = blockIdx.y;
+    bool isq = h < n_head;
+    float *v = isq ? q + ((size_t)t * n_head + h) * head_dim : k + ((size_t)t * n_head_kv + (h - n_head)) * head_dim;
+    const uint8_t *w = isq ? qw : kw;
+    uint32_t wtype = isq ? qtype : ktype;
+    if (w) { /* block-uniform */
+        float s = rms_scale(v, head_dim, eps, red);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+            hv[i] = v[i] * s * row_elem(wtype, w, i);
+    } else {
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+            hv[i] = v[i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
+        rope_pair(hv, i, head_dim, pos + t, theta, neox);
+    __syncthreads();
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+        v[i] = hv[i];
 }
 
 __global__ void swiglu_kernel(float *gate, const float *__restrict__ up, size_t n)
@@ -201,23 +239,52 @@ static void cu_matmul(void *ctx, const struct tensor *w, const float *x, float *
         cuda_matmul(c, w, x, y, n);
 }
 
+static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out, int dim, int n, float eps);
+
+static void cu_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                       const struct tensor *norm, float eps, float *xn)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || cuda_matmul3(c, w, x, y, n, norm, eps, xn))
+        return;
+    cu_rmsnorm(ctx, x, norm, xn, (int)w[0]->ne[0], n, eps); /* the norm did not fuse: first, alone */
+    cuda_matmul3(c, w, xn, y, n, NULL, 0.0f, NULL);
+}
+
+static void cu_matmul_add(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_matmul(c, w, x, y, n, true);
+}
+
 static int cu_moe_ffn(void *ctx, const struct expert_weights *ex, const float *w, int k, const float *x,
-                      float *y, float *hb, float *hb2, float *tmp)
+                      float *y, float *hb, float *hb2, float *tmp, bool add)
 {
     (void)hb, (void)hb2, (void)tmp;
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!enter(c))
         return c->err;
-    return cuda_moe_ffn(c, ex, w, k, x, y);
+    return cuda_moe_ffn(c, ex, w, k, x, y, add);
 }
 
 static int cu_moe_ffn_table(void *ctx, const struct expert_weights *shape, const void *const *table,
-                            const int32_t *routed, int k, const float *x, float *y)
+                            const int32_t *routed, int k, const float *x, float *y, bool add)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!enter(c))
         return c->err;
-    return cuda_moe_ffn_table(c, shape, table, routed, k, x, y);
+    return cuda_moe_ffn_table(c, shape, table, routed, k, x, y, add);
+}
+
+static int cu_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
+                                  const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                                  float *y, bool add)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    return cuda_moe_ffn_table_route(c, shape, table, logits, n_expert, norm, routed, k, x, y, add);
 }
 
 static void cu_route(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
@@ -232,7 +299,7 @@ static void cu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float 
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!enter(c) || n <= 0 || dim <= 0)
         return;
-    int block = dim <= 32 ? 32 : dim <= 128 ? 128 : 256;
+    int block = norm_block(dim);
     rmsnorm_kernel<<<n, block, 0, c->st>>>(x, w->type, (const uint8_t *)w->data, out, dim, eps);
     CU_LAUNCH(c, "rmsnorm_kernel");
 }
@@ -251,6 +318,26 @@ static void cu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, int
     dim3 grid((unsigned)((work + 127) / 128), (unsigned)n);
     rope_kernel<<<grid, 128, 0, c->st>>>(vec, n_heads, head_dim, pos, theta, kind == ROPE_NEOX);
     CU_LAUNCH(c, "rope_kernel");
+}
+
+static void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *q_norm, const struct tensor *k_norm,
+                            int n, int n_head, int n_head_kv, int head_dim, int pos, float theta, enum rope_kind kind,
+                            float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0 || head_dim <= 0 || n_head + n_head_kv <= 0)
+        return;
+    if (n > 65535) {
+        cuda_fail(c, cudaErrorInvalidValue, "qk_norm_rope (over 65535 tokens in one call)", __FILE__, __LINE__);
+        return;
+    }
+    dim3 grid((unsigned)(n_head + n_head_kv), (unsigned)n);
+    size_t sm = sizeof(float) * (size_t)head_dim;
+    qk_norm_rope_kernel<<<grid, norm_block(head_dim), sm, c->st>>>(
+        q, k, q_norm ? q_norm->type : 0, q_norm ? (const uint8_t *)q_norm->data : NULL, k_norm ? k_norm->type : 0,
+        k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, pos, theta, kind == ROPE_NEOX,
+        eps);
+    CU_LAUNCH(c, "qk_norm_rope_kernel");
 }
 
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
@@ -383,8 +470,11 @@ static const struct backend_i cuda_iface = {
     .alloc = cu_alloc,
     .free = cu_free,
     .matmul = cu_matmul,
+    .matmul_add = cu_matmul_add,
+    .matmul3 = cu_matmul3,
     .rmsnorm = cu_rmsnorm,
     .rope = cu_rope,
+    .qk_norm_rope = cu_qk_norm_rope,
     .attention = cu_attention,
     .swiglu = cu_swiglu,
     .axpy = cu_axpy,
@@ -398,6 +488,7 @@ static const struct backend_i cuda_iface = {
     .moe_ffn = cu_moe_ffn,
     .route = cu_route,
     .moe_ffn_table = cu_moe_ffn_table,
+    .moe_ffn_table_route = cu_moe_ffn_table_route,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
 };
@@ -484,6 +575,7 @@ extern "C" void backend_cuda_free(struct backend *b)
     if (c->st) cudaStreamSynchronize(c->st);
     if (c->copy) cudaStreamSynchronize(c->copy);
     if (c->scratch) cudaFree(c->scratch);
+    if (c->sum) cudaFree(c->sum);
     if (c->ev_st) cudaEventDestroy(c->ev_st);
     if (c->ev_copy) cudaEventDestroy(c->ev_copy);
     if (c->st) cudaStreamDestroy(c->st);

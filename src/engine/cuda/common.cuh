@@ -29,6 +29,8 @@ struct cuda_ctx {
     cudaEvent_t ev_st, ev_copy;
     void *scratch;           /* stream-ordered workspace: quantised x, attention partials */
     size_t scratch_n;
+    void *sum;               /* a fused-add op's product before the add (stream-ordered too) */
+    size_t sum_n;
     int err;                 /* first failure: 0 or TIDE_EINTERNAL / TIDE_ENOMEM */
     char errmsg[320];
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
@@ -54,9 +56,16 @@ static inline bool cuda_ok(struct cuda_ctx *c, cudaError_t e, const char *call, 
  * stream order, so one op's use is over before the next op's kernels start. Growth frees
  * the old buffer stream-ordered too, so it never synchronises the host. NULL on failure. */
 void *cuda_scratch(struct cuda_ctx *c, size_t bytes);
+/* The same kind of workspace, apart from the scratch (which the product itself uses). */
+void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes);
 
 /* ---- launchers implemented in matmul.cu / attention.cu ---- */
-void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n);
+/* add: y += W x (backend_i.matmul_add), bit for bit the product, then axpy with a = 1 */
+void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add = false);
+/* backend_i.matmul3 (matmul.cu). With a norm it runs only where it fuses the rmsnorm in and
+ * returns false otherwise, nothing queued (the caller then norms first). */
+bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                  const struct tensor *norm, float eps, float *xn);
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
@@ -74,11 +83,15 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_c
                             float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
-                 float *y);
+                 float *y, bool add);
 /* moe.cu: backend_i.moe_ffn_table and backend_i.route. */
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
-                       const int32_t *routed, int k, const float *x, float *y);
+                       const int32_t *routed, int k, const float *x, float *y, bool add);
 void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out);
+/* moe.cu: backend_i.moe_ffn_table_route */
+int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                             const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                             float *y, bool add);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v)
@@ -133,6 +146,34 @@ __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int
     default:
         return 0.0f;
     }
+}
+
+/* The block size rmsnorm runs a vector of dim with: the reduction order, and so the bits,
+ * depend on it, and the kernels that norm on the way (qk_norm_rope_kernel,
+ * mmvq_fused3_kernel) must reduce as rmsnorm_kernel does. */
+static inline int norm_block(int dim) { return dim <= 32 ? 32 : dim <= 128 ? 128 : 256; }
+
+/* 1 / sqrt(mean(v^2) + eps) as rmsnorm_kernel computes it: f32 sum of squares per thread
+ * (stride blockDim), reduced across the CTA through red (32 shared floats). Every thread of
+ * the CTA calls it; a second call needs a __syncthreads() first (red is reused). */
+__device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, float *red)
+{
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss = fmaf(v[i], v[i], ss);
+    ss = warp_sum(ss);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0)
+        red[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nw ? red[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0)
+            red[0] = t;
+    }
+    __syncthreads();
+    return 1.0f / sqrtf(red[0] / (float)dim + eps);
 }
 
 #endif

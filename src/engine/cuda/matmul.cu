@@ -17,6 +17,20 @@
 #include <mma.h>
 
 
+/* One output element: y = v, or y += v for matmul_add (the residual add fused into the
+ * product; y + v is the bits of axpy_kernel's y + 1.0f * v). */
+__device__ __forceinline__ void put(float *y, float v, bool add)
+{
+    *y = add ? *y + v : v;
+}
+
+/* y += t, n elements: matmul_add for the tensor-core paths, which write through tiles. */
+__global__ void add_kernel(float *y, const float *__restrict__ t, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += t[i];
+}
+
 /* ---- x -> int8 blocks (for q8_0 / q4_0 weights) ---- */
 
 /* xq (n, cols) int8, xd (n, cols/32) f32 scale already rounded through f16. One warp per
@@ -49,7 +63,7 @@ __global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int
 template <int QT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, bool pairs,
-            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y);
+            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y, bool add);
 
 
 #define MMQ_WARPS 8
@@ -57,16 +71,14 @@ mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, b
 /* Decode form: the CTA first quantises its nt input vectors into shared memory (the same
  * formula as quantize_q8_kernel), then each warp dots rpw rows. One launch per product
  * instead of two: decode issues thousands of small products per token, and launches, not
- * bytes, bound it. */
-template <int QT>
-__global__ void __launch_bounds__(MMQ_WARPS * 32)
-mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols, bool pairs,
-                  const float *__restrict__ x, int nt, float *__restrict__ y, int rpw)
+ * bytes, bound it. The two halves are device functions so that the three-matrix form below
+ * runs the same instructions. NORM: x is first normed, element e of token t as rmsnorm_kernel
+ * writes it (x * sc[t] * nw[e % cols]), and CTA 0 writes the normed x to xn. */
+template <bool NORM>
+__device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int total, int8_t *xq, float *xd,
+                                                int cols = 0, const float *sc = nullptr, uint32_t ntype = 0,
+                                                const uint8_t *nw = nullptr, float *xn = nullptr)
 {
-    extern __shared__ __align__(16) uint8_t smq[];
-    int nb = cols / QK, total = nt * cols;
-    int8_t *xq = (int8_t *)smq;                                   /* (nt, cols) */
-    float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15)); /* (nt, nb) */
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int base = 0; base < total; base += MMQ_WARPS * 32 * 4) {
         float v[4];
@@ -74,6 +86,12 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
         for (int k = 0; k < 4; k++) { /* all loads first, then the reductions */
             int e = base + k * MMQ_WARPS * 32 + tid;
             v[k] = e < total ? __ldg(x + e) : 0.0f;
+            if (NORM && e < total) {
+                int t = e / cols;
+                v[k] = v[k] * sc[t] * row_elem(ntype, nw, e - t * cols);
+                if (blockIdx.x == 0)
+                    xn[e] = v[k];
+            }
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -89,8 +107,17 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
         }
     }
     __syncthreads();
+}
+
+/* Rows (blk * rpw + k) * MMQ_WARPS + warp, k < rpw, of W against the quantised x. */
+template <int QT>
+__device__ __forceinline__ void mmvq_rows(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb,
+                                          bool pairs, const int8_t *xq, const float *xd, int nt,
+                                          float *__restrict__ y, int rpw, bool add, int blk)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int k = 0; k < rpw; k++) {
-        int r = (blockIdx.x * rpw + k) * MMQ_WARPS + warp;
+        int r = (blk * rpw + k) * MMQ_WARPS + warp;
         if (r >= rows)
             break;
         float s[MM_NT];
@@ -103,19 +130,81 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
             if (t < nt) {
                 float vv = warp_sum(s[t]);
                 if (lane == 0)
-                    y[(size_t)t * rows + r] = vv;
+                    put(y + (size_t)t * rows + r, vv, add);
             }
         }
     }
 }
 
+template <int QT>
+__global__ void __launch_bounds__(MMQ_WARPS * 32)
+mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols, bool pairs,
+                  const float *__restrict__ x, int nt, float *__restrict__ y, int rpw, bool add)
+{
+    extern __shared__ __align__(16) uint8_t smq[];
+    int nb = cols / QK, total = nt * cols;
+    int8_t *xq = (int8_t *)smq;                                   /* (nt, cols) */
+    float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15)); /* (nt, nb) */
+    quantize_x_smem<false>(x, total, xq, xd);
+    mmvq_rows<QT>(W, row_bytes, rows, nb, pairs, xq, xd, nt, y, rpw, add, blockIdx.x);
+}
+
+/* backend_i.matmul3: three products of one x (wq, wk, wv) in one grid. CTAs start[m] ..
+ * start[m + 1) - 1 take matrix m, each as mmvq_fused_kernel would with rpw = 1, so every
+ * row gets the bits of its own matmul. With nw (the attention norm's weight; needs
+ * norm_block(cols) == the CTA size, so that rms_scale reduces as rmsnorm_kernel), every CTA
+ * first computes each token's rms scale: the rmsnorm's launch folded into the product's. */
+struct mm3_args {
+    const uint8_t *W[3];
+    size_t row_bytes[3];
+    float *y[3];
+    int rows[3];
+    int start[4];
+    bool pairs[3];
+    const uint8_t *nw; /* norm weight, or NULL */
+    uint32_t ntype;
+    float eps;
+    float *xn;         /* the normed x (nt, cols), written by CTA 0 */
+};
+
+template <int QT>
+__global__ void __launch_bounds__(MMQ_WARPS * 32)
+mmvq_fused3_kernel(const mm3_args a, int cols, const float *__restrict__ x, int nt)
+{
+    extern __shared__ __align__(16) uint8_t smq[];
+    int nb = cols / QK, total = nt * cols;
+    int8_t *xq = (int8_t *)smq;
+    float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15));
+    int b = blockIdx.x, m = b >= a.start[2] ? 2 : b >= a.start[1] ? 1 : 0;
+    /* picked by selects: an index into the parameter arrays would copy them to local memory */
+#define PICK(f) (m == 0 ? a.f[0] : m == 1 ? a.f[1] : a.f[2])
+    const uint8_t *W = PICK(W);
+    size_t rb = PICK(row_bytes);
+    float *y = PICK(y);
+    int rows = PICK(rows), first = PICK(start);
+    bool pairs = PICK(pairs);
+#undef PICK
+    if (a.nw) { /* grid-uniform */
+        __shared__ float red[32], sc[MM_NT];
+        for (int t = 0; t < nt; t++) {
+            float s = rms_scale(x + (size_t)t * cols, cols, a.eps, red);
+            if (threadIdx.x == 0)
+                sc[t] = s;
+            __syncthreads(); /* sc[t] visible; every thread has read red before the next token */
+        }
+        quantize_x_smem<true>(x, total, xq, xd, cols, sc, a.ntype, a.nw, a.xn);
+    } else {
+        quantize_x_smem<false>(x, total, xq, xd);
+    }
+    mmvq_rows<QT>(W, rb, rows, nb, pairs, xq, xd, nt, y, 1, false, b - first);
+}
 
 /* Prefill-size inputs whose int8 copy would not fit in shared memory: x quantised once by
  * quantize_q8_kernel into global scratch, then one warp per row. */
 template <int QT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, bool pairs,
-            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y)
+            const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt, float *__restrict__ y, bool add)
 {
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
@@ -131,7 +220,7 @@ mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, b
         if (t < nt) {
             float v = warp_sum(s[t]);
             if (lane == 0)
-                y[(size_t)t * rows + r] = v;
+                put(y + (size_t)t * rows + r, v, add);
         }
     }
 }
@@ -175,7 +264,7 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *p, float w[8])
 template <typename WT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 gemv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
-            const float *__restrict__ x, int nt, float *__restrict__ y)
+            const float *__restrict__ x, int nt, float *__restrict__ y, bool add)
 {
     int lane = threadIdx.x & 31;
     int r0 = (blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * GV_ROWS;
@@ -236,9 +325,9 @@ gemv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
         if (t < nt) {
             float v0 = warp_sum(s0[t]), v1 = warp_sum(s1[t]);
             if (lane == 0) {
-                y[(size_t)t * rows + r0] = v0;
+                put(y + (size_t)t * rows + r0, v0, add);
                 if (two)
-                    y[(size_t)t * rows + r0 + 1] = v1;
+                    put(y + (size_t)t * rows + r0 + 1, v1, add);
             }
         }
     }
@@ -247,7 +336,7 @@ gemv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
 /* Any type, any alignment: one element per lane per step (the slow, always-right path). */
 __global__ void __launch_bounds__(MM_WARPS * 32)
 gemv_any_kernel(uint32_t type, const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
-                const float *__restrict__ x, int nt, float *__restrict__ y)
+                const float *__restrict__ x, int nt, float *__restrict__ y, bool add)
 {
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
@@ -270,7 +359,7 @@ gemv_any_kernel(uint32_t type, const uint8_t *__restrict__ W, size_t row_bytes, 
         if (t < nt) {
             float v = warp_sum(s[t]);
             if (lane == 0)
-                y[(size_t)t * rows + r] = v;
+                put(y + (size_t)t * rows + r, v, add);
         }
     }
 }
@@ -436,7 +525,23 @@ wmma_gemm_vec_kernel(const T *__restrict__ W, size_t ldw, int rows, int cols, co
 
 /* ---- dispatch ---- */
 
-void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n)
+/* matmul_add where the product is written through tiles (tensor cores): into a buffer of its
+ * own (the product uses the scratch), then one add. */
+static void matmul_add_via_buf(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n)
+{
+    size_t len = (size_t)n * (w->ne[1] ? w->ne[1] : 1);
+    float *t = (float *)cuda_sum_buf(c, len * sizeof(float));
+    if (!t)
+        return;
+    cuda_matmul(c, w, x, t, n, false);
+    if (c->err)
+        return;
+    size_t g = (len + 255) / 256;
+    add_kernel<<<(unsigned)(g < 65536 ? g : 65536), 256, 0, c->st>>>(y, t, len);
+    CU_LAUNCH(c, "add_kernel");
+}
+
+void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add)
 {
     if (c->err || n <= 0)
         return;
@@ -463,11 +568,11 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
                 if (type == GGML_TYPE_Q8_0)
                     mmvq_fused_kernel<8><<<grid, MMQ_WARPS * 32, sm, c->st>>>(W, w->row_bytes, rows, cols, pairs,
                                                                              x + (size_t)t0 * cols, nt,
-                                                                             y + (size_t)t0 * rows, rpw);
+                                                                             y + (size_t)t0 * rows, rpw, add);
                 else
                     mmvq_fused_kernel<2><<<grid, MMQ_WARPS * 32, sm, c->st>>>(W, w->row_bytes, rows, cols, pairs,
                                                                              x + (size_t)t0 * cols, nt,
-                                                                             y + (size_t)t0 * rows, rpw);
+                                                                             y + (size_t)t0 * rows, rpw, add);
                 if (!CU_LAUNCH(c, "mmvq_fused_kernel"))
                     return;
             }
@@ -477,6 +582,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
          * W and the row size must be multiples of 4 (an even number of blocks: every model
          * shape); then no granule reaches past a row's last byte (see mmq_mma.cu). */
         bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 4 == 0;
+        if (mma && add) {
+            matmul_add_via_buf(c, w, x, y, n);
+            return;
+        }
         size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
         size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
         size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;
@@ -500,10 +609,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
             if (type == GGML_TYPE_Q8_0)
                 mmvq_kernel<8><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, pairs, xq + (size_t)t0 * cols,
-                                                             xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows);
+                                                             xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows, add);
             else
                 mmvq_kernel<2><<<rgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, nb, pairs, xq + (size_t)t0 * cols,
-                                                             xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows);
+                                                             xd + (size_t)t0 * nb, nt, y + (size_t)t0 * rows, add);
             if (!CU_LAUNCH(c, "mmvq_kernel"))
                 return;
         }
@@ -513,6 +622,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     bool floaty = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
     size_t esz = type == GGML_TYPE_F32 ? 4 : 2;
     if (floaty && n > MM_NT && type != GGML_TYPE_F32 && w->row_bytes % esz == 0) {
+        if (add) {
+            matmul_add_via_buf(c, w, x, y, n);
+            return;
+        }
         size_t ldw = w->row_bytes / esz;
         if (cols % 8 == 0 && (((uintptr_t)W | (uintptr_t)x | w->row_bytes) & 15) == 0) {
             dim3 grid((unsigned)((rows + GV_BN - 1) / GV_BN), (unsigned)((n + GM_BM - 1) / GM_BM));
@@ -540,14 +653,59 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
         const float *xt = x + (size_t)t0 * cols;
         float *yt = y + (size_t)t0 * rows;
         if (vec && type == GGML_TYPE_F32)
-            gemv_kernel<float><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<float><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt, add);
         else if (vec && type == GGML_TYPE_F16)
-            gemv_kernel<__half><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<__half><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt, add);
         else if (vec && type == GGML_TYPE_BF16)
-            gemv_kernel<__nv_bfloat16><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_kernel<__nv_bfloat16><<<vgrid, rblock, 0, c->st>>>(W, w->row_bytes, rows, cols, xt, nt, yt, add);
         else
-            gemv_any_kernel<<<rgrid, rblock, 0, c->st>>>(type, W, w->row_bytes, rows, cols, xt, nt, yt);
+            gemv_any_kernel<<<rgrid, rblock, 0, c->st>>>(type, W, w->row_bytes, rows, cols, xt, nt, yt, add);
         if (!CU_LAUNCH(c, "gemv_kernel"))
             return;
     }
+}
+
+/* backend_i.matmul3: y[m] = w[m] x for m = 0..2. Decode (n <= 2) with q8_0 / q4_0 weights of
+ * one type and width runs in one launch (mmvq_fused3_kernel), the rmsnorm included; anything
+ * else as three products, and with a norm not at all (false: the caller norms first). Either
+ * way each output has the bits of its own cuda_matmul. */
+bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
+                  const struct tensor *norm, float eps, float *xn)
+{
+    if (c->err || n <= 0)
+        return true;
+    uint32_t type = w[0]->type;
+    int cols = (int)w[0]->ne[0], nb = cols / QK;
+    bool one = n <= 2 && (type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && cols % QK == 0;
+    size_t sm = (((size_t)n * cols + 15) & ~(size_t)15) + (size_t)n * nb * sizeof(float);
+    one = one && sm <= 48 * 1024 && (!norm || norm_block(cols) == MMQ_WARPS * 32);
+    mm3_args a;
+    a.start[0] = 0;
+    a.nw = norm ? (const uint8_t *)norm->data : NULL;
+    a.ntype = norm ? norm->type : 0;
+    a.eps = eps;
+    a.xn = xn;
+    for (int m = 0; m < 3 && one; m++) {
+        int rows = (int)w[m]->ne[1];
+        one = w[m]->type == type && (int)w[m]->ne[0] == cols && rows > 0;
+        a.W[m] = (const uint8_t *)w[m]->data;
+        a.row_bytes[m] = w[m]->row_bytes;
+        a.y[m] = y[m];
+        a.rows[m] = rows;
+        a.pairs[m] = nb % 2 == 0 && (((uintptr_t)a.W[m] | a.row_bytes[m]) & 3) == 0;
+        a.start[m + 1] = a.start[m] + (rows + MMQ_WARPS - 1) / MMQ_WARPS;
+    }
+    if (!one && norm)
+        return false;
+    if (!one) {
+        for (int m = 0; m < 3; m++)
+            cuda_matmul(c, w[m], x, y[m], n);
+        return true;
+    }
+    if (type == GGML_TYPE_Q8_0)
+        mmvq_fused3_kernel<8><<<a.start[3], MMQ_WARPS * 32, sm, c->st>>>(a, cols, x, n);
+    else
+        mmvq_fused3_kernel<2><<<a.start[3], MMQ_WARPS * 32, sm, c->st>>>(a, cols, x, n);
+    CU_LAUNCH(c, "mmvq_fused3_kernel");
+    return true;
 }

@@ -9,14 +9,16 @@
  *      blocks (the down product's input, quantised exactly as the CPU backend does);
  *   2. down + weighted sum: a warp takes one output row, its lanes share the k experts'
  *      blocks of that row and the warp sums w[j] * (down_j . h_j) (the CPU's zero-then-axpy
- *      loop in another summation order).
+ *      loop in another summation order), added to y when the caller fuses the residual in.
  * q8_0 and q4_0 weights (dp4a, mmq.cuh); other types report TIDE_EUNSUPPORTED and the
  * forward uses the per-expert ops.
  *
  * The same two kernels also run from a device table (cuda_moe_ffn_table): the expert ids and
  * weights come from route_kernel's output in device memory and the addresses from the expert
  * cache's table, so a decode step with every expert resident never waits for the host. The
- * arithmetic is the same either way, so both forms give the same bits. */
+ * arithmetic is the same either way, so both forms give the same bits. cuda_moe_ffn_table_route
+ * also routes inside kernel 1 (warp 0 of every CTA runs route_kernel's code while the others
+ * quantise x), one launch fewer a layer. */
 #include "engine/cuda/mmq.cuh"
 
 #include <stdio.h>
@@ -34,9 +36,99 @@ struct moe_args {
     const void *const *table;
     const int32_t *routed;
     size_t rb_gu, rb_d; /* row bytes of gate/up (E columns) and down (F columns) */
+    /* fused routing (table form): when logits is set, moe_gate_up_kernel routes the token from
+     * its n_expert logits itself (route_warp) and CTA (0, 0) writes the result to routed */
+    const float *logits;
+    int n_expert;
+    bool norm;
     int k, E, F;
     bool pairs_gu;
+    bool add; /* y += the sum (the residual add fused in) instead of y = the sum */
 };
+
+/* ---- top-k routing (backend_i.route), one warp a token ----
+ * The steps of cpu_route: k rounds of arg-max over the experts not yet chosen (ties: the
+ * lower index), exponentials in double, the chosen sorted by index. Only the sum over all
+ * experts (norm off) is added in another order, a warp reduction. */
+#define ROUTE_MAX_EXPERTS 1024 /* 32 per lane: one bit each in a lane's chosen mask */
+#define ROUTE_MAX_K 64
+
+__device__ __forceinline__ bool route_better(float v, int e, float bv, int be)
+{
+    return be < 0 || v > bv || (v == bv && e < be);
+}
+
+/* One token's routing by one warp (every lane calls it): the experts, in ascending index
+ * order, to o_sel[0..k) and their weights to o_w[0..k) (written by lane 0; global or shared
+ * memory). sel: MAXK ints of shared scratch. route_kernel and moe_gate_up_kernel (the fused
+ * table form) both run this, so their routings are the same bits. */
+template <int MAXK>
+__device__ __forceinline__ void route_warp(const float *__restrict__ lg, int ne, int k, int norm, int *sel,
+                                           int32_t *o_sel, float *o_w)
+{
+    int lane = threadIdx.x & 31;
+    uint32_t chosen = 0; /* bit i: expert lane + 32 i is taken */
+    for (int j = 0; j < k; j++) {
+        float bv = 0.0f;
+        int be = -1;
+        for (int i = 0, e = lane; e < ne; i++, e += 32)
+            if (!(chosen >> i & 1u)) {
+                float v = lg[e];
+                if (route_better(v, e, bv, be))
+                    bv = v, be = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && route_better(ov, oe, bv, be))
+                bv = ov, be = oe;
+        }
+        if (be >= 0 && (be & 31) == lane)
+            chosen |= 1u << (be >> 5);
+        if (lane == 0)
+            sel[j] = be;
+    }
+    __syncwarp();
+    float mx = lg[sel[0]];
+    double all = 0.0;
+    if (!norm) {
+        for (int e = lane; e < ne; e += 32)
+            all += exp((double)lg[e] - mx);
+        for (int o = 16; o > 0; o >>= 1)
+            all += __shfl_xor_sync(0xffffffffu, all, o);
+    }
+    if (lane == 0) {
+        double w[MAXK], top = 0.0;
+        int s[MAXK];
+        for (int j = 0; j < k; j++) {
+            s[j] = sel[j];
+            w[j] = (double)(float)exp((double)lg[s[j]] - mx);
+            top += w[j];
+        }
+        double z = norm ? top : all;
+        for (int j = 1; j < k; j++) {
+            int e = s[j], i = j;
+            double wj = w[j];
+            for (; i > 0 && s[i - 1] > e; i--)
+                s[i] = s[i - 1], w[i] = w[i - 1];
+            s[i] = e, w[i] = wj;
+        }
+        for (int j = 0; j < k; j++) {
+            o_sel[j] = s[j];
+            o_w[j] = (float)(w[j] / z);
+        }
+    }
+    __syncwarp();
+}
+
+__global__ void __launch_bounds__(32) route_kernel(const float *__restrict__ logits, int n, int ne, int k, int norm,
+                                                   int32_t *__restrict__ out)
+{
+    __shared__ int sel[ROUTE_MAX_K];
+    int t = blockIdx.x;
+    route_warp<ROUTE_MAX_K>(logits + (size_t)t * ne, ne, k, norm, sel, out + (size_t)t * k,
+                            (float *)(out + (size_t)n * k) + (size_t)t * k);
+}
 
 /* grid (F / 32, k): block b of expert j -> hq[j*F + 32b ..], hd[j*F/32 + b] */
 template <int QT>
@@ -48,7 +140,14 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
     int E = a.E, nb = E / QK, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int8_t *xq = (int8_t *)sm;                              /* (E) */
     float *xd = (float *)(sm + (((size_t)E + 15) & ~(size_t)15)); /* (E / 32) */
-    for (int b = warp; b < nb; b += MOE_GU_WARPS) {
+    __shared__ int rsel[MOE_MAX_K], rid[MOE_MAX_K];
+    __shared__ float rw[MOE_MAX_K];
+    /* with fused routing warp 0 routes while the others quantise x (which warp takes a block
+     * does not change its bits) */
+    int w0 = a.logits ? 1 : 0;
+    if (w0 && warp == 0)
+        route_warp<MOE_MAX_K>(a.logits, a.n_expert, a.k, a.norm, rsel, rid, rw);
+    for (int b = warp - w0; b >= 0 && b < nb; b += MOE_GU_WARPS - w0) {
         float v = __ldg(x + (size_t)b * QK + lane);
         float amax = warp_max(fabsf(v));
         float d = amax / 127.0f;
@@ -59,9 +158,13 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
     }
     __syncthreads();
     int j = blockIdx.y, r0 = blockIdx.x * QK;
+    if (w0 && blockIdx.x == 0 && blockIdx.y == 0 && tid < a.k) { /* route()'s output, for moe_down_kernel */
+        ((int32_t *)a.routed)[tid] = rid[tid];
+        ((float *)a.routed)[a.k + tid] = rw[tid];
+    }
     const uint8_t *G = a.gate[j], *U = a.up[j];
     if (a.table) {
-        int e = a.routed[j];
+        int e = w0 ? rid[j] : a.routed[j];
         G = (const uint8_t *)a.table[3 * e];
         U = (const uint8_t *)a.table[3 * e + 1];
     }
@@ -134,7 +237,7 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
     }
     acc = warp_sum(acc);
     if (lane == 0)
-        y[r] = acc;
+        y[r] = a.add ? y[r] + acc : acc; /* y + acc: the bits of axpy_kernel's y + 1.0f * acc */
 }
 
 static bool aligned4(const void *p) { return ((uintptr_t)p & 3) == 0; }
@@ -190,7 +293,7 @@ static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const f
 }
 
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
-                 float *y)
+                 float *y, bool add)
 {
     if (c->err)
         return c->err;
@@ -214,13 +317,14 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
     }
     if (!x)
         return 0; /* a probe: these would run fused */
+    a.add = add;
     return moe_launch(c, T, a, x, y);
 }
 
 /* The table form. The table's addresses are the expert cache's slots, 256-byte aligned, so
  * the paired 4-byte loads of moe_shape's pairs_gu are safe without looking at them. */
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
-                       const int32_t *routed, int k, const float *x, float *y)
+                       const int32_t *routed, int k, const float *x, float *y, bool add)
 {
     if (c->err)
         return c->err;
@@ -231,80 +335,30 @@ int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, c
         return 0;
     a.table = table;
     a.routed = routed;
+    a.add = add;
     return moe_launch(c, shape->gate.type, a, x, y);
 }
 
-/* ---- top-k routing (backend_i.route), one warp a token ----
- * The steps of cpu_route: k rounds of arg-max over the experts not yet chosen (ties: the
- * lower index), exponentials in double, the chosen sorted by index. Only the sum over all
- * experts (norm off) is added in another order, a warp reduction. */
-#define ROUTE_MAX_EXPERTS 1024 /* 32 per lane: one bit each in a lane's chosen mask */
-#define ROUTE_MAX_K 64
-
-__device__ __forceinline__ bool route_better(float v, int e, float bv, int be)
+/* route + moe_ffn_table in one: moe_gate_up_kernel routes the token from its logits (the
+ * route_kernel code, so the same bits) and its CTA (0, 0) leaves route()'s output in routed. */
+int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                             const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
+                             float *y, bool add)
 {
-    return be < 0 || v > bv || (v == bv && e < be);
-}
-
-__global__ void __launch_bounds__(32) route_kernel(const float *__restrict__ logits, int n, int ne, int k, int norm,
-                                                   int32_t *__restrict__ out)
-{
-    int t = blockIdx.x, lane = threadIdx.x;
-    const float *lg = logits + (size_t)t * ne;
-    __shared__ int sel[ROUTE_MAX_K];
-    uint32_t chosen = 0; /* bit i: expert lane + 32 i is taken */
-    for (int j = 0; j < k; j++) {
-        float bv = 0.0f;
-        int be = -1;
-        for (int i = 0, e = lane; e < ne; i++, e += 32)
-            if (!(chosen >> i & 1u)) {
-                float v = lg[e];
-                if (route_better(v, e, bv, be))
-                    bv = v, be = e;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && route_better(ov, oe, bv, be))
-                bv = ov, be = oe;
-        }
-        if (be >= 0 && (be & 31) == lane)
-            chosen |= 1u << (be >> 5);
-        if (lane == 0)
-            sel[j] = be;
-    }
-    __syncwarp();
-    float mx = lg[sel[0]];
-    double all = 0.0;
-    if (!norm) {
-        for (int e = lane; e < ne; e += 32)
-            all += exp((double)lg[e] - mx);
-        for (int o = 16; o > 0; o >>= 1)
-            all += __shfl_xor_sync(0xffffffffu, all, o);
-    }
-    if (lane != 0)
-        return;
-    double w[ROUTE_MAX_K], top = 0.0;
-    int s[ROUTE_MAX_K];
-    for (int j = 0; j < k; j++) {
-        s[j] = sel[j];
-        w[j] = (double)(float)exp((double)lg[s[j]] - mx);
-        top += w[j];
-    }
-    double z = norm ? top : all;
-    for (int j = 1; j < k; j++) {
-        int e = s[j], i = j;
-        double wj = w[j];
-        for (; i > 0 && s[i - 1] > e; i--)
-            s[i] = s[i - 1], w[i] = w[i - 1];
-        s[i] = e, w[i] = wj;
-    }
-    int32_t *o_sel = out + (size_t)t * k;
-    float *o_w = (float *)(out + (size_t)n * k) + (size_t)t * k;
-    for (int j = 0; j < k; j++) {
-        o_sel[j] = s[j];
-        o_w[j] = (float)(w[j] / z);
-    }
+    if (c->err)
+        return c->err;
+    moe_args a;
+    if (!moe_shape(shape, k, &a) || k > n_expert || n_expert > ROUTE_MAX_EXPERTS)
+        return TIDE_EUNSUPPORTED;
+    if (!x)
+        return 0;
+    a.table = table;
+    a.routed = routed;
+    a.add = add;
+    a.logits = logits;
+    a.n_expert = n_expert;
+    a.norm = norm;
+    return moe_launch(c, shape->gate.type, a, x, y);
 }
 
 void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)

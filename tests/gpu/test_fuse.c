@@ -1,0 +1,237 @@
+/* test_fuse.c - the fused decode ops (backend_i.qk_norm_rope, matmul_add, matmul3) on both backends.
+ *
+ * Each fused slot claims the bits of the ops it stands for, so besides CUDA vs CPU on random
+ * inputs every case checks, bit for bit:
+ *   - the CPU slot against the CPU's separate ops (the forward's CPU results must not move);
+ *   - the CUDA slot against the CUDA's separate ops on the same device inputs.
+ * The MoE's add form is checked the same way in test_moe.c. */
+#include "gpu_test.h"
+#include "engine/gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool all_finite(const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return false;
+    return true;
+}
+
+/* q (n, nh*hd), k (n, nkv*hd) in place; norm: 0 none (llama), 1 both (qwen3, f32 weights),
+ * 2 q only with f16 weights (a shape no model has, to check that each side is independent) */
+static bool qknr_case(int nh, int nkv, int hd, int pos, int n, int norm, enum rope_kind kind, double *worst)
+{
+    size_t lq = (size_t)n * nh * hd, lk = (size_t)n * nkv * hd;
+    float *q = rand_vec(lq, 2.0f), *k = rand_vec(lk, 2.0f);
+    float *wq = rand_vec(hd, 1.0f), *wk = rand_vec(hd, 1.0f);
+    uint32_t wt = norm == 2 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    struct tensor qh = make_tensor(wt, hd, 1, wq), kh = make_tensor(wt, hd, 1, wk);
+    struct tensor qd = to_dev(&qh), kd = to_dev(&kh);
+    const struct tensor *qnh = norm ? &qh : NULL, *knh = norm == 1 ? &kh : NULL;
+    const struct tensor *qnd = norm ? &qd : NULL, *knd = norm == 1 ? &kd : NULL;
+    const float eps = 1e-6f, theta = 1e6f;
+
+    /* CPU: fused slot vs the separate ops */
+    float *q1 = malloc(lq * 4), *k1 = malloc(lk * 4), *q2 = malloc(lq * 4), *k2 = malloc(lk * 4);
+    memcpy(q1, q, lq * 4); memcpy(k1, k, lk * 4); memcpy(q2, q, lq * 4); memcpy(k2, k, lk * 4);
+    cpu.i->qk_norm_rope(cpu.ctx, q1, k1, qnh, knh, n, nh, nkv, hd, pos, theta, kind, eps);
+    if (qnh) cpu.i->rmsnorm(cpu.ctx, q2, qnh, q2, hd, n * nh, eps);
+    if (knh) cpu.i->rmsnorm(cpu.ctx, k2, knh, k2, hd, n * nkv, eps);
+    cpu.i->rope(cpu.ctx, q2, n, nh, hd, pos, theta, kind);
+    cpu.i->rope(cpu.ctx, k2, n, nkv, hd, pos, theta, kind);
+    bool cpu_same = !memcmp(q1, q2, lq * 4) && !memcmp(k1, k2, lk * 4);
+
+    /* CUDA: fused slot vs the separate kernels on the same inputs */
+    float *qa = dev_put(q, lq * 4), *ka = dev_put(k, lk * 4), *qb = dev_put(q, lq * 4), *kb = dev_put(k, lk * 4);
+    gpu.i->qk_norm_rope(gpu.ctx, qa, ka, qnd, knd, n, nh, nkv, hd, pos, theta, kind, eps);
+    if (qnd) gpu.i->rmsnorm(gpu.ctx, qb, qnd, qb, hd, n * nh, eps);
+    if (knd) gpu.i->rmsnorm(gpu.ctx, kb, knd, kb, hd, n * nkv, eps);
+    gpu.i->rope(gpu.ctx, qb, n, nh, hd, pos, theta, kind);
+    gpu.i->rope(gpu.ctx, kb, n, nkv, hd, pos, theta, kind);
+    float *ga = dev_get(qa, lq), *gka = dev_get(ka, lk), *gb = dev_get(qb, lq), *gkb = dev_get(kb, lk);
+    bool gpu_same = !memcmp(ga, gb, lq * 4) && !memcmp(gka, gkb, lk * 4);
+    double e = relerr(ga, q1, lq), ek = relerr(gka, k1, lk);
+    if (ek > e) e = ek;
+    if (e > *worst) *worst = e;
+    bool ok = cpu_same && gpu_same && e < 1e-5 && all_finite(ga, lq) && all_finite(gka, lk);
+    if (!ok)
+        printf("  qk_norm_rope nh %d nkv %d hd %d pos %d n %d norm %d kind %d: cpu %s, cuda %s the separate "
+               "kernels, rel err vs cpu %.3g\n", nh, nkv, hd, pos, n, norm, (int)kind, cpu_same ? "==" : "!=",
+               gpu_same ? "==" : "!=", e);
+    gpu.i->free(gpu.ctx, qa); gpu.i->free(gpu.ctx, ka); gpu.i->free(gpu.ctx, qb); gpu.i->free(gpu.ctx, kb);
+    gpu.i->free(gpu.ctx, (void *)qd.data); gpu.i->free(gpu.ctx, (void *)kd.data);
+    free(q); free(k); free(wq); free(wk); free(q1); free(k1); free(q2); free(k2);
+    free(ga); free(gka); free(gb); free(gkb);
+    free((void *)qh.data); free((void *)kh.data);
+    return ok;
+}
+
+void test_qk_norm_rope(void)
+{
+    /* n_head, n_head_kv, head_dim, pos, n: Qwen3-30B-A3B decode and prefill, small heads
+     * (rmsnorm's 32-thread block), head_dim 256 (its 256 block), far positions */
+    static const int cfg[][5] = {{32, 4, 128, 512, 1}, {32, 4, 128, 0, 1},  {32, 4, 128, 100, 77},
+                                 {8, 8, 64, 131000, 3}, {4, 2, 16, 40000, 1}, {6, 2, 96, 5, 200},
+                                 {2, 1, 256, 7, 5},     {16, 16, 128, 3000, 512}};
+    bool ok = cpu.i->qk_norm_rope && gpu.i->qk_norm_rope;
+    double worst = 0;
+    for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int norm = 0; norm < 3; norm++)
+            for (int kind = 0; kind < 2; kind++)
+                ok = qknr_case(cfg[c][0], cfg[c][1], cfg[c][2], cfg[c][3], cfg[c][4], norm,
+                               kind ? ROPE_NEOX : ROPE_NORM, &worst) && ok;
+    verdict("qk_norm_rope", ok, "bit for bit the separate ops on both backends; max rel err cuda vs cpu %.3g", worst);
+}
+
+/* y += W x: CUDA vs CPU, and each bit for bit its own matmul then axpy(y, t, 1.0f); decode
+ * sizes (the fused-quantisation and gemv kernels add in place) and prefill sizes (the
+ * tensor-core paths add through a buffer). */
+void test_matmul_add(void)
+{
+    static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
+    static const int shapes[][3] = {{4096, 2048, 1}, {2048, 512, 2}, {256, 96, 5}, {96, 64, 17},
+                                    {2048, 1000, 33}, {768, 2048, 64}, {100, 50, 3}};
+    bool ok = cpu.i->matmul_add && gpu.i->matmul_add;
+    double worst = 0;
+    for (size_t ti = 0; ok && ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t T = types[ti];
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int cols = shapes[s][0], rows = shapes[s][1], n = shapes[s][2];
+            if (cols % 32 && (T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0))
+                continue;
+            size_t ly = (size_t)n * rows;
+            float *wf = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
+            float *x = rand_vec((size_t)n * cols, 1.0f), *y0 = rand_vec(ly, 1.0f);
+            struct tensor th = make_tensor(T, cols, rows, wf), td = to_dev(&th);
+            /* CPU: the slot vs matmul + axpy */
+            float *y1 = malloc(ly * 4), *y2 = malloc(ly * 4), *t = malloc(ly * 4);
+            memcpy(y1, y0, ly * 4);
+            memcpy(y2, y0, ly * 4);
+            cpu.i->matmul_add(cpu.ctx, &th, x, y1, n);
+            cpu.i->matmul(cpu.ctx, &th, x, t, n);
+            cpu.i->axpy(cpu.ctx, y2, t, 1.0f, (int)ly);
+            bool cpu_same = !memcmp(y1, y2, ly * 4);
+            /* CUDA: the slot vs matmul into a poisoned buffer + axpy */
+            float *xd = dev_put(x, (size_t)n * cols * 4), *ya = dev_put(y0, ly * 4), *yb = dev_put(y0, ly * 4);
+            float *td2 = dev_put(NULL, ly * 4);
+            dev_poison(td2, ly * 4);
+            gpu.i->matmul_add(gpu.ctx, &td, xd, ya, n);
+            gpu.i->matmul(gpu.ctx, &td, xd, td2, n);
+            gpu.i->axpy(gpu.ctx, yb, td2, 1.0f, (int)ly);
+            float *ga = dev_get(ya, ly), *gb = dev_get(yb, ly);
+            bool gpu_same = !memcmp(ga, gb, ly * 4);
+            /* the product's error, not hidden by the residual: (y - y0) on both sides */
+            for (size_t i = 0; i < ly; i++) {
+                t[i] = y1[i] - y0[i];
+                y2[i] = ga[i] - y0[i];
+            }
+            double e = relerr(y2, t, ly), lim = T == GGML_TYPE_F32 || T == GGML_TYPE_F16 ? 1e-3 : 1e-2;
+            if (e > worst) worst = e;
+            bool c_ok = cpu_same && gpu_same && e < lim && all_finite(ga, ly);
+            if (!c_ok)
+                printf("  matmul_add %s cols %d rows %d n %d: cpu %s, cuda %s matmul + axpy, rel err %.3g\n",
+                       ggml_type_name(T), cols, rows, n, cpu_same ? "==" : "!=", gpu_same ? "==" : "!=", e);
+            ok = ok && c_ok;
+            gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, ya); gpu.i->free(gpu.ctx, yb);
+            gpu.i->free(gpu.ctx, td2); gpu.i->free(gpu.ctx, (void *)td.data);
+            free(wf); free(x); free(y0); free(y1); free(y2); free(t); free(ga); free(gb);
+            free((void *)th.data);
+        }
+    }
+    verdict("matmul_add", ok, "bit for bit matmul + axpy on both backends; max rel err of the product %.3g", worst);
+}
+
+/* matmul3 (wq, wk, wv of one x, normed on the way or not): each output, and the normed x, bit
+ * for bit the separate rmsnorm and matmuls on the same backend, and CUDA vs CPU; decode sizes
+ * (one launch for q8_0/q4_0 with widths over 128) and others (the separate kernels). */
+static bool mm3_case(uint32_t T, const int *shp, bool norm, double *worst)
+{
+    int cols = shp[0], n = shp[4];
+    size_t lx = (size_t)n * cols;
+    float *x = rand_vec(lx, 1.0f), *xd = dev_put(x, lx * 4), *nv = rand_vec(cols, 1.0f);
+    struct tensor nh = {.type = GGML_TYPE_F32, .ne = {(uint64_t)cols, 1}, .data = nv, .row_bytes = (size_t)cols * 4};
+    struct tensor nd = to_dev(&nh);
+    float *xn_c = malloc(lx * 4), *xn_c2 = malloc(lx * 4), *xn_a = dev_put(NULL, lx * 4), *xn_b = dev_put(NULL, lx * 4);
+    dev_poison(xn_a, lx * 4);
+    struct tensor th[3], td[3];
+    float *wf[3], *yc[3], *yc2[3], *ya[3], *yb[3];
+    size_t ly[3];
+    for (int m = 0; m < 3; m++) {
+        int rows = shp[1 + m];
+        ly[m] = (size_t)n * rows;
+        wf[m] = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
+        th[m] = make_tensor(T, cols, rows, wf[m]);
+        td[m] = to_dev(&th[m]);
+        yc[m] = malloc(ly[m] * 4);
+        yc2[m] = malloc(ly[m] * 4);
+        ya[m] = dev_put(NULL, ly[m] * 4);
+        yb[m] = dev_put(NULL, ly[m] * 4);
+        dev_poison(ya[m], ly[m] * 4);
+        dev_poison(yb[m], ly[m] * 4);
+    }
+    const struct tensor *const wh[3] = {&th[0], &th[1], &th[2]}, *const wd[3] = {&td[0], &td[1], &td[2]};
+    float *const yh3[3] = {yc[0], yc[1], yc[2]}, *const yd3[3] = {ya[0], ya[1], ya[2]};
+    cpu.i->matmul3(cpu.ctx, wh, x, yh3, n, norm ? &nh : NULL, 1e-6f, xn_c);
+    gpu.i->matmul3(gpu.ctx, wd, xd, yd3, n, norm ? &nd : NULL, 1e-6f, xn_a);
+    /* the separate ops */
+    const float *in_c = x, *in_g = xd;
+    if (norm) {
+        cpu.i->rmsnorm(cpu.ctx, x, &nh, xn_c2, cols, n, 1e-6f);
+        gpu.i->rmsnorm(gpu.ctx, xd, &nd, xn_b, cols, n, 1e-6f);
+        in_c = xn_c2, in_g = xn_b;
+    }
+    bool ok = true;
+    if (norm) {
+        float *ga = dev_get(xn_a, lx), *gb = dev_get(xn_b, lx);
+        bool same = !memcmp(xn_c, xn_c2, lx * 4) && !memcmp(ga, gb, lx * 4);
+        if (!same) {
+            printf("  matmul3 %s cols %d n %d: the normed x differs from rmsnorm's\n", ggml_type_name(T), cols, n);
+            ok = false;
+        }
+        free(ga); free(gb);
+    }
+    for (int m = 0; m < 3; m++) {
+        cpu.i->matmul(cpu.ctx, &th[m], in_c, yc2[m], n);
+        gpu.i->matmul(gpu.ctx, &td[m], in_g, yb[m], n);
+        float *ga = dev_get(ya[m], ly[m]), *gb = dev_get(yb[m], ly[m]);
+        bool cpu_same = !memcmp(yc[m], yc2[m], ly[m] * 4), gpu_same = !memcmp(ga, gb, ly[m] * 4);
+        double e = relerr(ga, yc[m], ly[m]), lim = T == GGML_TYPE_F16 ? 1e-3 : 1e-2;
+        if (e > *worst) *worst = e;
+        if (!cpu_same || !gpu_same || !(e < lim)) {
+            printf("  matmul3 %s cols %d [%d] rows %d n %d norm %d: cpu %s, cuda %s the separate ops, rel err %.3g\n",
+                   ggml_type_name(T), cols, m, shp[1 + m], n, (int)norm, cpu_same ? "==" : "!=", gpu_same ? "==" : "!=",
+                   e);
+            ok = false;
+        }
+        free(ga); free(gb);
+    }
+    for (int m = 0; m < 3; m++) {
+        gpu.i->free(gpu.ctx, ya[m]); gpu.i->free(gpu.ctx, yb[m]); gpu.i->free(gpu.ctx, (void *)td[m].data);
+        free(wf[m]); free(yc[m]); free(yc2[m]); free((void *)th[m].data);
+    }
+    gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, xn_a); gpu.i->free(gpu.ctx, xn_b);
+    gpu.i->free(gpu.ctx, (void *)nd.data);
+    free(x); free(nv); free(xn_c); free(xn_c2);
+    return ok;
+}
+
+void test_matmul3(void)
+{
+    static const uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F16};
+    /* cols, rows of wq, wk, wv, n */
+    static const int shapes[][5] = {{2048, 4096, 512, 512, 1}, {2048, 4096, 512, 512, 2}, {96, 64, 32, 32, 1},
+                                    {256, 100, 37, 37, 2},     {2048, 4096, 512, 512, 5}, {4096, 4096, 1024, 1024, 1},
+                                    {128, 64, 64, 64, 33},     {160, 33, 8, 8, 1}};
+    bool ok = cpu.i->matmul3 && gpu.i->matmul3;
+    double worst = 0;
+    for (size_t ti = 0; ok && ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int norm = 0; norm < 2; norm++)
+                ok = mm3_case(types[ti], shapes[s], norm, &worst) && ok;
+    verdict("matmul3", ok, "outputs and normed x bit for bit the separate ops on both backends; max rel err %.3g",
+            worst);
+}
