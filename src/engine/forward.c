@@ -285,14 +285,10 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->moe_tokw = malloc(B * nu * sizeof(float));
     s->moe_off = malloc((d.ne + 1) * sizeof(int));
     /* downloaded every token: page-locked when the last stage's backend offers it */
-    const struct backend_i *li = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be.i : sp[n_stage - 1].be.i;
-    void *lctx = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be.ctx : sp[n_stage - 1].be.ctx;
-    if (li && li->host_alloc) {
-        s->logits = li->host_alloc(lctx, d.V * sizeof(float));
-        if (s->logits) {
-            s->logits_free = li->host_free;
-            s->logits_ctx = lctx;
-        }
+    struct backend lb = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be : sp[n_stage - 1].be; /* as stage_init */
+    if (lb.i && lb.i->host_alloc && (s->logits = lb.i->host_alloc(lb.ctx, d.V * sizeof(float)))) {
+        s->logits_free = lb.i->host_free;
+        s->logits_ctx = lb.ctx;
     }
     if (!s->logits)
         s->logits = malloc(d.V * sizeof(float));

@@ -209,17 +209,25 @@ static int victim(const struct expert_cache *c)
     return best;
 }
 
+/* A use of key: the newest tick for it, and for its slot when it has one (LRU and refill
+ * order). Lookups and the uses replayed after a table step (expert_cache_touch) alike. */
+static void mark_used(struct expert_cache *c, int32_t key)
+{
+    c->tick++;
+    c->key_tick[key] = c->tick;
+    if (c->slot_of[key] >= 0)
+        c->slot_tick[c->slot_of[key]] = c->tick;
+}
+
 int expert_cache_lookup(struct expert_cache *c, uint32_t l, uint32_t e, struct expert_weights *out)
 {
     if (l < c->l0 || l >= c->l1 || e >= c->n_expert)
         return TIDE_EINVAL;
     int32_t key = (int32_t)((l - c->l0) * c->n_expert + e);
-    c->tick++;
-    c->key_tick[key] = c->tick;
+    mark_used(c, key);
     int s = c->slot_of[key];
     if (s >= 0) {
         c->hits++;
-        c->slot_tick[s] = c->tick;
         place(c, l, e, slot_ptr(c, s), false, out);
         return 0;
     }
@@ -406,11 +414,8 @@ void expert_cache_touch(struct expert_cache *c, uint32_t l, uint32_t e)
     if (l < c->l0 || l >= c->l1 || e >= c->n_expert)
         return;
     int32_t key = (int32_t)((l - c->l0) * c->n_expert + e);
-    int s = c->slot_of[key];
-    if (s < 0)
+    if (c->slot_of[key] < 0)
         return;
-    c->tick++;
-    c->key_tick[key] = c->tick;
-    c->slot_tick[s] = c->tick;
+    mark_used(c, key);
     c->hits++;
 }
