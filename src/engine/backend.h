@@ -133,6 +133,12 @@ struct backend_i {
     void (*attention_at)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                          const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
     void (*get_row_at)(void *ctx, const struct tensor *t, const int32_t *at, float *out);
+    /* One vector: xn = rmsnorm(x, norm, eps) (bit for bit the rmsnorm op) and y = W xn (the
+     * matmul up to summation order), in one op: a decode layer's FFN norm and MoE router.
+     * Returns 0, or TIDE_EUNSUPPORTED with nothing queued (types or sizes it does not fuse:
+     * the caller runs the two ops). NULL where there is no such form. */
+    int (*norm_matmul)(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                       float eps, float *xn);
 };
 
 struct backend {

@@ -398,7 +398,7 @@ static int32_t *layer_route(const struct forward_state *s, const struct forward_
 
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E), returning 0; or, returning
  * 1, already added into x (the fused decode forms: one launch fewer than an axpy after). */
-static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
+static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits)
 {
     const struct model_config *c = &s->m->cfg;
     const struct backend_i *B = st->be.i;
@@ -406,7 +406,8 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     int E = (int)c->n_embd, F = (int)c->n_ff_exp, k = (int)c->n_expert_used;
     const struct model_layer *L = &st->layers[l - st->l0];
 
-    B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
+    if (!have_logits)
+        B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
     int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
     if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
         struct expert_weights shape;
@@ -538,9 +539,13 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
             B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
         matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
 
-        B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
+        /* a decode token's norm and router product in one op where the backend has it */
+        bool routed = n == 1 && c->n_expert && B->norm_matmul &&
+                      B->norm_matmul(bc, &L->ffn_gate_inp, st->x, st->router, &L->ffn_norm, c->rms_eps, st->xb) == 0;
+        if (!routed)
+            B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         if (c->n_expert) {
-            int rc = moe_ffn(s, st, l, n);
+            int rc = moe_ffn(s, st, l, n, routed);
             if (rc < 0)
                 return rc;
             if (rc == 0)

@@ -47,6 +47,7 @@ static int argmax(const float *v, int n)
 }
 
 static int full_fused; /* moe_ffn_table calls that computed in decode steps (the probe passes x NULL) */
+static int full_replays; /* recorded decode steps replayed (gpu_e2e_full) */
 static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
 static int keep_V;
 
@@ -105,7 +106,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
         memcpy(keep_logits, sg.logits, sizeof(float) * V);
     int same = 0, first_diff = -1;
     int tc = argmax(sc.logits, V), tg = argmax(sg.logits, V);
-    full_fused = 0; /* gpu_e2e_full counts the decode steps only */
+    full_fused = 0; /* gpu_e2e_full counts the decode steps only (this forward has no prefill buffer: */
+    full_replays = 0; /* its prompt ran token by token, recorded and replayed too) */
     for (int i = 0; i < n_gen && !rc1 && !rc2; i++) {
         if (tc == tg) same++;
         else if (first_diff < 0) first_diff = i;
@@ -185,7 +187,7 @@ static int full_moe_ffn_table_route(void *ctx, const struct expert_weights *shap
 
 /* Recorded decode steps: the table ops called while recording run nothing, and each replay
  * runs every layer's (counted per layer at launch). */
-static int full_replays, full_nl;
+static int full_nl;
 static int full_graph_begin(void *ctx)
 {
     int rc = full_gpu.i->graph_begin(ctx);
@@ -375,6 +377,27 @@ static void sh_matmul_add(void *ctx, const struct tensor *w, const float *x, flo
 
 /* the normed input against the CPU's rmsnorm, and each output against the CPU's product of
  * the GPU's normed x (an int8 rounding of x could flip on another normed x) */
+static int sh_norm_matmul(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                          float eps, float *xn)
+{
+    int rc = sh_gpu.i->norm_matmul(ctx, w, x, y, norm, eps, xn);
+    if (rc)
+        return rc;
+    size_t cols = w->ne[0], rows = w->ne[1];
+    struct tensor th = *w, nh = *norm;
+    th.data = sh_get(w->data, w->row_bytes * rows);
+    nh.data = sh_get(norm->data, norm->row_bytes);
+    float *xh = sh_get(x, sizeof(float) * cols), *xng = sh_get(xn, sizeof(float) * cols),
+          *yg = sh_get(y, sizeof(float) * rows);
+    float *xnc = malloc(sizeof(float) * cols), *yc = malloc(sizeof(float) * rows);
+    sh_cpu.i->rmsnorm(sh_cpu.ctx, xh, &nh, xnc, (int)cols, 1, eps);
+    sh_note(1, "norm_matmul norm", rel(xng, xnc, cols), 1e-5);
+    sh_cpu.i->matmul(sh_cpu.ctx, &th, xng, yc, 1); /* the product from the GPU's normed x */
+    sh_note(0, "norm_matmul product", rel(yg, yc, rows), 1e-5);
+    free((void *)th.data); free((void *)nh.data); free(xh); free(xng); free(yg); free(xnc); free(yc);
+    return 0;
+}
+
 static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                        const struct tensor *norm, float eps, float *xn)
 {
@@ -506,6 +529,8 @@ int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, con
         wrap.qk_norm_rope = sh_qk_norm_rope;
     if (gpu.i->moe_ffn)
         wrap.moe_ffn = sh_moe_ffn;
+    if (gpu.i->norm_matmul)
+        wrap.norm_matmul = sh_norm_matmul;
     memset(sh_worst, 0, sizeof sh_worst);
     sh_reported = 0;
     struct backend wb = {&wrap, gpu.ctx};

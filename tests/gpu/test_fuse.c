@@ -311,3 +311,42 @@ void test_step_at(void)
     free(wf); free((void *)th.data);
     verdict("step_at", ok && !backend_cuda_error(&gpu, NULL, 0), "qk_norm_rope_at, attention_at, get_row_at bit for bit the plain ops (%.0f cases)", n_cases);
 }
+
+/* rmsnorm + the f32 router product in one op: the normed x bit for bit the rmsnorm op's, the
+ * product within rounding of the matmul's (another summation order). */
+void test_norm_matmul(void)
+{
+    static const int shapes[][2] = {{2048, 128}, {4096, 64}, {256, 8}, {1000, 7}, {768, 129}};
+    bool ok = gpu.i->norm_matmul != NULL;
+    double worst = 0;
+    for (size_t i = 0; ok && i < sizeof shapes / sizeof shapes[0]; i++) {
+        int cols = shapes[i][0], rows = shapes[i][1];
+        float *wf = rand_vec((size_t)rows * cols, 0.05f), *x = rand_vec(cols, 2.0f), *nw = rand_vec(cols, 1.0f);
+        struct tensor th = make_tensor(GGML_TYPE_F32, cols, rows, wf), td = to_dev(&th);
+        struct tensor nh = make_tensor(GGML_TYPE_F32, cols, 1, nw), nd = to_dev(&nh);
+        float *xd = dev_put(x, cols * 4), *xa = dev_put(NULL, cols * 4), *xb = dev_put(NULL, cols * 4);
+        float *ya = dev_put(NULL, rows * 4), *yb = dev_put(NULL, rows * 4);
+        dev_poison(xb, cols * 4);
+        dev_poison(yb, rows * 4);
+        gpu.i->rmsnorm(gpu.ctx, xd, &nd, xa, cols, 1, 1e-6f);
+        gpu.i->matmul(gpu.ctx, &td, xa, ya, 1);
+        int rc = gpu.i->norm_matmul(gpu.ctx, &td, xd, yb, &nd, 1e-6f, xb);
+        float *ha = dev_get(xa, cols), *hb = dev_get(xb, cols), *ga = dev_get(ya, rows), *gb = dev_get(yb, rows);
+        double e = relerr(gb, ga, rows);
+        if (e > worst) worst = e;
+        bool same = !memcmp(ha, hb, cols * 4);
+        /* sizes it does not take must say so, not half-run */
+        bool fits = cols <= 4096 && cols > 128;
+        if (fits ? rc != 0 || !same || !(e < 1e-6) : rc != TIDE_EUNSUPPORTED) {
+            ok = false;
+            printf("  norm_matmul %d x %d: rc %d, normed x %s, product rel err %.3g\n", cols, rows, rc,
+                   same ? "same" : "DIFFERENT", e);
+        }
+        free(ha); free(hb); free(ga); free(gb);
+        void *dv[] = {xd, xa, xb, ya, yb, (void *)td.data, (void *)nd.data};
+        for (size_t j = 0; j < sizeof dv / sizeof dv[0]; j++)
+            gpu.i->free(gpu.ctx, dv[j]);
+        free(wf); free(x); free(nw); free((void *)th.data); free((void *)nh.data);
+    }
+    verdict("norm_matmul", ok && !backend_cuda_error(&gpu, NULL, 0), "normed x bit for bit rmsnorm; product max rel err %.3g", worst);
+}

@@ -239,7 +239,7 @@ void bench_decode(double d2d, int mode)
      * weights), mode 5 replays the fused table step as one recorded graph */
     bool fused = mode == 1, table = mode >= 2, fuse_ops = mode == 2 || mode >= 4;
     static const char *const op_names[] = {"matmul3 (norm + wq/wk/wv)", "qk_norm_rope", "attention (pos 512)",
-                                           "matmul_add (wo + residual)", "rmsnorm (ffn)", "router matmul (f32)",
+                                           "matmul_add (wo + residual)", "ffn norm + router (norm_matmul)", "router matmul (unfused only)",
                                            "moe_ffn_table_route", "output head (norm + vocab)", "empty launches (zero 1)"};
     int only = mode == 4 ? 0 : -1;
     void *graph = NULL;
@@ -363,11 +363,16 @@ again:
                 gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
                 gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
             }
-            if (DO(4))
-                gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
             struct tensor wr = {GGML_TYPE_F32, {E, NE}, routf + (size_t)l * E * NE, (size_t)E * 4};
-            if (DO(5))
-                gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
+            if (fuse_ops && gpu.i->norm_matmul) { /* the forward's decode form */
+                if (DO(4))
+                    gpu.i->norm_matmul(gpu.ctx, &wr, x, rt, &nw, 1e-6f, xb);
+            } else {
+                if (DO(4))
+                    gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
+                if (DO(5))
+                    gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
+            }
             active += per_layer_attn + (size_t)E * NE * 4 + (size_t)(P + 1) * KVD * 8;
             if (table) {
                 int32_t *rl = routed + (size_t)l * 2 * K;

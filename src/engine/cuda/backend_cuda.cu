@@ -418,6 +418,17 @@ static void cu_get_row_at(void *ctx, const struct tensor *t, const int32_t *at, 
     CU_LAUNCH(c, "get_row_at_kernel");
 }
 
+static int cu_norm_matmul(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                          float eps, float *xn)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    if (!cuda_norm_matmul(c, w, x, y, norm, eps, xn))
+        return TIDE_EUNSUPPORTED;
+    return c->err;
+}
+
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
@@ -665,6 +676,7 @@ static const struct backend_i cuda_iface = {
     .qk_norm_rope_at = cu_qk_norm_rope_at,
     .attention_at = cu_attention_at,
     .get_row_at = cu_get_row_at,
+    .norm_matmul = cu_norm_matmul,
 };
 
 /* ---- public entry points ---- */

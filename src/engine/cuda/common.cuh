@@ -69,6 +69,9 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
  * returns false otherwise, nothing queued (the caller then norms first). */
 bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                   const struct tensor *norm, float eps, float *xn);
+/* backend_i.norm_matmul (norm_matmul.cu): false, nothing queued, for shapes it does not take */
+bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                      float eps, float *xn);
 /* backend_i.attention_at (attention.cu) */
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
                        const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
