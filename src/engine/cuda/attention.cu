@@ -134,7 +134,7 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
         for (int g = 0; g < ATT_G; g++)
             acc[g] = 0.0f;
         const float *vr = vc + (size_t)t0 * kvd + (size_t)kvh * hd + d;
-#pragma unroll 4
+#pragma unroll 8
         for (int j = 0; j < len; j++) {
             float v = __ldg(vr + (size_t)j * kvd);
 #pragma unroll
