@@ -1,6 +1,7 @@
 /* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
  * (rmsnorm, rope, qk_norm_rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
- * matmul.cu, moe.cu, attention.cu (decode) and attention_prefill.cu hold the big kernels.
+ * matmul.cu, moe.cu, attention.cu (decode), attention_prefill.cu and norm_matmul.cu hold the big
+ * kernels; the recording of decode steps (graphs) is here.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */

@@ -79,7 +79,7 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
                                                 int cols = 0, const float *sc = nullptr, uint32_t ntype = 0,
                                                 const uint8_t *nw = nullptr, float *xn = nullptr)
 {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, warp = tid >> 5;
     for (int base = 0; base < total; base += MMQ_WARPS * 32 * 4) {
         float v[4];
 #pragma unroll
@@ -96,14 +96,8 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int e = base + k * MMQ_WARPS * 32 + tid;
-            if (base + k * MMQ_WARPS * 32 + warp * 32 < total) { /* warp-uniform: total % 32 == 0 */
-                float amax = warp_max(fabsf(v[k]));
-                float d = amax / 127.0f;
-                float id = d != 0.0f ? 1.0f / d : 0.0f;
-                xq[e] = (int8_t)__float2int_rn(v[k] * id);
-                if (lane == 0)
-                    xd[e / QK] = __half2float(__float2half_rn(d));
-            }
+            if (base + k * MMQ_WARPS * 32 + warp * 32 < total) /* warp-uniform: total % 32 == 0 */
+                quantize_q8_elem(v[k], e, xq, xd);
         }
     }
     __syncthreads();
@@ -121,7 +115,7 @@ __device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, in
                                                  float *xn = nullptr)
 {
     constexpr int B = MMQ_WARPS * 32;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, warp = tid >> 5;
     float v[X1_PER_THREAD];
 #pragma unroll
     for (int k = 0; k < X1_PER_THREAD; k++) {
@@ -135,18 +129,7 @@ __device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, in
         for (int k = 0; k < X1_PER_THREAD; k++)
             if (k * B + tid < cols)
                 ss = fmaf(v[k], v[k], ss);
-        ss = warp_sum(ss);
-        if (lane == 0)
-            red[warp] = ss;
-        __syncthreads();
-        if (warp == 0) {
-            float t = lane < MMQ_WARPS ? red[lane] : 0.0f;
-            t = warp_sum(t);
-            if (lane == 0)
-                red[0] = t;
-        }
-        __syncthreads();
-        float sc = 1.0f / sqrtf(red[0] / (float)cols + eps);
+        float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
 #pragma unroll
         for (int k = 0; k < X1_PER_THREAD; k++) {
             int e = k * B + tid;
@@ -160,14 +143,8 @@ __device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, in
 #pragma unroll
     for (int k = 0; k < X1_PER_THREAD; k++) {
         int e = k * B + tid;
-        if (k * B + warp * 32 < cols) { /* warp-uniform: cols % 32 == 0 */
-            float amax = warp_max(fabsf(v[k]));
-            float d = amax / 127.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            xq[e] = (int8_t)__float2int_rn(v[k] * id);
-            if (lane == 0)
-                xd[e / QK] = __half2float(__float2half_rn(d));
-        }
+        if (k * B + warp * 32 < cols) /* warp-uniform: cols % 32 == 0 */
+            quantize_q8_elem(v[k], e, xq, xd);
     }
     __syncthreads();
 }

@@ -150,13 +150,7 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
     if (w0 && warp == 0)
         route_warp<MOE_MAX_K>(a.logits, a.n_expert, a.k, a.norm, rsel, rid, rw);
     for (int b = warp - w0; b >= 0 && b < nb; b += MOE_GU_WARPS - w0) {
-        float v = __ldg(x + (size_t)b * QK + lane);
-        float amax = warp_max(fabsf(v));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        xq[b * QK + lane] = (int8_t)__float2int_rn(v * id);
-        if (lane == 0)
-            xd[b] = __half2float(__float2half_rn(d));
+        quantize_q8_elem(__ldg(x + (size_t)b * QK + lane), b * QK + lane, xq, xd);
     }
     __syncthreads();
     int j = blockIdx.y, r0 = blockIdx.x * QK;
@@ -187,16 +181,8 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
             hs[rr] = gv / (1.0f + expf(-gv)) * uv; /* as swiglu_kernel / cpu_swiglu */
     }
     __syncthreads();
-    if (warp == 0) {
-        float v = hs[lane];
-        float amax = warp_max(fabsf(v));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        size_t o = (size_t)j * a.F + r0;
-        hq[o + lane] = (int8_t)__float2int_rn(v * id);
-        if (lane == 0)
-            hd[o / QK] = __half2float(__float2half_rn(d));
-    }
+    if (warp == 0)
+        quantize_q8_elem(hs[lane], j * a.F + r0 + lane, hq, hd);
 }
 
 /* One output row a warp. The lanes share out all k * F/32 blocks of the row's k expert

@@ -35,18 +35,7 @@ norm_matmul_kernel(const float *__restrict__ W, size_t row_floats, int rows, int
     for (int k = 0; k < NM_PER_THREAD; k++)
         if (k * NM_THREADS + tid < cols)
             ss = fmaf(v[k], v[k], ss);
-    ss = warp_sum(ss);
-    if (lane == 0)
-        red[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < NM_THREADS / 32 ? red[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0)
-            red[0] = t;
-    }
-    __syncthreads();
-    float sc = 1.0f / sqrtf(red[0] / (float)cols + eps);
+    float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
     float acc[NM_ROWS] = {0.0f};
 #pragma unroll
     for (int k = 0; k < NM_PER_THREAD; k++) {
