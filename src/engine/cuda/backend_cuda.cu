@@ -287,6 +287,14 @@ static int cu_moe_ffn_table_route(void *ctx, const struct expert_weights *shape,
     return cuda_moe_ffn_table_route(c, shape, table, logits, n_expert, norm, routed, k, x, y, add);
 }
 
+static int cu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (x && !enter(c))
+        return c->err;
+    return cuda_moe_ffn_batch(c, b, x, y, add);
+}
+
 static void cu_route(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -491,6 +499,7 @@ static const struct backend_i cuda_iface = {
     .moe_ffn_table_route = cu_moe_ffn_table_route,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .moe_ffn_batch = cu_moe_ffn_batch,
 };
 
 /* ---- public entry points ---- */
