@@ -34,6 +34,9 @@ struct cuda_ctx {
     int err;                 /* first failure: 0 or TIDE_EINTERNAL / TIDE_ENOMEM */
     char errmsg[320];
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
+    unsigned long ws_gen;    /* bumped whenever scratch or sum is replaced (graphs go stale) */
+    bool capturing;          /* between graph_begin and graph_end */
+    int capture_rc;          /* why the recording under way cannot be used (0: it can) */
 };
 
 /* cudaSetDevice through a per-thread cache of the current device (backend_cuda.cu). */
@@ -66,6 +69,12 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
  * returns false otherwise, nothing queued (the caller then norms first). */
 bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                   const struct tensor *norm, float eps, float *xn);
+/* backend_i.norm_matmul (norm_matmul.cu): false, nothing queued, for shapes it does not take */
+bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                      float eps, float *xn);
+/* backend_i.attention_at (attention.cu) */
+void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
+                       const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
