@@ -9,6 +9,20 @@
 
 #include "model.h"
 
+/* One layer's (token, choice) pairs of a prefill chunk, grouped by expert (backend_i.moe_ffn_batch):
+ * n tokens of k choices each are n * k pairs, sorted by expert; group g (one expert, ex[g]) owns
+ * pairs [off[g], off[g+1]) (at least one). Pair p is token tok[p] with weight w[p]; every token
+ * owns exactly k pairs. All arrays are host memory. */
+struct moe_batch {
+    int n, k;
+    int n_group;
+    const int *off;                  /* (n_group + 1), off[0] = 0, off[n_group] = n * k */
+    const int *tok;                  /* (n * k) */
+    const float *w;                  /* (n * k) */
+    const struct expert_weights *ex; /* (n_group) views; only [g0, g1) are read by a call */
+    int g0, g1;                      /* the groups this call computes */
+};
+
 struct backend_i {
     const char *name;
     void *(*alloc)(void *ctx, size_t bytes);          /* device memory, NULL on failure */
@@ -139,6 +153,20 @@ struct backend_i {
      * the caller runs the two ops). NULL where there is no such form. */
     int (*norm_matmul)(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
                        float eps, float *xn);
+    /* The MoE FFN of a prefill chunk's n tokens for one layer in a few launches, all experts'
+     * token groups at once (see struct moe_batch): y (n, n_embd) = per token, the sum over its
+     * k pairs in ascending pair order of w * down(silu(gate x) * up x) - what zero, then per
+     * group gather_rows, matmul, matmul, swiglu, matmul, scatter_axpy compute, up to the order
+     * in which a product sums its blocks (see the backend). add: y += that sum, bit for bit
+     * the sum into a temporary, then axpy(y, tmp, 1.0f). x (n, n_embd) and y in backend
+     * memory. A call covers groups [g0, g1) of b, whose views must be valid together; a layer
+     * is a series of calls g0 = 0, then each call's g0 the last call's g1, up to g1 = n_group,
+     * with no other op of this backend in between but upload (expert-cache misses). y is
+     * written by the call that ends at n_group. x NULL is a probe (nothing runs; b->ex[0]
+     * may be a host view): 0 when the types and shapes would run. Returns 0,
+     * TIDE_EUNSUPPORTED (nothing done: the caller runs the per-expert ops) or another
+     * negative code. NULL where the backend has no grouped form (the CPU). */
+    int (*moe_ffn_batch)(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add);
 };
 
 struct backend {

@@ -36,6 +36,10 @@ void cuda_host_free(void *p);
 int cuda_set_mmq_min_n(int n);
 int cuda_set_mmq_tile(int bn);
 int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
+/* Whether moe_ffn_batch runs (1, the default) or answers TIDE_EUNSUPPORTED, sending the forward
+ * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
+ * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
+int cuda_set_moe_grouped(int on);
 
 #ifdef __cplusplus
 }

@@ -389,6 +389,63 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
     return rc;
 }
 
+/* Prefill: the chunk's experts through the backend's grouped op (backend_i.moe_ffn_batch),
+ * after moe_ffn's counting sort; the residual add fused in. A call needs all of its groups'
+ * views valid at once, so the layer's used experts go in runs of at most as many as the
+ * cache has live slots: within a run, LRU never evicts a slot that the same run looked up
+ * (each lookup makes its slot the most recent; with at most `live` lookups some other slot
+ * is always older), and a later run's misses are uploaded after the earlier runs' kernels
+ * (upload is ordered after every op already queued). The grouped op's result does not
+ * depend on how the groups are split into runs, so it does not depend on the cache size.
+ * TIDE_EUNSUPPORTED (types the backend does not group, probed with host views before any
+ * lookup, so the per-expert path's hit counts stay true): nothing done. */
+static int moe_ffn_grouped(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
+{
+    const struct model_config *c = &s->m->cfg;
+    struct expert_cache *ec = st->cache;
+    int ne = (int)c->n_expert, k = (int)c->n_expert_used;
+    int *goff = malloc(sizeof(int) * (size_t)(ne + 1)), *gexp = malloc(sizeof(int) * (size_t)ne);
+    struct expert_weights *ew = malloc(sizeof *ew * (size_t)ne);
+    int rc = goff && gexp && ew ? 0 : TIDE_ENOMEM;
+    int ng = 0;
+    for (int e = 0; e < ne && !rc; e++) /* the experts with tokens, ascending: one group each */
+        if (s->moe_off[e + 1] > s->moe_off[e]) {
+            goff[ng] = s->moe_off[e];
+            gexp[ng++] = e;
+        }
+    if (!rc && !ng)
+        rc = TIDE_EINTERNAL; /* n >= 1 tokens route somewhere */
+    if (!rc) {
+        goff[ng] = n * k;
+        struct moe_batch mb = {.n = n, .k = k, .n_group = ng, .off = goff, .tok = s->moe_tok, .w = s->moe_tokw,
+                               .ex = ew, .g0 = 0, .g1 = ng};
+        model_expert_host(s->m, l, (uint32_t)gexp[0], &ew[0]);
+        rc = st->be.i->moe_ffn_batch(st->be.ctx, &mb, NULL, NULL, false);
+        int live = ec ? (ec->n_seg - ec->n_borrowed) * ec->slots_per_seg : ng;
+        if (live < 1)
+            live = 1; /* no live slot: the staging slot carries one expert at a time */
+        for (int g0 = 0; g0 < ng && !rc; g0 = mb.g1) {
+            mb.g0 = g0;
+            mb.g1 = ng - g0 < live ? ng : g0 + live;
+            for (int g = g0; g < mb.g1 && !rc; g++) {
+                if (ec)
+                    rc = expert_cache_lookup(ec, l, (uint32_t)gexp[g], &ew[g]);
+                else
+                    model_expert_host(s->m, l, (uint32_t)gexp[g], &ew[g]);
+                s->n_expert_calls++;
+            }
+            if (!rc)
+                rc = st->be.i->moe_ffn_batch(st->be.ctx, &mb, st->xb, st->x, true);
+            if (rc == TIDE_EUNSUPPORTED && g0 > 0)
+                rc = TIDE_EINTERNAL; /* the probe said yes: only a broken view gets here */
+        }
+    }
+    free(goff);
+    free(gexp);
+    free(ew);
+    return rc;
+}
+
 /* A decode step's route() row for layer l. */
 static int32_t *layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l)
 {
@@ -434,8 +491,6 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
         if (rc != TIDE_EUNSUPPORTED)
             return rc < 0 ? rc : 1;
     }
-    B->zero(bc, st->moe_out, n * E);
-
     /* The tokens routed to each expert in ascending order, by one counting sort over the
      * (token, choice) pairs: expert e's are moe_tok[off[e]..off[e+1]), weights in moe_tokw. */
     int *off = s->moe_off; /* (n_expert + 1) */
@@ -452,6 +507,12 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     for (uint32_t e = c->n_expert; e > 0; e--)
         off[e] = off[e - 1];
     off[0] = 0;
+    if (B->moe_ffn_batch) { /* prefill's experts in a few launches, added into x */
+        int rc = moe_ffn_grouped(s, st, l, n);
+        if (rc != TIDE_EUNSUPPORTED)
+            return rc < 0 ? rc : 1;
+    }
+    B->zero(bc, st->moe_out, n * E);
     for (uint32_t e = 0; e < c->n_expert; e++) {
         int cnt = off[e + 1] - off[e];
         int *tok = s->moe_tok + off[e];    /* tokens routed to expert e */

@@ -3,12 +3,15 @@
  * 768, 8 used, vocab 151936) in q8_0 with random weights, every tensor and expert resident in
  * device memory (a stage without a device uses its tensors in place; no expert cache).
  *
- * Three ways, same prompt:
+ * Four ways, same prompt:
  *   per-token  64-token chunks, rope/attention issued once per token and one axpy per routed
  *              token, as the forward did before the chunk ops (a wrapper splits the chunk ops
  *              into those per-token calls, which launch exactly the old kernels);
  *   chunk-64   the chunk ops, 64-token chunks (FORWARD_DEFAULT_BATCH);
- *   chunk-512  the chunk ops, FORWARD_CUDA_BATCH-token chunks (the CUDA default now).
+ *   chunk-512  the chunk ops, FORWARD_CUDA_BATCH-token chunks, the experts op by op (per
+ *              expert: gather, 3 matmuls, swiglu, scatter_axpy);
+ *   grouped    the same chunks with the experts in the grouped op (backend_i.moe_ffn_batch:
+ *              a few launches a layer; the CUDA default now).
  * Prints ms per prompt, backend op calls by kind (a matmul of n tokens is n/8 launches more on
  * the current kernels, so calls are a lower bound on launches) and the logits' difference to
  * the per-token run; then the last way once more with a sync around every op, for the time
@@ -26,9 +29,9 @@
 #include <string.h>
 
 #ifdef TIDE_CUDA
-enum { C_MM_DENSE, C_MM_EXPERT, C_ROPE, C_ATT, C_AXPY, C_SCATTER, C_GATHER, C_OTHER, C_N };
+enum { C_MM_DENSE, C_MM_EXPERT, C_ROPE, C_ATT, C_AXPY, C_SCATTER, C_GATHER, C_MOE_BATCH, C_OTHER, C_N };
 static const char *cname[C_N] = {"matmul(dense)", "matmul(expert)", "rope", "attention", "axpy",
-                                 "scatter_axpy", "gather", "other"};
+                                 "scatter_axpy", "gather", "moe_ffn_batch", "other"};
 static unsigned long calls[C_N];
 static double secs[C_N]; /* with timed: wall time of each kind, a sync on either side of each call */
 static bool per_token, timed;
@@ -109,6 +112,14 @@ static void w_zero(void *c, float *x, int n)
 {
     OP(C_OTHER, gpu.i->zero(c, x, n));
 }
+static int w_moe_batch(void *c, const struct moe_batch *b, const float *x, float *y, bool add)
+{
+    int rc;
+    if (!x)
+        return gpu.i->moe_ffn_batch(c, b, x, y, add); /* a probe: no op */
+    OP(C_MOE_BATCH, rc = gpu.i->moe_ffn_batch(c, b, x, y, add));
+    return rc;
+}
 
 #define ALIGN 4352 /* lcm(34, 256): q8_0 blocks of the fill pattern stay whole, tensors 256-aligned */
 
@@ -186,21 +197,23 @@ void bench_prefill(void)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int)((s >> 33) % (uint64_t)V);
     }
-    static const struct { const char *name; bool per_token; int batch; } way[] = {
-        {"per-token, 64-token chunks (before)", true, FORWARD_DEFAULT_BATCH},
-        {"chunk ops, 64-token chunks", false, FORWARD_DEFAULT_BATCH},
-        {"chunk ops, 512-token chunks", false, FORWARD_CUDA_BATCH},
+    static const struct { const char *name; bool per_token; int batch; bool grouped; } way[] = {
+        {"per-token, 64-token chunks (before)", true, FORWARD_DEFAULT_BATCH, false},
+        {"chunk ops, 64-token chunks", false, FORWARD_DEFAULT_BATCH, false},
+        {"chunk ops, 512-token chunks", false, FORWARD_CUDA_BATCH, false},
+        {"512-token chunks, grouped experts", false, FORWARD_CUDA_BATCH, true},
     };
     n_ff_exp = F;
     float *ref = malloc((size_t)V * sizeof(float));
-    double t_first = 0, t_last = 0;
+    double t_first = 0, t_last = 0, t_experts = 0; /* the last: chunk-512 with the per-expert ops */
     bool ok = true;
     printf("  prefill of %d tokens at pos 0, Qwen3-30B-A3B shape, q8_0, all resident (%.1f GB):\n", N, total / 1e9);
-    for (int wi = 0; wi < 4 && ok; wi++) {
-        if (wi == 3) { /* the last way again, each op timed alone: where the time goes */
+    for (int wi = 0; wi < 5 && ok; wi++) {
+        if (wi == 4) { /* the last way again, each op timed alone: where the time goes */
             timed = true;
-            wi = 2;
+            wi = 3;
         }
+        wrap.moe_ffn_batch = way[wi].grouped && gpu.i->moe_ffn_batch ? w_moe_batch : NULL;
         struct forward_state fs;
         per_token = way[wi].per_token;
         int rc = forward_init_stages(&fs, &m, NCTX, way[wi].batch, &sp, 1);
@@ -239,6 +252,7 @@ void bench_prefill(void)
                    (unsigned long long)(fs.n_expert_calls - x0), e, isfinite(fs.logits[0]) ? "" : " (NaN)");
             ok = isfinite(fs.logits[0]) && isfinite(e);
             if (wi == 0) t_first = best;
+            if (wi == 2) t_experts = best;
             if (!timed) t_last = best;
         }
         forward_free(&fs);
@@ -257,6 +271,8 @@ void bench_prefill(void)
     }
     gpu.i->free(gpu.ctx, w); gpu.i->free(gpu.ctx, f32);
     free(wf); free((void *)th.data); free(rf); free(ones); free(m.layers); free(gt); free(tok); free(ref);
+    if (t_last > 0)
+        printf("  grouped experts vs per-expert ops (512-token chunks): %.2fx\n", t_experts / t_last);
     verdict("bench_prefill", ok, "speed-up %.1fx", t_last > 0 ? t_first / t_last : 0);
 }
 #endif

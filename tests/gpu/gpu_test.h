@@ -37,5 +37,6 @@ void test_norm_matmul(void);  /* the position-from-device ops of a recorded deco
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
 void bench_prefill(void);
+void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
 
 #endif

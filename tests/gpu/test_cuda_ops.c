@@ -28,7 +28,7 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_mmq", "rmsnorm", "rope",
-    "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "upload_download", "vmm",
+    "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill",
@@ -768,6 +768,7 @@ int main(int argc, char **argv)
     if (want(only, "moe_ffn")) test_moe_ffn();
     if (want(only, "route")) test_route();
     if (want(only, "moe_ffn_table")) test_moe_ffn_table();
+    if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();

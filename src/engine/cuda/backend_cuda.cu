@@ -333,6 +333,14 @@ static int cu_moe_ffn_table_route(void *ctx, const struct expert_weights *shape,
     return cuda_moe_ffn_table_route(c, shape, table, logits, n_expert, norm, routed, k, x, y, add);
 }
 
+static int cu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (x && !enter(c))
+        return c->err;
+    return cuda_moe_ffn_batch(c, b, x, y, add);
+}
+
 static void cu_route(void *ctx, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -678,6 +686,7 @@ static const struct backend_i cuda_iface = {
     .attention_at = cu_attention_at,
     .get_row_at = cu_get_row_at,
     .norm_matmul = cu_norm_matmul,
+    .moe_ffn_batch = cu_moe_ffn_batch,
 };
 
 /* ---- public entry points ---- */

@@ -101,6 +101,11 @@ void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, in
 int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
                              const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
                              float *y, bool add);
+/* gemm_f32.cu: y(rows, n) = W x (add: +=) for f32 W with rows ldw floats apart, one launch */
+void cuda_sgemm(struct cuda_ctx *c, const float *W, size_t ldw, int rows, int cols, const float *x, int n, float *y,
+                bool add);
+/* moe_prefill.cu: backend_i.moe_ffn_batch (q8_0 / q4_0; TIDE_EUNSUPPORTED for anything else) */
+int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const float *x, float *y, bool add);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v)

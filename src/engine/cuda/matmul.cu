@@ -694,6 +694,10 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
         CU_LAUNCH(c, "wmma_gemm_kernel");
         return;
     }
+    if (type == GGML_TYPE_F32 && n > MM_NT && w->row_bytes % 4 == 0) { /* prefill: one tiled launch */
+        cuda_sgemm(c, (const float *)W, w->row_bytes / 4, rows, cols, x, n, y, add);
+        return;
+    }
     bool vec = floaty && cols % 8 == 0 && (((uintptr_t)W | (uintptr_t)x | w->row_bytes) & 15) == 0;
     dim3 vgrid((unsigned)((rows + MM_WARPS * GV_ROWS - 1) / (MM_WARPS * GV_ROWS)));
     for (int t0 = 0; t0 < n; t0 += MM_NT) {
