@@ -5,6 +5,7 @@
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
 #include "engine/cuda/common.cuh"
+#include "engine/cuda/vision_ops.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -491,6 +492,11 @@ static const struct backend_i cuda_iface = {
     .moe_ffn_table_route = cu_moe_ffn_table_route,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .layernorm = cu_layernorm, /* the vision encoder's ops: vision_ops.cu */
+    .add_bias = cu_add_bias,
+    .activate = cu_activate,
+    .attention_full = cu_attention_full,
+    .matmul_scratch = cu_matmul_scratch,
 };
 
 /* ---- public entry points ---- */
