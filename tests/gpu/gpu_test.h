@@ -35,5 +35,8 @@ void test_matmul3(void);
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
 void bench_prefill(void);
+void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU */
+void test_vision_encode(void);
+void bench_vision(void);
 
 #endif
