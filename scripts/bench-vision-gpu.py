@@ -11,7 +11,8 @@ time to first token less the three vision phases. GPU memory (nvidia-smi used) i
 before, while the encoder is loaded and after it unloads.
 
 usage: bench-vision-gpu.py LABEL OUTDIR [ROUNDS]   (env as for the daemon: TIDE_VISION_CPU=1
-gives the CPU encoder)"""
+gives the CPU encoder; BENCH_TIGHT=1 reserves all free GPU memory first, so that the encoder's
+memory comes from the expert cache's hand-back; BENCH_BACKEND=cpu checks the script without a GPU)"""
 import base64, json, os, random, struct, subprocess, sys, time, urllib.request, zlib
 
 label, out = sys.argv[1], sys.argv[2]
@@ -101,6 +102,13 @@ try:
             break
         except Exception:
             time.sleep(0.1)
+    if os.environ.get("BENCH_TIGHT"):
+        # every byte the GPU has free is reserved by the operator (POST /v1/vram), so the
+        # encoder's memory can only come from the expert cache: a real hand-back each time
+        free = json.loads(get("/v1/vram"))["devices"][0]["free_mib"]
+        r = post("/v1/vram", {"reserve_mib": free})
+        say(f"{label}: reserve {free} MiB (all free memory): {r.get('status')}, expert cache "
+            f"{r['devices'][0]['expert_cache_mib']} MiB, {r['devices'][0]['expert_slots']} slots")
     # one text request first: the text path's first-use costs are not the encoder's
     post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0})
     keys = {"handback": "tide_vram_handback_seconds_sum", "load": "tide_vision_load_seconds_sum",
@@ -127,13 +135,14 @@ try:
         ph["prefill+first"] = ph["ttft"] - ph["handback"] - ph["load"] - ph["encode"]
         ph["wall"] = wall * 1e3
         st1, vmib = vstate()
+        slots = json.loads(get("/v1/vram"))["devices"][0]["expert_slots"]
         u_loaded = used_mib()
         rows.append(ph)
         say(f"{label} {'warm' if warm else 'cold'} #{i}: state {st0} -> {st1}, "
             f"hand-back {ph['handback']:.2f} ms, load {ph['load']:.2f} ms, encode {ph['encode']:.2f} ms, "
             f"prefill+first token {ph['prefill+first']:.2f} ms, time to first token {ph['ttft']:.2f} ms, "
             f"request {ph['wall']:.2f} ms; prompt tokens {r['usage']['prompt_tokens']}; "
-            f"nvidia-smi used {u_idle} -> {u_loaded} MiB, vision {vmib} MiB")
+            f"nvidia-smi used {u_idle} -> {u_loaded} MiB, vision {vmib} MiB, expert slots {slots}")
     cold = rows[:rounds]
     med = {k: sorted(x[k] for x in cold)[len(cold) // 2] for k in cold[0]}
     say(f"{label} cold median of {rounds}: hand-back {med['handback']:.2f} ms | load {med['load']:.2f} ms | "
@@ -144,7 +153,8 @@ try:
             break
         time.sleep(0.1)
     time.sleep(0.5)
-    say(f"{label} after unload: state {vstate()[0]}, nvidia-smi used {used_mib()} MiB (idle before: {u_idle})")
+    say(f"{label} after unload: state {vstate()[0]}, nvidia-smi used {used_mib()} MiB (idle before: {u_idle}), "
+        f"expert slots {json.loads(get('/v1/vram'))['devices'][0]['expert_slots']}")
 finally:
     d.terminate()
     d.wait()

@@ -235,7 +235,8 @@ static void encode_pair(const char *name, const char *path, double lim, int reps
     printf("  %s: host copy %.1f ms, upload %.2f ms, encode cpu %.2f ms, gpu cold %.2f ms, gpu warm %.3f ms; "
            "relerr %.2e (f32 row-dot path %.2e)\n",
            name, t_host * 1e3, t_up * 1e3, t_cpu * 1e3, t_gpu_cold * 1e3, reps ? t_gpu * 1e3 : 0.0, e, e8);
-    bool ok = nc == N && ng == N && e < lim && same && sizes;
+    /* the vision ops themselves, on the f32 / dp4a products, agree to float rounding */
+    bool ok = nc == N && ng == N && e < lim && e8 < 1e-5 && same && sizes;
     if (!sizes) printf("  %s: allocated %zu, estimated %zu + %zu\n", name, cnt.peak, wb, ws_layout);
     if (!same) printf("  %s: two GPU encodes differ\n", name);
     verdict(name, ok && cnt.live == 0, "relerr %.2e", e);
@@ -264,8 +265,12 @@ void test_vision_encode(void)
             n_fail++;
             continue;
         }
-        /* bf16 rounds x to bf16 on the tensor cores (8 mantissa bits) */
-        encode_pair(v[i].name, v[i].file, v[i].type == GGML_TYPE_BF16 ? 1e-2 : 1e-3, 3);
+        /* The default products at 64 tokens are the tensor-core ones: bf16 rounds x to bf16
+         * (8 mantissa bits); q8_0 goes to the int8 mma kernel, whose result differs from the
+         * CPU's by about 1e-2 here (on the H200: 1.07e-2, against 5e-8 through the dp4a
+         * path), the order of the text model's q8_0 parity (e2e_*_q8_0 allow 3e-2). */
+        double lim = v[i].type == GGML_TYPE_BF16 ? 1e-2 : v[i].type == GGML_TYPE_Q8_0 ? 3e-2 : 1e-3;
+        encode_pair(v[i].name, v[i].file, lim, 3);
         remove(v[i].file);
     }
 }
