@@ -19,6 +19,7 @@ const char *tide_strerror(int err)
     case TIDE_EFULL: return "full";
     case TIDE_ERANGE: return "out of range";
     case TIDE_EINTERNAL: return "internal error";
+    case TIDE_ESTALE: return "stale recording";
     default: return "unknown error";
     }
 }

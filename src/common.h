@@ -24,6 +24,7 @@ enum tide_err {
     TIDE_EFULL = -8,        /* a queue or budget is full */
     TIDE_ERANGE = -9,       /* does not fit (context, budget) */
     TIDE_EINTERNAL = -10,   /* a bug or a backend failure */
+    TIDE_ESTALE = -11,      /* a recording refers to memory since replaced: record again */
 };
 
 const char *tide_strerror(int err);

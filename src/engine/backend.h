@@ -109,6 +109,39 @@ struct backend_i {
      * step downloads every token; NULL on failure. NULL slots: plain malloc/free serve. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+    /* Replayable recordings of queued work (CUDA graphs): the ops queued between graph_begin
+     * and graph_end are recorded, not run; graph_end returns them as *graph (owned by the
+     * caller, graph_free), and graph_launch queues one replay, with the same arguments the ops
+     * were recorded with. What is recorded must not wait for the host (no download) nor need
+     * a workspace larger than the ops last had (run them once outside a recording first).
+     * After a failed recording nothing is left half-done: graph_end returns the error and the
+     * backend queues ops again. NULL on backends without them (the CPU). */
+    int (*graph_begin)(void *ctx);
+    int (*graph_end)(void *ctx, void **graph);
+    /* TIDE_ESTALE: a workspace the recording uses has been replaced since (grown by a larger
+     * op): free it and record again. */
+    int (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+    /* One-token ops whose position (or token id) is read from backend memory when they run,
+     * not fixed when they are queued, so that one recorded decode step replays at every
+     * position. at points at an int32 in backend memory. Bit for bit the ops they stand for.
+     * qk_norm_rope_at: qk_norm_rope of q (n_head*head_dim) and of k = kv[0..kvd) at position
+     * *at, the rotated k stored to k_cache row *at and v = kv[kvd..2 kvd) to v_cache row *at
+     * (kvd = n_head_kv*head_dim; caches (n_ctx, kvd)). attention_at: attention of one query at
+     * position *at over k/v rows 0..*at; n_ctx bounds *at. get_row_at: get_row of row *at.
+     * NULL where positions are plain arguments only (the CPU). */
+    void (*qk_norm_rope_at)(void *ctx, float *q, const float *kv, float *k_cache, float *v_cache,
+                            const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                            int head_dim, const int32_t *at, float theta, enum rope_kind kind, float eps);
+    void (*attention_at)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                         const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
+    void (*get_row_at)(void *ctx, const struct tensor *t, const int32_t *at, float *out);
+    /* One vector: xn = rmsnorm(x, norm, eps) (bit for bit the rmsnorm op) and y = W xn (the
+     * matmul up to summation order), in one op: a decode layer's FFN norm and MoE router.
+     * Returns 0, or TIDE_EUNSUPPORTED with nothing queued (types or sizes it does not fuse:
+     * the caller runs the two ops). NULL where there is no such form. */
+    int (*norm_matmul)(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                       float eps, float *xn);
 
     /* ---- the vision encoder's ops (src/vision/clip.c). Vectors f32 in backend memory. ---- */
     /* y (n, dim) = (x - mean) / sqrt(var + eps) * w + b, per row (LayerNorm with bias; w or b

@@ -60,6 +60,12 @@ static size_t route_bytes(const struct model *m, int max_batch, uint32_t n_layer
     return ((size_t)max_batch + n_layers) * 2 * m->cfg.n_expert_used * sizeof(int32_t);
 }
 
+/* step_at and kv_new of a stage */
+static size_t step_bytes(const struct model *m)
+{
+    return 2 * sizeof(int32_t) + 2 * sizeof(float) * m->cfg.n_head_kv * m->cfg.head_dim;
+}
+
 /* Batch buffers for B tokens, in the order of struct stage_bufs. */
 static void batch_sizes(const struct model *m, int n_ctx, int B, size_t *sizes)
 {
@@ -108,7 +114,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
     out->workspace += d.att * sizeof(float) + (last ? d.V * sizeof(float) : 0);
-    out->workspace += route_bytes(m, max_batch, l1 - l0);
+    out->workspace += route_bytes(m, max_batch, l1 - l0) + step_bytes(m);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->prefill += sizes[i];
@@ -212,6 +218,14 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     size_t rb = route_bytes(m, s->max_batch, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
         return TIDE_ERANGE;
+    uint8_t *sb = stage_alloc(st, MEM_WORKSPACE, step_bytes(m));
+    if (!sb)
+        return TIDE_ERANGE;
+    st->step_at = (int32_t *)sb;
+    st->kv_new = (float *)(sb + 2 * sizeof(int32_t));
+    const struct backend_i *B = st->be.i;
+    st->graph_off = !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
+                    getenv("TIDE_NO_GRAPHS");
     /* Can a decode step take its experts from a device table? Asked once per layer with the
      * host views (the same types and shapes as the cached copies). */
     st->table_ok = m->cfg.n_expert && st->cache && st->be.i->moe_ffn_table &&
@@ -246,6 +260,8 @@ int forward_setup_prefill(struct forward_state *s, int i, enum prefill_mode mode
 
 static void stage_free(struct forward_stage *st)
 {
+    if (st->graph)
+        st->be.i->graph_free(st->be.ctx, st->graph);
     for (int i = st->n_owned - 1; i >= 0; i--) {
         if (st->dev)
             device_free(st->dev, (enum mem_kind)st->owned_kind[i], st->owned[i], st->owned_bytes[i]);
@@ -382,7 +398,7 @@ static int32_t *layer_route(const struct forward_state *s, const struct forward_
 
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E), returning 0; or, returning
  * 1, already added into x (the fused decode forms: one launch fewer than an axpy after). */
-static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
+static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits)
 {
     const struct model_config *c = &s->m->cfg;
     const struct backend_i *B = st->be.i;
@@ -390,7 +406,8 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     int E = (int)c->n_embd, F = (int)c->n_ff_exp, k = (int)c->n_expert_used;
     const struct model_layer *L = &st->layers[l - st->l0];
 
-    B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
+    if (!have_logits)
+        B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
     int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
     if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
         struct expert_weights shape;
@@ -473,7 +490,9 @@ static void matmul_residual(const struct backend_i *B, void *bc, const struct te
     B->axpy(bc, x, tmp, 1.0f, n * (int)w->ne[1]);
 }
 
-static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos)
+/* n tokens at positions pos..; or, with at (backend memory, see struct forward_stage), one
+ * token at position *at, read when the ops run (pos unused): the recordable decode step. */
+static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos, const int32_t *at)
 {
     const struct model_config *c = &s->m->cfg;
     const struct backend_i *B = st->be.i;
@@ -485,7 +504,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
         /* this layer's cache rows; k/v matmuls write straight into them */
         float *kc = st->k_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
         float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
-        float *kpos = kc + (size_t)pos * kvd, *vpos = vc + (size_t)pos * kvd;
+        /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
+        float *kpos = at ? st->kv_new : kc + (size_t)pos * kvd, *vpos = at ? st->kv_new + kvd : vc + (size_t)pos * kvd;
 
         if (B->matmul3) { /* one op: the norm and the three products of xb */
             const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
@@ -499,7 +519,11 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
         }
         /* qwen3: rmsnorm each head before rope */
         const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
-        if (B->qk_norm_rope) {
+        if (at) {
+            B->qk_norm_rope_at(bc, st->q, st->kv_new, kc, vc, qn, kn, (int)c->n_head, (int)c->n_head_kv, hd, at,
+                               c->rope_theta, c->rope, c->rms_eps);
+            B->attention_at(bc, st->q, kc, vc, st->att_out, at, s->n_ctx, (int)c->n_head, (int)c->n_head_kv, hd);
+        } else if (B->qk_norm_rope) {
             B->qk_norm_rope(bc, st->q, kpos, qn, kn, n, (int)c->n_head, (int)c->n_head_kv, hd, pos, c->rope_theta,
                             c->rope, c->rms_eps);
         } else {
@@ -511,12 +535,17 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
             B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
         }
         /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
-        B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
+        if (!at)
+            B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
         matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
 
-        B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
+        /* a decode token's norm and router product in one op where the backend has it */
+        bool routed = n == 1 && c->n_expert && B->norm_matmul &&
+                      B->norm_matmul(bc, &L->ffn_gate_inp, st->x, st->router, &L->ffn_norm, c->rms_eps, st->xb) == 0;
+        if (!routed)
+            B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         if (c->n_expert) {
-            int rc = moe_ffn(s, st, l, n);
+            int rc = moe_ffn(s, st, l, n, routed);
             if (rc < 0)
                 return rc;
             if (rc == 0)
@@ -546,18 +575,86 @@ static void count_table_step(struct forward_state *s, struct forward_stage *st)
     st->from_table = false;
 }
 
+/* The ops of a stage's decode step from the table, as recorded: the token's embedding (when
+ * embed) and the layers, position and token read from step_at. */
+static int step_ops(struct forward_state *s, struct forward_stage *st, bool embed)
+{
+    if (embed)
+        st->be.i->get_row_at(st->be.ctx, &st->tok_embd, st->step_at + 1, st->x);
+    return stage_layers(s, st, 1, 0, st->step_at);
+}
+
+/* A decode step of stage st whose experts are all resident: the first runs op by op (sizing
+ * every workspace), the next is recorded, and later ones replay the recording: one launch
+ * instead of ~10 a layer. A recording that cannot be made turns recording off for the stage. */
+static int stage_step(struct forward_state *s, struct forward_stage *st, const int *token, int pos)
+{
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    uint64_t calls = (uint64_t)s->m->cfg.n_expert_used * (st->l1 - st->l0);
+    int32_t at[2] = {pos, token ? *token : 0};
+    B->upload(bc, st->step_at, at, sizeof at);
+    if (!st->graph && st->graph_warm) {
+        uint64_t n0 = s->n_expert_calls; /* recording runs nothing */
+        int rc = B->graph_begin(bc);
+        if (rc == 0) {
+            int rs = step_ops(s, st, token != NULL);
+            rc = B->graph_end(bc, &st->graph);
+            if (rc == 0 && rs < 0) {
+                B->graph_free(bc, st->graph);
+                st->graph = NULL;
+                rc = rs;
+            }
+        }
+        s->n_expert_calls = n0;
+        if (rc < 0) {
+            tide_log("forward: layers %u-%u: decode steps run op by op (recording failed: %s)", st->l0, st->l1 - 1,
+                     tide_strerror(rc));
+            st->graph_off = true;
+        }
+    }
+    if (st->graph) {
+        int rc = B->graph_launch(bc, st->graph);
+        if (rc == 0) {
+            s->n_expert_calls += calls;
+            return 0;
+        }
+        B->graph_free(bc, st->graph); /* stale: a workspace grew since; record again */
+        st->graph = NULL;
+        st->graph_warm = false;
+        if (rc != TIDE_ESTALE)
+            return rc;
+    }
+    int rc = step_ops(s, st, token != NULL);
+    st->graph_warm = rc == 0;
+    return rc;
+}
+
 /* n <= max_batch tokens (or embeddings) at positions pos.. */
 static int eval_chunk(struct forward_state *s, const int *tokens, const float *embd, int n, int pos,
                       bool last)
 {
     const struct model_config *c = &s->m->cfg;
     int E = (int)c->n_embd;
-    struct forward_stage *st = &s->stage[0];
+    struct forward_stage *st;
+    for (int i = 0; i < s->n_stage; i++) {
+        st = &s->stage[i];
+        st->from_table = false;
+        if (n == 1 && st->table_ok && expert_cache_complete(st->cache)) {
+            int rc = expert_cache_sync_table(st->cache);
+            if (rc < 0)
+                return rc;
+            st->from_table = true;
+        }
+    }
+    st = &s->stage[0];
+    bool step0 = st->from_table && !st->graph_off; /* stage 0's embedding inside its step */
     if (tokens) {
         for (int t = 0; t < n; t++) {
             if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
                 return TIDE_EINVAL;
-            st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
+            if (!step0)
+                st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
         }
     } else {
         st->be.i->upload(st->be.ctx, st->x, embd, sizeof(float) * (size_t)n * E);
@@ -570,14 +667,8 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
             pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
             st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
         }
-        st->from_table = false;
-        if (n == 1 && st->table_ok && expert_cache_complete(st->cache)) {
-            int rc = expert_cache_sync_table(st->cache);
-            if (rc < 0)
-                return rc;
-            st->from_table = true;
-        }
-        int rc = stage_layers(s, st, n, pos);
+        int rc = st->from_table && !st->graph_off ? stage_step(s, st, i == 0 ? tokens : NULL, pos)
+                                                   : stage_layers(s, st, n, pos, NULL);
         if (rc < 0)
             return rc;
     }

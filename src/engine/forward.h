@@ -70,6 +70,13 @@ struct forward_stage {
     int32_t *route;
     bool table_ok;               /* the backend runs every layer's experts from a device table */
     bool from_table;             /* this decode step does: its experts are all resident */
+    /* Recorded decode steps (backend_i.graph_*): a step from the table reads its position and
+     * token from step_at, so one recording of the stage's layers replays at every position. */
+    int32_t *step_at;            /* (2) position, token id: uploaded before each such step */
+    float *kv_new;               /* (2, n_head_kv*head_dim) the step's new k and v rows */
+    void *graph;                 /* the recording, or NULL */
+    bool graph_warm;             /* a step ran op by op since the workspaces last changed */
+    bool graph_off;              /* not recordable here (no slots, failed once, TIDE_NO_GRAPHS) */
 };
 
 struct forward_state {

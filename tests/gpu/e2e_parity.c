@@ -47,6 +47,7 @@ static int argmax(const float *v, int n)
 }
 
 static int full_fused; /* moe_ffn_table calls that computed in decode steps (the probe passes x NULL) */
+static int full_replays; /* recorded decode steps replayed (gpu_e2e_full) */
 static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
 static int keep_V;
 
@@ -105,7 +106,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
         memcpy(keep_logits, sg.logits, sizeof(float) * V);
     int same = 0, first_diff = -1;
     int tc = argmax(sc.logits, V), tg = argmax(sg.logits, V);
-    full_fused = 0; /* gpu_e2e_full counts the decode steps only */
+    full_fused = 0; /* gpu_e2e_full counts the decode steps only (this forward has no prefill buffer: */
+    full_replays = 0; /* its prompt ran token by token, recorded and replayed too) */
     for (int i = 0; i < n_gen && !rc1 && !rc2; i++) {
         if (tc == tg) same++;
         else if (first_diff < 0) first_diff = i;
@@ -163,11 +165,12 @@ int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char
 }
 
 static struct backend full_gpu;
+static bool full_recording;
 static int full_moe_ffn_table(void *ctx, const struct expert_weights *shape, const void *const *table,
                               const int32_t *routed, int k, const float *x, float *y, bool add)
 {
     int rc = full_gpu.i->moe_ffn_table(ctx, shape, table, routed, k, x, y, add);
-    if (x && rc == 0)
+    if (x && rc == 0 && !full_recording)
         full_fused++;
     return rc;
 }
@@ -177,8 +180,32 @@ static int full_moe_ffn_table_route(void *ctx, const struct expert_weights *shap
                                     const float *x, float *y, bool add)
 {
     int rc = full_gpu.i->moe_ffn_table_route(ctx, shape, table, logits, n_expert, norm, routed, k, x, y, add);
-    if (x && rc == 0)
+    if (x && rc == 0 && !full_recording)
         full_fused++;
+    return rc;
+}
+
+/* Recorded decode steps: the table ops called while recording run nothing, and each replay
+ * runs every layer's (counted per layer at launch). */
+static int full_nl;
+static int full_graph_begin(void *ctx)
+{
+    int rc = full_gpu.i->graph_begin(ctx);
+    full_recording = rc == 0;
+    return rc;
+}
+static int full_graph_end(void *ctx, void **graph)
+{
+    full_recording = false;
+    return full_gpu.i->graph_end(ctx, graph);
+}
+static int full_graph_launch(void *ctx, void *graph)
+{
+    int rc = full_gpu.i->graph_launch(ctx, graph);
+    if (rc == 0) {
+        full_replays++;
+        full_fused += full_nl;
+    }
     return rc;
 }
 
@@ -193,16 +220,29 @@ int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const
         wrap.moe_ffn_table = full_moe_ffn_table;
     if (gpu.i->moe_ffn_table_route)
         wrap.moe_ffn_table_route = full_moe_ffn_table_route;
+    if (gpu.i->graph_begin) {
+        wrap.graph_begin = full_graph_begin;
+        wrap.graph_end = full_graph_end;
+        wrap.graph_launch = full_graph_launch;
+    }
+    full_replays = 0;
     struct backend wb = {&wrap, gpu.ctx};
     const size_t n_keep = 25 * 151936; /* prefill + 24 steps of any preset's vocabulary */
     float *a = malloc(sizeof(float) * n_keep), *b = malloc(sizeof(float) * n_keep);
     for (size_t i = 0; i < n_keep; i++)
         a[i] = b[i] = NAN;
     keep_logits = a;
-    int nl = 0, ok = e2e_run(cpu, wb, name, preset, type, lim, 1 << 20, &nl);
+    int nl = 0, ok = e2e_run(cpu, wb, name, preset, type, lim, 1 << 20, &full_nl); /* sets full_nl first */
+    nl = full_nl;
     int want = 24 * nl; /* every layer of every decode step */
     printf("%s %s experts from the device table: %d of %d decode layer steps\n", full_fused == want ? "PASS" : "FAIL",
            name, full_fused, want);
+    /* a step runs op by op, the next is recorded, the rest replay the recording */
+    bool replayed = !gpu.i->graph_begin || full_replays >= 24 - 2;
+    printf("%s %s decode steps replayed from one recording: %d of 24\n", replayed ? "PASS" : "FAIL", name,
+           full_replays);
+    ok = ok && replayed;
+    full_replays = 0;
     /* the same on a cache one segment short: lookups, misses, the fused op; same bits */
     keep_logits = b;
     full_fused = 0;
@@ -337,6 +377,27 @@ static void sh_matmul_add(void *ctx, const struct tensor *w, const float *x, flo
 
 /* the normed input against the CPU's rmsnorm, and each output against the CPU's product of
  * the GPU's normed x (an int8 rounding of x could flip on another normed x) */
+static int sh_norm_matmul(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                          float eps, float *xn)
+{
+    int rc = sh_gpu.i->norm_matmul(ctx, w, x, y, norm, eps, xn);
+    if (rc)
+        return rc;
+    size_t cols = w->ne[0], rows = w->ne[1];
+    struct tensor th = *w, nh = *norm;
+    th.data = sh_get(w->data, w->row_bytes * rows);
+    nh.data = sh_get(norm->data, norm->row_bytes);
+    float *xh = sh_get(x, sizeof(float) * cols), *xng = sh_get(xn, sizeof(float) * cols),
+          *yg = sh_get(y, sizeof(float) * rows);
+    float *xnc = malloc(sizeof(float) * cols), *yc = malloc(sizeof(float) * rows);
+    sh_cpu.i->rmsnorm(sh_cpu.ctx, xh, &nh, xnc, (int)cols, 1, eps);
+    sh_note(1, "norm_matmul norm", rel(xng, xnc, cols), 1e-5);
+    sh_cpu.i->matmul(sh_cpu.ctx, &th, xng, yc, 1); /* the product from the GPU's normed x */
+    sh_note(0, "norm_matmul product", rel(yg, yc, rows), 1e-5);
+    free((void *)th.data); free((void *)nh.data); free(xh); free(xng); free(yg); free(xnc); free(yc);
+    return 0;
+}
+
 static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                        const struct tensor *norm, float eps, float *xn)
 {
@@ -468,6 +529,8 @@ int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, con
         wrap.qk_norm_rope = sh_qk_norm_rope;
     if (gpu.i->moe_ffn)
         wrap.moe_ffn = sh_moe_ffn;
+    if (gpu.i->norm_matmul)
+        wrap.norm_matmul = sh_norm_matmul;
     memset(sh_worst, 0, sizeof sh_worst);
     sh_reported = 0;
     struct backend wb = {&wrap, gpu.ctx};

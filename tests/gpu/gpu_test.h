@@ -32,6 +32,8 @@ void bench_decode(double d2d, int mode);
 void test_qk_norm_rope(void); /* test_fuse.c: the fused decode ops vs the separate ones */
 void test_matmul_add(void);
 void test_matmul3(void);
+void test_step_at(void);
+void test_norm_matmul(void);  /* the position-from-device ops of a recorded decode step */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
 void bench_prefill(void);

@@ -6,6 +6,7 @@
  *   - the CUDA slot against the CUDA's separate ops on the same device inputs.
  * The MoE's add form is checked the same way in test_moe.c. */
 #include "gpu_test.h"
+#include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 
 #include <math.h>
@@ -234,4 +235,118 @@ void test_matmul3(void)
                 ok = mm3_case(types[ti], shapes[s], norm, &worst) && ok;
     verdict("matmul3", ok, "outputs and normed x bit for bit the separate ops on both backends; max rel err %.3g",
             worst);
+}
+
+/* The decode-step ops that read their position from device memory (what a recorded step
+ * replays): bit for bit the ops they stand for, at positions across the chunking regimes of
+ * the split-K attention (one chunk, several, chunks capped), with and without head norms. */
+static bool step_at_case(int nh, int nkv, int hd, int n_ctx, int pos, bool norm)
+{
+    size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd, cb = (size_t)n_ctx * kvd * 4;
+    float *q = rand_vec(qd, 1.0f), *kv = rand_vec(2 * kvd, 1.0f), *kc = rand_vec((size_t)n_ctx * kvd, 1.0f),
+          *vc = rand_vec((size_t)n_ctx * kvd, 1.0f), *nw = rand_vec(hd, 1.0f);
+    struct tensor nh_t = make_tensor(GGML_TYPE_F32, hd, 1, nw), nd = to_dev(&nh_t);
+    const struct tensor *qn = norm ? &nd : NULL, *kn = norm ? &nd : NULL;
+    /* reference: the new rows written at pos, then qk_norm_rope and attention at pos */
+    float *qa = dev_put(q, qd * 4), *kca = dev_put(kc, cb), *vca = dev_put(vc, cb), *oa = dev_put(NULL, qd * 4);
+    dev_poison(oa, qd * 4);
+    gpu.i->upload(gpu.ctx, kca + pos * kvd, kv, kvd * 4);
+    gpu.i->upload(gpu.ctx, vca + pos * kvd, kv + kvd, kvd * 4);
+    gpu.i->qk_norm_rope(gpu.ctx, qa, kca + pos * kvd, qn, kn, 1, nh, nkv, hd, pos, 1e6f, ROPE_NEOX, 1e-6f);
+    gpu.i->attention(gpu.ctx, qa, kca, vca, oa, NULL, 1, pos, nh, nkv, hd);
+    /* the _at forms */
+    int32_t at = pos;
+    int32_t *atd = dev_put(&at, sizeof at);
+    float *qb = dev_put(q, qd * 4), *kvb = dev_put(kv, 2 * kvd * 4), *kcb = dev_put(kc, cb), *vcb = dev_put(vc, cb),
+          *ob = dev_put(NULL, qd * 4);
+    dev_poison(ob, qd * 4); /* every output element must be written */
+    gpu.i->qk_norm_rope_at(gpu.ctx, qb, kvb, kcb, vcb, qn, kn, nh, nkv, hd, atd, 1e6f, ROPE_NEOX, 1e-6f);
+    gpu.i->attention_at(gpu.ctx, qb, kcb, vcb, ob, atd, n_ctx, nh, nkv, hd);
+    float *r[4] = {dev_get(qa, qd), dev_get(kca, (size_t)n_ctx * kvd), dev_get(vca, (size_t)n_ctx * kvd), dev_get(oa, qd)};
+    float *g[4] = {dev_get(qb, qd), dev_get(kcb, (size_t)n_ctx * kvd), dev_get(vcb, (size_t)n_ctx * kvd), dev_get(ob, qd)};
+    size_t len[4] = {qd, (size_t)n_ctx * kvd, (size_t)n_ctx * kvd, qd};
+    bool same = true;
+    for (int i = 0; i < 4; i++) {
+        same = same && !memcmp(r[i], g[i], len[i] * 4) && relerr(g[i], r[i], len[i]) == 0.0;
+        free(r[i]);
+        free(g[i]);
+    }
+    if (!same)
+        printf("  %d/%d heads of %d, n_ctx %d, pos %d, norm %d: the _at ops differ\n", nh, nkv, hd, n_ctx, pos, norm);
+    void *dv[] = {qa, kca, vca, oa, atd, qb, kvb, kcb, vcb, ob, (void *)nd.data};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
+        gpu.i->free(gpu.ctx, dv[i]);
+    free(q); free(kv); free(kc); free(vc); free(nw); free((void *)nh_t.data);
+    return same;
+}
+
+void test_step_at(void)
+{
+    static const int cfg[][4] = {{32, 4, 128, 2048}, {8, 8, 64, 300}, {4, 2, 16, 40000}};
+    bool ok = gpu.i->qk_norm_rope_at && gpu.i->attention_at && gpu.i->get_row_at;
+    int n_cases = 0;
+    for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++) {
+        int n_ctx = cfg[c][3];
+        int pos[] = {0, 1, 31, 32, 33, 200, 513, 4000, 39999};
+        for (size_t p = 0; p < sizeof pos / sizeof pos[0]; p++)
+            if (pos[p] < n_ctx)
+                for (int norm = 0; norm < 2; norm++, n_cases++)
+                    ok = step_at_case(cfg[c][0], cfg[c][1], cfg[c][2], n_ctx, pos[p], norm) && ok;
+    }
+    /* get_row_at: a q8_0 table */
+    float *wf = rand_vec(256 * 50, 1.0f);
+    struct tensor th = make_tensor(GGML_TYPE_Q8_0, 256, 50, wf), td = to_dev(&th);
+    for (int id = 0; ok && id < 50; id += 7) {
+        int32_t at = id;
+        int32_t *atd = dev_put(&at, sizeof at);
+        float *a = dev_put(NULL, 256 * 4), *b = dev_put(NULL, 256 * 4);
+        gpu.i->get_row(gpu.ctx, &td, id, a);
+        gpu.i->get_row_at(gpu.ctx, &td, atd, b);
+        float *ha = dev_get(a, 256), *hb = dev_get(b, 256);
+        ok = !memcmp(ha, hb, 256 * 4) && ok;
+        free(ha); free(hb);
+        gpu.i->free(gpu.ctx, a); gpu.i->free(gpu.ctx, b); gpu.i->free(gpu.ctx, atd);
+    }
+    gpu.i->free(gpu.ctx, (void *)td.data);
+    free(wf); free((void *)th.data);
+    verdict("step_at", ok && !backend_cuda_error(&gpu, NULL, 0), "qk_norm_rope_at, attention_at, get_row_at bit for bit the plain ops (%.0f cases)", n_cases);
+}
+
+/* rmsnorm + the f32 router product in one op: the normed x bit for bit the rmsnorm op's, the
+ * product within rounding of the matmul's (another summation order). */
+void test_norm_matmul(void)
+{
+    static const int shapes[][2] = {{2048, 128}, {4096, 64}, {256, 8}, {1000, 7}, {768, 129}};
+    bool ok = gpu.i->norm_matmul != NULL;
+    double worst = 0;
+    for (size_t i = 0; ok && i < sizeof shapes / sizeof shapes[0]; i++) {
+        int cols = shapes[i][0], rows = shapes[i][1];
+        float *wf = rand_vec((size_t)rows * cols, 0.05f), *x = rand_vec(cols, 2.0f), *nw = rand_vec(cols, 1.0f);
+        struct tensor th = make_tensor(GGML_TYPE_F32, cols, rows, wf), td = to_dev(&th);
+        struct tensor nh = make_tensor(GGML_TYPE_F32, cols, 1, nw), nd = to_dev(&nh);
+        float *xd = dev_put(x, cols * 4), *xa = dev_put(NULL, cols * 4), *xb = dev_put(NULL, cols * 4);
+        float *ya = dev_put(NULL, rows * 4), *yb = dev_put(NULL, rows * 4);
+        dev_poison(xb, cols * 4);
+        dev_poison(yb, rows * 4);
+        gpu.i->rmsnorm(gpu.ctx, xd, &nd, xa, cols, 1, 1e-6f);
+        gpu.i->matmul(gpu.ctx, &td, xa, ya, 1);
+        int rc = gpu.i->norm_matmul(gpu.ctx, &td, xd, yb, &nd, 1e-6f, xb);
+        float *ha = dev_get(xa, cols), *hb = dev_get(xb, cols), *ga = dev_get(ya, rows), *gb = dev_get(yb, rows);
+        double e = relerr(gb, ga, rows);
+        if (e > worst) worst = e;
+        bool same = !memcmp(ha, hb, cols * 4);
+        /* sizes it does not take must say so, not half-run */
+        bool fits = cols <= 4096 && cols > 128;
+        if (fits ? rc != 0 || !same || !(e < 1e-6) : rc != TIDE_EUNSUPPORTED) {
+            ok = false;
+            printf("  norm_matmul %d x %d: rc %d, normed x %s, product rel err %.3g\n", cols, rows, rc,
+                   same ? "same" : "DIFFERENT", e);
+        }
+        free(ha); free(hb); free(ga); free(gb);
+        void *dv[] = {xd, xa, xb, ya, yb, (void *)td.data, (void *)nd.data};
+        for (size_t j = 0; j < sizeof dv / sizeof dv[0]; j++)
+            gpu.i->free(gpu.ctx, dv[j]);
+        free(wf); free(x); free(nw); free((void *)th.data); free((void *)nh.data);
+    }
+    verdict("norm_matmul", ok && !backend_cuda_error(&gpu, NULL, 0), "normed x bit for bit rmsnorm; product max rel err %.3g", worst);
 }

@@ -233,9 +233,17 @@ void test_moe_ffn_table(void)
 void bench_decode(double d2d, int mode)
 {
     static const char *const names[] = {"bench_decode", "bench_decode_fused", "bench_decode_table",
-                                        "bench_decode_table_unfused"};
+                                        "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph"};
     const char *name = names[mode];
-    bool fused = mode == 1, table = mode >= 2, fuse_ops = mode == 2;
+    /* mode 4 times each op of the fused table step alone (48 launches, one per layer's
+     * weights), mode 5 replays the fused table step as one recorded graph */
+    bool fused = mode == 1, table = mode >= 2, fuse_ops = mode == 2 || mode >= 4;
+    static const char *const op_names[] = {"matmul3 (norm + wq/wk/wv)", "qk_norm_rope", "attention (pos 512)",
+                                           "matmul_add (wo + residual)", "ffn norm + router (norm_matmul)", "router matmul (unfused only)",
+                                           "moe_ffn_table_route", "output head (norm + vocab)", "empty launches (zero 1)"};
+    int only = mode == 4 ? 0 : -1;
+    void *graph = NULL;
+#define DO(i) (only < 0 || only == (i))
     const int L = 48, E = 2048, H = 32, KV = 4, HD = 128, NE = 128, K = 8, F = 768, V = 151936, P = 512;
     const int QD = H * HD, KVD = KV * HD;
     uint32_t T = GGML_TYPE_Q8_0;
@@ -293,9 +301,26 @@ void bench_decode(double d2d, int mode)
     host_rt[0] = 0.0f;
     uint64_t active = 0;
     double best = 1e9;
+again:
+    best = 1e9;
     for (int rep = 0; rep < 6; rep++) {
         gpu.i->sync(gpu.ctx);
+        if (mode == 5 && rep == 1 && !graph) { /* record after the warm-up step */
+            int rc = gpu.i->graph_begin ? gpu.i->graph_begin(gpu.ctx) : TIDE_EUNSUPPORTED;
+            if (rc) {
+                verdict(name, false, "graph_begin %.0f", rc);
+                return;
+            }
+        }
         double t0 = now_s();
+        if (graph) {
+            gpu.i->graph_launch(gpu.ctx, graph);
+            gpu.i->download(gpu.ctx, host_lg_dummy, lg, sizeof host_lg_dummy);
+            double dt = now_s() - t0;
+            if (dt < best) best = dt;
+            gpu.i->upload(gpu.ctx, x, xv, E * 4);
+            continue;
+        }
         active = 0;
         uint8_t *p = w;
         for (int l = 0; l < L; l++) {
@@ -304,10 +329,15 @@ void bench_decode(double d2d, int mode)
             struct tensor wv = {T, {E, KVD}, p, rb_e}; p += rb_e * KVD;
             struct tensor wo = {T, {QD, E}, p, rb_q}; p += rb_q * E;
             float *kl = kc + (size_t)l * (P + 1) * KVD, *vl = kc + (size_t)(L + l) * (P + 1) * KVD;
+            if (mode == 4 && only == 8) {
+                for (int z = 0; z < 9; z++)
+                    gpu.i->zero(gpu.ctx, hb, 1);
+            }
             if (fuse_ops) {
                 const struct tensor *const w3[3] = {&wq, &wk, &wv};
                 float *const y3[3] = {q, kl + (size_t)P * KVD, vl + (size_t)P * KVD};
-                gpu.i->matmul3(gpu.ctx, w3, x, y3, 1, &nw, 1e-6f, xb);
+                if (DO(0))
+                    gpu.i->matmul3(gpu.ctx, w3, x, y3, 1, &nw, 1e-6f, xb);
             } else {
                 gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
                 gpu.i->matmul(gpu.ctx, &wq, xb, q, 1);
@@ -315,23 +345,34 @@ void bench_decode(double d2d, int mode)
                 gpu.i->matmul(gpu.ctx, &wv, xb, vl + (size_t)P * KVD, 1);
             }
             if (fuse_ops) {
-                gpu.i->qk_norm_rope(gpu.ctx, q, kl + (size_t)P * KVD, &hn, &hn, 1, H, KV, HD, P, 1e6f, ROPE_NEOX, 1e-6f);
+                if (DO(1))
+                    gpu.i->qk_norm_rope(gpu.ctx, q, kl + (size_t)P * KVD, &hn, &hn, 1, H, KV, HD, P, 1e6f, ROPE_NEOX,
+                                        1e-6f);
             } else {
                 gpu.i->rmsnorm(gpu.ctx, q, &hn, q, HD, H, 1e-6f);
                 gpu.i->rmsnorm(gpu.ctx, kl + (size_t)P * KVD, &hn, kl + (size_t)P * KVD, HD, KV, 1e-6f);
                 gpu.i->rope(gpu.ctx, q, 1, H, HD, P, 1e6f, ROPE_NEOX);
                 gpu.i->rope(gpu.ctx, kl + (size_t)P * KVD, 1, KV, HD, P, 1e6f, ROPE_NEOX);
             }
-            gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, 1, P, H, KV, HD);
+            if (DO(2))
+                gpu.i->attention(gpu.ctx, q, kl, vl, ao, NULL, 1, P, H, KV, HD);
             if (fuse_ops) {
-                gpu.i->matmul_add(gpu.ctx, &wo, ao, x, 1);
+                if (DO(3))
+                    gpu.i->matmul_add(gpu.ctx, &wo, ao, x, 1);
             } else {
                 gpu.i->matmul(gpu.ctx, &wo, ao, xb2, 1);
                 gpu.i->axpy(gpu.ctx, x, xb2, 1.0f, E);
             }
-            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
             struct tensor wr = {GGML_TYPE_F32, {E, NE}, routf + (size_t)l * E * NE, (size_t)E * 4};
-            gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
+            if (fuse_ops && gpu.i->norm_matmul) { /* the forward's decode form */
+                if (DO(4))
+                    gpu.i->norm_matmul(gpu.ctx, &wr, x, rt, &nw, 1e-6f, xb);
+            } else {
+                if (DO(4))
+                    gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
+                if (DO(5))
+                    gpu.i->matmul(gpu.ctx, &wr, xb, rt, 1);
+            }
             active += per_layer_attn + (size_t)E * NE * 4 + (size_t)(P + 1) * KVD * 8;
             if (table) {
                 int32_t *rl = routed + (size_t)l * 2 * K;
@@ -340,7 +381,8 @@ void bench_decode(double d2d, int mode)
                 struct expert_weights shape = {g, u, d};
                 const void *const *tl = (const void *const *)tab_d + (size_t)l * NE * 3;
                 if (fuse_ops) {
-                    gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, NE, true, rl, K, xb, x, true);
+                    if (DO(6))
+                        gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, NE, true, rl, K, xb, x, true);
                 } else {
                     gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
                     gpu.i->moe_ffn_table(gpu.ctx, &shape, tl, rl, K, xb, mo, false);
@@ -380,13 +422,35 @@ void bench_decode(double d2d, int mode)
             gpu.i->axpy(gpu.ctx, x, mo, 1.0f, E);
         }
         struct tensor out = {T, {E, V}, p, rb_e};
-        gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
-        gpu.i->matmul(gpu.ctx, &out, xb, lg, 1);
+        if (DO(7)) {
+            gpu.i->rmsnorm(gpu.ctx, x, &nw, xb, E, 1, 1e-6f);
+            gpu.i->matmul(gpu.ctx, &out, xb, lg, 1);
+        }
         active += rb_e * (size_t)V;
+        if (mode == 5 && rep == 1) {
+            int rc = gpu.i->graph_end(gpu.ctx, &graph);
+            if (rc || !graph) {
+                verdict(name, false, "graph_end %.0f", rc);
+                return;
+            }
+            rep = 0; /* the timed replays follow */
+            continue;
+        }
         gpu.i->download(gpu.ctx, host_lg_dummy, lg, sizeof host_lg_dummy);
         double dt = now_s() - t0;
         if (rep > 0 && dt < best) best = dt;
         gpu.i->upload(gpu.ctx, x, xv, E * 4); /* keep activations bounded */
+    }
+    if (mode == 4) {
+        printf("  %-28s %8.1f us a step (%d launches: %.2f us each)\n", op_names[only], best * 1e6,
+               only == 7 ? 2 : only == 8 ? 9 * L : L, best * 1e6 / (only == 7 ? 2 : only == 8 ? 9 * L : L));
+        if (++only < 9)
+            goto again;
+    }
+#undef DO
+    if (graph) {
+        printf("  one recorded graph of the whole step, replayed: %.3f ms/token = %.1f tok/s\n", best * 1e3, 1.0 / best);
+        gpu.i->graph_free(gpu.ctx, graph);
     }
     double roof = active / (d2d * 1e9);
     printf("  decode step (Qwen3-30B-A3B shape, q8_0, pos %d, %s):\n"

@@ -19,13 +19,40 @@
 #define ATT_G 8          /* query heads per CTA */
 #define ATT_MAX_CHUNK 1024
 
-/* DPL = dims per lane in the score phase (head_dim <= 32 * DPL). */
+/* How n_keys keys are cut: chunks of *chunk keys, *n_chunks of them, aiming at `want` chunks
+ * (see attention_one). On the device too, for attention_at, so both cut the same way. */
+__host__ __device__ inline void att_split(int n_keys, int want, int *chunk_o, int *n_chunks_o)
+{
+    int chunk = (n_keys + want - 1) / want;
+    chunk = (chunk + 31) & ~31;
+    if (chunk < 32) chunk = 32;
+    if (chunk > ATT_MAX_CHUNK) chunk = ATT_MAX_CHUNK;
+    int n_chunks = (n_keys + chunk - 1) / chunk;
+    if (n_chunks > ATT_MAX_CHUNK) { /* over 1M keys: longer chunks rather than more of them */
+        chunk = (n_keys + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
+        chunk = (chunk + 31) & ~31;
+        n_chunks = (n_keys + chunk - 1) / chunk;
+    }
+    *chunk_o = chunk;
+    *n_chunks_o = n_chunks;
+}
+
+/* DPL = dims per lane in the score phase (head_dim <= 32 * DPL). at (attention_at): the query's
+ * position is *at, and n_keys, chunk, n_chunks are worked out here from it and want; the grid
+ * is sized for the longest context and CTAs past n_chunks have nothing to do. */
 template <int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
                   float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
-                  int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale)
+                  int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale,
+                  const int32_t *at, int want)
 {
+    if (at) {
+        n_keys = *at + 1;
+        att_split(n_keys, want, &chunk, &n_chunks);
+        if ((int)blockIdx.y >= n_chunks)
+            return;
+    }
     extern __shared__ float sm[];
     constexpr int HDP = DPL * 32;
     float *qs = sm;                        /* (ATT_G, HDP), zero-padded */
@@ -107,7 +134,7 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
         for (int g = 0; g < ATT_G; g++)
             acc[g] = 0.0f;
         const float *vr = vc + (size_t)t0 * kvd + (size_t)kvh * hd + d;
-#pragma unroll 4
+#pragma unroll 8
         for (int j = 0; j < len; j++) {
             float v = __ldg(vr + (size_t)j * kvd);
 #pragma unroll
@@ -134,8 +161,14 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
 
 /* out[h] = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, one CTA per query head. */
 __global__ void attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ part_ml,
-                                  float *__restrict__ out, int hd, int n_chunks)
+                                  float *__restrict__ out, int hd, int n_chunks, const int32_t *at, int want)
 {
+    if (at) { /* attention_at: one chunk means the chunk kernel wrote out itself */
+        int chunk;
+        att_split(*at + 1, want, &chunk, &n_chunks);
+        if (n_chunks == 1)
+            return;
+    }
     __shared__ float wgt[ATT_MAX_CHUNK];
     __shared__ float inv_l;
     int h = blockIdx.x;
@@ -164,8 +197,11 @@ __global__ void attn_merge_kernel(const float *__restrict__ part_o, const float 
     }
 }
 
+/* at NULL: the query at position pos. at set (attention_at): at *at, below n_ctx, read when
+ * the kernels run; pos is then unused but for the shape check. */
 static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
-                          float *out, int pos, int n_head, int n_head_kv, int head_dim)
+                          float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at = NULL,
+                          int n_ctx = 0)
 {
     if (c->err)
         return;
@@ -180,18 +216,19 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
      * latency-bound per warp, so it needs many warps resident */
     int per_chunk = n_head_kv * zgroups;
     int want = (4 * c->sm_count + per_chunk - 1) / per_chunk;
-    int chunk = (n_keys + want - 1) / want;
-    chunk = (chunk + 31) & ~31;
-    if (chunk < 32) chunk = 32;
-    if (chunk > ATT_MAX_CHUNK) chunk = ATT_MAX_CHUNK;
-    int n_chunks = (n_keys + chunk - 1) / chunk;
-    if (n_chunks > ATT_MAX_CHUNK) { /* over 1M keys: longer chunks rather than more of them */
-        chunk = (n_keys + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
-        chunk = (chunk + 31) & ~31;
-        n_chunks = (n_keys + chunk - 1) / chunk;
+    int chunk, n_chunks;
+    if (at) {
+        /* the largest chunk and chunk count any position below n_ctx can need (chunk grows
+         * with the keys; the count stays under want until chunks reach their cap) */
+        att_split(n_ctx, want, &chunk, &n_chunks);
+        int cap = (n_ctx + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
+        n_chunks = n_chunks > want ? n_chunks : want;
+        n_chunks = n_chunks > cap ? n_chunks : cap;
+    } else {
+        att_split(n_keys, want, &chunk, &n_chunks);
     }
     float *part_o = NULL, *part_ml = NULL;
-    if (n_chunks > 1) {
+    if (n_chunks > 1 || at) {
         size_t po = (size_t)n_head * n_chunks * head_dim;
         float *ws = (float *)cuda_scratch(c, (po + (size_t)n_head * n_chunks * 2) * sizeof(float));
         if (!ws)
@@ -212,7 +249,8 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
             return;                                                                                   \
         attn_chunk_kernel<D><<<grid, ATT_WARPS * 32, smem, c->st>>>(q, k_cache, v_cache, out, part_o,  \
                                                                     part_ml, n_keys, n_head_kv, group,  \
-                                                                    head_dim, chunk, n_chunks, scale); \
+                                                                    head_dim, chunk, n_chunks, scale,   \
+                                                                    at, want);                          \
     } while (0)
     switch (dpl) {
     case 1: ATT_LAUNCH(1); break;
@@ -221,10 +259,17 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     default: ATT_LAUNCH(8); break;
     }
 #undef ATT_LAUNCH
-    if (!CU_LAUNCH(c, "attn_chunk_kernel") || n_chunks == 1)
+    if (!CU_LAUNCH(c, "attn_chunk_kernel") || (n_chunks == 1 && !at))
         return;
-    attn_merge_kernel<<<n_head, 128, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks);
+    attn_merge_kernel<<<n_head, 128, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
     CU_LAUNCH(c, "attn_merge_kernel");
+}
+
+void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
+                       const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim)
+{
+    if (!c->err && n_ctx > 0)
+        attention_one(c, q, k_cache, v_cache, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx);
 }
 
 /* A chunk of n tokens: the tiled kernel (attention_prefill.cu, one launch) or the split-K

@@ -1,6 +1,7 @@
 /* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
  * (rmsnorm, rope, qk_norm_rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
- * matmul.cu, moe.cu, attention.cu (decode) and attention_prefill.cu hold the big kernels.
+ * matmul.cu, moe.cu, attention.cu (decode), attention_prefill.cu and norm_matmul.cu hold the big
+ * kernels; the recording of decode steps (graphs) is here.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
@@ -34,6 +35,10 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes)
 {
     if (bytes <= c->scratch_n)
         return c->scratch;
+    if (c->capturing) { /* see cu_graph_begin */
+        c->capture_rc = TIDE_ENOMEM;
+        return NULL;
+    }
     size_t want = bytes + bytes / 4;
     if (c->scratch && !CU(c, cudaFreeAsync(c->scratch, c->st)))
         return NULL;
@@ -42,6 +47,7 @@ void *cuda_scratch(struct cuda_ctx *c, size_t bytes)
     if (!CU(c, cudaMallocAsync(&c->scratch, want, c->st)))
         return NULL;
     c->scratch_n = want;
+    c->ws_gen++;
     return c->scratch;
 }
 
@@ -49,6 +55,10 @@ void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes)
 {
     if (bytes <= c->sum_n)
         return c->sum;
+    if (c->capturing) {
+        c->capture_rc = TIDE_ENOMEM;
+        return NULL;
+    }
     size_t want = bytes + bytes / 4;
     if (c->sum && !CU(c, cudaFreeAsync(c->sum, c->st)))
         return NULL;
@@ -57,6 +67,7 @@ void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes)
     if (!CU(c, cudaMallocAsync(&c->sum, want, c->st)))
         return NULL;
     c->sum_n = want;
+    c->ws_gen++;
     return c->sum;
 }
 
@@ -121,22 +132,13 @@ __global__ void rope_kernel(float *vec, int n_heads, int head_dim, int pos, floa
     rope_pair(vec + ((size_t)t * n_heads + h) * head_dim, i, head_dim, pos + t, theta, neox);
 }
 
-/* backend_i.qk_norm_rope: grid (n_head + n_head_kv, n), one head of one token a CTA, block
- * norm_block(head_dim). The head is normed as rmsnorm_kernel norms it (same reduction, same
- * products) into shared memory, then rotated by rope_pair from there and written back: the
- * bits of rmsnorm + rope, in one launch instead of four. Without a norm weight the head is
- * only rotated. smem: head_dim floats. */
-__global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const uint8_t *__restrict__ qw,
-                                    uint32_t ktype, const uint8_t *__restrict__ kw, int n_head, int n_head_kv,
-                                    int head_dim, int pos, float theta, int neox, float eps)
+/* One head: normed as rmsnorm_kernel norms it (same reduction, same products) into shared
+ * memory, rotated by rope_pair there, written to out (may be v). smem: head_dim floats. */
+__device__ __forceinline__ void head_norm_rope(const float *v, float *out, uint32_t wtype, const uint8_t *w,
+                                               int head_dim, int pos, float theta, int neox, float eps)
 {
     extern __shared__ float hv[]; /* (head_dim) */
     __shared__ float red[32];
-    int h = blockIdx.x, t = blockIdx.y;
-    bool isq = h < n_head;
-    float *v = isq ? q + ((size_t)t * n_head + h) * head_dim : k + ((size_t)t * n_head_kv + (h - n_head)) * head_dim;
-    const uint8_t *w = isq ? qw : kw;
-    uint32_t wtype = isq ? qtype : ktype;
     if (w) { /* block-uniform */
         float s = rms_scale(v, head_dim, eps, red);
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
@@ -147,10 +149,46 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const ui
     }
     __syncthreads();
     for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
-        rope_pair(hv, i, head_dim, pos + t, theta, neox);
+        rope_pair(hv, i, head_dim, pos, theta, neox);
     __syncthreads();
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        v[i] = hv[i];
+        out[i] = hv[i];
+}
+
+/* backend_i.qk_norm_rope: grid (n_head + n_head_kv, n), one head of one token a CTA, block
+ * norm_block(head_dim). The head is normed as rmsnorm_kernel norms it (same reduction, same
+ * products) into shared memory, then rotated by rope_pair from there and written back: the
+ * bits of rmsnorm + rope, in one launch instead of four. Without a norm weight the head is
+ * only rotated. smem: head_dim floats. */
+__global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const uint8_t *__restrict__ qw,
+                                    uint32_t ktype, const uint8_t *__restrict__ kw, int n_head, int n_head_kv,
+                                    int head_dim, int pos, float theta, int neox, float eps)
+{
+    int h = blockIdx.x, t = blockIdx.y;
+    bool isq = h < n_head;
+    float *v = isq ? q + ((size_t)t * n_head + h) * head_dim : k + ((size_t)t * n_head_kv + (h - n_head)) * head_dim;
+    head_norm_rope(v, v, isq ? qtype : ktype, isq ? qw : kw, head_dim, pos + t, theta, neox, eps);
+}
+
+/* backend_i.qk_norm_rope_at: one token, grid n_head + n_head_kv; the position from *at. A k
+ * head's CTA reads the new row from kv, writes it rotated to the cache row and copies the v
+ * head beside it (kv: k (kvd) then v (kvd)). */
+__global__ void qk_norm_rope_at_kernel(float *q, const float *kv, float *kc, float *vc, uint32_t qtype,
+                                       const uint8_t *__restrict__ qw, uint32_t ktype, const uint8_t *__restrict__ kw,
+                                       int n_head, int n_head_kv, int head_dim, const int32_t *at, float theta,
+                                       int neox, float eps)
+{
+    int h = blockIdx.x, pos = *at;
+    size_t kvd = (size_t)n_head_kv * head_dim;
+    if (h < n_head) {
+        float *v = q + (size_t)h * head_dim;
+        head_norm_rope(v, v, qtype, qw, head_dim, pos, theta, neox, eps);
+        return;
+    }
+    size_t o = (size_t)(h - n_head) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+        vc[(size_t)pos * kvd + o + i] = kv[kvd + o + i];
+    head_norm_rope(kv + o, kc + (size_t)pos * kvd + o, ktype, kw, head_dim, pos, theta, neox, eps);
 }
 
 __global__ void swiglu_kernel(float *gate, const float *__restrict__ up, size_t n)
@@ -184,6 +222,14 @@ __global__ void scatter_axpy_kernel(float *y, const float *__restrict__ x, scatt
 
 __global__ void get_row_kernel(uint32_t type, const uint8_t *__restrict__ row, float *__restrict__ out, int n)
 {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = row_elem(type, row, i);
+}
+
+__global__ void get_row_at_kernel(uint32_t type, const uint8_t *__restrict__ data, size_t row_bytes,
+                                  const int32_t *at, float *__restrict__ out, int n)
+{
+    const uint8_t *row = data + (size_t)*at * row_bytes;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         out[i] = row_elem(type, row, i);
 }
@@ -341,6 +387,50 @@ static void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *
     CU_LAUNCH(c, "qk_norm_rope_kernel");
 }
 
+static void cu_qk_norm_rope_at(void *ctx, float *q, const float *kv, float *k_cache, float *v_cache,
+                               const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                               int head_dim, const int32_t *at, float theta, enum rope_kind kind, float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || head_dim <= 0 || n_head <= 0 || n_head_kv <= 0)
+        return;
+    qk_norm_rope_at_kernel<<<n_head + n_head_kv, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
+        q, kv, k_cache, v_cache, q_norm ? q_norm->type : 0, q_norm ? (const uint8_t *)q_norm->data : NULL,
+        k_norm ? k_norm->type : 0, k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at,
+        theta, kind == ROPE_NEOX, eps);
+    CU_LAUNCH(c, "qk_norm_rope_at_kernel");
+}
+
+static void cu_attention_at(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                            const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_attention_at(c, q, k_cache, v_cache, out, at, n_ctx, n_head, n_head_kv, head_dim);
+}
+
+static void cu_get_row_at(void *ctx, const struct tensor *t, const int32_t *at, float *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int n = (int)t->ne[0];
+    if (!enter(c) || n <= 0)
+        return;
+    get_row_at_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(t->type, (const uint8_t *)t->data, t->row_bytes,
+                                                                  at, out, n);
+    CU_LAUNCH(c, "get_row_at_kernel");
+}
+
+static int cu_norm_matmul(void *ctx, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                          float eps, float *xn)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    if (!cuda_norm_matmul(c, w, x, y, norm, eps, xn))
+        return TIDE_EUNSUPPORTED;
+    return c->err;
+}
+
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
@@ -466,6 +556,95 @@ static void cu_host_free(void *ctx, void *p)
         cudaFreeHost(p);
 }
 
+/* ---- graphs ----
+ * Recording is stream capture of the op stream in thread-local mode. The copy stream is not
+ * captured, so an upload inside a recording would not be replayed: callers upload before. A
+ * workspace that would have to grow inside a recording cannot (the graph would keep pointing at
+ * the old one), so cuda_scratch/cuda_sum_buf fail the recording instead (c->capture_rc). */
+struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned long ws_gen; /* c->ws_gen when recorded */
+};
+
+static int cu_graph_begin(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c))
+        return c->err;
+    if (c->capturing)
+        return TIDE_EINVAL;
+    if (!CU(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal)))
+        return c->err;
+    c->capturing = true;
+    c->capture_rc = 0;
+    return 0;
+}
+
+static int cu_graph_end(void *ctx, void **graph)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    *graph = NULL;
+    if (!c->capturing)
+        return TIDE_EINVAL;
+    c->capturing = false;
+    cuda_use_device(c->dev);
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->st, &g);
+    int rc = c->capture_rc;
+    if (e != cudaSuccess && !rc) {
+        /* a launch that broke the capture: the ops are not queued, but the backend is fine */
+        tide_log("cuda: device %d: recording failed: %s", c->dev, cudaGetErrorString(e));
+        rc = TIDE_EINTERNAL;
+    }
+    (void)cudaGetLastError();
+    cudaGraphExec_t x = NULL;
+    if (!rc && g) {
+        e = cudaGraphInstantiateWithFlags(&x, g, 0);
+        if (e != cudaSuccess) {
+            tide_log("cuda: device %d: cudaGraphInstantiate: %s", c->dev, cudaGetErrorString(e));
+            (void)cudaGetLastError();
+            rc = TIDE_EINTERNAL;
+            x = NULL;
+        }
+    }
+    if (g)
+        cudaGraphDestroy(g);
+    struct cuda_graph *cg = NULL;
+    if (!rc && !(cg = (struct cuda_graph *)malloc(sizeof *cg)))
+        rc = TIDE_ENOMEM;
+    if (rc) {
+        if (x)
+            cudaGraphExecDestroy(x);
+        return rc;
+    }
+    cg->exec = x;
+    cg->ws_gen = c->ws_gen;
+    *graph = cg;
+    return c->err;
+}
+
+static int cu_graph_launch(void *ctx, void *graph)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    struct cuda_graph *cg = (struct cuda_graph *)graph;
+    if (!enter(c))
+        return c->err;
+    if (cg->ws_gen != c->ws_gen) /* it would use a freed workspace */
+        return TIDE_ESTALE;
+    return CU(c, cudaGraphLaunch(cg->exec, c->st)) ? 0 : c->err;
+}
+
+static void cu_graph_free(void *ctx, void *graph)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    struct cuda_graph *cg = (struct cuda_graph *)graph;
+    if (!cg)
+        return;
+    cuda_use_device(c->dev);
+    cudaGraphExecDestroy(cg->exec);
+    free(cg);
+}
+
 static const struct backend_i cuda_iface = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -492,6 +671,14 @@ static const struct backend_i cuda_iface = {
     .moe_ffn_table_route = cu_moe_ffn_table_route,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
+    .qk_norm_rope_at = cu_qk_norm_rope_at,
+    .attention_at = cu_attention_at,
+    .get_row_at = cu_get_row_at,
+    .norm_matmul = cu_norm_matmul,
     .layernorm = cu_layernorm, /* the vision encoder's ops: vision_ops.cu */
     .add_bias = cu_add_bias,
     .activate = cu_activate,

@@ -34,6 +34,9 @@ struct cuda_ctx {
     int err;                 /* first failure: 0 or TIDE_EINTERNAL / TIDE_ENOMEM */
     char errmsg[320];
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
+    unsigned long ws_gen;    /* bumped whenever scratch or sum is replaced (graphs go stale) */
+    bool capturing;          /* between graph_begin and graph_end */
+    int capture_rc;          /* why the recording under way cannot be used (0: it can) */
 };
 
 /* cudaSetDevice through a per-thread cache of the current device (backend_cuda.cu). */
@@ -66,6 +69,12 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
  * returns false otherwise, nothing queued (the caller then norms first). */
 bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                   const struct tensor *norm, float eps, float *xn);
+/* backend_i.norm_matmul (norm_matmul.cu): false, nothing queued, for shapes it does not take */
+bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
+                      float eps, float *xn);
+/* backend_i.attention_at (attention.cu) */
+void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
+                       const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
@@ -156,11 +165,11 @@ static inline int norm_block(int dim) { return dim <= 32 ? 32 : dim <= 128 ? 128
 /* 1 / sqrt(mean(v^2) + eps) as rmsnorm_kernel computes it: f32 sum of squares per thread
  * (stride blockDim), reduced across the CTA through red (32 shared floats). Every thread of
  * the CTA calls it; a second call needs a __syncthreads() first (red is reused). */
-__device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, float *red)
+/* The CTA's total of each thread's ss, in one fixed order (warp sums, then warp 0 over those):
+ * every kernel that norms reduces through here, so their scales agree to the bit. Every
+ * thread calls it; red is 32 shared floats, free again after the call returns. */
+__device__ __forceinline__ float block_sum(float ss, float *red)
 {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        ss = fmaf(v[i], v[i], ss);
     ss = warp_sum(ss);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     if (lane == 0)
@@ -173,7 +182,29 @@ __device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, f
             red[0] = t;
     }
     __syncthreads();
-    return 1.0f / sqrtf(red[0] / (float)dim + eps);
+    float total = red[0];
+    __syncthreads(); /* everyone has read red[0] before red is written again */
+    return total;
+}
+
+__device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, float *red)
+{
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss = fmaf(v[i], v[i], ss);
+    return 1.0f / sqrtf(block_sum(ss, red) / (float)dim + eps);
+}
+
+/* Element e of a vector quantised to q8 blocks of 32 (one warp holds a block: lane = e % 32):
+ * the scale from the block's largest magnitude, as quantize_q8_kernel does. */
+__device__ __forceinline__ void quantize_q8_elem(float v, int e, int8_t *xq, float *xd)
+{
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    xq[e] = (int8_t)__float2int_rn(v * id);
+    if ((threadIdx.x & 31) == 0)
+        xd[e / QK] = __half2float(__float2half_rn(d));
 }
 
 #endif

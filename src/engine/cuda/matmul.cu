@@ -79,7 +79,7 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
                                                 int cols = 0, const float *sc = nullptr, uint32_t ntype = 0,
                                                 const uint8_t *nw = nullptr, float *xn = nullptr)
 {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, warp = tid >> 5;
     for (int base = 0; base < total; base += MMQ_WARPS * 32 * 4) {
         float v[4];
 #pragma unroll
@@ -96,15 +96,55 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int e = base + k * MMQ_WARPS * 32 + tid;
-            if (base + k * MMQ_WARPS * 32 + warp * 32 < total) { /* warp-uniform: total % 32 == 0 */
-                float amax = warp_max(fabsf(v[k]));
-                float d = amax / 127.0f;
-                float id = d != 0.0f ? 1.0f / d : 0.0f;
-                xq[e] = (int8_t)__float2int_rn(v[k] * id);
-                if (lane == 0)
-                    xd[e / QK] = __half2float(__float2half_rn(d));
+            if (base + k * MMQ_WARPS * 32 + warp * 32 < total) /* warp-uniform: total % 32 == 0 */
+                quantize_q8_elem(v[k], e, xq, xd);
+        }
+    }
+    __syncthreads();
+}
+
+/* One vector of up to X1_MAX elements (decode): the same quantisation (and with NORM the same
+ * rms scale, reduced in rms_scale's order, and normed values) as rms_scale + quantize_x_smem,
+ * but x is read once, every load issued before any reduction: the prologue of a decode
+ * product costs one round trip to memory instead of three or four. */
+#define X1_PER_THREAD 16
+#define X1_MAX (X1_PER_THREAD * MMQ_WARPS * 32)
+template <bool NORM>
+__device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, int cols, int8_t *xq, float *xd,
+                                                 float eps = 0.0f, uint32_t ntype = 0, const uint8_t *nw = nullptr,
+                                                 float *xn = nullptr)
+{
+    constexpr int B = MMQ_WARPS * 32;
+    int tid = threadIdx.x, warp = tid >> 5;
+    float v[X1_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < X1_PER_THREAD; k++) {
+        int e = k * B + tid;
+        v[k] = e < cols ? __ldg(x + e) : 0.0f;
+    }
+    if (NORM) {
+        __shared__ float red[32];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < X1_PER_THREAD; k++)
+            if (k * B + tid < cols)
+                ss = fmaf(v[k], v[k], ss);
+        float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+#pragma unroll
+        for (int k = 0; k < X1_PER_THREAD; k++) {
+            int e = k * B + tid;
+            if (e < cols) {
+                v[k] = v[k] * sc * row_elem(ntype, nw, e);
+                if (blockIdx.x == 0)
+                    xn[e] = v[k];
             }
         }
+    }
+#pragma unroll
+    for (int k = 0; k < X1_PER_THREAD; k++) {
+        int e = k * B + tid;
+        if (k * B + warp * 32 < cols) /* warp-uniform: cols % 32 == 0 */
+            quantize_q8_elem(v[k], e, xq, xd);
     }
     __syncthreads();
 }
@@ -145,7 +185,10 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
     int nb = cols / QK, total = nt * cols;
     int8_t *xq = (int8_t *)smq;                                   /* (nt, cols) */
     float *xd = (float *)(smq + (((size_t)total + 15) & ~(size_t)15)); /* (nt, nb) */
-    quantize_x_smem<false>(x, total, xq, xd);
+    if (nt == 1 && cols <= X1_MAX) /* grid-uniform */
+        quantize_x1_smem<false>(x, cols, xq, xd);
+    else
+        quantize_x_smem<false>(x, total, xq, xd);
     mmvq_rows<QT>(W, row_bytes, rows, nb, pairs, xq, xd, nt, y, rpw, add, blockIdx.x);
 }
 
@@ -184,7 +227,12 @@ mmvq_fused3_kernel(const mm3_args a, int cols, const float *__restrict__ x, int 
     int rows = PICK(rows), first = PICK(start);
     bool pairs = PICK(pairs);
 #undef PICK
-    if (a.nw) { /* grid-uniform */
+    if (nt == 1 && cols <= X1_MAX) { /* grid-uniform */
+        if (a.nw)
+            quantize_x1_smem<true>(x, cols, xq, xd, a.eps, a.ntype, a.nw, a.xn);
+        else
+            quantize_x1_smem<false>(x, cols, xq, xd);
+    } else if (a.nw) {
         __shared__ float red[32], sc[MM_NT];
         for (int t = 0; t < nt; t++) {
             float s = rms_scale(x + (size_t)t * cols, cols, a.eps, red);

@@ -111,4 +111,60 @@ __device__ __forceinline__ void row_dot_q(const uint8_t *__restrict__ wr, int nb
     }
 }
 
+/* Two rows against one quantised vector (nt = 1), with the pairs layout: each step loads both
+ * rows' pair before any arithmetic, so a warp has twice the bytes in flight of two row_dot_q
+ * calls (at decode sizes the latency of those loads, not the bandwidth, bounds the kernels).
+ * Per row the same blocks in the same order as row_dot_q, so the same bits. */
+template <int QT>
+__device__ __forceinline__ void row_dot2_q(const uint8_t *__restrict__ wa, const uint8_t *__restrict__ wb, int nb,
+                                           const int8_t *xq, const float *xd, float *sa, float *sb, int lane)
+{
+    constexpr int BLK = QT == 8 ? 34 : 18;
+    constexpr int NU = BLK * 2 / 4;
+    int np = nb / 2;
+#pragma unroll 2
+    for (int p = lane; p < np; p += 32) {
+        const uint32_t *pa = (const uint32_t *)(wa + (size_t)p * 2 * BLK);
+        const uint32_t *pb = (const uint32_t *)(wb + (size_t)p * 2 * BLK);
+        uint32_t u[2][NU];
+#pragma unroll
+        for (int i = 0; i < NU; i++) {
+            u[0][i] = __ldg(pa + i);
+            u[1][i] = __ldg(pb + i);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float s[MM_NT] = {0.0f};
+            s[0] = r ? *sb : *sa;
+            int wq[8];
+            float d0 = f16_bits_to_f32((uint16_t)(u[r][0] & 0xFFFFu));
+            if (QT == 8) {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    wq[i] = (int)__funnelshift_r(u[r][i], u[r][i + 1], 16);
+                dot_block<true>(wq, d0, xq, xd, nb, 2 * p, 1, s);
+                float d1 = f16_bits_to_f32((uint16_t)(u[r][8] >> 16));
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    wq[i] = (int)u[r][9 + i];
+                dot_block<true>(wq, d1, xq, xd, nb, 2 * p + 1, 1, s);
+            } else {
+                uint32_t q[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    q[i] = __funnelshift_r(u[r][i], u[r][i + 1], 16);
+                unpack_q4(q, wq);
+                dot_block<true>(wq, d0, xq, xd, nb, 2 * p, 1, s);
+                float d1 = f16_bits_to_f32((uint16_t)(u[r][4] >> 16));
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    q[i] = u[r][5 + i];
+                unpack_q4(q, wq);
+                dot_block<true>(wq, d1, xq, xd, nb, 2 * p + 1, 1, s);
+            }
+            if (r) *sb = s[0]; else *sa = s[0];
+        }
+    }
+}
+
 #endif

@@ -27,6 +27,7 @@
 #define MOE_MAX_K 16
 #define MOE_GU_WARPS 16 /* kernel 1: 16 warps x 2 rows = one 32-row block of h */
 #define MOE_DN_WARPS 8  /* kernel 2: one output row a warp */
+#define MOE_DN_PAIRS 4  /* kernel 2's pair path: up to 4 pairs of blocks a lane (k F / 64 <= 128) */
 
 struct moe_args {
     const uint8_t *gate[MOE_MAX_K], *up[MOE_MAX_K], *down[MOE_MAX_K];
@@ -43,6 +44,7 @@ struct moe_args {
     bool norm;
     int k, E, F;
     bool pairs_gu;
+    bool pairs_d; /* down rows in 4-byte pairs of blocks, at most MOE_DN_PAIRS a lane */
     bool add; /* y += the sum (the residual add fused in) instead of y = the sum */
 };
 
@@ -148,13 +150,7 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
     if (w0 && warp == 0)
         route_warp<MOE_MAX_K>(a.logits, a.n_expert, a.k, a.norm, rsel, rid, rw);
     for (int b = warp - w0; b >= 0 && b < nb; b += MOE_GU_WARPS - w0) {
-        float v = __ldg(x + (size_t)b * QK + lane);
-        float amax = warp_max(fabsf(v));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        xq[b * QK + lane] = (int8_t)__float2int_rn(v * id);
-        if (lane == 0)
-            xd[b] = __half2float(__float2half_rn(d));
+        quantize_q8_elem(__ldg(x + (size_t)b * QK + lane), b * QK + lane, xq, xd);
     }
     __syncthreads();
     int j = blockIdx.y, r0 = blockIdx.x * QK;
@@ -174,23 +170,19 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
 #pragma unroll
         for (int t = 0; t < MM_NT; t++)
             g[t] = u[t] = 0.0f;
-        row_dot_q<QT, true>(G + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, g, lane);
-        row_dot_q<QT, true>(U + (size_t)r * a.rb_gu, nb, a.pairs_gu, xq, xd, 1, u, lane);
+        if (a.pairs_gu) { /* gate and up rows loaded together */
+            row_dot2_q<QT>(G + (size_t)r * a.rb_gu, U + (size_t)r * a.rb_gu, nb, xq, xd, &g[0], &u[0], lane);
+        } else {
+            row_dot_q<QT, true>(G + (size_t)r * a.rb_gu, nb, false, xq, xd, 1, g, lane);
+            row_dot_q<QT, true>(U + (size_t)r * a.rb_gu, nb, false, xq, xd, 1, u, lane);
+        }
         float gv = warp_sum(g[0]), uv = warp_sum(u[0]);
         if (lane == 0)
             hs[rr] = gv / (1.0f + expf(-gv)) * uv; /* as swiglu_kernel / cpu_swiglu */
     }
     __syncthreads();
-    if (warp == 0) {
-        float v = hs[lane];
-        float amax = warp_max(fabsf(v));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        size_t o = (size_t)j * a.F + r0;
-        hq[o + lane] = (int8_t)__float2int_rn(v * id);
-        if (lane == 0)
-            hd[o / QK] = __half2float(__float2half_rn(d));
-    }
+    if (warp == 0)
+        quantize_q8_elem(hs[lane], j * a.F + r0 + lane, hq, hd);
 }
 
 /* One output row a warp. The lanes share out all k * F/32 blocks of the row's k expert
@@ -215,6 +207,58 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
         return;
     int nb = a.F / QK, total = a.k * nb;
     float acc = 0.0f;
+    if (a.pairs_d) {
+        /* pairs of blocks (4-byte aligned) as 32-bit loads, and all of a lane's pairs loaded
+         * before any arithmetic: one round trip to memory instead of one per block. The lanes
+         * split the blocks in pairs, so the sum runs in another order than the loop below's;
+         * the table and the pointer forms both come here (cache slots are aligned), so they
+         * still agree bit for bit. */
+        constexpr int NU = BLK * 2 / 4;
+        int npr = nb / 2, tp = a.k * npr; /* pairs in the row: k experts x npr */
+        uint32_t u[MOE_DN_PAIRS][NU];
+#pragma unroll
+        for (int i = 0; i < MOE_DN_PAIRS; i++) {
+            int idx = lane + 32 * i;
+            if (idx < tp) {
+                int j = idx / npr, pp = idx - j * npr;
+                const uint32_t *bp = (const uint32_t *)(dn[j] + (size_t)r * a.rb_d + (size_t)pp * 2 * BLK);
+#pragma unroll
+                for (int v = 0; v < NU; v++)
+                    u[i][v] = __ldg(bp + v);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MOE_DN_PAIRS; i++) {
+            int idx = lane + 32 * i;
+            if (idx >= tp)
+                break;
+            int j = idx / npr, pp = idx - j * npr;
+            for (int h = 0; h < 2; h++) {
+                int wq[8];
+                float dw;
+                if (QT == 8) {
+                    dw = f16_bits_to_f32((uint16_t)(h ? u[i][8] >> 16 : u[i][0] & 0xFFFFu));
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        wq[v] = h ? (int)u[i][9 + v] : (int)__funnelshift_r(u[i][v], u[i][v + 1], 16);
+                } else {
+                    uint32_t q[4];
+                    dw = f16_bits_to_f32((uint16_t)(h ? u[i][4] >> 16 : u[i][0] & 0xFFFFu));
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        q[v] = h ? u[i][5 + v] : __funnelshift_r(u[i][v], u[i][v + 1], 16);
+                    unpack_q4(q, wq);
+                }
+                float sdot[MM_NT] = {0.0f};
+                dot_block<false>(wq, dw, hq + (size_t)j * a.F, hd + (size_t)j * nb, nb, 2 * pp + h, 1, sdot);
+                acc += wt[j] * sdot[0];
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0)
+            y[r] = a.add ? y[r] + acc : acc;
+        return;
+    }
     for (int idx = lane; idx < total; idx += 32) {
         int j = idx / nb, b = idx - j * nb;
         const uint16_t *bp = (const uint16_t *)(dn[j] + (size_t)r * a.rb_d + (size_t)b * BLK);
@@ -263,6 +307,7 @@ static bool moe_shape(const struct expert_weights *ex, int k, moe_args *a)
         (int)ex->down.ne[0] != a->F || (int)ex->down.ne[1] != a->E || ex->up.row_bytes != a->rb_gu)
         return false;
     a->pairs_gu = (a->E / QK) % 2 == 0 && (a->rb_gu & 3) == 0;
+    a->pairs_d = (a->F / QK) % 2 == 0 && (a->rb_d & 3) == 0 && k * (a->F / QK) / 2 <= 32 * MOE_DN_PAIRS;
     size_t sm = (((size_t)a->E + 15) & ~(size_t)15) + (size_t)(a->E / QK) * sizeof(float);
     return sm <= 40 * 1024;
 }
@@ -314,6 +359,7 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
         a.down[j] = (const uint8_t *)e->down.data;
         a.w[j] = w[j];
         a.pairs_gu = a.pairs_gu && aligned4(a.gate[j]) && aligned4(a.up[j]);
+        a.pairs_d = a.pairs_d && aligned4(a.down[j]);
     }
     if (!x)
         return 0; /* a probe: these would run fused */
@@ -322,7 +368,7 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
 }
 
 /* The table form. The table's addresses are the expert cache's slots, 256-byte aligned, so
- * the paired 4-byte loads of moe_shape's pairs_gu are safe without looking at them. */
+ * the paired 4-byte loads of moe_shape's pairs_gu and pairs_d are safe without looking at them. */
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
                        const int32_t *routed, int k, const float *x, float *y, bool add)
 {

@@ -17,28 +17,17 @@ static unsigned grid_n(size_t n, int block)
     return (unsigned)(g < 65535 ? (g ? g : 1) : 65535);
 }
 
-/* Sum over the CTA through red (32 shared floats); every thread gets the total. */
-__device__ __forceinline__ float block_sum(float v, float *red)
-{
-    v = warp_sum(v);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads(); /* red may still be read from a previous call */
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float t = lane < nw ? red[lane] : 0.0f;
-    return warp_sum(t);
-}
-
+/* The CTA's maximum of each thread's v (block_sum's pattern, common.cuh): every thread calls
+ * it and gets the result; red (32 shared floats) is free again when it returns. */
 __device__ __forceinline__ float block_max(float v, float *red)
 {
     v = warp_max(v);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
     if (lane == 0)
         red[warp] = v;
     __syncthreads();
     float t = lane < nw ? red[lane] : -INFINITY;
+    __syncthreads(); /* everyone has read red before it is written again */
     return warp_max(t);
 }
 
@@ -126,7 +115,7 @@ attention_full_kernel(const float *__restrict__ q, const float *__restrict__ k, 
         sc[j] = e;
         sum += e;
     }
-    sum = block_sum(sum, red); /* its barriers also publish sc */
+    sum = block_sum(sum, red); /* its barriers also publish sc (common.cuh) */
     float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < d; i += ATT_THREADS) {
         const float *vc = v + (size_t)h * d + i;
