@@ -22,6 +22,8 @@ struct moe_batch {
     const struct expert_weights *ex; /* (n_group) views; only [g0, g1) are read by a call */
     int g0, g1;                      /* the groups this call computes */
 };
+/* The vision encoder's activations (backend_i.activate). */
+enum act_kind { ACT_GELU, ACT_GELU_QUICK, ACT_SILU };
 
 struct backend_i {
     const char *name;
@@ -167,7 +169,33 @@ struct backend_i {
      * TIDE_EUNSUPPORTED (nothing done: the caller runs the per-expert ops) or another
      * negative code. NULL where the backend has no grouped form (the CPU). */
     int (*moe_ffn_batch)(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add);
+
+    /* ---- the vision encoder's ops (src/vision/clip.c). Vectors f32 in backend memory. ---- */
+    /* y (n, dim) = (x - mean) / sqrt(var + eps) * w + b, per row (LayerNorm with bias; w or b
+     * NULL: 1 or 0). y may be x. */
+    void (*layernorm)(void *ctx, const float *x, float *y, const float *w, const float *b, int n, int dim,
+                      float eps);
+    /* y (n, dim) += b (dim), every row */
+    void (*add_bias)(void *ctx, float *y, const float *b, int n, int dim);
+    /* x[0..n) = act(x[0..n)); GELU is the tanh approximation (as ggml_gelu) */
+    void (*activate)(void *ctx, float *x, size_t n, enum act_kind act);
+    /* Full bidirectional attention over one sequence of P tokens (no mask): q, k, v, out (P,
+     * n_head*head_dim), softmax(q k^T / sqrt(head_dim)) v per head. ws: scratch in backend
+     * memory of attention_full_ws_floats(P, head_dim) floats. */
+    void (*attention_full)(void *ctx, const float *q, const float *k, const float *v, float *out, int P,
+                           int n_head, int head_dim, float *ws);
+    /* Bytes of device memory a matmul of w over n vectors takes beyond x and y (a backend's
+     * own stream-ordered scratch), so a caller can reserve it; NULL: none. */
+    size_t (*matmul_scratch)(void *ctx, const struct tensor *w, int n);
 };
+
+/* attention_full's ws: four (P, head_dim) head buffers and the (P, P) score table, each
+ * rounded to 16 floats (64 bytes). */
+static inline size_t attention_full_ws_floats(int P, int head_dim)
+{
+    size_t hd = ((size_t)P * head_dim + 15) / 16 * 16, pp = ((size_t)P * P + 15) / 16 * 16;
+    return 4 * hd + pp;
+}
 
 struct backend {
     const struct backend_i *i;

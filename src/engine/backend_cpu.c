@@ -7,6 +7,7 @@
  * and dotted with all n input vectors, which is what makes batched prefill fast. */
 #include "backend.h"
 #include "route.h"
+#include "backend_cpu_vision.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -714,7 +715,17 @@ static const struct backend_i cpu_iface = {
     .route = cpu_route,
     .moe_ffn_table = NULL, /* a CPU device computes experts where the cache put them */
     .moe_ffn_table_route = NULL,
+    .layernorm = cpu_layernorm, /* the vision encoder's ops: backend_cpu_vision.c */
+    .add_bias = cpu_add_bias,
+    .activate = cpu_activate,
+    .attention_full = cpu_attention_full,
+    .matmul_scratch = NULL, /* its quantised x is host memory */
 };
+
+void backend_cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
+{
+    cpu_matmul(ctx, w, x, y, n);
+}
 
 int backend_cpu_init(struct backend *b, int n_threads)
 {

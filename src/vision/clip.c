@@ -282,7 +282,7 @@ static int walk(struct ld *L, struct clip_model *m)
 /* ---- workspace ---- */
 
 struct ws_layout {
-    size_t x, hn, q, k, v, att, f, kh, vt, qh, oh, sc, patches, mmh, total; /* float offsets */
+    size_t x, hn, q, k, v, att, f, aws, patches, mmh, out, total; /* float offsets */
 };
 
 static void layout(const struct clip_hparams *hp, struct ws_layout *w)
@@ -293,8 +293,9 @@ static void layout(const struct clip_hparams *hp, struct ws_layout *w)
     size_t o = 0;
 #define R(field, n) (w->field = o, o += ((n) + 15) / 16 * 16)
     R(x, P * D); R(hn, P * D); R(q, P * A); R(k, P * A); R(v, P * A); R(att, P * A);
-    R(f, P * F); R(kh, P * d); R(vt, P * d); R(qh, P * d); R(oh, P * d); R(sc, P * P);
+    R(f, P * F); R(aws, attention_full_ws_floats((int)P, (int)d));
     R(patches, N * 3 * p * p); R(mmh, N * (size_t)hp->n_mm_hidden);
+    R(out, N * (size_t)hp->n_embd_out); /* the projector's output, downloaded from here */
 #undef R
     w->total = o;
 }
@@ -324,12 +325,22 @@ bad:
 int clip_estimate(const char *path, int max_image_tokens, size_t *weights_bytes,
                   size_t *workspace_bytes, char *err, size_t errlen)
 {
+    return clip_estimate_on(path, NULL, max_image_tokens, weights_bytes, workspace_bytes, err,
+                            errlen);
+}
+
+int clip_estimate_on(const char *path, struct backend *be, int max_image_tokens,
+                     size_t *weights_bytes, size_t *workspace_bytes, char *err, size_t errlen)
+{
     struct gguf_file g;
     struct clip_model m;
     memset(&m, 0, sizeof m);
     size_t wb;
     int rc = plan(path, &g, &m, &wb, err, errlen);
     if (rc) return rc;
+    /* the sizing pass filled every matrix's type and shape (not its data): enough to ask
+     * the backend what its products take */
+    size_t scratch = clip_backend_scratch(&m, be);
     free(m.layers);
     gguf_close(&g);
     if (max_image_tokens > 0 && max_image_tokens < m.hp.n_patches)
@@ -339,7 +350,7 @@ int clip_estimate(const char *path, int max_image_tokens, size_t *weights_bytes,
     struct ws_layout w;
     layout(&m.hp, &w);
     if (weights_bytes) *weights_bytes = wb;
-    if (workspace_bytes) *workspace_bytes = w.total * sizeof(float);
+    if (workspace_bytes) *workspace_bytes = w.total * sizeof(float) + scratch;
     return 0;
 }
 
@@ -357,8 +368,19 @@ int clip_read_hparams(const char *path, struct clip_hparams *hp, char *err, size
     return 0;
 }
 
-int clip_load(struct clip_model **out, const char *path, const struct clip_alloc *a,
-              struct backend *be, char *err, size_t errlen)
+/* The host staging buffer of the patch rows (clip_encode builds them on the host and
+ * uploads them): plain malloc, not the encoder's allocator, so the ledger sees only what
+ * lives in the backend's memory. */
+static int alloc_stage(struct clip_model *m, char *err, size_t errlen)
+{
+    size_t p = (size_t)m->hp.patch_size;
+    m->stage_floats = (size_t)m->hp.n_patches * 3 * p * p;
+    m->stage = malloc(sizeof(float) * m->stage_floats);
+    return m->stage ? 0 : fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
+}
+
+static int load_impl(struct clip_model **out, const char *path, const struct clip_alloc *a,
+                     struct backend *be, bool runnable, char *err, size_t errlen)
 {
     *out = NULL;
     struct clip_model *m = calloc(1, sizeof *m);
@@ -371,21 +393,89 @@ int clip_load(struct clip_model **out, const char *path, const struct clip_alloc
     if (rc) { free(m); return rc; }
     struct ws_layout w;
     layout(&m->hp, &w);
+    size_t wsb = runnable ? w.total * sizeof(float) : 0;
     m->weights = m->alloc.alloc(m->alloc.ud, wb);
-    m->ws = m->weights ? m->alloc.alloc(m->alloc.ud, w.total * sizeof(float)) : NULL;
-    if (!m->weights || !m->ws) {
+    m->ws = m->weights && wsb ? m->alloc.alloc(m->alloc.ud, wsb) : NULL;
+    if (!m->weights || (wsb && !m->ws)) {
         rc = fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
-                  "%zu bytes of workspace", wb, w.total * sizeof(float));
+                  "%zu bytes of workspace", wb, wsb);
         gguf_close(&g);
         clip_free(m);
         return rc;
     }
     m->weights_bytes = wb;
-    m->ws_bytes = w.total * sizeof(float);
+    m->ws_bytes = wsb;
     struct ld L = {.g = &g, .base = m->weights, .err = err, .errlen = errlen};
     rc = walk(&L, m);
     gguf_close(&g);  /* every weight is a copy now: the mapping can go */
+    if (!rc && runnable) rc = alloc_stage(m, err, errlen);
     if (rc) { clip_free(m); return rc; }
+    *out = m;
+    return 0;
+}
+
+int clip_load(struct clip_model **out, const char *path, const struct clip_alloc *a,
+              struct backend *be, char *err, size_t errlen)
+{
+    return load_impl(out, path, a, be, true, err, errlen);
+}
+
+int clip_load_host(struct clip_model **out, const char *path, const struct clip_alloc *a,
+                   char *err, size_t errlen)
+{
+    return load_impl(out, path, a, NULL, false, err, errlen);
+}
+
+/* Every weight pointer of m moved from the block at `from` to the block at `to` (same
+ * layout): the host copy's offsets are the device copy's. */
+static void rebase(struct clip_model *m, const uint8_t *from, uint8_t *to)
+{
+#define RB(p) do { if (p) (p) = (void *)(to + ((const uint8_t *)(p) - from)); } while (0)
+    RB(m->patch_w.data); RB(m->patch_b); RB(m->pos); RB(m->cls);
+    RB(m->pre_w); RB(m->pre_b); RB(m->post_w); RB(m->post_b);
+    RB(m->mm0.data); RB(m->mm0_b); RB(m->mm2.data); RB(m->mm2_b);
+    for (int il = 0; il < m->hp.n_layer_run; il++) {
+        struct clip_layer *ly = &m->layers[il];
+        RB(ly->ln1_w); RB(ly->ln1_b); RB(ly->q.data); RB(ly->q_b); RB(ly->k.data); RB(ly->k_b);
+        RB(ly->v.data); RB(ly->v_b); RB(ly->o.data); RB(ly->o_b); RB(ly->ln2_w); RB(ly->ln2_b);
+        RB(ly->up.data); RB(ly->up_b); RB(ly->down.data); RB(ly->down_b);
+    }
+#undef RB
+}
+
+int clip_upload(struct clip_model **out, const struct clip_model *host, const struct clip_alloc *a,
+                struct backend *be, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct clip_model *m = calloc(1, sizeof *m);
+    if (!m) return fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
+    *m = *host;
+    m->alloc = *a;
+    m->be = be;
+    m->weights = NULL;
+    m->ws = NULL;
+    m->stage = NULL;
+    m->layers = calloc((size_t)(host->hp.n_layer_run ? host->hp.n_layer_run : 1), sizeof *m->layers);
+    if (!m->layers) { free(m); return fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory"); }
+    memcpy(m->layers, host->layers, sizeof *m->layers * (size_t)host->hp.n_layer_run);
+    struct ws_layout w;
+    layout(&m->hp, &w);
+    m->ws_bytes = w.total * sizeof(float);
+    m->weights = m->alloc.alloc(m->alloc.ud, m->weights_bytes);
+    m->ws = m->weights ? m->alloc.alloc(m->alloc.ud, m->ws_bytes) : NULL;
+    if (!m->weights || !m->ws) {
+        int rc = fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
+                      "%zu bytes of workspace on the %s backend", m->weights_bytes, m->ws_bytes,
+                      be->i->name);
+        clip_free(m);
+        return rc;
+    }
+    int rc = alloc_stage(m, err, errlen);
+    if (rc) { clip_free(m); return rc; }
+    /* one copy of the whole block (from pinned memory it runs at the bus's speed), ordered
+     * before the first op of clip_encode on this backend */
+    be->i->upload(be->ctx, m->weights, host->weights, m->weights_bytes);
+    rebase(m, host->weights, m->weights);
     *out = m;
     return 0;
 }
@@ -395,6 +485,7 @@ void clip_free(struct clip_model *m)
     if (!m) return;
     if (m->ws) m->alloc.free(m->alloc.ud, m->ws);
     if (m->weights) m->alloc.free(m->alloc.ud, m->weights);
+    free(m->stage);
     free(m->layers);
     free(m);
 }
@@ -417,126 +508,88 @@ int clip_preprocess(const struct clip_model *m, const struct image_u8 *img,
     return 0;
 }
 
-/* ---- the computation ---- */
+/* ---- the computation: backend ops only, on buffers in the backend's memory ---- */
 
-/* ggml_norm then * w + b: (x - mean) / sqrt(var + eps), per row of D. */
-static void layernorm(const float *x, float *y, const float *w, const float *b, int n, int D,
-                      float eps)
-{
-    for (int t = 0; t < n; t++) {
-        const float *xr = x + (size_t)t * D;
-        float *yr = y + (size_t)t * D;
-        double mean = 0, var = 0;
-        for (int i = 0; i < D; i++) mean += xr[i];
-        mean /= D;
-        for (int i = 0; i < D; i++) var += (xr[i] - mean) * (xr[i] - mean);
-        var /= D;
-        float inv = (float)(1.0 / sqrt(var + eps));
-        for (int i = 0; i < D; i++) {
-            float v = (float)(xr[i] - mean) * inv;
-            if (w) v *= w[i];
-            if (b) v += b[i];
-            yr[i] = v;
-        }
-    }
-}
-
-static void add_bias(float *y, const float *b, int n, int dim)
-{
-    if (!b) return;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
-}
-
-/* GELU is the tanh approximation, as ggml_gelu. */
-static void activate(float *x, size_t n, enum clip_act act)
-{
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        switch (act) {
-        case CLIP_ACT_GELU:
-            x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * v * (1.0f + 0.044715f * v * v)));
-            break;
-        case CLIP_ACT_GELU_QUICK: x[i] = v / (1.0f + expf(-1.702f * v)); break;
-        case CLIP_ACT_SILU: x[i] = v / (1.0f + expf(-v)); break;
-        }
-    }
-}
-
-/* The backend's matmul streams all n input vectors past each weight row, which suits
+/* The CPU backend's matmul streams all n input vectors past each weight row, which suits
  * decode and short prefills; an image is hundreds of tokens (576 for LLaVA-1.5), whose
  * inputs then fall out of cache on every row. Feeding it blocks of MM_BLOCK tokens keeps a
  * block in L2 while the weights stream: a LLaVA-1.5-sized tower (336/14, width 1024, 23
  * blocks, f16) went from 83 s to 30 s per image on 2 threads. 8..64 measure alike; the
- * rest is the backend's row-dot kernel, which a blocked GEMM would beat. */
+ * rest is the backend's row-dot kernel, which a blocked GEMM would beat. A GPU takes the
+ * whole image in one product (its tiles want as many tokens as there are). Either way each
+ * output is one row's dot, so the blocking changes no bits on the CPU. */
 #ifndef MM_BLOCK
 #define MM_BLOCK 32
 #endif
+static int mm_block_override; /* clip_set_matmul_block; 0 = the rule above */
+
+int clip_set_matmul_block(int n)
+{
+    int old = mm_block_override;
+    mm_block_override = n > 0 ? n : 0;
+    return old;
+}
+
+static int mm_block(const struct backend *be, int n)
+{
+    if (mm_block_override) return mm_block_override;
+    return be && !strcmp(be->i->name, "cpu") ? MM_BLOCK : n;
+}
 
 static void matmul(struct clip_model *m, const struct tensor *w, const float *x, float *y, int n)
 {
     const size_t cols = w->ne[0], rows = w->ne[1];
-    for (int t0 = 0; t0 < n; t0 += MM_BLOCK) {
-        int nb = n - t0 < MM_BLOCK ? n - t0 : MM_BLOCK;
+    const int blk = mm_block(m->be, n);
+    for (int t0 = 0; t0 < n; t0 += blk) {
+        int nb = n - t0 < blk ? n - t0 : blk;
         m->be->i->matmul(m->be->ctx, w, x + (size_t)t0 * cols, y + (size_t)t0 * rows, nb);
     }
 }
 
-/* Full bidirectional attention, one head at a time: the head's K and V^T are packed so
- * that both products are backend matmuls over f32 views. q/k/v/out are (P, A). */
-static void attention(struct clip_model *m, const float *q, const float *k, const float *v,
-                      float *out, int P)
+static void add_bias(struct clip_model *m, float *y, const float *b, int n, int dim)
 {
-    const struct clip_hparams *hp = &m->hp;
-    struct ws_layout w;
-    layout(hp, &w);
-    int d = hp->head_dim, A = hp->n_head * d;
-    float *kh = m->ws + w.kh, *vt = m->ws + w.vt, *qh = m->ws + w.qh, *oh = m->ws + w.oh,
-          *sc = m->ws + w.sc;
-    float scale = 1.0f / sqrtf((float)d);
-    for (int h = 0; h < hp->n_head; h++) {
-        for (int t = 0; t < P; t++) {
-            memcpy(kh + (size_t)t * d, k + (size_t)t * A + (size_t)h * d, sizeof(float) * d);
-            memcpy(qh + (size_t)t * d, q + (size_t)t * A + (size_t)h * d, sizeof(float) * d);
-            for (int i = 0; i < d; i++) vt[(size_t)i * P + t] = v[(size_t)t * A + (size_t)h * d + i];
-        }
-        struct tensor K = {GGML_TYPE_F32, {(uint64_t)d, (uint64_t)P}, kh, sizeof(float) * d};
-        struct tensor VT = {GGML_TYPE_F32, {(uint64_t)P, (uint64_t)d}, vt, sizeof(float) * P};
-        matmul(m, &K, qh, sc, P);            /* sc (P queries, P keys) */
-        for (int t = 0; t < P; t++) {
-            float *r = sc + (size_t)t * P, mx = -INFINITY, sum = 0;
-            for (int j = 0; j < P; j++) { r[j] *= scale; if (r[j] > mx) mx = r[j]; }
-            for (int j = 0; j < P; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
-            for (int j = 0; j < P; j++) r[j] /= sum;
-        }
-        matmul(m, &VT, sc, oh, P);           /* oh (P, d) */
-        for (int t = 0; t < P; t++)
-            memcpy(out + (size_t)t * A + (size_t)h * d, oh + (size_t)t * d, sizeof(float) * d);
-    }
+    if (b) m->be->i->add_bias(m->be->ctx, y, b, n, dim);
+}
+
+static void layernorm(struct clip_model *m, const float *x, float *y, const float *w, const float *b,
+                      int n, int D)
+{
+    m->be->i->layernorm(m->be->ctx, x, y, w, b, n, D, m->hp.eps);
+}
+
+static enum act_kind act_of(enum clip_act a)
+{
+    return a == CLIP_ACT_GELU ? ACT_GELU : a == CLIP_ACT_GELU_QUICK ? ACT_GELU_QUICK : ACT_SILU;
+}
+
+/* x += y, n floats (axpy with a = 1 is exact: the sum's bits are x + y's) */
+static void add(struct clip_model *m, float *x, const float *y, size_t n)
+{
+    m->be->i->axpy(m->be->ctx, x, y, 1.0f, (int)n);
 }
 
 int clip_run_block(struct clip_model *m, int il, float *x, int P)
 {
     const struct clip_hparams *hp = &m->hp;
-    if (il < 0 || il >= hp->n_layer_run || P <= 0 || P > hp->n_pos) return TIDE_EINVAL;
+    if (il < 0 || il >= hp->n_layer_run || P <= 0 || P > hp->n_pos || !m->ws) return TIDE_EINVAL;
     const struct clip_layer *ly = &m->layers[il];
     struct ws_layout w;
     layout(hp, &w);
     const int D = hp->n_embd, A = hp->n_head * hp->head_dim, F = hp->n_ff;
     float *hn = m->ws + w.hn, *q = m->ws + w.q, *k = m->ws + w.k, *v = m->ws + w.v,
           *att = m->ws + w.att, *f = m->ws + w.f;
-    layernorm(x, hn, ly->ln1_w, ly->ln1_b, P, D, hp->eps);
-    matmul(m, &ly->q, hn, q, P); add_bias(q, ly->q_b, P, A);
-    matmul(m, &ly->k, hn, k, P); add_bias(k, ly->k_b, P, A);
-    matmul(m, &ly->v, hn, v, P); add_bias(v, ly->v_b, P, A);
-    attention(m, q, k, v, att, P);
-    matmul(m, &ly->o, att, hn, P); add_bias(hn, ly->o_b, P, D);
-    for (size_t i = 0; i < (size_t)P * D; i++) x[i] += hn[i];
-    layernorm(x, hn, ly->ln2_w, ly->ln2_b, P, D, hp->eps);
-    matmul(m, &ly->up, hn, f, P); add_bias(f, ly->up_b, P, F);
-    activate(f, (size_t)P * F, hp->act);
-    matmul(m, &ly->down, f, hn, P); add_bias(hn, ly->down_b, P, D);
-    for (size_t i = 0; i < (size_t)P * D; i++) x[i] += hn[i];
+    layernorm(m, x, hn, ly->ln1_w, ly->ln1_b, P, D);
+    matmul(m, &ly->q, hn, q, P); add_bias(m, q, ly->q_b, P, A);
+    matmul(m, &ly->k, hn, k, P); add_bias(m, k, ly->k_b, P, A);
+    matmul(m, &ly->v, hn, v, P); add_bias(m, v, ly->v_b, P, A);
+    m->be->i->attention_full(m->be->ctx, q, k, v, att, P, hp->n_head, hp->head_dim, m->ws + w.aws);
+    matmul(m, &ly->o, att, hn, P); add_bias(m, hn, ly->o_b, P, D);
+    add(m, x, hn, (size_t)P * D);
+    layernorm(m, x, hn, ly->ln2_w, ly->ln2_b, P, D);
+    matmul(m, &ly->up, hn, f, P); add_bias(m, f, ly->up_b, P, F);
+    m->be->i->activate(m->be->ctx, f, (size_t)P * F, act_of(hp->act));
+    matmul(m, &ly->down, f, hn, P); add_bias(m, hn, ly->down_b, P, D);
+    add(m, x, hn, (size_t)P * D);
     return 0;
 }
 
@@ -548,12 +601,17 @@ int clip_encode(struct clip_model *m, const struct image_f32 *img, float *out, c
         return fail(TIDE_EINVAL, err, errlen, "clip_encode: image must be %dx%d (got %dx%d); "
                     "run clip_preprocess first", hp->image_size, hp->image_size,
                     img ? img->w : 0, img ? img->h : 0);
+    if (!m->ws || !m->be)
+        return fail(TIDE_EINVAL, err, errlen, "clip_encode: a host copy (clip_load_host) does "
+                    "not run; clip_upload it to a backend first");
     struct ws_layout w;
     layout(hp, &w);
     const int D = hp->n_embd, p = hp->patch_size, S = hp->image_size, side = S / p;
     const int N = hp->n_patches, P = hp->n_pos, K = 3 * p * p;
-    float *x = m->ws + w.x, *pt = m->ws + w.patches;
-    /* Patches as rows of (3, p, p), patch index py * side + px, as ggml's conv_2d. */
+    struct backend *be = m->be;
+    float *x = m->ws + w.x, *pt = m->stage;
+    /* Patches as rows of (3, p, p), patch index py * side + px, as ggml's conv_2d: built on
+     * the host (a few hundred KB) and uploaded in one copy. */
     for (int py = 0; py < side; py++)
         for (int px = 0; px < side; px++) {
             float *r = pt + (size_t)(py * side + px) * K;
@@ -563,25 +621,48 @@ int clip_encode(struct clip_model *m, const struct image_f32 *img, float *out, c
                            img->data + (size_t)c * S * S + (size_t)(py * p + ky) * S + px * p,
                            sizeof(float) * p);
         }
+    be->i->upload(be->ctx, m->ws + w.patches, pt, sizeof(float) * m->stage_floats);
     /* The class token, when there is one, comes first (position 0), as in CLIP. */
     float *xp = x + (hp->has_class ? D : 0);
-    matmul(m, &m->patch_w, pt, xp, N);
-    add_bias(xp, m->patch_b, N, D);
-    if (hp->has_class) memcpy(x, m->cls, sizeof(float) * D);
-    for (size_t i = 0; i < (size_t)P * D; i++) x[i] += m->pos[i];
-    if (m->pre_w || m->pre_b) layernorm(x, x, m->pre_w, m->pre_b, P, D, hp->eps);
-    for (int il = 0; il < hp->n_layer_run; il++) clip_run_block(m, il, x, P);
-    if (m->post_w || m->post_b) layernorm(x, x, m->post_w, m->post_b, P, D, hp->eps);
-    /* Projector over the patch tokens only (the class token is dropped). */
-    float *mmh = m->ws + w.mmh;
-    matmul(m, &m->mm0, xp, mmh, N);
-    add_bias(mmh, m->mm0_b, N, hp->n_mm_hidden);
-    activate(mmh, (size_t)N * hp->n_mm_hidden, CLIP_ACT_GELU);
-    if (m->mm2.data) {
-        matmul(m, &m->mm2, mmh, out, N);
-        add_bias(out, m->mm2_b, N, hp->n_embd_out);
-    } else {
-        memcpy(out, mmh, sizeof(float) * (size_t)N * hp->n_embd_out);
+    matmul(m, &m->patch_w, m->ws + w.patches, xp, N);
+    add_bias(m, xp, m->patch_b, N, D);
+    if (hp->has_class) {
+        const int row0 = 0;
+        be->i->gather_rows(be->ctx, x, m->cls, &row0, 1, D);
     }
+    add(m, x, m->pos, (size_t)P * D);
+    if (m->pre_w || m->pre_b) layernorm(m, x, x, m->pre_w, m->pre_b, P, D);
+    for (int il = 0; il < hp->n_layer_run; il++) clip_run_block(m, il, x, P);
+    if (m->post_w || m->post_b) layernorm(m, x, x, m->post_w, m->post_b, P, D);
+    /* Projector over the patch tokens only (the class token is dropped). */
+    float *mmh = m->ws + w.mmh, *res = mmh;
+    matmul(m, &m->mm0, xp, mmh, N);
+    add_bias(m, mmh, m->mm0_b, N, hp->n_mm_hidden);
+    be->i->activate(be->ctx, mmh, (size_t)N * hp->n_mm_hidden, ACT_GELU);
+    if (m->mm2.data) {
+        res = m->ws + w.out;
+        matmul(m, &m->mm2, mmh, res, N);
+        add_bias(m, res, m->mm2_b, N, hp->n_embd_out);
+    }
+    be->i->download(be->ctx, out, res, sizeof(float) * (size_t)N * hp->n_embd_out);
     return N;
+}
+
+size_t clip_backend_scratch(const struct clip_model *m, struct backend *be)
+{
+    if (!be || !be->i->matmul_scratch) return 0;
+    const struct clip_hparams *hp = &m->hp;
+    size_t most = 0;
+#define S(t, n) do { size_t b_ = be->i->matmul_scratch(be->ctx, &(t), mm_block(be, (n))); \
+        if (b_ > most) most = b_; } while (0)
+    S(m->patch_w, hp->n_patches);
+    for (int il = 0; il < hp->n_layer_run; il++) {
+        const struct clip_layer *ly = &m->layers[il];
+        S(ly->q, hp->n_pos); S(ly->k, hp->n_pos); S(ly->v, hp->n_pos); S(ly->o, hp->n_pos);
+        S(ly->up, hp->n_pos); S(ly->down, hp->n_pos);
+    }
+    S(m->mm0, hp->n_patches);
+    if (m->mm2.ne[0]) S(m->mm2, hp->n_patches);
+#undef S
+    return most;
 }

@@ -1,5 +1,6 @@
 /* vision.c - the lazy lifecycle and the image-embedding cache. Engine thread only. */
 #include "vision/vision.h"
+#include "engine/backend_cuda.h"
 #include "server/metrics.h"
 
 #include <stdio.h>
@@ -18,6 +19,43 @@ struct embed_entry {
     float *embd;              /* (n_tokens, n_embd_text) */
     struct embed_entry *prev, *next;
 };
+
+/* The GPU encoder's host copy of the weights: page-locked through the backend's host_alloc
+ * (uploads then run at the bus's full speed), plain malloc where that fails. One block. */
+struct host_copy_ctx {
+    struct backend *be;
+    void *p;
+    bool pinned;
+};
+static struct host_copy_ctx host_ctx; /* one encoder per process */
+
+static void *h_alloc(void *ud, size_t bytes)
+{
+    struct host_copy_ctx *c = ud;
+    void *p = c->be->i->host_alloc ? c->be->i->host_alloc(c->be->ctx, bytes) : NULL;
+    c->pinned = p != NULL;
+    if (!p)
+        p = malloc(bytes ? bytes : 1);
+    c->p = p;
+    return p;
+}
+
+static void h_free(void *ud, void *p)
+{
+    struct host_copy_ctx *c = ud;
+    if (!p)
+        return;
+    if (p == c->p && c->pinned)
+        c->be->i->host_free(c->be->ctx, p);
+    else
+        free(p);
+    if (p == c->p)
+        c->p = NULL;
+}
+
+/* cudaMalloc hands out whole 2 MiB pages for blocks this size and larger: the hand-back
+ * must free the pages, not just the bytes the ledger counts. */
+static size_t gpu_pages(size_t bytes) { return (bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1); }
 
 /* The encoder's allocations, charged to the vision device's ledger as "vision". */
 #define VISION_MAX_BLOCKS 16
@@ -67,6 +105,15 @@ static void v_free(void *ud, void *p)
         }
 }
 
+/* A failed CUDA call inside the encoder's ops (they return void): 0 or its code. */
+static int backend_error(const struct vision_lifecycle *v, char *msg, size_t msglen)
+{
+    if (v->mem->dev[v->o.device].kind != DEVICE_KIND_CUDA || v->be != &v->mem->dev[v->o.device].be)
+        return 0;
+    int rc = backend_cuda_error(v->be, msg, msglen);
+    return rc < 0 ? rc : 0;
+}
+
 static void set_state(struct vision_lifecycle *v, enum vision_state s)
 {
     v->state = s;
@@ -101,25 +148,56 @@ int vision_init(struct vision_lifecycle *v, const struct vision_options *o, stru
                  hp.n_embd_out, n_embd_text);
         return TIDE_EFORMAT;
     }
-    /* The reserve is what the encoder really takes: its weights and its workspace, plus the
-     * allocator's headroom for the blocks (none on the CPU). vision.vram_mib overrides it. */
-    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : v->weights_bytes + v->workspace_bytes;
     if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
     if (!v->o.embed_cache_bytes) v->o.embed_cache_bytes = (size_t)64 << 20;
-    alloc_ctx.dev = &mem->dev[o->device];
-    alloc_ctx.host = mem->dev[o->device].kind != DEVICE_KIND_CPU;
-    v->be = &mem->dev[o->device].be;
-    if (alloc_ctx.host) {
-        /* No GPU encoder yet: the hand-back is real (the caches give the GPU memory back and
-         * the ledger holds it while loaded) but the encoder computes on the CPU. */
+    struct device *dev = &mem->dev[o->device];
+    alloc_ctx.dev = dev;
+    alloc_ctx.host = false;
+    v->be = &dev->be;
+    /* The reserve is what the encoder really takes: its weights and its workspace, plus the
+     * allocator's headroom for the blocks (none on the CPU). vision.vram_mib overrides it. */
+    size_t need = v->weights_bytes + v->workspace_bytes;
+    const char *cpu_env = getenv("TIDE_VISION_CPU");
+    bool cpu_encoder = dev->kind != DEVICE_KIND_CPU && cpu_env && cpu_env[0] && strcmp(cpu_env, "0");
+    if (dev->kind != DEVICE_KIND_CPU && !cpu_encoder) {
+        /* GPU encoder: weights and workspace in the GPU's memory, plus the scratch its
+         * quantised products take from the backend's pool; the weights' host copy is taken
+         * now, once, so a cold image pays an upload, not a file read. */
+        size_t wb, wsb;
+        rc = clip_estimate_on(o->mmproj, v->be, 0, &wb, &wsb, e2, sizeof e2);
+        if (rc < 0) {
+            snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+            return rc;
+        }
+        size_t scratch = wsb - v->workspace_bytes;
+        v->workspace_bytes = wsb;
+        need = gpu_pages(wb) + gpu_pages(wsb - scratch) + (scratch ? gpu_pages(scratch) : 0);
+        host_ctx.be = v->be;
+        struct clip_alloc ha = {h_alloc, h_free, &host_ctx};
+        double t0 = tide_now();
+        rc = clip_load_host(&v->host, o->mmproj, &ha, e2, sizeof e2);
+        if (rc < 0) {
+            snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+            return rc;
+        }
+        tide_log("vision: the encoder runs on device %d (%s); host copy of its weights %.1f MiB (%s) in %.1f ms",
+                 o->device, v->be->i->name, (double)wb / (1 << 20), host_ctx.pinned ? "pinned" : "pageable",
+                 (tide_now() - t0) * 1e3);
+    } else if (cpu_encoder) {
+        /* The CPU encoder on a GPU device (TIDE_VISION_CPU=1: a fallback and the benchmark's
+         * baseline): the hand-back is real (the caches give the GPU memory back and the
+         * ledger holds it while loaded) but the encoder computes from host memory. */
+        alloc_ctx.host = true;
         rc = backend_cpu_init(&v->cpu_be, o->n_threads);
         if (rc < 0) {
             snprintf(err, errlen, "vision: cpu backend: %s", tide_strerror(rc));
             return rc;
         }
         v->be = &v->cpu_be;
-        tide_log("vision: device %d is a GPU: its memory is reserved on it, the encoder runs on the CPU", o->device);
+        tide_log("vision: device %d is a GPU: its memory is reserved on it, the encoder runs on the CPU "
+                 "(TIDE_VISION_CPU)", o->device);
     }
+    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : need;
     set_state(v, VISION_UNLOADED);
     return 0;
 }
@@ -139,6 +217,8 @@ void vision_free(struct vision_lifecycle *v)
 {
     if (v->clip)
         clip_free(v->clip);
+    if (v->host)
+        clip_free(v->host);
     while (v->cache_head)
         cache_drop(v, v->cache_head);
     if (v->cpu_be.i)
@@ -189,7 +269,17 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
         rc = TIDE_ENOMEM;
         snprintf(e2, sizeof e2, "injected encoder load failure (TIDE_FAULT_VISION=load)");
     } else {
-        rc = clip_load(&v->clip, v->o.mmproj, &a, v->be, e2, sizeof e2);
+        rc = v->host ? clip_upload(&v->clip, v->host, &a, v->be, e2, sizeof e2)
+                     : clip_load(&v->clip, v->o.mmproj, &a, v->be, e2, sizeof e2);
+        if (rc == 0 && v->host) {
+            /* the load is over when the weights are on the device (and the timing says so) */
+            v->be->i->sync(v->be->ctx);
+            rc = backend_error(v, e2, sizeof e2);
+            if (rc < 0) {
+                clip_free(v->clip);
+                v->clip = NULL;
+            }
+        }
     }
     if (rc < 0) {
         v->clip = NULL;
@@ -291,11 +381,21 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
     double t0 = tide_now();
     rc = clip_encode(v->clip, &pre, emb, err, errlen);
     image_f32_free(&pre);
+    if (rc >= 0) {
+        char e2[320] = "";
+        int brc = backend_error(v, e2, sizeof e2);
+        if (brc < 0) {
+            snprintf(err, errlen, "vision encoder on device %d: %s", v->o.device, e2);
+            rc = brc;
+        }
+    }
     if (rc < 0) {
         free(emb);
         return rc;
     }
-    metrics_observe(METRICS_VISION_ENCODE, tide_now() - t0);
+    v->t_encode = tide_now() - t0;
+    metrics_observe(METRICS_VISION_ENCODE, v->t_encode);
+    tide_log("vision: encoded %d tokens in %.1f ms on %s", nt, v->t_encode * 1e3, v->be->i->name);
     *out = emb;
     *n_tokens = nt;
     /* keep a copy, evicting least recently used entries over the limits */

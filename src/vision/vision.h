@@ -42,7 +42,8 @@ struct vision_lifecycle {
     size_t weights_bytes, workspace_bytes;
     struct clip_model *clip;      /* NULL unless loaded */
     struct backend *be;           /* where the encoder computes (not owned) */
-    struct backend cpu_be;        /* owned when the vision device is a GPU */
+    struct backend cpu_be;        /* owned when a GPU's encoder runs on the CPU (TIDE_VISION_CPU=1) */
+    struct clip_model *host;      /* GPU encoder: the weights' host copy (pinned), from init on */
     double last_image;            /* tide_now() of the last image request; 0 = none */
     bool busy;                    /* an image request is running: no idle unload under it */
     double last_image_unix;
@@ -53,6 +54,7 @@ struct vision_lifecycle {
     bool fail_load;
     /* stats */
     double t_handback, t_load;    /* seconds of the last hand-back / load */
+    double t_encode;              /* seconds of the last encode (cache misses only) */
 };
 
 const char *vision_state_name(enum vision_state s);

@@ -32,11 +32,14 @@ void bench_decode(double d2d, int mode);
 void test_qk_norm_rope(void); /* test_fuse.c: the fused decode ops vs the separate ones */
 void test_matmul_add(void);
 void test_matmul3(void);
-void test_step_at(void);
-void test_norm_matmul(void);  /* the position-from-device ops of a recorded decode step */
+void test_step_at(void);      /* the position-from-device ops of a recorded decode step */
+void test_norm_matmul(void);  /* the FFN rmsnorm + router product in one op */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
 void bench_prefill(void);
 void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
+void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU */
+void test_vision_encode(void);
+void bench_vision(void);
 
 #endif

@@ -32,6 +32,7 @@ static const char *tests[] = {
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill",
+    "vision_ops", "vision_encode", "bench_vision",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -772,6 +773,8 @@ int main(int argc, char **argv)
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
+    if (want(only, "vision_ops")) test_vision_ops();
+    if (want(only, "vision_encode")) test_vision_encode();
     if (bench) { /* --only bench_copy: the bandwidth probe alone (scripts/bench-gpu-llama.sh) */
         double d2d = 0;
         bench_copy(&d2d);
@@ -786,6 +789,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_decode_ops")) bench_decode(d2d, 4);
         if (want(only, "bench_decode_graph")) bench_decode(d2d, 5);
         if (want(only, "bench_prefill")) bench_prefill();
+        if (want(only, "bench_vision")) bench_vision();
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

@@ -571,6 +571,63 @@ Test(vision, clip_load_encode)
     backend_cpu_free(&be);
 }
 
+/* The GPU's load path (a host copy, then clip_upload) run on the CPU backend, where upload is
+ * a memcpy: the same embeddings bit for bit as clip_load, the same allocator sizes as the
+ * estimate, and the host copy itself refuses to encode. */
+Test(vision, clip_upload_matches_load)
+{
+    const char *types[] = {"up-f16", "up-q8"};
+    for (int ti = 0; ti < 2; ti++) {
+        const char *path = gen(types[ti], ti ? GGML_TYPE_Q8_0 : -1, ti == 1, ti == 1);
+        struct backend be;
+        cr_assert_eq(backend_cpu_init(&be, 2), 0);
+        char err[256];
+        size_t wb, wsb, wb2, wsb2;
+        cr_assert_eq(clip_estimate(path, 0, &wb, &wsb, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(clip_estimate_on(path, &be, 0, &wb2, &wsb2, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(wb2, wb);
+        cr_assert_eq(wsb2, wsb, "the CPU backend takes no device scratch");
+        struct clip_model *ref, *host, *up;
+        cr_assert_eq(clip_load(&ref, path, NULL, &be, err, sizeof err), 0, "%s", err);
+        struct counting hc = {0}, dc = {0};
+        struct clip_alloc ha = {c_alloc, c_free, &hc}, da = {c_alloc, c_free, &dc};
+        cr_assert_eq(clip_load_host(&host, path, &ha, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(hc.live, wb, "host copy %zu, weights %zu", hc.live, wb);
+        unlink(path);
+        cr_assert_eq(clip_upload(&up, host, &da, &be, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(dc.live, wb + wsb, "uploaded %zu, estimated %zu", dc.live, wb + wsb);
+        struct image_f32 f = test_image(64);
+        int N = ref->hp.n_patches, T = ref->hp.n_embd_out;
+        float *o1 = malloc(sizeof(float) * N * T), *o2 = malloc(sizeof(float) * N * T);
+        cr_assert_eq(clip_encode(ref, &f, o1, err, sizeof err), N, "%s", err);
+        cr_assert_eq(clip_encode(up, &f, o2, err, sizeof err), N, "%s", err);
+        cr_assert(!memcmp(o1, o2, sizeof(float) * N * T), "%s: upload path differs from load",
+                  types[ti]);
+        cr_assert_eq(clip_encode(host, &f, o2, err, sizeof err), TIDE_EINVAL);
+        /* the host copy is the source of every later load: still intact after a load + free */
+        clip_free(up);
+        cr_assert_eq(dc.live, 0);
+        cr_assert_eq(clip_upload(&up, host, &da, &be, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(clip_encode(up, &f, o2, err, sizeof err), N);
+        cr_assert(!memcmp(o1, o2, sizeof(float) * N * T));
+        clip_free(up);
+        /* allocation failure on upload: clean error, nothing left */
+        for (int at = 1; at <= 2; at++) {
+            struct counting fc = {.fail_at = at};
+            struct clip_alloc fa = {c_alloc, c_free, &fc};
+            cr_assert_eq(clip_upload(&up, host, &fa, &be, err, sizeof err), TIDE_ENOMEM);
+            cr_assert_null(up);
+            cr_assert_eq(fc.live, 0);
+        }
+        free(o1), free(o2);
+        image_f32_free(&f);
+        clip_free(host);
+        cr_assert_eq(hc.live, 0);
+        clip_free(ref);
+        backend_cpu_free(&be);
+    }
+}
+
 Test(vision, clip_load_failures)
 {
     struct backend be;

@@ -6,6 +6,7 @@
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
 #include "engine/cuda/common.cuh"
+#include "engine/cuda/vision_ops.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -687,6 +688,11 @@ static const struct backend_i cuda_iface = {
     .get_row_at = cu_get_row_at,
     .norm_matmul = cu_norm_matmul,
     .moe_ffn_batch = cu_moe_ffn_batch,
+    .layernorm = cu_layernorm, /* the vision encoder's ops: vision_ops.cu */
+    .add_bias = cu_add_bias,
+    .activate = cu_activate,
+    .attention_full = cu_attention_full,
+    .matmul_scratch = cu_matmul_scratch,
 };
 
 /* ---- public entry points ---- */
