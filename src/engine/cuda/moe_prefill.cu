@@ -25,7 +25,7 @@
  * which sums in another order (f32 rounding differences only). Since a tile's arithmetic
  * does not depend on the tile width or on which other groups share the launch, the output
  * does not depend on how the forward splits a layer's groups into calls (the cache size). */
-#include "engine/cuda/mmq.cuh"
+#include "engine/cuda/mma_q.cuh"
 
 extern "C" {
 #include "engine/backend_cuda.h"
@@ -49,72 +49,10 @@ struct mp_group {
     const uint8_t *w[3]; /* gate, up, down data */
 };
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *g, int bytes)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(void *smem, const void *g, int bytes)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void mma_s8(int c[4], const uint32_t a[4], uint2 b)
-{
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};\n"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
-}
-
-/* exact int32 -> f32 for |v| < 2^22 (see mmq_mma.cu) */
-__device__ __forceinline__ float i2f_small(int v) { return __int_as_float(v + 0x4B400000) - 12582912.0f; }
-
 template <int QT>
-struct qfmt {
-    static constexpr int BLK = QT == 8 ? 34 : 18;
-    static constexpr int NW = QT == 8 ? 8 : 4;
-    static constexpr int RAW = (MP_KB * BLK + 4 + 15) / 16 * 16;
+struct qfmt : qblock<QT> {
+    static constexpr int RAW = (MP_KB * qblock<QT>::BLK + 4 + 15) / 16 * 16;
 };
-
-/* scale and 8 int8x4 words of the 2-byte-aligned block at p (as mmq_mma.cu's unpack_block) */
-template <int QT>
-__device__ __forceinline__ float unpack_block(const uint8_t *p, uint32_t q[8])
-{
-    constexpr int NW = qfmt<QT>::NW;
-    bool odd = ((uintptr_t)p & 2) != 0;
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    uint32_t w[NW + 1];
-#pragma unroll
-    for (int i = 0; i < NW; i++)
-        w[i] = a[i];
-    uint32_t lo = ((const uint16_t *)(a + NW))[0];
-    uint32_t hi = odd ? ((const uint16_t *)(a + NW))[1] : 0u;
-    w[NW] = lo | (hi << 16);
-    uint32_t u[NW];
-#pragma unroll
-    for (int i = 0; i < NW; i++)
-        u[i] = odd ? w[i + 1] : __funnelshift_r(w[i], w[i + 1], 16);
-    if (QT == 8) {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = u[i];
-    } else {
-        int wq[8];
-        unpack_q4(u, wq);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = (uint32_t)wq[i];
-    }
-    return f16_bits_to_f32((uint16_t)(odd ? w[0] >> 16 : w[0] & 0xFFFFu));
-}
 
 template <int QT, int BN>
 struct mp_smem {
