@@ -149,6 +149,23 @@ __device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, in
     __syncthreads();
 }
 
+/* Rows a warp of a decode product takes (and so its CTA 8x that): each CTA quantises (for
+ * matmul3 also norms) x before its rows, so more rows a CTA means fewer repeats of that
+ * prologue but fewer bytes in flight a warp. Measured on the H200 (bench_decode_ops, rows a
+ * warp 1 / 2 / 4): matmul3 (5120 rows) 18.0 / 14.0 / 15.5 us, wo (2048 rows) 11.5 / 12.7 /
+ * 16.9 us; so 2 for matmul3 and 1 below 8192 rows otherwise. TIDE_DECODE_RPW (1, 2 or 4)
+ * sets both, for that benchmark; any value gives the same bits. */
+static int decode_rpw(int dflt)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TIDE_DECODE_RPW");
+        int r = e ? atoi(e) : 0;
+        v = r == 1 || r == 2 || r == 4 ? r : 0;
+    }
+    return v ? v : dflt;
+}
+
 /* Rows (blk * rpw + k) * MMQ_WARPS + warp, k < rpw, of W against the quantised x. */
 template <int QT>
 __device__ __forceinline__ void mmvq_rows(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb,
@@ -193,7 +210,7 @@ mmvq_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int
 }
 
 /* backend_i.matmul3: three products of one x (wq, wk, wv) in one grid. CTAs start[m] ..
- * start[m + 1) - 1 take matrix m, each as mmvq_fused_kernel would with rpw = 1, so every
+ * start[m + 1) - 1 take matrix m, each as mmvq_fused_kernel would with rpw = a.rpw, so every
  * row gets the bits of its own matmul. With nw (the attention norm's weight; needs
  * norm_block(cols) == the CTA size, so that rms_scale reduces as rmsnorm_kernel), every CTA
  * first computes each token's rms scale: the rmsnorm's launch folded into the product's. */
@@ -208,6 +225,7 @@ struct mm3_args {
     uint32_t ntype;
     float eps;
     float *xn;         /* the normed x (nt, cols), written by CTA 0 */
+    int rpw;           /* rows a warp */
 };
 
 template <int QT>
@@ -244,7 +262,7 @@ mmvq_fused3_kernel(const mm3_args a, int cols, const float *__restrict__ x, int 
     } else {
         quantize_x_smem<false>(x, total, xq, xd);
     }
-    mmvq_rows<QT>(W, rb, rows, nb, pairs, xq, xd, nt, y, 1, false, b - first);
+    mmvq_rows<QT>(W, rb, rows, nb, pairs, xq, xd, nt, y, a.rpw, false, b - first);
 }
 
 /* Prefill-size inputs whose int8 copy would not fit in shared memory: x quantised once by
@@ -608,7 +626,7 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
          * 2048 x 4096 q8_0, 36 us fused vs 21 us in two kernels) */
         if (n <= 2 && smem <= 48 * 1024) {
             /* more rows per CTA on big matrices amortise the in-CTA quantisation of x */
-            int rpw = rows >= 32768 ? 4 : rows >= 8192 ? 2 : 1;
+            int rpw = rows >= 32768 ? 4 : rows >= 8192 ? 2 : decode_rpw(1);
             dim3 grid((unsigned)((rows + MMQ_WARPS * rpw - 1) / (MMQ_WARPS * rpw)));
             for (int t0 = 0; t0 < n; t0 += MM_NT) {
                 int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
@@ -737,6 +755,7 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
     a.ntype = norm ? norm->type : 0;
     a.eps = eps;
     a.xn = xn;
+    a.rpw = decode_rpw(2);
     for (int m = 0; m < 3 && one; m++) {
         int rows = (int)w[m]->ne[1];
         one = w[m]->type == type && (int)w[m]->ne[0] == cols && rows > 0;
@@ -745,7 +764,7 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
         a.y[m] = y[m];
         a.rows[m] = rows;
         a.pairs[m] = nb % 2 == 0 && (((uintptr_t)a.W[m] | a.row_bytes[m]) & 3) == 0;
-        a.start[m + 1] = a.start[m] + (rows + MMQ_WARPS - 1) / MMQ_WARPS;
+        a.start[m + 1] = a.start[m] + (rows + MMQ_WARPS * a.rpw - 1) / (MMQ_WARPS * a.rpw);
     }
     if (!one && norm)
         return false;
