@@ -709,7 +709,9 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
         }
     }
     st = &s->stage[0];
-    bool step0 = st->from_table && !st->graph_off; /* stage 0's embedding inside its step */
+    /* stage 0's embedding inside its step: a recording either embeds a token or not, so input
+     * embeddings (an image's last token) take the op-by-op path */
+    bool step0 = st->from_table && !st->graph_off && tokens;
     if (tokens) {
         for (int t = 0; t < n; t++) {
             if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
@@ -728,8 +730,8 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
             pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
             st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
         }
-        int rc = st->from_table && !st->graph_off ? stage_step(s, st, i == 0 ? tokens : NULL, pos)
-                                                   : stage_layers(s, st, n, pos, NULL);
+        bool step = i == 0 ? step0 : st->from_table && !st->graph_off;
+        int rc = step ? stage_step(s, st, i == 0 ? tokens : NULL, pos) : stage_layers(s, st, n, pos, NULL);
         if (rc < 0)
             return rc;
     }
