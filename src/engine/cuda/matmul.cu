@@ -31,31 +31,7 @@ __global__ void add_kernel(float *y, const float *__restrict__ t, size_t n)
         y[i] += t[i];
 }
 
-/* ---- x -> int8 blocks (for q8_0 / q4_0 weights) ---- */
-
-/* xq (n, cols) int8, xd (n, cols/32) f32 scale already rounded through f16. One warp per
- * block of 32: d = amax/127, q = round-to-nearest-even(v / d), as backend_cpu.c does.
- * PERM stores each block's 4-byte words in the order 0,4,1,5,2,6,3,7, the order the
- * tensor-core kernel (mmq_mma.cu) reads its fragments in; the values are the same. */
-template <bool PERM>
-__global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int8_t *__restrict__ xq,
-                                   float *__restrict__ xd)
-{
-    int gb = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (gb >= nblocks)
-        return;
-    float v = x[(size_t)gb * QK + lane];
-    float amax = warp_max(fabsf(v));
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int w = lane >> 2, pos = PERM ? (w < 4 ? 2 * w : 2 * w - 7) * 4 + (lane & 3) : lane;
-    xq[(size_t)gb * QK + pos] = (int8_t)__float2int_rn(v * id);
-    if (lane == 0)
-        xd[gb] = __half2float(__float2half_rn(d));
-}
-
-/* ---- quantised rows: dp4a ---- */
+/* ---- quantised rows: dp4a (quantize_q8_kernel, which feeds them, is in mmq.cuh) ---- */
 
 /* QT = 8 (q8_0, 34-byte blocks) or 2 (q4_0, 18-byte blocks). Blocks are only 2-byte aligned
  * (34 = 2 mod 4), so each lane assembles its 8 ints from 16-bit loads; a warp still reads

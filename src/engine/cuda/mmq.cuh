@@ -9,6 +9,28 @@
 #define MM_WARPS 4   /* rows per CTA in the row-per-warp kernels */
 #define MM_NT 8      /* tokens per launch of the row-per-warp kernels */
 
+/* xq (n, cols) int8, xd (n, cols/32) f32 scale already rounded through f16. One warp per
+ * block of 32: d = amax/127, q = round-to-nearest-even(v / d), as backend_cpu.c does.
+ * PERM stores each block's 4-byte words in the order 0,4,1,5,2,6,3,7, the order the
+ * tensor-core kernel (mmq_mma.cu, moe_prefill.cu) reads its fragments in; the values are the same. */
+template <bool PERM>
+__global__ void quantize_q8_kernel(const float *__restrict__ x, int nblocks, int8_t *__restrict__ xq,
+                                   float *__restrict__ xd)
+{
+    int gb = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (gb >= nblocks)
+        return;
+    float v = x[(size_t)gb * QK + lane];
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int w = lane >> 2, pos = PERM ? (w < 4 ? 2 * w : 2 * w - 7) * 4 + (lane & 3) : lane;
+    xq[(size_t)gb * QK + pos] = (int8_t)__float2int_rn(v * id);
+    if (lane == 0)
+        xd[gb] = __half2float(__float2half_rn(d));
+}
+
 /* s[t] += dw * xd[t] * (wq . xq[t]) for one 32-block: the CPU's exact per-block formula. */
 template <bool SMEM>
 __device__ __forceinline__ void dot_block(const int wq[8], float dw, const int8_t *xq, const float *xd, int nb, int b,

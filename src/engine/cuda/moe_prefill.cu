@@ -232,25 +232,6 @@ moe_mma_kernel(const mp_tile *__restrict__ tiles, const mp_group *__restrict__ g
     }
 }
 
-/* quantize_q8_kernel<true> of matmul.cu, the same formula and permuted word order: one warp
- * per 32-block, d = amax / 127 rounded through f16, q = round-to-nearest-even(v / d). */
-__global__ void mp_quantize_kernel(const float *__restrict__ x, int nblocks, int8_t *__restrict__ xq,
-                                   float *__restrict__ xd)
-{
-    int gb = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (gb >= nblocks)
-        return;
-    float v = x[(size_t)gb * QK + lane];
-    float amax = warp_max(fabsf(v));
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int w = lane >> 2, pos = (w < 4 ? 2 * w : 2 * w - 7) * 4 + (lane & 3);
-    xq[(size_t)gb * QK + pos] = (int8_t)__float2int_rn(v * id);
-    if (lane == 0)
-        xd[gb] = __half2float(__float2half_rn(d));
-}
-
 /* y[t] (=, or += with add) sum over j of tw[t k + j] * rows[tpos[t k + j]], j ascending, from 0:
  * scatter_axpy_kernel's expression onto a zeroed row, then axpy_kernel's y + 1.0f * sum. */
 __global__ void mp_combine_kernel(const float *__restrict__ rows, const int *__restrict__ tpos,
@@ -371,8 +352,8 @@ bool quantize(struct cuda_ctx *c, const float *x, int nblocks, int8_t *xq, float
 {
     if (nblocks <= 0)
         return true;
-    mp_quantize_kernel<<<(unsigned)((nblocks + 7) / 8), 256, 0, c->st>>>(x, nblocks, xq, xd);
-    return CU_LAUNCH(c, "mp_quantize_kernel");
+    quantize_q8_kernel<true><<<(unsigned)((nblocks + 7) / 8), 256, 0, c->st>>>(x, nblocks, xq, xd);
+    return CU_LAUNCH(c, "quantize_q8_kernel");
 }
 
 } // namespace
