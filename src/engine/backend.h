@@ -187,6 +187,10 @@ struct backend_i {
     /* Bytes of device memory a matmul of w over n vectors takes beyond x and y (a backend's
      * own stream-ordered scratch), so a caller can reserve it; NULL: none. */
     size_t (*matmul_scratch)(void *ctx, const struct tensor *w, int n);
+    /* out[0] (backend memory) = the index of the largest of x[0..n): the sampler's greedy rule
+     * (sampler_argmax: ties to the lowest index, NaN never chosen unless at index 0, where it
+     * is never replaced), so a greedy step brings back one int instead of the logits. */
+    void (*argmax)(void *ctx, const float *x, int n, int32_t *out);
 };
 
 /* attention_full's ws: four (P, head_dim) head buffers and the (P, P) score table, each

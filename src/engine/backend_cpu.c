@@ -7,6 +7,7 @@
  * and dotted with all n input vectors, which is what makes batched prefill fast. */
 #include "backend.h"
 #include "route.h"
+#include "sample.h"
 #include "backend_cpu_vision.h"
 
 #include <math.h>
@@ -691,6 +692,12 @@ static void cpu_route(void *ctx, const float *logits, int n, int n_expert, int k
     route_topk(logits, n, n_expert, k, norm, out);
 }
 
+static void cpu_argmax(void *ctx, const float *x, int n, int32_t *out)
+{
+    (void)ctx;
+    out[0] = n > 0 ? sampler_argmax(x, n) : 0;
+}
+
 static const struct backend_i cpu_iface = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -720,6 +727,7 @@ static const struct backend_i cpu_iface = {
     .activate = cpu_activate,
     .attention_full = cpu_attention_full,
     .matmul_scratch = NULL, /* its quantised x is host memory */
+    .argmax = cpu_argmax,
 };
 
 void backend_cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)

@@ -8,6 +8,7 @@
  * the experts up in the cache, except in a decode step whose experts are all resident: that
  * step runs its experts from the cache's device table and never waits for the device. */
 #include "forward.h"
+#include "sample.h"
 #include "memory/device.h"
 #include "memory/expert_cache.h"
 
@@ -113,7 +114,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_
     batch_sizes(m, n_ctx, 1, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
-    out->workspace += d.att * sizeof(float) + (last ? d.V * sizeof(float) : 0);
+    out->workspace += d.att * sizeof(float) + (last ? (d.V + 4) * sizeof(float) : 0); /* logits, argmax out */
     out->workspace += route_bytes(m, max_batch, l1 - l0) + step_bytes(m);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
@@ -213,7 +214,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->att = stage_alloc(st, MEM_WORKSPACE, d.att * sizeof(float));
     if (!st->att)
         return TIDE_ERANGE;
-    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, d.V * sizeof(float))))
+    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (d.V + 4) * sizeof(float))))
         return TIDE_ERANGE;
     size_t rb = route_bytes(m, s->max_batch, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
@@ -739,7 +740,15 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
         const float *xl = st->x + (size_t)(n - 1) * E;
         st->be.i->rmsnorm(st->be.ctx, xl, &st->output_norm, st->xb, E, 1, c->rms_eps);
         st->be.i->matmul(st->be.ctx, &st->output, st->xb, st->logits, 1);
-        st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
+        if (s->greedy && st->be.i->argmax) {
+            int32_t *pick = (int32_t *)(st->logits + c->n_vocab), id = 0;
+            st->be.i->argmax(st->be.ctx, st->logits, (int)c->n_vocab, pick);
+            st->be.i->download(st->be.ctx, &id, pick, sizeof id);
+            s->greedy_id = id;
+        } else {
+            st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
+            s->greedy_id = s->greedy ? sampler_argmax(s->logits, (int)c->n_vocab) : -1;
+        }
     }
     for (int i = 0; i < s->n_stage; i++)
         if (s->stage[i].from_table)
@@ -824,4 +833,13 @@ int forward_eval(struct forward_state *s, const int *tokens, int n, int pos)
 int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos)
 {
     return eval(s, NULL, embd, n, pos);
+}
+
+int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next)
+{
+    s->greedy = true;
+    int rc = eval(s, &token, NULL, 1, pos);
+    s->greedy = false;
+    *next = s->greedy_id;
+    return rc;
 }

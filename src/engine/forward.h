@@ -97,6 +97,8 @@ struct forward_state {
     void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
     void *logits_ctx;
     uint64_t n_expert_calls;
+    bool greedy;         /* forward_eval_greedy is running: pick on the device */
+    int greedy_id;       /* its pick */
 };
 
 /* Memory one stage needs, by ledger kind, before any expert cache. workspace holds the
@@ -120,6 +122,10 @@ int forward_setup_prefill(struct forward_state *s, int i, enum prefill_mode mode
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos);
 /* The same with input embeddings (n, n_embd) in host memory instead of token ids (images). */
 int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos);
+/* forward_eval of one decode token that leaves only the greedy choice of its logits in *next
+ * (sampler_argmax's rule). Where the last stage's backend has argmax the pick is made on the
+ * device and s->logits is left stale: one int crosses to the host instead of n_vocab floats. */
+int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next);
 /* KV bytes for n_ctx positions of all layers. */
 size_t forward_kv_bytes(const struct model *m, int n_ctx);
 

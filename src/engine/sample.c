@@ -79,7 +79,7 @@ void sampler_accept(struct sampler *s, int id)
         s->counts[id]++;
 }
 
-static int argmax(const float *v, int n)
+int sampler_argmax(const float *v, int n)
 {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -138,7 +138,7 @@ static void fill_logprobs(const struct sampler *s, const float *raw, int chosen,
                           struct token_logprob *lp)
 {
     int n = (int)s->n_vocab;
-    float mx = raw[argmax(raw, n)];
+    float mx = raw[sampler_argmax(raw, n)];
     double sum = 0.0;
     for (int i = 0; i < n; i++)
         sum += exp((double)raw[i] - mx);
@@ -192,7 +192,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
     int chosen;
     if (p->temperature <= 0.0f) {
         /* 2. greedy */
-        chosen = argmax(logits, n);
+        chosen = sampler_argmax(logits, n);
     } else {
         /* 3. top_k: candidates sorted by logit descending, ties by lower id. Sorting the
          * whole vocabulary (151,936 entries for Qwen3) every token cost ~35 ms, so the
@@ -202,10 +202,10 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         struct vi *c = malloc(sizeof(struct vi) * n);
         if (!c) {
             free(raw);
-            return argmax(logits, n);
+            return sampler_argmax(logits, n);
         }
         struct lazy_order o = {.c = c, .pr = s->probs, .temp = p->temperature};
-        o.top = logits[argmax(logits, n)];
+        o.top = logits[sampler_argmax(logits, n)];
         int count[N_BUCKETS] = {0};
         uint8_t *bk = (uint8_t *)s->idx;  /* (n) bucket of each id; idx is n ints of scratch */
         float inv_t = 1.0f / p->temperature;

@@ -47,6 +47,9 @@ void sampler_free(struct sampler *s);
 void sampler_reset(struct sampler *s, uint64_t seed);
 /* logits (n_vocab) may be modified. lp may be NULL. Returns the token id. */
 int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp);
+/* The greedy choice: the index of the largest of v[0..n), ties to the lowest index (a NaN is
+ * never chosen, unless at index 0, which nothing then replaces). backend_i.argmax matches it. */
+int sampler_argmax(const float *v, int n);
 /* Tell the sampler a token was emitted (for penalties). */
 void sampler_accept(struct sampler *s, int id);
 

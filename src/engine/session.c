@@ -310,6 +310,14 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
     enum finish_reason fin = FINISH_LENGTH;
     int pos = n_prompt;
     e->n_tokens = n_prompt;
+    /* Greedy with nothing that needs the logits themselves (penalties, logprobs, JSON mode):
+     * each decode step leaves only its pick (forward_eval_greedy, on the device where it can),
+     * the sampler's own greedy choice by the same rule. TIDE_HOST_ARGMAX=1 turns it off. */
+    const struct sampling_params *sp = &job->sp;
+    const char *ha = getenv("TIDE_HOST_ARGMAX");
+    bool pick_only = sp->temperature <= 0.0f && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
+                     !sp->logprobs && !sp->json_object && !(ha && ha[0] == '1');
+    int next = -1; /* the last step's pick, when pick_only */
     for (int t = 0; t < max_new; t++) {
         if (job->cancel && *job->cancel) {
             rc = TIDE_ECANCELED;
@@ -317,7 +325,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         }
         if (job->sp.json_object)
             json_mask(e->tok, &jg, logits, n_vocab);
-        int id = sampler_sample(&smp, logits, job->sp.logprobs ? &lp : NULL);
+        int id = next >= 0 ? next : sampler_sample(&smp, logits, job->sp.logprobs ? &lp : NULL);
         sampler_accept(&smp, id);
         job->completion_tokens++;
         bool eog = tokenizer_is_eog(e->tok, id);
@@ -359,7 +367,9 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         if (pos >= e->n_ctx) break;
         if (job->boundary) job->boundary(job->ud);
         if (e->slow_token_us) usleep(e->slow_token_us); /* test hook, see engine_init */
-        rc = step_fault(e) ? TIDE_EINTERNAL : forward_eval(&e->fw, &id, 1, pos);
+        rc = step_fault(e)  ? TIDE_EINTERNAL
+             : pick_only    ? forward_eval_greedy(&e->fw, id, pos, &next)
+                            : forward_eval(&e->fw, &id, 1, pos);
         if (rc < 0) {
             snprintf(err, errlen, "forward at position %d: %s", pos, tide_strerror(rc));
             e->n_tokens = 0;
@@ -367,7 +377,8 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
         }
         e->tokens[pos++] = id;
         e->n_tokens = pos;
-        memcpy(logits, e->fw.logits, sizeof(float) * n_vocab);
+        if (!pick_only)
+            memcpy(logits, e->fw.logits, sizeof(float) * n_vocab);
     }
     if (fin == FINISH_LENGTH && n_held > 0) {
         /* out of tokens: what was held back for a stop string that never came is text */

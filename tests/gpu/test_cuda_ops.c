@@ -10,6 +10,7 @@
  * arithmetic. Every GPU output is poisoned with NaN first, so an unwritten element fails.
  *
  * usage: test-gpu [--bench] [--only NAME] */
+#include "engine/sample.h"
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
@@ -28,7 +29,7 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_mmq", "rmsnorm", "rope",
-    "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
+    "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill",
@@ -313,6 +314,53 @@ static void test_attention(bool chunk)
     char err[300] = "";
     if (backend_cuda_error(&gpu, err, sizeof err)) { ok = false; printf("  CUDA: %s\n", err); }
     verdict(chunk ? "attention_chunk" : "attention", ok, "max rel err %.3g", worst);
+}
+
+/* backend_i.argmax against the sampler's greedy rule on the host (what the CPU backend
+ * runs): ties to the lowest index, NaN skipped, NaN at index 0 kept, all -inf, one element. */
+static void test_argmax(void)
+{
+    static const int ns[] = {151936, 151936, 151936, 151936, 151936, 1, 1000, 33, 70000};
+    bool ok = true;
+    int cases = (int)(sizeof ns / sizeof ns[0]);
+    for (int c = 0; c < cases; c++) {
+        int n = ns[c];
+        float *x = rand_vec((size_t)n, 3.0f);
+        if (c == 1) /* the maximum three times: the lowest index wins */
+            x[n - 7] = x[n / 2] = x[4099] = 50.0f;
+        if (c == 2) /* NaN at 0 is never replaced */
+            x[0] = NAN;
+        if (c == 3) /* NaNs elsewhere are skipped, even after the max */
+            for (int i = 1; i < n; i += 97)
+                x[i] = NAN;
+        if (c == 4) /* all -inf: index 0 */
+            for (int i = 0; i < n; i++)
+                x[i] = -INFINITY;
+        if (c == 6)
+            x[n - 1] = 100.0f;
+        if (c == 7) /* all NaN: index 0 */
+            for (int i = 0; i < n; i++)
+                x[i] = NAN;
+        if (c == 8) /* equal everywhere: index 0 */
+            for (int i = 0; i < n; i++)
+                x[i] = 1.5f;
+        int32_t want_i = 0, got = -1;
+        cpu.i->argmax(cpu.ctx, x, n, &want_i);
+        float *xd = dev_put(x, (size_t)n * 4);
+        int32_t *od = dev_put(NULL, 16);
+        gpu.i->argmax(gpu.ctx, xd, n, od);
+        gpu.i->download(gpu.ctx, &got, od, sizeof got);
+        if (got != want_i || want_i != sampler_argmax(x, n)) {
+            ok = false;
+            printf("  argmax case %d (n %d): gpu %d, cpu %d\n", c, n, got, want_i);
+        }
+        gpu.i->free(gpu.ctx, xd);
+        gpu.i->free(gpu.ctx, od);
+        free(x);
+    }
+    char err[300] = "";
+    if (backend_cuda_error(&gpu, err, sizeof err)) { ok = false; printf("  CUDA: %s\n", err); }
+    verdict("argmax", ok, "%g cases equal the host's greedy choice", (double)cases);
 }
 
 static void test_elementwise(void)
@@ -768,6 +816,7 @@ int main(int argc, char **argv)
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();
     if (want(only, "route")) test_route();
+    if (want(only, "argmax")) test_argmax();
     if (want(only, "moe_ffn_table")) test_moe_ffn_table();
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);

@@ -439,6 +439,13 @@ static int cu_norm_matmul(void *ctx, const struct tensor *w, const float *x, flo
     return c->err;
 }
 
+static void cu_argmax(void *ctx, const float *x, int n, int32_t *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_argmax(c, x, n, out);
+}
+
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
@@ -693,6 +700,7 @@ static const struct backend_i cuda_iface = {
     .activate = cu_activate,
     .attention_full = cu_attention_full,
     .matmul_scratch = cu_matmul_scratch,
+    .argmax = cu_argmax,
 };
 
 /* ---- public entry points ---- */

@@ -72,6 +72,8 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
 /* backend_i.norm_matmul (norm_matmul.cu): false, nothing queued, for shapes it does not take */
 bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
                       float eps, float *xn);
+/* backend_i.argmax (argmax.cu): out[0] (device memory) = the greedy choice among x[0..n) */
+void cuda_argmax(struct cuda_ctx *c, const float *x, int n, int32_t *out);
 /* backend_i.attention_at (attention.cu) */
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
                        const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
