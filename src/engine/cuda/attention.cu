@@ -2,22 +2,45 @@
  * (decode; a prefill chunk goes to attention_prefill.cu, see cuda_attention at the end).
  *
  * Split-K ("flash-decoding"): the n_keys = pos + 1 cached positions are cut into chunks, one
- * CTA per (kv head, chunk, group of up to 8 query heads). A CTA reads each K and V row of its
- * chunk once for all query heads that share that kv head, keeps the chunk's scores in shared
- * memory, and writes an unnormalised partial output with its running max and sum. A second
- * kernel merges the partials. The chunk length adapts so that a long context fills every SM
- * while a short one runs as a single chunk that writes the output directly (one launch).
+ * CTA per (kv head, chunk, group of up to 8 query heads), and a second kernel merges the
+ * CTAs' unnormalised partial outputs by their maxima and sums. The chunk length adapts so
+ * that a long context fills every SM while a short one runs as a single chunk that writes
+ * the output directly (one launch).
+ *
+ * At short contexts the op is latency-bound, not bandwidth-bound (513 keys of Qwen3-30B are
+ * 2 MB over 68 CTAs), so a CTA is built to make as few dependent global round trips as it
+ * can: it walks its chunk in tiles of TK keys (32; 16 at head_dim 256), and each tile's K and
+ * V rows (V does not depend on the scores) go into shared memory by cp.async in one batch,
+ * the query rows with the first tile. Two tile buffers: the next tile is in flight while the
+ * current one is computed, so a chunk of one or two tiles costs one round trip. Then, from
+ * shared memory only:
+ *   - scores: one thread per (key, head), lanes on consecutive keys, each a whole dot of its
+ *     K row with its head's q (no cross-lane reduction for the dot);
+ *   - online softmax per head: the tile's max and sum over the lanes of that head's keys
+ *     (shuffles within a warp segment), the running max / sum kept in registers, the factor
+ *     that rescales the previous tiles' accumulators handed to the P V threads;
+ *   - P V: one thread per head dim for all 8 heads at once (each V element read once), the
+ *     tile's keys split between the threads that share a dim when head_dim <= 128, their
+ *     sums added once at the end.
+ *
+ * Shared memory: 70 KB a CTA at head_dim 128, 73 KB at 256 (opted into above 48 KB), so
+ * three CTAs an SM on the H200; 256 threads of at most 80 registers.
  *
  * Memory per call: only the partials, n_head * n_chunks * (head_dim + 2) floats, from the
  * backend's stream-ordered scratch. The (n_head, n_ctx) att buffer of the interface is not
  * needed here and is left untouched. */
 #include "engine/cuda/common.cuh"
+#include "engine/cuda/mma_q.cuh" /* cp.async helpers */
 
 #include <math.h>
 
-#define ATT_WARPS 4
+#define ATT_THREADS 256
 #define ATT_G 8          /* query heads per CTA */
+#define ATT_STAGES 2     /* K/V tile buffers */
+#define ATT_MIN_CTAS 3   /* resident CTAs an SM (caps registers at 80 a thread) */
 #define ATT_MAX_CHUNK 1024
+#define MERGE_THREADS 256
+#define MERGE_BATCH 8    /* chunks a merge thread has in flight at once */
 
 /* How n_keys keys are cut: chunks of *chunk keys, *n_chunks of them, aiming at `want` chunks
  * (see attention_one). On the device too, for attention_at, so both cut the same way. */
@@ -37,120 +60,218 @@ __host__ __device__ inline void att_split(int n_keys, int want, int *chunk_o, in
     *n_chunks_o = n_chunks;
 }
 
-/* DPL = dims per lane in the score phase (head_dim <= 32 * DPL). at (attention_at): the query's
+/* Keys per tile for a head-dim bucket: one per lane up to 128 dims; 16 at 256 so that two
+ * tile buffers stay near 75 KB. Chunks are multiples of 32, so of the tile too. */
+__host__ __device__ constexpr int att_tile(int hdb) { return hdb > 128 ? 16 : 32; }
+
+/* Shared-memory row strides in floats: V rows hd rounded up to 4 (16-byte cp.async, float4
+ * reads); K and q rows padded so that the stride in 16-byte units is odd: 8 lanes reading
+ * 16 bytes each from 8 consecutive rows (one LDS.128 phase) then use 8 disjoint bank quads. */
+__host__ __device__ inline int att_hd4(int hd) { return (hd + 3) & ~3; }
+__host__ __device__ inline int att_ks(int hd) { return (att_hd4(hd) / 4) % 2 ? att_hd4(hd) : att_hd4(hd) + 4; }
+/* the tile buffers, or at the end the per-split P V sums that reuse them */
+__host__ __device__ inline int att_stage_floats(int hd, int tk)
+{
+    int st = ATT_STAGES * tk * (att_ks(hd) + att_hd4(hd));
+    return st > ATT_G * ATT_THREADS ? st : ATT_G * ATT_THREADS;
+}
+__host__ __device__ inline int att_smem_floats(int hd, int tk)
+{
+    return ATT_G * att_ks(hd) + att_stage_floats(hd, tk) + tk * ATT_G + 3 * ATT_G;
+}
+
+/* HDB: head-dim bucket (hd <= HDB; the dot loops unroll to it). at (attention_at): the query's
  * position is *at, and n_keys, chunk, n_chunks are worked out here from it and want; the grid
- * is sized for the longest context and CTAs past n_chunks have nothing to do. */
-template <int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+ * is sized for the longest context and CTAs past n_chunks have nothing to do. vec: hd % 4 == 0
+ * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). */
+template <int HDB>
+__global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_CTAS)
 attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
                   float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
                   int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale,
-                  const int32_t *at, int want)
+                  const int32_t *at, int want, bool vec)
 {
+    constexpr int TK = att_tile(HDB);
     if (at) {
         n_keys = *at + 1;
         att_split(n_keys, want, &chunk, &n_chunks);
         if ((int)blockIdx.y >= n_chunks)
             return;
     }
-    extern __shared__ float sm[];
-    constexpr int HDP = DPL * 32;
-    float *qs = sm;                        /* (ATT_G, HDP), zero-padded */
-    float *sc = qs + ATT_G * HDP;          /* (ATT_G, chunk) scores, then probabilities */
-    float *ml = sc + ATT_G * chunk;        /* (ATT_G, 2) chunk max, chunk sum */
-    int kvh = blockIdx.x, ci = blockIdx.y, g0 = blockIdx.z * ATT_G;
-    int G = group - g0 < ATT_G ? group - g0 : ATT_G;
-    int h0 = kvh * group + g0;             /* first query head of this CTA */
-    int kvd = n_head_kv * hd;
-    int t0 = ci * chunk, t1 = t0 + chunk < n_keys ? t0 + chunk : n_keys, len = t1 - t0;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    extern __shared__ __align__(16) float sm[];
+    const int hd4 = att_hd4(hd), ks = att_ks(hd);
+    float *qs = sm;                                    /* (ATT_G, ks) query rows */
+    float *kt = qs + ATT_G * ks;                       /* (ATT_STAGES, TK, ks) K tiles */
+    float *vt = kt + ATT_STAGES * TK * ks;             /* (ATT_STAGES, TK, hd4) V tiles */
+    float *red = kt;                                   /* (nsplit, ATT_G, hd) at the end */
+    float *ps = kt + att_stage_floats(hd, TK);         /* (TK, ATT_G) the tile's probabilities */
+    float *al = ps + TK * ATT_G;                       /* (ATT_G) rescale of the earlier tiles */
+    float *ml = al + ATT_G;                            /* (ATT_G, 2) chunk max, chunk sum */
+    const int kvh = blockIdx.x, ci = blockIdx.y, g0 = blockIdx.z * ATT_G;
+    const int G = group - g0 < ATT_G ? group - g0 : ATT_G;
+    const int h0 = kvh * group + g0;                   /* first query head of this CTA */
+    const size_t kvd = (size_t)n_head_kv * hd;
+    const int t0 = ci * chunk, len = t0 + chunk < n_keys ? chunk : n_keys - t0;
+    const int n_tiles = (len + TK - 1) / TK;
+    const int tid = threadIdx.x;
+    const float *kb = kc + (size_t)t0 * kvd + (size_t)kvh * hd; /* the chunk's first K row */
+    const float *vb = vc + (size_t)t0 * kvd + (size_t)kvh * hd;
 
-    for (int i = tid; i < ATT_G * HDP; i += blockDim.x) {
-        int g = i / HDP, d = i % HDP;
-        qs[i] = g < G && d < hd ? q[(size_t)(h0 + g) * hd + d] : 0.0f;
-    }
-    __syncthreads();
+    /* hd % 4 != 0: the pad columns of the q and K rows (contiguous, same stride) read as
+     * zeros by the float4 dots; written once, the copies never touch them */
+    if (hd4 != hd)
+        for (int i = tid; i < (ATT_G + ATT_STAGES * TK) * (hd4 - hd); i += ATT_THREADS)
+            qs[i / (hd4 - hd) * ks + hd + i % (hd4 - hd)] = 0.0f;
 
-    /* scores: one warp per key, lanes across the head dims; two keys per step so that two
-     * K rows are in flight before the reductions */
-    for (int j = warp; j < len; j += 2 * ATT_WARPS) {
-        int j2 = j + ATT_WARPS;
-        bool two = j2 < len; /* warp-uniform */
-        const float *kr = kc + (size_t)(t0 + j) * kvd + (size_t)kvh * hd;
-        const float *kr2 = kc + (size_t)(t0 + (two ? j2 : j)) * kvd + (size_t)kvh * hd;
-        float k[DPL], k2[DPL];
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            k[i] = d < hd ? __ldg(kr + d) : 0.0f;
-            k2[i] = d < hd ? __ldg(kr2 + d) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < ATT_G; g++) {
-            if (g < G) {
-                float p = 0.0f, p2 = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    float qv = qs[g * HDP + lane + 32 * i];
-                    p = fmaf(k[i], qv, p);
-                    p2 = fmaf(k2[i], qv, p2);
-                }
-                p = warp_sum(p);
-                p2 = warp_sum(p2);
-                if (lane == 0) {
-                    sc[g * chunk + j] = p * scale;
-                    if (two)
-                        sc[g * chunk + j2] = p2 * scale;
-                }
+    /* every K and V row of tile `tile` into buffer `stage`, all in flight at once */
+    auto load_tile = [&](int tile, int stage) {
+        int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK;
+        float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
+        const float *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+        if (vec) {
+            int n4 = hd >> 2;
+            for (int i = tid; i < tl * n4; i += ATT_THREADS) {
+                int r = i / n4, c = (i - r * n4) * 4;
+                cp_async16(kd + r * ks + c, kg + r * kvd + c, 16);
+                cp_async16(vd + r * hd4 + c, vg + r * kvd + c, 16);
+            }
+        } else {
+            for (int i = tid; i < tl * hd; i += ATT_THREADS) {
+                int r = i / hd, c = i - r * hd;
+                cp_async4(kd + r * ks + c, kg + r * kvd + c, 4);
+                cp_async4(vd + r * hd4 + c, vg + r * kvd + c, 4);
             }
         }
-    }
-    __syncthreads();
-
-    /* softmax pieces per head: max, exp, sum */
-    for (int g = warp; g < G; g += ATT_WARPS) {
-        float m = -INFINITY;
-        for (int j = lane; j < len; j += 32)
-            m = fmaxf(m, sc[g * chunk + j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < len; j += 32) {
-            float p = expf(sc[g * chunk + j] - m);
-            sc[g * chunk + j] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            ml[2 * g] = m;
-            ml[2 * g + 1] = l;
-        }
-    }
-    __syncthreads();
-
-    /* P V: one thread per head dim, all G heads at once so each V element is read once */
-    for (int d = tid; d < hd; d += blockDim.x) {
-        float acc[ATT_G];
-#pragma unroll
-        for (int g = 0; g < ATT_G; g++)
-            acc[g] = 0.0f;
-        const float *vr = vc + (size_t)t0 * kvd + (size_t)kvh * hd + d;
-#pragma unroll 8
-        for (int j = 0; j < len; j++) {
-            float v = __ldg(vr + (size_t)j * kvd);
-#pragma unroll
-            for (int g = 0; g < ATT_G; g++)
-                acc[g] = fmaf(sc[g * chunk + j], v, acc[g]);
-        }
-#pragma unroll
-        for (int g = 0; g < ATT_G; g++) {
-            if (g < G) {
-                int h = h0 + g;
-                if (n_chunks == 1)
-                    out[(size_t)h * hd + d] = acc[g] / ml[2 * g + 1];
-                else
-                    part_o[((size_t)h * n_chunks + ci) * hd + d] = acc[g];
+    };
+    {
+        const float *qg = q + (size_t)h0 * hd;
+        if (vec) {
+            int n4 = hd >> 2;
+            for (int i = tid; i < G * n4; i += ATT_THREADS) {
+                int g = i / n4, c = (i - g * n4) * 4;
+                cp_async16(qs + g * ks + c, qg + g * hd + c, 16);
+            }
+        } else {
+            for (int i = tid; i < G * hd; i += ATT_THREADS) {
+                int g = i / hd, c = i - g * hd;
+                cp_async4(qs + g * ks + c, qg + g * hd + c, 4);
             }
         }
+        load_tile(0, 0);
+        cp_async_commit();
+    }
+
+    /* score phase: this thread's key j of the tile and head g; a head's TK keys are TK
+     * consecutive lanes of one warp (g < ATT_G is warp-uniform). M, L: head g's running max
+     * and sum over the tiles so far, the same in every lane of its segment. */
+    const int j = tid % TK, g = tid / TK;
+    float M = -INFINITY, L = 0.0f;
+    /* P V phase: this thread's head dim d and key split sp (keys sp, sp + nsplit, ...) */
+    const int nsplit = ATT_THREADS / hd, d = tid % hd, sp = tid / hd;
+    float acc[ATT_G];
+#pragma unroll
+    for (int k = 0; k < ATT_G; k++)
+        acc[k] = 0.0f;
+
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + 1 < n_tiles) { /* the buffer it fills was last read before the previous sync */
+            load_tile(t + 1, (t + 1) % ATT_STAGES);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int stage = t % ATT_STAGES, tl = len - t * TK < TK ? len - t * TK : TK;
+        if (g < ATT_G) {
+            float s = -INFINITY;
+            if (g < G && j < tl) {
+                const float4 *kr = (const float4 *)(kt + (stage * TK + j) * ks);
+                const float4 *qr = (const float4 *)(qs + g * ks);
+                /* two float4 accumulators: 8 independent FMA chains */
+                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+#pragma unroll
+                for (int i = 0; i < HDB / 4; i += 2) {
+                    if (i < hd4 / 4) {
+                        float4 k4 = kr[i], q4 = qr[i];
+                        a.x = fmaf(k4.x, q4.x, a.x);
+                        a.y = fmaf(k4.y, q4.y, a.y);
+                        a.z = fmaf(k4.z, q4.z, a.z);
+                        a.w = fmaf(k4.w, q4.w, a.w);
+                    }
+                    if (i + 1 < hd4 / 4) {
+                        float4 k4 = kr[i + 1], q4 = qr[i + 1];
+                        b.x = fmaf(k4.x, q4.x, b.x);
+                        b.y = fmaf(k4.y, q4.y, b.y);
+                        b.z = fmaf(k4.z, q4.z, b.z);
+                        b.w = fmaf(k4.w, q4.w, b.w);
+                    }
+                }
+                s = (((a.x + b.x) + (a.y + b.y)) + ((a.z + b.z) + (a.w + b.w))) * scale;
+            }
+            float m = s;
+#pragma unroll
+            for (int o = TK / 2; o > 0; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float mn = fmaxf(M, m);
+            /* heads past G (a partial group) have no keys: no NaN from -inf - -inf */
+            float p = g < G && j < tl ? expf(s - mn) : 0.0f;
+            float r = g < G ? expf(M - mn) : 1.0f; /* 0 on the first tile */
+            float l = p;
+#pragma unroll
+            for (int o = TK / 2; o > 0; o >>= 1)
+                l += __shfl_xor_sync(0xffffffffu, l, o);
+            L = L * r + l;
+            M = mn;
+            ps[j * ATT_G + g] = p;
+            if (j == 0)
+                al[g] = r;
+        }
+        __syncthreads();
+        if (sp < nsplit) {
+            const float4 *a4 = (const float4 *)al, *p4 = (const float4 *)ps;
+            float4 ra = a4[0], rb = a4[1];
+            acc[0] *= ra.x; acc[1] *= ra.y; acc[2] *= ra.z; acc[3] *= ra.w;
+            acc[4] *= rb.x; acc[5] *= rb.y; acc[6] *= rb.z; acc[7] *= rb.w;
+            const float *vr = vt + stage * TK * hd4 + d;
+#pragma unroll 4
+            for (int k = sp; k < tl; k += nsplit) {
+                float v = vr[k * hd4];
+                float4 pa = p4[2 * k], pb = p4[2 * k + 1];
+                acc[0] = fmaf(pa.x, v, acc[0]);
+                acc[1] = fmaf(pa.y, v, acc[1]);
+                acc[2] = fmaf(pa.z, v, acc[2]);
+                acc[3] = fmaf(pa.w, v, acc[3]);
+                acc[4] = fmaf(pb.x, v, acc[4]);
+                acc[5] = fmaf(pb.y, v, acc[5]);
+                acc[6] = fmaf(pb.z, v, acc[6]);
+                acc[7] = fmaf(pb.w, v, acc[7]);
+            }
+        }
+        __syncthreads(); /* before the next load refills this tile's buffer */
+    }
+
+    /* the key splits' sums, added in split order */
+    if (sp < nsplit) {
+#pragma unroll
+        for (int k = 0; k < ATT_G; k++)
+            if (k < G)
+                red[(sp * ATT_G + k) * hd + d] = acc[k];
+    }
+    if (g < G && j == 0) {
+        ml[2 * g] = M;
+        ml[2 * g + 1] = L;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * hd; i += ATT_THREADS) {
+        int gg = i / hd, dd = i - gg * hd, h = h0 + gg;
+        float o = 0.0f;
+        for (int s2 = 0; s2 < nsplit; s2++)
+            o += red[(s2 * ATT_G + gg) * hd + dd];
+        if (n_chunks == 1)
+            out[(size_t)h * hd + dd] = o / ml[2 * gg + 1];
+        else
+            part_o[((size_t)h * n_chunks + ci) * hd + dd] = o;
     }
     if (n_chunks > 1 && tid < G) {
         int h = h0 + tid;
@@ -159,9 +280,14 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
     }
 }
 
-/* out[h] = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, one CTA per query head. */
-__global__ void attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ part_ml,
-                                  float *__restrict__ out, int hd, int n_chunks, const int32_t *at, int want)
+/* out[h] = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, one CTA per query head. A thread
+ * takes W consecutive dims (W = 4: one float4) and a slice of the chunks (c = s, s + ns, ...),
+ * MERGE_BATCH of them loaded at once and folded in with a running max; the slices' (max, sum,
+ * output) are then combined through shared memory. Few dependent loads even for 1024 chunks. */
+template <int W>
+__global__ void __launch_bounds__(MERGE_THREADS)
+attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ part_ml, float *__restrict__ out,
+                  int hd, int n_chunks, const int32_t *at, int want)
 {
     if (at) { /* attention_at: one chunk means the chunk kernel wrote out itself */
         int chunk;
@@ -169,31 +295,76 @@ __global__ void attn_merge_kernel(const float *__restrict__ part_o, const float 
         if (n_chunks == 1)
             return;
     }
-    __shared__ float wgt[ATT_MAX_CHUNK];
-    __shared__ float inv_l;
-    int h = blockIdx.x;
+    __shared__ __align__(16) float so[MERGE_THREADS * W]; /* (ns, hd) slice outputs */
+    __shared__ float smax[MERGE_THREADS], ssum[MERGE_THREADS]; /* (ns) slice max, sum */
+    const int h = blockIdx.x, nu = hd / W, u = threadIdx.x % nu, s = threadIdx.x / nu, ns = MERGE_THREADS / nu;
     const float *ml = part_ml + (size_t)h * n_chunks * 2;
-    if (threadIdx.x < 32) {
-        float M = -INFINITY;
-        for (int c = threadIdx.x; c < n_chunks; c += 32)
-            M = fmaxf(M, ml[2 * c]);
-        M = warp_max(M);
-        float L = 0.0f;
-        for (int c = threadIdx.x; c < n_chunks; c += 32) {
-            float e = expf(ml[2 * c] - M);
-            wgt[c] = e;
-            L += e * ml[2 * c + 1];
+    const float *po = part_o + (size_t)h * n_chunks * hd + u * W;
+    if (s < ns) {
+        float M = -INFINITY, L = 0.0f, o[W];
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            o[w] = 0.0f;
+        for (int c0 = s; c0 < n_chunks; c0 += MERGE_BATCH * ns) {
+            float m[MERGE_BATCH], l[MERGE_BATCH], v[MERGE_BATCH][W];
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++) {
+                int c = c0 + k * ns;
+                bool in = c < n_chunks;
+                m[k] = in ? ml[2 * c] : -INFINITY;
+                l[k] = in ? ml[2 * c + 1] : 0.0f;
+                if constexpr (W == 4) {
+                    float4 x = in ? *(const float4 *)(po + (size_t)c * hd) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    v[k][0] = x.x;
+                    v[k][1] = x.y;
+                    v[k][2] = x.z;
+                    v[k][3] = x.w;
+                } else {
+#pragma unroll
+                    for (int w = 0; w < W; w++)
+                        v[k][w] = in ? po[(size_t)c * hd + w] : 0.0f;
+                }
+            }
+            float mn = M;
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++)
+                mn = fmaxf(mn, m[k]);
+            float r = expf(M - mn); /* 0 on the first batch: c0 < n_chunks, so mn is finite */
+            L *= r;
+#pragma unroll
+            for (int w = 0; w < W; w++)
+                o[w] *= r;
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++) {
+                float e = expf(m[k] - mn);
+                L = fmaf(e, l[k], L);
+#pragma unroll
+                for (int w = 0; w < W; w++)
+                    o[w] = fmaf(e, v[k][w], o[w]);
+            }
+            M = mn;
         }
-        L = warp_sum(L);
-        if (threadIdx.x == 0)
-            inv_l = 1.0f / L;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            so[s * hd + u * W + w] = o[w];
+        if (u == 0) {
+            smax[s] = M;
+            ssum[s] = L;
+        }
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    const int nsl = ns < n_chunks ? ns : n_chunks; /* slices that saw a chunk */
+    float M = -INFINITY;
+    for (int k = 0; k < nsl; k++)
+        M = fmaxf(M, smax[k]);
+    float L = 0.0f;
+    for (int k = 0; k < nsl; k++)
+        L = fmaf(expf(smax[k] - M), ssum[k], L);
+    for (int i = threadIdx.x; i < hd; i += MERGE_THREADS) {
         float o = 0.0f;
-        for (int c = 0; c < n_chunks; c++)
-            o = fmaf(wgt[c], part_o[((size_t)h * n_chunks + c) * hd + d], o);
-        out[(size_t)h * hd + d] = o * inv_l;
+        for (int k = 0; k < nsl; k++)
+            o = fmaf(expf(smax[k] - M), so[k * hd + i], o);
+        out[(size_t)h * hd + i] = o / L;
     }
 }
 
@@ -212,10 +383,16 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     }
     int n_keys = pos + 1, group = n_head / n_head_kv;
     int zgroups = (group + ATT_G - 1) / ATT_G;
-    /* aim for ~4 CTAs per SM over all (kv head, chunk, group) triples: the score phase is
-     * latency-bound per warp, so it needs many warps resident */
+    int hdb = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+    size_t smem = (size_t)att_smem_floats(head_dim, att_tile(hdb)) * sizeof(float);
+    /* aim for as many CTAs per SM as are resident at once, over all (kv head, chunk, group)
+     * triples: ATT_MIN_CTAS, what the registers allow (__launch_bounds__) and, at head_dim 128
+     * and 256, shared memory too (3 x 73 KB of sm_90's 228 KB). A long context is then one
+     * wave of CTAs that each keep a tile in flight, not a wave and a tail. Depends only on
+     * the shape, so attention_at and attention cut the same way. */
+    int per_sm = ATT_MIN_CTAS;
     int per_chunk = n_head_kv * zgroups;
-    int want = (4 * c->sm_count + per_chunk - 1) / per_chunk;
+    int want = (per_sm * c->sm_count + per_chunk - 1) / per_chunk;
     int chunk, n_chunks;
     if (at) {
         /* the largest chunk and chunk count any position below n_ctx can need (chunk grows
@@ -236,9 +413,7 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
         part_o = ws;            /* (n_head, n_chunks, head_dim) */
         part_ml = ws + po;      /* (n_head, n_chunks, 2) */
     }
-    int dpl = (head_dim + 31) / 32;
-    dpl = dpl <= 1 ? 1 : dpl <= 2 ? 2 : dpl <= 4 ? 4 : 8;
-    size_t smem = ((size_t)ATT_G * dpl * 32 + (size_t)ATT_G * chunk + 2 * ATT_G) * sizeof(float);
+    bool vec = head_dim % 4 == 0 && (((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
     float scale = 1.0f / sqrtf((float)head_dim);
     dim3 grid((unsigned)n_head_kv, (unsigned)n_chunks, (unsigned)zgroups);
 #define ATT_LAUNCH(D)                                                                                 \
@@ -247,21 +422,24 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
             !CU(c, cudaFuncSetAttribute(attn_chunk_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                         (int)smem)))                                                  \
             return;                                                                                   \
-        attn_chunk_kernel<D><<<grid, ATT_WARPS * 32, smem, c->st>>>(q, k_cache, v_cache, out, part_o,  \
-                                                                    part_ml, n_keys, n_head_kv, group,  \
-                                                                    head_dim, chunk, n_chunks, scale,   \
-                                                                    at, want);                          \
+        attn_chunk_kernel<D><<<grid, ATT_THREADS, smem, c->st>>>(q, k_cache, v_cache, out, part_o,     \
+                                                                 part_ml, n_keys, n_head_kv, group,     \
+                                                                 head_dim, chunk, n_chunks, scale, at,  \
+                                                                 want, vec);                            \
     } while (0)
-    switch (dpl) {
-    case 1: ATT_LAUNCH(1); break;
-    case 2: ATT_LAUNCH(2); break;
-    case 4: ATT_LAUNCH(4); break;
-    default: ATT_LAUNCH(8); break;
+    switch (hdb) {
+    case 32: ATT_LAUNCH(32); break;
+    case 64: ATT_LAUNCH(64); break;
+    case 128: ATT_LAUNCH(128); break;
+    default: ATT_LAUNCH(256); break;
     }
 #undef ATT_LAUNCH
     if (!CU_LAUNCH(c, "attn_chunk_kernel") || (n_chunks == 1 && !at))
         return;
-    attn_merge_kernel<<<n_head, 128, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
+    if (head_dim % 4 == 0) /* part_o rows then start 16-byte aligned (the scratch is) */
+        attn_merge_kernel<4><<<n_head, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
+    else
+        attn_merge_kernel<1><<<n_head, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
     CU_LAUNCH(c, "attn_merge_kernel");
 }
 
