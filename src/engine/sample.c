@@ -9,6 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* qsort has no context pointer in C11, so the comparison sorts (value, id) pairs. */
+struct vi {
+    float v;
+    int id;
+    float p; /* its probability once the softmax has run (a function of v alone) */
+};
+
 /* xorshift64* must never hold 0 (it would stay 0 forever). */
 #define SEED_ZERO_REPLACEMENT 0x9E3779B97F4A7C15ULL
 
@@ -55,7 +62,8 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
     s->counts = calloc(n_vocab, sizeof(int));
     s->probs = malloc(sizeof(float) * n_vocab);
     s->idx = malloc(sizeof(int) * n_vocab);
-    if (!s->counts || !s->probs || !s->idx) {
+    s->cand = malloc(sizeof(struct vi) * n_vocab);
+    if (!s->counts || !s->probs || !s->idx || !s->cand) {
         sampler_free(s);
         return TIDE_ENOMEM;
     }
@@ -68,6 +76,8 @@ void sampler_free(struct sampler *s)
     free(s->counts);
     free(s->probs);
     free(s->idx);
+    free(s->cand);
+    s->cand = NULL;
     s->counts = NULL;
     s->probs = NULL;
     s->idx = NULL;
@@ -88,11 +98,6 @@ int sampler_argmax(const float *v, int n)
     return best;
 }
 
-/* qsort has no context pointer in C11, so the comparison sorts (value, id) pairs. */
-struct vi {
-    float v;
-    int id;
-};
 
 static int cmp_vi_desc(const void *a, const void *b)
 {
@@ -119,8 +124,8 @@ struct lazy_order {
     double sum;
 };
 
-/* Make c[0..i] final: sort each bucket the index reaches and refill its probabilities (the
- * same formula as the softmax pass, so each is what a full sort gives). */
+/* Make c[0..i] final: sort each bucket the index reaches and lay its probabilities out in
+ * the sorted order (each candidate carries its own, so each is what a full sort gives). */
 static void order_upto(struct lazy_order *o, int i)
 {
     for (int b = 0; b < N_BUCKETS && i >= o->sorted; b++) {
@@ -128,9 +133,80 @@ static void order_upto(struct lazy_order *o, int i)
         qsort(o->c + o->sorted, (size_t)(o->end[b] - o->sorted), sizeof(*o->c), cmp_vi_desc);
         if (o->sum > 0)
             for (int j = o->sorted; j < o->end[b] && j < o->m; j++)
-                o->pr[j] = (float)((float)exp(((double)o->c[j].v - o->top) / o->temp) / o->sum);
+                o->pr[j] = o->c[j].p;
         o->sorted = o->end[b];
     }
+}
+
+/* ---- the draw without sorting ----
+ * The draw walks the candidates in sorted order adding probabilities (a double acc) until the
+ * uniform r falls below acc. A float probability of at least 2^-29 is a multiple of 2^-52, and
+ * so is a sum of them below 2, which a double then holds exactly: over such candidates every
+ * partial sum is exact and does not depend on the order of its terms. A bucket made only of
+ * them is then passed with one order-free sum when r lies beyond it, and inside the bucket
+ * that holds r the candidate is found by partitioning around pivots (quickselect on the
+ * cumulative mass) instead of sorting: the same acc values, the same comparisons, the same
+ * token as the sorted walk, in linear time. A flat distribution (a random-weight model, a high
+ * temperature) made the sorted walk sort most of the vocabulary every token. */
+#define EXACT_MIN_P 0x1p-29f
+
+static bool exact_mass(double x) { return x < 2.0 && ldexp(nearbyint(ldexp(x, 52)), -52) == x; }
+
+/* Whether every candidate of c[0..n) has p == 0 or p >= EXACT_MIN_P; *mass = their sum. */
+static bool bucket_mass(const struct vi *c, int n, double *mass)
+{
+    double m = 0.0;
+    for (int j = 0; j < n; j++) {
+        if (c[j].p != 0.0f && !(c[j].p >= EXACT_MIN_P))
+            return false;
+        m += c[j].p;
+    }
+    *mass = m;
+    return true;
+}
+
+/* In c[0..n), all exact candidates (bucket_mass), the one the sorted walk stops at, given the
+ * mass acc of everything before c in the order: its id, or -1 with *acc advanced past c. */
+static int select_draw(struct vi *c, int n, double r, double *acc)
+{
+    while (n > 32) {
+        struct vi *a = &c[0], *b = &c[n / 2], *z = &c[n - 1], *pv; /* median of three */
+        if (cmp_vi_desc(a, b) < 0)
+            pv = cmp_vi_desc(b, z) < 0 ? b : cmp_vi_desc(a, z) < 0 ? z : a;
+        else
+            pv = cmp_vi_desc(a, z) < 0 ? a : cmp_vi_desc(b, z) < 0 ? z : b;
+        struct vi t = *pv;
+        *pv = c[n - 1];
+        c[n - 1] = t;
+        int lo = 0; /* c[0..lo) rank before the pivot */
+        double before = 0.0;
+        for (int j = 0; j < n - 1; j++)
+            if (cmp_vi_desc(&c[j], &t) < 0) {
+                struct vi u = c[j];
+                c[j] = c[lo];
+                c[lo++] = u;
+                before += u.p;
+            }
+        if (r < *acc + before) {
+            n = lo;
+            continue;
+        }
+        *acc += before;
+        if (r < *acc + t.p)
+            return t.id;
+        *acc += t.p;
+        c[n - 1] = c[lo]; /* the candidates after the pivot: c[lo + 1 .. n) after this swap */
+        c[lo] = t;
+        c += lo + 1;
+        n -= lo + 1;
+    }
+    qsort(c, (size_t)n, sizeof(*c), cmp_vi_desc);
+    for (int j = 0; j < n; j++) {
+        *acc += c[j].p;
+        if (r < *acc)
+            return c[j].id;
+    }
+    return -1;
 }
 
 /* Fill lp from the raw logits: log_softmax, chosen id's logprob, top-N descending. */
@@ -199,11 +275,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
          * candidates are bucketed by distance from the best logit and a bucket is sorted
          * when the walk reaches it (struct lazy_order): the order walked, and so the token
          * a seed draws, is a full sort's; only the softmax sum adds in another order. */
-        struct vi *c = malloc(sizeof(struct vi) * n);
-        if (!c) {
-            free(raw);
-            return sampler_argmax(logits, n);
-        }
+        struct vi *c = s->cand;
         struct lazy_order o = {.c = c, .pr = s->probs, .temp = p->temperature};
         o.top = logits[sampler_argmax(logits, n)];
         int count[N_BUCKETS] = {0};
@@ -229,17 +301,21 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         if (p->top_k > 0 && p->top_k < m)
             m = p->top_k;
         o.m = m;
-        order_upto(&o, m < n ? m - 1 : 0);  /* c[0] is the max; top_k needs its m best */
+        /* top_k needs its m best in order; without it only the max matters, which is o.top
+         * (what c[0].v is once bucket 0 is sorted) unless the logits hold NaN */
+        if (m < n || isnan(o.top))
+            order_upto(&o, m < n ? m - 1 : 0);
+        float best = m < n || isnan(o.top) ? c[0].v : o.top;
 
-        /* 4. softmax with temperature over the m candidates (c[0] is the max). */
+        /* 4. softmax with temperature over the m candidates (best is the max). */
         double sum = 0.0;
-        float *pr = s->probs; /* (m) probabilities of c[0..m) */
+        float *pr = s->probs; /* (m) probabilities of c[0..m), in c's order */
         for (int i = 0; i < m; i++) {
-            pr[i] = (float)exp(((double)c[i].v - c[0].v) / p->temperature);
+            pr[i] = (float)exp(((double)c[i].v - best) / p->temperature);
             sum += pr[i];
         }
         for (int i = 0; i < m; i++)
-            pr[i] = (float)(pr[i] / sum);
+            c[i].p = pr[i] = (float)(pr[i] / sum);
         o.sum = sum;
 
         /* 5. top_p: the smallest prefix whose mass reaches top_p (at least one). */
@@ -259,6 +335,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
 
         /* 6. min_p: drop candidates below min_p * the best probability. */
         if (p->min_p > 0.0f) {
+            order_upto(&o, 0);
             float thr = p->min_p * pr[0];
             int keep = 1;
             while (keep < m) {
@@ -276,19 +353,39 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         for (int i = 0; i < m; i++)
             mass += pr[i];
         double r = rng_uniform(&s->rng) * mass;
-        int last = m - 1;
         double acc = 0.0;
-        for (int i = 0; i < m; i++) {
-            order_upto(&o, i);
+        chosen = -1;
+        int i = 0;
+        for (; i < o.sorted && i < m && chosen < 0; i++) { /* the sorted prefix */
             acc += pr[i];
-            if (r < acc) {
-                last = i;
-                break;
+            if (r < acc)
+                chosen = c[i].id;
+        }
+        for (int b = 0; b < N_BUCKETS && chosen < 0 && i < m; b++) { /* then bucket by bucket */
+            if (o.end[b] <= i)
+                continue;
+            int e = o.end[b] < m ? o.end[b] : m;
+            double bm;
+            if (e == o.end[b] && exact_mass(acc) && bucket_mass(c + i, e - i, &bm) && acc + bm < 2.0) {
+                if (r < acc + bm)
+                    chosen = select_draw(c + i, e - i, r, &acc);
+                else
+                    acc += bm;
+                i = e;
+                continue;
+            }
+            order_upto(&o, e - 1);
+            for (; i < e && chosen < 0; i++) {
+                acc += pr[i];
+                if (r < acc)
+                    chosen = c[i].id;
             }
         }
-        order_upto(&o, last);
-        chosen = c[last].id;
-        free(c);
+        if (chosen < 0) { /* r at or past the last acc (rounding): the last candidate (a
+                             * selection only reorders inside its bucket, so order_upto holds) */
+            order_upto(&o, m - 1);
+            chosen = c[m - 1].id;
+        }
     }
 
     if (lp) {

@@ -31,6 +31,8 @@ struct token_logprob {
     float top_logprobs[SAMPLE_MAX_TOP_LOGPROBS];
 };
 
+struct vi;
+
 struct sampler {
     struct sampling_params p;
     uint64_t rng;
@@ -38,6 +40,7 @@ struct sampler {
     int *counts;              /* (n_vocab) times each token was generated */
     float *probs;             /* (n_vocab) scratch */
     int *idx;                 /* (n_vocab) scratch */
+    struct vi *cand;          /* (n_vocab) candidates (value, id, probability), sample.c's */
 };
 
 void sampling_params_default(struct sampling_params *p);

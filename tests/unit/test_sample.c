@@ -302,3 +302,40 @@ Test(sample, top_logprobs_match_a_full_sort)
         cr_assert_eq(lp.top_ids[j], c[j].id, "rank %d: %d, full sort %d", j, lp.top_ids[j], c[j].id);
     sampler_free(&s);
 }
+
+/* The draw finds its token in an unsorted bucket by partitioning on the cumulative mass
+ * (sample.c, select_draw) where a bucket's probabilities are exact in a double; it must still
+ * draw what the sorted walk draws. Many draws over shapes that put them deep inside big
+ * buckets: flat logits (one bucket), values on a coarse grid (ties across the whole bucket),
+ * a wide spread at a low temperature (tiny probabilities: the sorted fallback past them) and
+ * at a high one. */
+Test(sample, partitioned_draw_is_the_sorted_draw, .timeout = 60)
+{
+    enum { V = 20000, DRAWS = 150 };
+    float *l = malloc(sizeof(float) * V), *work = malloc(sizeof(float) * V), *pr = malloc(sizeof(float) * V);
+    struct ref_vi *c = malloc(sizeof(*c) * V);
+    struct { double spread, grid; float temp; } shape[] = {
+        {0.5, 0, 1.0f}, {3.0, 0.25, 1.0f}, {40.0, 0, 0.3f}, {40.0, 0, 4.0f}, {3.0, 0, 1.0f},
+    };
+    uint64_t g = 777;
+    for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++) {
+        for (int i = 0; i < V; i++) {
+            double v = ref_uniform(&g) * shape[k].spread;
+            l[i] = (float)(shape[k].grid > 0 ? (int)(v / shape[k].grid) * shape[k].grid : v);
+        }
+        struct sampling_params p;
+        sampling_params_default(&p);
+        p.temperature = shape[k].temp, p.seed = 4000 + k;
+        struct sampler s;
+        cr_assert_eq(sampler_init(&s, &p, V), 0);
+        uint64_t rng = p.seed;
+        for (int d = 0; d < DRAWS; d++) {
+            memcpy(work, l, sizeof(float) * V);
+            int got = sampler_sample(&s, work, NULL);
+            int want = ref_sample(&p, l, V, &rng, c, pr);
+            cr_assert_eq(got, want, "shape %zu draw %d: %d, full sort %d", k, d, got, want);
+        }
+        sampler_free(&s);
+    }
+    free(l); free(work); free(pr); free(c);
+}
