@@ -1,10 +1,12 @@
 /* bench-sampler.c - the host sampler's time per token at temperature 1 (top_k, top_p, min_p
- * off) over a Qwen3-sized vocabulary of logits spread uniformly over SPREAD units: a small
- * spread is a flat distribution (a random-weight model), a large one a peaked one.
+ * off) over a Qwen3-sized vocabulary of logits: an argument S spreads them uniformly over S
+ * units (small: a flat distribution; large: a peaked one), gS draws them from a Gaussian of
+ * standard deviation S (what a random-weight model's output head gives).
  * Built and run by scripts/bench-sampler.sh. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/sample.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,10 +26,14 @@ int main(int argc, char **argv)
     if (!l || !w)
         return 1;
     for (int a = 1; a < argc; a++) {
-        double spread = atof(argv[a]);
+        bool gauss = argv[a][0] == 'g';
+        double spread = atof(argv[a] + gauss);
         srand(1);
-        for (int i = 0; i < V; i++)
-            l[i] = (float)(spread * rand() / (double)RAND_MAX);
+        for (int i = 0; i < V; i++) {
+            double u = (rand() + 1.0) / (RAND_MAX + 2.0), v = (rand() + 1.0) / (RAND_MAX + 2.0);
+            l[i] = (float)(gauss ? spread * sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v)
+                                 : spread * rand() / (double)RAND_MAX);
+        }
         struct sampling_params p;
         sampling_params_default(&p);
         p.seed = 7;
@@ -40,7 +46,8 @@ int main(int argc, char **argv)
             memcpy(w, l, sizeof(float) * V);
             check += sampler_sample(&s, w, NULL);
         }
-        printf("spread %5.1f: %.3f ms a token (sum of ids %ld)\n", spread, (now_s() - t0) / N * 1e3, check);
+        printf("%-8s %5.1f: %.3f ms a token (sum of ids %ld)\n", gauss ? "gaussian" : "uniform", spread,
+               (now_s() - t0) / N * 1e3, check);
         sampler_free(&s);
     }
     free(l);

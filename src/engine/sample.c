@@ -63,7 +63,8 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
     s->probs = malloc(sizeof(float) * n_vocab);
     s->idx = malloc(sizeof(int) * n_vocab);
     s->cand = malloc(sizeof(struct vi) * n_vocab);
-    if (!s->counts || !s->probs || !s->idx || !s->cand) {
+    s->expo = malloc(sizeof(float) * n_vocab);
+    if (!s->counts || !s->probs || !s->idx || !s->cand || !s->expo) {
         sampler_free(s);
         return TIDE_ENOMEM;
     }
@@ -77,7 +78,9 @@ void sampler_free(struct sampler *s)
     free(s->probs);
     free(s->idx);
     free(s->cand);
+    free(s->expo);
     s->cand = NULL;
+    s->expo = NULL;
     s->counts = NULL;
     s->probs = NULL;
     s->idx = NULL;
@@ -281,11 +284,28 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         int count[N_BUCKETS] = {0};
         uint8_t *bk = (uint8_t *)s->idx;  /* (n) bucket of each id; idx is n ints of scratch */
         float inv_t = 1.0f / p->temperature;
+        int m = n;
+        if (p->top_k > 0 && p->top_k < m)
+            m = p->top_k;
+        o.m = m;
+        /* Without top_k the softmax runs over every candidate and needs only the max, o.top
+         * (unless the logits hold NaN): its exponentials are taken in the same pass as the
+         * buckets, in id order, and normalised as the candidates are laid out, three passes
+         * over the vocabulary instead of six. With top_k it needs the m best in order first. */
+        bool fused = m == n && !isnan(o.top);
+        bool unit_t = p->temperature == 1.0f; /* x / 1.0 is x: the division skipped, same bits */
+        float *ex = s->expo;                  /* (n) exponentials by id, when fused */
+        double sum = 0.0, mass_all = 0.0;
         for (int i = 0; i < n; i++) {
             float d = (o.top - logits[i]) * inv_t;
             int b = d < (float)(N_BUCKETS - 1) ? (int)d : N_BUCKETS - 1;  /* NaN: the last */
             bk[i] = (uint8_t)b;
             count[b]++;
+            if (fused) {
+                double x = (double)logits[i] - o.top;
+                ex[i] = (float)exp(unit_t ? x : x / p->temperature);
+                sum += ex[i];
+            }
         }
         int at[N_BUCKETS];
         for (int b = 0, e = 0; b < N_BUCKETS; b++) {
@@ -293,29 +313,29 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             e += count[b];
             o.end[b] = e;
         }
-        for (int i = 0; i < n; i++) {
-            c[at[bk[i]]].v = logits[i];
-            c[at[bk[i]]++].id = i;
+        float *pr = s->probs; /* (m) probabilities of c[0..m): the sorted prefix's, in order */
+        if (fused) {
+            for (int i = 0; i < n; i++) {
+                struct vi *ci = &c[at[bk[i]]++];
+                ci->v = logits[i];
+                ci->id = i;
+                ci->p = (float)(ex[i] / sum);
+                mass_all += ci->p;
+            }
+        } else {
+            for (int i = 0; i < n; i++) {
+                c[at[bk[i]]].v = logits[i];
+                c[at[bk[i]]++].id = i;
+            }
+            order_upto(&o, m < n ? m - 1 : 0); /* top_k's m best (or the max) in order */
+            /* 4. softmax with temperature over the m candidates (c[0] is the max). */
+            for (int i = 0; i < m; i++) {
+                pr[i] = (float)exp(((double)c[i].v - c[0].v) / p->temperature);
+                sum += pr[i];
+            }
+            for (int i = 0; i < m; i++)
+                c[i].p = pr[i] = (float)(pr[i] / sum);
         }
-        int m = n;
-        if (p->top_k > 0 && p->top_k < m)
-            m = p->top_k;
-        o.m = m;
-        /* top_k needs its m best in order; without it only the max matters, which is o.top
-         * (what c[0].v is once bucket 0 is sorted) unless the logits hold NaN */
-        if (m < n || isnan(o.top))
-            order_upto(&o, m < n ? m - 1 : 0);
-        float best = m < n || isnan(o.top) ? c[0].v : o.top;
-
-        /* 4. softmax with temperature over the m candidates (best is the max). */
-        double sum = 0.0;
-        float *pr = s->probs; /* (m) probabilities of c[0..m), in c's order */
-        for (int i = 0; i < m; i++) {
-            pr[i] = (float)exp(((double)c[i].v - best) / p->temperature);
-            sum += pr[i];
-        }
-        for (int i = 0; i < m; i++)
-            c[i].p = pr[i] = (float)(pr[i] / sum);
         o.sum = sum;
 
         /* 5. top_p: the smallest prefix whose mass reaches top_p (at least one). */
@@ -350,8 +370,11 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         /* 7. draw from the renormalised survivors. The mass is order-free but for
          * rounding; the walk runs in sorted order. */
         double mass = 0.0;
-        for (int i = 0; i < m; i++)
-            mass += pr[i];
+        if (fused && m == n)
+            mass = mass_all;
+        else
+            for (int i = 0; i < m; i++) /* [0, m) is sorted: top_k, top_p or min_p cut it */
+                mass += pr[i];
         double r = rng_uniform(&s->rng) * mass;
         double acc = 0.0;
         chosen = -1;

@@ -41,6 +41,7 @@ struct sampler {
     float *probs;             /* (n_vocab) scratch */
     int *idx;                 /* (n_vocab) scratch */
     struct vi *cand;          /* (n_vocab) candidates (value, id, probability), sample.c's */
+    float *expo;              /* (n_vocab) scratch: the softmax's exponentials by id */
 };
 
 void sampling_params_default(struct sampling_params *p);
