@@ -1,6 +1,7 @@
 /* test_sample.c - the sampler: greedy, top_k/top_p/min_p, seeding, penalties, logprobs. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -234,6 +235,26 @@ static int ref_sample(const struct sampling_params *p, const float *l, int n, ui
     return c[m - 1].id;
 }
 
+/* draws tokens drawn by the sampler with p over logits l (n), each against ref_sample with the
+ * same generator stream; returns how many landed two or more temperatures below the best. */
+static int draws_match(const struct sampling_params *p, const float *l, int n, int draws, float *work,
+                       struct ref_vi *c, float *pr, const char *what)
+{
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, p, n), 0);
+    uint64_t rng = p->seed;
+    int tail = 0;
+    for (int d = 0; d < draws; d++) {
+        memcpy(work, l, sizeof(float) * n);
+        int got = sampler_sample(&s, work, NULL);
+        int want = ref_sample(p, l, n, &rng, c, pr);
+        cr_assert_eq(got, want, "%s draw %d: %d, full sort %d", what, d, got, want);
+        tail += l[got] <= l[c[0].id] - 2.0f * p->temperature; /* past bucket 0 */
+    }
+    sampler_free(&s);
+    return tail;
+}
+
 Test(sample, head_sort_draws_what_a_full_sort_draws, .timeout = 60)
 {
     enum { V = 151936, DRAWS = 16 };
@@ -259,18 +280,9 @@ Test(sample, head_sort_draws_what_a_full_sort_draws, .timeout = 60)
             sampling_params_default(&p);
             p.temperature = set[k].temp, p.top_p = set[k].top_p, p.min_p = set[k].min_p;
             p.top_k = set[k].top_k, p.seed = 1000 + k;
-            struct sampler s;
-            cr_assert_eq(sampler_init(&s, &p, V), 0);
-            uint64_t rng = p.seed;
-            for (int d = 0; d < DRAWS; d++) {
-                memcpy(work, l, sizeof(float) * V);
-                int got = sampler_sample(&s, work, NULL);
-                int want = ref_sample(&p, l, V, &rng, c, pr);
-                cr_assert_eq(got, want, "shape %d setting %zu draw %d: %d, full sort %d", shape, k, d,
-                             got, want);
-                tail_draws += l[got] <= l[c[0].id] - 2.0f * p.temperature;  /* past bucket 0 */
-            }
-            sampler_free(&s);
+            char what[64];
+            snprintf(what, sizeof what, "shape %d setting %zu", shape, k);
+            tail_draws += draws_match(&p, l, V, DRAWS, work, c, pr, what);
         }
     }
     /* the draws are deterministic; count those two or more temperatures below the best */
@@ -326,16 +338,9 @@ Test(sample, partitioned_draw_is_the_sorted_draw, .timeout = 60)
         struct sampling_params p;
         sampling_params_default(&p);
         p.temperature = shape[k].temp, p.seed = 4000 + k;
-        struct sampler s;
-        cr_assert_eq(sampler_init(&s, &p, V), 0);
-        uint64_t rng = p.seed;
-        for (int d = 0; d < DRAWS; d++) {
-            memcpy(work, l, sizeof(float) * V);
-            int got = sampler_sample(&s, work, NULL);
-            int want = ref_sample(&p, l, V, &rng, c, pr);
-            cr_assert_eq(got, want, "shape %zu draw %d: %d, full sort %d", k, d, got, want);
-        }
-        sampler_free(&s);
+        char what[64];
+        snprintf(what, sizeof what, "shape %zu", k);
+        draws_match(&p, l, V, DRAWS, work, c, pr, what);
     }
     free(l); free(work); free(pr); free(c);
 }

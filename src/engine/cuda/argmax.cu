@@ -18,6 +18,19 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi)
     return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
 }
 
+/* lane 0 ends with the warp's best (bv, bi) */
+__device__ __forceinline__ void warp_argmax(float &bv, int &bi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        int oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__restrict__ x, int n, int32_t *out)
 {
     __shared__ float sv[32];
@@ -31,14 +44,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__r
             bi = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_down_sync(0xffffffffu, bv, o);
-        int oi = __shfl_down_sync(0xffffffffu, bi, o);
-        if (argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(bv, bi);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
@@ -49,14 +55,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__r
         int nw = (blockDim.x + 31) >> 5;
         bv = lane < nw ? sv[lane] : 0.0f;
         bi = lane < nw ? si[lane] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_down_sync(0xffffffffu, bv, o);
-            int oi = __shfl_down_sync(0xffffffffu, bi, o);
-            if (argmax_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         if (lane == 0)
             out[0] = bi < 0 || isnan(x[0]) ? 0 : bi;
     }
