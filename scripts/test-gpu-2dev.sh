@@ -10,6 +10,8 @@
 # two logical devices share the GPU) with each device's slots down; null restores exactly the
 # start-up slot counts; a lazy-vision cycle with vision.device = 1 (device 1 capped so that the
 # encoder must hand back part of its cache) unloads and regrows device 1.
+# SECOND_INDEX=1 puts the second device on GPU 1 (issue 9, on nvidia-h200-x2): the hand-back check
+# then wants each GPU's own used memory down by at least its own reserve.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tide-gpu-2dev}
@@ -21,7 +23,8 @@ fails=0
 S=$OUT/summary-2dev.txt
 pass() { echo "PASS $*" | tee -a "$S"; }
 fail() { echo "FAIL $*" | tee -a "$S"; fails=$((fails + 1)); }
-used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1; }
+I1=${SECOND_INDEX:-0} # the second device's CUDA index
+used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "${1:-0}" | head -1; }
 port=18556
 start() { # config json
     echo "$1" >"$OUT/cfg-2dev.json"
@@ -41,7 +44,7 @@ start "{$base,\"devices\":[{\"backend\":\"cpu\"}]}" || exit 1
 cpu=$(complete); stop
 start "{$base,\"devices\":[{\"backend\":\"cuda\",\"index\":0}]}" || exit 1
 one=$(complete); stop
-dev2='"devices":[{"backend":"cuda","index":0,"vram_mib":700},{"backend":"cuda","index":0,"vram_mib":299}],"layer_split":[3,5]'
+dev2='"devices":[{"backend":"cuda","index":0,"vram_mib":700},{"backend":"cuda","index":'$I1',"vram_mib":299}],"layer_split":[3,5]'
 start "{$base,$dev2,\"mmproj\":\"/tmp/mmproj-1024.gguf\",\"vision\":{\"lazy\":true,\"idle_s\":2,\"device\":1}}" || exit 1
 grep -E "device [01]" "$OUT/daemon-2dev.log" | tail -2 | tee -a "$S"
 two=$(complete)
@@ -49,14 +52,21 @@ two=$(complete)
     fail "greedy differs: cpu [$cpu] one [$one] two [$two]"
 curl -s localhost:$port/v1/vram >"$OUT/2v0.json"
 read -r c0 c1 f0 f1 s0 s1 < <(j '" ".join(str(d["devices"][i][k]) for k in ("expert_cache_mib","free_mib","expert_slots") for i in (0,1))' <"$OUT/2v0.json")
-w0=$((c0 / 2)); w1=$((c1 / 2)); u0=$(used_mib)
+w0=$((c0 / 2)); w1=$((c1 / 2)); u0=$(used_mib 0); m0=$(used_mib "$I1")
 curl -s -X POST -H 'Content-Type: application/json' -d "{\"reserve_mib\":[$((f0 + w0)),$((f1 + w1))]}" localhost:$port/v1/vram >"$OUT/2v1.json"
-sleep 0.5; u1=$(used_mib)
+sleep 0.5; u1=$(used_mib 0); m1=$(used_mib "$I1")
 read -r t0 t1 < <(j '" ".join(str(d["devices"][i]["expert_slots"]) for i in (0,1))' <"$OUT/2v1.json")
 echo "hand-back [$w0, $w1] MiB of caches [$c0, $c1]: nvidia-smi used $u0 -> $u1 MiB, slots [$s0, $s1] -> [$t0, $t1]" | tee -a "$S"
-[ $((u0 - u1)) -ge $((w0 + w1 - 4)) ] && [ "$t0" -lt "$s0" ] && [ "$t1" -lt "$s1" ] &&
-    pass "reserve [r0, r1] returned >= $((w0 + w1)) MiB to the GPU ($((u0 - u1)) MiB), both caches shrank" ||
-    fail "used dropped $((u0 - u1)) MiB for [$w0, $w1], slots [$t0, $t1]"
+if [ "$I1" = 0 ]; then # one GPU: both hand-backs show in its one total
+    [ $((u0 - u1)) -ge $((w0 + w1 - 4)) ] && [ "$t0" -lt "$s0" ] && [ "$t1" -lt "$s1" ] &&
+        pass "reserve [r0, r1] returned >= $((w0 + w1)) MiB to the GPU ($((u0 - u1)) MiB), both caches shrank" ||
+        fail "used dropped $((u0 - u1)) MiB for [$w0, $w1], slots [$t0, $t1]"
+else
+    echo "GPU $I1: nvidia-smi used $m0 -> $m1 MiB" | tee -a "$S"
+    [ $((u0 - u1)) -ge $((w0 - 4)) ] && [ $((m0 - m1)) -ge $((w1 - 4)) ] && [ "$t0" -lt "$s0" ] && [ "$t1" -lt "$s1" ] &&
+        pass "each GPU got its own reserve back: GPU 0 $((u0 - u1)) >= $w0 MiB, GPU $I1 $((m0 - m1)) >= $w1 MiB" ||
+        fail "GPU 0 dropped $((u0 - u1)) MiB for $w0, GPU $I1 $((m0 - m1)) MiB for $w1, slots [$t0, $t1]"
+fi
 [ "$(complete)" = "$cpu" ] && pass "greedy identical with half of each cache" || fail "greedy changed with half of each cache"
 curl -s -X POST -H 'Content-Type: application/json' -d '{"reserve_mib":null}' localhost:$port/v1/vram >"$OUT/2v2.json"
 read -r r0 r1 < <(j '" ".join(str(d["devices"][i]["expert_slots"]) for i in (0,1))' <"$OUT/2v2.json")
