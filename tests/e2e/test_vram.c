@@ -591,7 +591,11 @@ static double busy(void)
 Test(vision, text_queued_behind_an_image_is_answered_after_it, .timeout = 60)
 {
     if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
-    start(vision_cfg(64, true, 60));
+    /* The order is checked where the client sees the replies end. Every token takes >= 10 ms,
+     * so the text request (16 tokens, started only once the image's has ended) ends >= 150 ms
+     * after it: a margin over the client threads' scheduling on a loaded machine, which at
+     * the tiny model's ~1 ms a token once let the two returns swap. */
+    start_env(vision_cfg(64, true, 60), "TIDE_FAULT_SLOW_TOKEN_MS=10");
     char *img = image_body_of(32, 32, 99);
     struct req_arg ai = {img, 0, 0}, at = {TEXT, 0, 0};
     pthread_t ti, tt;
