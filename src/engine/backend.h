@@ -1,7 +1,7 @@
 /* backend.h - the operations the forward pass needs, as a table of function pointers.
  *
  * The CPU backend (backend_cpu.c) and the CUDA backend fill the same slots; the forward
- * (forward.c) calls only these, so switching a layer's device is switching a table.
+ * (forward_eval.c) calls only these, so switching a layer's device is switching a table.
  * Vectors are f32 in the backend's memory; matrices are struct tensor views of any
  * supported type (f32, f16, bf16, q8_0) dequantised on the fly. */
 #ifndef TIDE_BACKEND_H

@@ -1,0 +1,458 @@
+/* forward_eval.c - the transformer forward pass over the backend vtable, stage by stage.
+ *
+ * Prompts are processed in chunks of up to max_batch tokens: every matmul of a layer runs
+ * once for the whole chunk, so each weight row is read once per chunk rather than once
+ * per token. Rope and causal attention take the whole chunk in one op each. MoE tokens are
+ * grouped by expert so each chosen expert is fetched and multiplied once per chunk.
+ * Top-k routing runs on the device (backend_i.route); the host downloads the chosen ids to look
+ * the experts up in the cache, except in a decode step whose experts are all resident: that
+ * step runs its experts from the cache's device table and never waits for the device (and,
+ * where the backend records, replays one recording of the whole step). The stages' setup and
+ * buffers are forward.c. */
+#include "forward.h"
+#include "forward_internal.h"
+#include "sample.h"
+#include "memory/device.h"
+#include "memory/expert_cache.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Decode: one token's k experts in the backend's fused op, in ascending expert order (the
+ * order route() gives them and the per-expert loop below visits them, so the sum is the
+ * same). Every view must stay valid until the op is queued: with fewer live cache slots than
+ * k a lookup could evict an earlier one, so then (and for types the backend does not fuse)
+ * TIDE_EUNSUPPORTED sends the caller to the per-expert path. */
+static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint32_t l)
+{
+    const struct model_config *c = &s->m->cfg;
+    int k = (int)c->n_expert_used;
+    struct expert_cache *ec = st->cache;
+    if (k < 1 || k > MOE_FUSED_MAX_K || (ec && (ec->n_seg - ec->n_borrowed) * ec->slots_per_seg < k))
+        return TIDE_EUNSUPPORTED;
+    struct expert_weights ew[MOE_FUSED_MAX_K];
+    /* ask first with the host views (same types and shapes), so that an unfused type is
+     * looked up in the cache once, by the per-expert path, and the hit counts stay true */
+    for (int j = 0; j < k; j++)
+        model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
+    int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL, false);
+    if (rc < 0)
+        return rc;
+    for (int j = 0; j < k; j++) {
+        if (ec) {
+            rc = expert_cache_lookup(ec, l, (uint32_t)s->moe_sel[j], &ew[j]);
+            if (rc < 0)
+                return rc;
+        } else {
+            model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
+        }
+    }
+    /* the residual add fused in: x += the experts' sum */
+    rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, st->xb, st->x, st->hb, st->hb2, st->xb2, true);
+    if (rc == 0)
+        s->n_expert_calls += k;
+    return rc;
+}
+
+/* Prefill: the chunk's experts through the backend's grouped op (backend_i.moe_ffn_batch),
+ * after moe_ffn's counting sort; the residual add fused in. A call needs all of its groups'
+ * views valid at once, so the layer's used experts go in runs of at most as many as the
+ * cache has live slots: within a run, LRU never evicts a slot that the same run looked up
+ * (each lookup makes its slot the most recent; with at most `live` lookups some other slot
+ * is always older), and a later run's misses are uploaded after the earlier runs' kernels
+ * (upload is ordered after every op already queued). The grouped op's result does not
+ * depend on how the groups are split into runs, so it does not depend on the cache size.
+ * TIDE_EUNSUPPORTED (types the backend does not group, probed with host views before any
+ * lookup, so the per-expert path's hit counts stay true): nothing done. */
+static int moe_ffn_grouped(struct forward_state *s, struct forward_stage *st, uint32_t l, int n)
+{
+    const struct model_config *c = &s->m->cfg;
+    struct expert_cache *ec = st->cache;
+    int ne = (int)c->n_expert, k = (int)c->n_expert_used;
+    int *goff = malloc(sizeof(int) * (size_t)(ne + 1)), *gexp = malloc(sizeof(int) * (size_t)ne);
+    struct expert_weights *ew = malloc(sizeof *ew * (size_t)ne);
+    int rc = goff && gexp && ew ? 0 : TIDE_ENOMEM;
+    int ng = 0;
+    for (int e = 0; e < ne && !rc; e++) /* the experts with tokens, ascending: one group each */
+        if (s->moe_off[e + 1] > s->moe_off[e]) {
+            goff[ng] = s->moe_off[e];
+            gexp[ng++] = e;
+        }
+    if (!rc && !ng)
+        rc = TIDE_EINTERNAL; /* n >= 1 tokens route somewhere */
+    if (!rc) {
+        goff[ng] = n * k;
+        struct moe_batch mb = {.n = n, .k = k, .n_group = ng, .off = goff, .tok = s->moe_tok, .w = s->moe_tokw,
+                               .ex = ew, .g0 = 0, .g1 = ng};
+        model_expert_host(s->m, l, (uint32_t)gexp[0], &ew[0]);
+        rc = st->be.i->moe_ffn_batch(st->be.ctx, &mb, NULL, NULL, false);
+        int live = ec ? (ec->n_seg - ec->n_borrowed) * ec->slots_per_seg : ng;
+        if (live < 1)
+            live = 1; /* no live slot: the staging slot carries one expert at a time */
+        for (int g0 = 0; g0 < ng && !rc; g0 = mb.g1) {
+            mb.g0 = g0;
+            mb.g1 = ng - g0 < live ? ng : g0 + live;
+            for (int g = g0; g < mb.g1 && !rc; g++) {
+                if (ec)
+                    rc = expert_cache_lookup(ec, l, (uint32_t)gexp[g], &ew[g]);
+                else
+                    model_expert_host(s->m, l, (uint32_t)gexp[g], &ew[g]);
+                s->n_expert_calls++;
+            }
+            if (!rc)
+                rc = st->be.i->moe_ffn_batch(st->be.ctx, &mb, st->xb, st->x, true);
+            if (rc == TIDE_EUNSUPPORTED && g0 > 0)
+                rc = TIDE_EINTERNAL; /* the probe said yes: only a broken view gets here */
+        }
+    }
+    free(goff);
+    free(gexp);
+    free(ew);
+    return rc;
+}
+
+/* A decode step's route() row for layer l. */
+static int32_t *layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l)
+{
+    size_t row = 2 * (size_t)s->m->cfg.n_expert_used;
+    return st->route + ((size_t)s->max_batch + (l - st->l0)) * row;
+}
+
+/* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E), returning 0; or, returning
+ * 1, already added into x (the fused decode forms: one launch fewer than an axpy after). */
+static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits)
+{
+    const struct model_config *c = &s->m->cfg;
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    int E = (int)c->n_embd, F = (int)c->n_ff_exp, k = (int)c->n_expert_used;
+    const struct model_layer *L = &st->layers[l - st->l0];
+
+    if (!have_logits)
+        B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
+    int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
+    if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
+        struct expert_weights shape;
+        model_expert_host(s->m, l, 0, &shape);
+        const void *const *tab = expert_cache_table(st->cache, l);
+        int rc = TIDE_EUNSUPPORTED;
+        if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
+            rc = B->moe_ffn_table_route(bc, &shape, tab, st->router, (int)c->n_expert, c->expert_weights_norm,
+                                        routed, k, st->xb, st->x, true);
+        if (rc == TIDE_EUNSUPPORTED) {
+            B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
+            rc = B->moe_ffn_table(bc, &shape, tab, routed, k, st->xb, st->x, true);
+        }
+        if (rc == 0)
+            s->n_expert_calls += k;
+        return rc < 0 ? rc : 1;
+    }
+    B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
+    B->download(bc, s->host_route, routed, sizeof(int32_t) * 2 * (size_t)n * k);
+    memcpy(s->moe_sel, s->host_route, sizeof(int32_t) * (size_t)n * k);
+    memcpy(s->moe_w, s->host_route + (size_t)n * k, sizeof(float) * (size_t)n * k);
+    if (n == 1 && B->moe_ffn) {
+        int rc = moe_ffn_fused(s, st, l);
+        if (rc != TIDE_EUNSUPPORTED)
+            return rc < 0 ? rc : 1;
+    }
+    /* The tokens routed to each expert in ascending order, by one counting sort over the
+     * (token, choice) pairs: expert e's are moe_tok[off[e]..off[e+1]), weights in moe_tokw. */
+    int *off = s->moe_off; /* (n_expert + 1) */
+    memset(off, 0, sizeof(int) * (c->n_expert + 1));
+    for (int i = 0; i < n * k; i++)
+        off[s->moe_sel[i] + 1]++;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        off[e + 1] += off[e];
+    for (int i = 0; i < n * k; i++) { /* off[e] walks from e's start to e+1's */
+        int p = off[s->moe_sel[i]]++;
+        s->moe_tok[p] = i / k;
+        s->moe_tokw[p] = s->moe_w[i];
+    }
+    for (uint32_t e = c->n_expert; e > 0; e--)
+        off[e] = off[e - 1];
+    off[0] = 0;
+    if (B->moe_ffn_batch) { /* prefill's experts in a few launches, added into x */
+        int rc = moe_ffn_grouped(s, st, l, n);
+        if (rc != TIDE_EUNSUPPORTED)
+            return rc < 0 ? rc : 1;
+    }
+    B->zero(bc, st->moe_out, n * E);
+    for (uint32_t e = 0; e < c->n_expert; e++) {
+        int cnt = off[e + 1] - off[e];
+        int *tok = s->moe_tok + off[e];    /* tokens routed to expert e */
+        float *wt = s->moe_tokw + off[e];  /* their weights for e */
+        if (!cnt)
+            continue;
+        struct expert_weights ew;
+        int rc;
+        if (st->cache)
+            rc = expert_cache_lookup(st->cache, l, e, &ew);
+        else
+            model_expert_host(s->m, l, e, &ew), rc = 0;
+        if (rc < 0)
+            return rc;
+        s->n_expert_calls++;
+        B->gather_rows(bc, st->moe_in, st->xb, tok, cnt, E); /* (cnt, E) */
+        B->matmul(bc, &ew.gate, st->moe_in, st->hb, cnt);   /* (cnt, F) */
+        B->matmul(bc, &ew.up, st->moe_in, st->hb2, cnt);    /* (cnt, F) */
+        B->swiglu(bc, st->hb, st->hb2, cnt * F);
+        B->matmul(bc, &ew.down, st->hb, st->xb2, cnt);      /* (cnt, E) */
+        B->scatter_axpy(bc, st->moe_out, st->xb2, tok, wt, cnt, E); /* moe_out[tok[i]] += wt[i] xb2[i] */
+    }
+    return 0;
+}
+
+/* x (n, rows) += W in: the fused slot when the backend has one, else the product into tmp
+ * and an axpy (the same bits either way). */
+static void matmul_residual(const struct backend_i *B, void *bc, const struct tensor *w, const float *in, float *x,
+                            float *tmp, int n)
+{
+    if (B->matmul_add) {
+        B->matmul_add(bc, w, in, x, n);
+        return;
+    }
+    B->matmul(bc, w, in, tmp, n);
+    B->axpy(bc, x, tmp, 1.0f, n * (int)w->ne[1]);
+}
+
+/* n tokens at positions pos..; or, with at (backend memory, see struct forward_stage), one
+ * token at position *at, read when the ops run (pos unused): the recordable decode step. */
+static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos, const int32_t *at)
+{
+    const struct model_config *c = &s->m->cfg;
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    int E = (int)c->n_embd, hd = (int)c->head_dim;
+    int kvd = (int)c->n_head_kv * hd;
+    for (uint32_t l = st->l0; l < st->l1; l++) {
+        const struct model_layer *L = &st->layers[l - st->l0];
+        /* this layer's cache rows; k/v matmuls write straight into them */
+        float *kc = st->k_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
+        float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
+        /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
+        float *kpos = at ? st->kv_new : kc + (size_t)pos * kvd, *vpos = at ? st->kv_new + kvd : vc + (size_t)pos * kvd;
+
+        if (B->matmul3) { /* one op: the norm and the three products of xb */
+            const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
+            float *const y3[3] = {st->q, kpos, vpos};
+            B->matmul3(bc, w3, st->x, y3, n, &L->attn_norm, c->rms_eps, st->xb);
+        } else {
+            B->rmsnorm(bc, st->x, &L->attn_norm, st->xb, E, n, c->rms_eps);
+            B->matmul(bc, &L->wq, st->xb, st->q, n);  /* (n, qd) */
+            B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
+            B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */
+        }
+        /* qwen3: rmsnorm each head before rope */
+        const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
+        if (at) {
+            B->qk_norm_rope_at(bc, st->q, st->kv_new, kc, vc, qn, kn, (int)c->n_head, (int)c->n_head_kv, hd, at,
+                               c->rope_theta, c->rope, c->rms_eps);
+            B->attention_at(bc, st->q, kc, vc, st->att_out, at, s->n_ctx, (int)c->n_head, (int)c->n_head_kv, hd);
+        } else if (B->qk_norm_rope) {
+            B->qk_norm_rope(bc, st->q, kpos, qn, kn, n, (int)c->n_head, (int)c->n_head_kv, hd, pos, c->rope_theta,
+                            c->rope, c->rms_eps);
+        } else {
+            if (qn)
+                B->rmsnorm(bc, st->q, qn, st->q, hd, n * (int)c->n_head, c->rms_eps);
+            if (kn)
+                B->rmsnorm(bc, kpos, kn, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
+            B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
+            B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
+        }
+        /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
+        if (!at)
+            B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
+        matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
+
+        /* a decode token's norm and router product in one op where the backend has it */
+        bool routed = n == 1 && c->n_expert && B->norm_matmul &&
+                      B->norm_matmul(bc, &L->ffn_gate_inp, st->x, st->router, &L->ffn_norm, c->rms_eps, st->xb) == 0;
+        if (!routed)
+            B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
+        if (c->n_expert) {
+            int rc = moe_ffn(s, st, l, n, routed);
+            if (rc < 0)
+                return rc;
+            if (rc == 0)
+                B->axpy(bc, st->x, st->moe_out, 1.0f, n * E);
+        } else {
+            int F = (int)c->n_ff;
+            B->matmul(bc, &L->ffn_gate, st->xb, st->hb, n); /* (n, F) */
+            B->matmul(bc, &L->ffn_up, st->xb, st->hb2, n);
+            B->swiglu(bc, st->hb, st->hb2, n * F);
+            matmul_residual(B, bc, &L->ffn_down, st->hb, st->x, st->xb2, n); /* x (n, E) += down hb */
+        }
+    }
+    return 0;
+}
+
+/* After a decode step that ran from the device table: the experts it chose become the
+ * cache's hits and most recent uses, as lookups would have made them (one small download,
+ * after the step's work). */
+static void count_table_step(struct forward_state *s, struct forward_stage *st)
+{
+    int k = (int)s->m->cfg.n_expert_used;
+    uint32_t nl = st->l1 - st->l0;
+    st->be.i->download(st->be.ctx, s->host_route, layer_route(s, st, st->l0), sizeof(int32_t) * 2 * (size_t)k * nl);
+    for (uint32_t i = 0; i < nl; i++)
+        for (int j = 0; j < k; j++)
+            expert_cache_touch(st->cache, st->l0 + i, (uint32_t)s->host_route[(size_t)i * 2 * k + j]);
+    st->from_table = false;
+}
+
+/* The ops of a stage's decode step from the table, as recorded: the token's embedding (when
+ * embed) and the layers, position and token read from step_at. */
+static int step_ops(struct forward_state *s, struct forward_stage *st, bool embed)
+{
+    if (embed)
+        st->be.i->get_row_at(st->be.ctx, &st->tok_embd, st->step_at + 1, st->x);
+    return stage_layers(s, st, 1, 0, st->step_at);
+}
+
+/* A decode step of stage st whose experts are all resident: the first runs op by op (sizing
+ * every workspace), the next is recorded, and later ones replay the recording: one launch
+ * instead of ~10 a layer. A recording that cannot be made turns recording off for the stage. */
+static int stage_step(struct forward_state *s, struct forward_stage *st, const int *token, int pos)
+{
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    uint64_t calls = (uint64_t)s->m->cfg.n_expert_used * (st->l1 - st->l0);
+    int32_t at[2] = {pos, token ? *token : 0};
+    B->upload(bc, st->step_at, at, sizeof at);
+    if (!st->graph && st->graph_warm) {
+        uint64_t n0 = s->n_expert_calls; /* recording runs nothing */
+        int rc = B->graph_begin(bc);
+        if (rc == 0) {
+            int rs = step_ops(s, st, token != NULL);
+            rc = B->graph_end(bc, &st->graph);
+            if (rc == 0 && rs < 0) {
+                B->graph_free(bc, st->graph);
+                st->graph = NULL;
+                rc = rs;
+            }
+        }
+        s->n_expert_calls = n0;
+        if (rc < 0) {
+            tide_log("forward: layers %u-%u: decode steps run op by op (recording failed: %s)", st->l0, st->l1 - 1,
+                     tide_strerror(rc));
+            st->graph_off = true;
+        }
+    }
+    if (st->graph) {
+        int rc = B->graph_launch(bc, st->graph);
+        if (rc == 0) {
+            s->n_expert_calls += calls;
+            return 0;
+        }
+        B->graph_free(bc, st->graph); /* stale: a workspace grew since; record again */
+        st->graph = NULL;
+        st->graph_warm = false;
+        if (rc != TIDE_ESTALE)
+            return rc;
+    }
+    int rc = step_ops(s, st, token != NULL);
+    st->graph_warm = rc == 0;
+    return rc;
+}
+
+/* n <= max_batch tokens (or embeddings) at positions pos.. */
+static int eval_chunk(struct forward_state *s, const int *tokens, const float *embd, int n, int pos,
+                      bool last)
+{
+    const struct model_config *c = &s->m->cfg;
+    int E = (int)c->n_embd;
+    struct forward_stage *st;
+    for (int i = 0; i < s->n_stage; i++) {
+        st = &s->stage[i];
+        st->from_table = false;
+        if (n == 1 && st->table_ok && expert_cache_complete(st->cache)) {
+            int rc = expert_cache_sync_table(st->cache);
+            if (rc < 0)
+                return rc;
+            st->from_table = true;
+        }
+    }
+    st = &s->stage[0];
+    /* stage 0's embedding inside its step: a recording either embeds a token or not, so input
+     * embeddings (an image's last token) take the op-by-op path */
+    bool step0 = st->from_table && !st->graph_off && tokens;
+    if (tokens) {
+        for (int t = 0; t < n; t++) {
+            if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
+                return TIDE_EINVAL;
+            if (!step0)
+                st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
+        }
+    } else {
+        st->be.i->upload(st->be.ctx, st->x, embd, sizeof(float) * (size_t)n * E);
+    }
+    for (int i = 0; i < s->n_stage; i++) {
+        st = &s->stage[i];
+        if (i > 0) { /* hand the activations to the next device */
+            struct forward_stage *pv = &s->stage[i - 1];
+            size_t b = sizeof(float) * (size_t)n * E;
+            pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
+            st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
+        }
+        bool step = i == 0 ? step0 : st->from_table && !st->graph_off;
+        int rc = step ? stage_step(s, st, i == 0 ? tokens : NULL, pos) : stage_layers(s, st, n, pos, NULL);
+        if (rc < 0)
+            return rc;
+    }
+    if (last) {
+        const float *xl = st->x + (size_t)(n - 1) * E;
+        st->be.i->rmsnorm(st->be.ctx, xl, &st->output_norm, st->xb, E, 1, c->rms_eps);
+        st->be.i->matmul(st->be.ctx, &st->output, st->xb, st->logits, 1);
+        if (s->greedy && st->be.i->argmax) {
+            int32_t *pick = (int32_t *)(st->logits + c->n_vocab), id = 0;
+            st->be.i->argmax(st->be.ctx, st->logits, (int)c->n_vocab, pick);
+            st->be.i->download(st->be.ctx, &id, pick, sizeof id);
+            s->greedy_id = id;
+        } else {
+            st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
+            s->greedy_id = s->greedy ? sampler_argmax(s->logits, (int)c->n_vocab) : -1;
+        }
+    }
+    for (int i = 0; i < s->n_stage; i++)
+        if (s->stage[i].from_table)
+            count_table_step(s, &s->stage[i]);
+    return 0;
+}
+
+static int eval(struct forward_state *s, const int *tokens, const float *embd, int n, int pos)
+{
+    if (n <= 0 || pos < 0 || pos + n > s->n_ctx)
+        return TIDE_ERANGE;
+    size_t E = s->m->cfg.n_embd;
+    int rc = 0;
+    for (int done = 0; done < n && rc == 0;) {
+        int chunk = n - done < s->max_batch ? n - done : s->max_batch;
+        chunk = forward_bind_buffers(s, chunk);
+        rc = eval_chunk(s, tokens ? tokens + done : NULL, embd ? embd + (size_t)done * E : NULL, chunk,
+                        pos + done, done + chunk == n);
+        forward_unbind_buffers(s);
+        done += chunk;
+    }
+    return rc;
+}
+
+int forward_eval(struct forward_state *s, const int *tokens, int n, int pos)
+{
+    return eval(s, tokens, NULL, n, pos);
+}
+
+int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos)
+{
+    return eval(s, NULL, embd, n, pos);
+}
+
+int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next)
+{
+    s->greedy = true;
+    int rc = eval(s, &token, NULL, 1, pos);
+    s->greedy = false;
+    *next = s->greedy_id;
+    return rc;
+}

@@ -1,0 +1,14 @@
+/* forward_internal.h - what forward.c (the stages and their buffers) gives forward_eval.c (the
+ * pass itself). Not for other modules: they use forward.h. */
+#ifndef TIDE_FORWARD_INTERNAL_H
+#define TIDE_FORWARD_INTERNAL_H
+#include "forward.h"
+
+#define MOE_FUSED_MAX_K 16 /* the most experts a token a fused MoE op takes */
+
+/* Point every stage at buffers for a chunk of up to n tokens; returns the chunk size they
+ * allow (n, fewer, or 1: see forward.c). forward_unbind_buffers returns to the decode set. */
+int forward_bind_buffers(struct forward_state *s, int n);
+void forward_unbind_buffers(struct forward_state *s);
+
+#endif
