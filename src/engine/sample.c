@@ -60,11 +60,10 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
     s->p = *p;
     s->n_vocab = n_vocab;
     s->counts = calloc(n_vocab, sizeof(int));
-    s->probs = malloc(sizeof(float) * n_vocab);
     s->idx = malloc(sizeof(int) * n_vocab);
     s->cand = malloc(sizeof(struct vi) * n_vocab);
     s->expo = malloc(sizeof(float) * n_vocab);
-    if (!s->counts || !s->probs || !s->idx || !s->cand || !s->expo) {
+    if (!s->counts || !s->idx || !s->cand || !s->expo) {
         sampler_free(s);
         return TIDE_ENOMEM;
     }
@@ -75,14 +74,12 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
 void sampler_free(struct sampler *s)
 {
     free(s->counts);
-    free(s->probs);
     free(s->idx);
     free(s->cand);
     free(s->expo);
     s->cand = NULL;
     s->expo = NULL;
     s->counts = NULL;
-    s->probs = NULL;
     s->idx = NULL;
 }
 
@@ -118,25 +115,18 @@ static int cmp_vi_desc(const void *a, const void *b)
 #define N_BUCKETS 17
 
 struct lazy_order {
-    struct vi *c;        /* (n) candidates, grouped by bucket */
-    float *pr;           /* (n) probabilities, valid in c order for the sorted prefix */
-    int sorted;          /* c[0..sorted) is in final order, its pr set */
+    struct vi *c;        /* (n) candidates, grouped by bucket; each carries its probability */
+    int sorted;          /* c[0..sorted) is in final order */
     int end[N_BUCKETS];  /* bucket b is c[end[b-1]..end[b]) */
-    int m;               /* candidates whose pr is wanted */
-    float top, temp;
-    double sum;
 };
 
-/* Make c[0..i] final: sort each bucket the index reaches and lay its probabilities out in
- * the sorted order (each candidate carries its own, so each is what a full sort gives). */
+/* Make c[0..i] final: sort each bucket the index reaches (a candidate's probability moves
+ * with it, so each is what a full sort gives). */
 static void order_upto(struct lazy_order *o, int i)
 {
     for (int b = 0; b < N_BUCKETS && i >= o->sorted; b++) {
         if (o->end[b] <= o->sorted) continue;
         qsort(o->c + o->sorted, (size_t)(o->end[b] - o->sorted), sizeof(*o->c), cmp_vi_desc);
-        if (o->sum > 0)
-            for (int j = o->sorted; j < o->end[b] && j < o->m; j++)
-                o->pr[j] = o->c[j].p;
         o->sorted = o->end[b];
     }
 }
@@ -279,30 +269,29 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
          * when the walk reaches it (struct lazy_order): the order walked, and so the token
          * a seed draws, is a full sort's; only the softmax sum adds in another order. */
         struct vi *c = s->cand;
-        struct lazy_order o = {.c = c, .pr = s->probs, .temp = p->temperature};
-        o.top = logits[sampler_argmax(logits, n)];
+        struct lazy_order o = {.c = c};
+        float top = logits[sampler_argmax(logits, n)];
         int count[N_BUCKETS] = {0};
         uint8_t *bk = (uint8_t *)s->idx;  /* (n) bucket of each id; idx is n ints of scratch */
         float inv_t = 1.0f / p->temperature;
         int m = n;
         if (p->top_k > 0 && p->top_k < m)
             m = p->top_k;
-        o.m = m;
-        /* Without top_k the softmax runs over every candidate and needs only the max, o.top
+        /* Without top_k the softmax runs over every candidate and needs only the max, top
          * (unless the logits hold NaN): its exponentials are taken in the same pass as the
          * buckets, in id order, and normalised as the candidates are laid out, three passes
          * over the vocabulary instead of six. With top_k it needs the m best in order first. */
-        bool fused = m == n && !isnan(o.top);
+        bool fused = m == n && !isnan(top);
         bool unit_t = p->temperature == 1.0f; /* x / 1.0 is x: the division skipped, same bits */
         float *ex = s->expo;                  /* (n) exponentials by id, when fused */
         double sum = 0.0, mass_all = 0.0;
         for (int i = 0; i < n; i++) {
-            float d = (o.top - logits[i]) * inv_t;
+            float d = (top - logits[i]) * inv_t;
             int b = d < (float)(N_BUCKETS - 1) ? (int)d : N_BUCKETS - 1;  /* NaN: the last */
             bk[i] = (uint8_t)b;
             count[b]++;
             if (fused) {
-                double x = (double)logits[i] - o.top;
+                double x = (double)logits[i] - top;
                 ex[i] = (float)exp(unit_t ? x : x / p->temperature);
                 sum += ex[i];
             }
@@ -313,7 +302,6 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             e += count[b];
             o.end[b] = e;
         }
-        float *pr = s->probs; /* (m) probabilities of c[0..m): the sorted prefix's, in order */
         if (fused) {
             for (int i = 0; i < n; i++) {
                 struct vi *ci = &c[at[bk[i]]++];
@@ -330,13 +318,12 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             order_upto(&o, m < n ? m - 1 : 0); /* top_k's m best (or the max) in order */
             /* 4. softmax with temperature over the m candidates (c[0] is the max). */
             for (int i = 0; i < m; i++) {
-                pr[i] = (float)exp(((double)c[i].v - c[0].v) / p->temperature);
-                sum += pr[i];
+                c[i].p = (float)exp(((double)c[i].v - c[0].v) / p->temperature);
+                sum += c[i].p;
             }
             for (int i = 0; i < m; i++)
-                c[i].p = pr[i] = (float)(pr[i] / sum);
+                c[i].p = (float)(c[i].p / sum);
         }
-        o.sum = sum;
 
         /* 5. top_p: the smallest prefix whose mass reaches top_p (at least one). */
         if (p->top_p > 0.0f && p->top_p < 1.0f) {
@@ -344,7 +331,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             int keep = m;
             for (int i = 0; i < m; i++) {
                 order_upto(&o, i);
-                cum += pr[i];
+                cum += c[i].p;
                 if (cum >= p->top_p) {
                     keep = i + 1;
                     break;
@@ -356,11 +343,11 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         /* 6. min_p: drop candidates below min_p * the best probability. */
         if (p->min_p > 0.0f) {
             order_upto(&o, 0);
-            float thr = p->min_p * pr[0];
+            float thr = p->min_p * c[0].p;
             int keep = 1;
             while (keep < m) {
                 order_upto(&o, keep);
-                if (pr[keep] < thr)
+                if (c[keep].p < thr)
                     break;
                 keep++;
             }
@@ -374,13 +361,13 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             mass = mass_all;
         else
             for (int i = 0; i < m; i++) /* [0, m) is sorted: top_k, top_p or min_p cut it */
-                mass += pr[i];
+                mass += c[i].p;
         double r = rng_uniform(&s->rng) * mass;
         double acc = 0.0;
         chosen = -1;
         int i = 0;
         for (; i < o.sorted && i < m && chosen < 0; i++) { /* the sorted prefix */
-            acc += pr[i];
+            acc += c[i].p;
             if (r < acc)
                 chosen = c[i].id;
         }
@@ -399,7 +386,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
             }
             order_upto(&o, e - 1);
             for (; i < e && chosen < 0; i++) {
-                acc += pr[i];
+                acc += c[i].p;
                 if (r < acc)
                     chosen = c[i].id;
             }

@@ -38,7 +38,6 @@ struct sampler {
     uint64_t rng;
     uint32_t n_vocab;
     int *counts;              /* (n_vocab) times each token was generated */
-    float *probs;             /* (n_vocab) scratch */
     int *idx;                 /* (n_vocab) scratch */
     struct vi *cand;          /* (n_vocab) candidates (value, id, probability), sample.c's */
     float *expo;              /* (n_vocab) scratch: the softmax's exponentials by id */
