@@ -169,9 +169,6 @@ __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int
  * mmvq_fused3_kernel) must reduce as rmsnorm_kernel does. */
 static inline int norm_block(int dim) { return dim <= 32 ? 32 : dim <= 128 ? 128 : 256; }
 
-/* 1 / sqrt(mean(v^2) + eps) as rmsnorm_kernel computes it: f32 sum of squares per thread
- * (stride blockDim), reduced across the CTA through red (32 shared floats). Every thread of
- * the CTA calls it; a second call needs a __syncthreads() first (red is reused). */
 /* The CTA's total of each thread's ss, in one fixed order (warp sums, then warp 0 over those):
  * every kernel that norms reduces through here, so their scales agree to the bit. Every
  * thread calls it; red is 32 shared floats, free again after the call returns. */
@@ -194,6 +191,22 @@ __device__ __forceinline__ float block_sum(float ss, float *red)
     return total;
 }
 
+/* rms_scale over values the threads already hold: v[k] is element k * stride + threadIdx.x
+ * (stride = blockDim.x), none past cols; the same f32 per-thread sum and block_sum. */
+template <int N>
+__device__ __forceinline__ float rms_scale_held(const float (&v)[N], int cols, int stride, float eps, float *red)
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (k * stride + (int)threadIdx.x < cols)
+            ss = fmaf(v[k], v[k], ss);
+    return 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+}
+
+/* 1 / sqrt(mean(v^2) + eps) as rmsnorm_kernel computes it: f32 sum of squares per thread
+ * (stride blockDim), reduced across the CTA through red (32 shared floats). Every thread of
+ * the CTA calls it; a second call needs a __syncthreads() first (red is reused). */
 __device__ __forceinline__ float rms_scale(const float *v, int dim, float eps, float *red)
 {
     float ss = 0.0f;

@@ -100,12 +100,7 @@ __device__ __forceinline__ void quantize_x1_smem(const float *__restrict__ x, in
     }
     if (NORM) {
         __shared__ float red[32];
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < X1_PER_THREAD; k++)
-            if (k * B + tid < cols)
-                ss = fmaf(v[k], v[k], ss);
-        float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+        float sc = rms_scale_held(v, cols, B, eps, red);
 #pragma unroll
         for (int k = 0; k < X1_PER_THREAD; k++) {
             int e = k * B + tid;

@@ -30,12 +30,7 @@ norm_matmul_kernel(const float *__restrict__ W, size_t row_floats, int rows, int
         for (int r = 0; r < NM_ROWS; r++)
             w[r][k] = e < cols && r0 + r < rows ? __ldg(W + (size_t)(r0 + r) * row_floats + e) : 0.0f;
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NM_PER_THREAD; k++)
-        if (k * NM_THREADS + tid < cols)
-            ss = fmaf(v[k], v[k], ss);
-    float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+    float sc = rms_scale_held(v, cols, NM_THREADS, eps, red);
     float acc[NM_ROWS] = {0.0f};
 #pragma unroll
     for (int k = 0; k < NM_PER_THREAD; k++) {
