@@ -4,8 +4,8 @@
  * Both paths quantise x the same way and form the same integer block dots, so they may
  * differ only in the order of the f32 sum over blocks: the check is ||mma - dp4a|| /
  * ||dp4a|| < 1e-5 (and the usual 1e-2 against the CPU backend), over every tile width, row
- * and token tails, K shorter than one stage or ending in a partial one, split-K with a
- * short last slice. */
+ * and token tails, K of one stage, split-K with a short last slice; shapes the tensor-core
+ * kernel does not take (K not a multiple of 128) must come out the same through dp4a. */
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 #include "gpu_test.h"
@@ -34,6 +34,8 @@ void test_mmq(void)
         {768, 2048, 64, 0},  {768, 2048, 40, 16}, {768, 2048, 40, 32}, {768, 2048, 40, 64},
         {64, 70, 40, 0},     {64, 70, 9, 64},     {64, 65, 3, 16},     {4096, 130, 17, 32},
         {1024, 1, 20, 0},    {192, 129, 100, 64}, {2112, 130, 24, 0}, {2112, 130, 24, 16},
+        {640, 200, 24, 0},   {896, 300, 70, 0}, /* 5 and 7 stages: split-K with a short last slice */
+        {128, 40, 33, 32},   /* K of one stage */
         {96, 70, 40, 0}, /* an odd block count: rows not 4-byte multiples, the dp4a path */
     };
     uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};

@@ -180,22 +180,24 @@ void test_moe_prefill(void)
     static const struct mp_case cases[] = {
         {GGML_TYPE_Q8_0, 256, 128, 16, 4, 40},   {GGML_TYPE_Q4_0, 256, 128, 16, 4, 40},
         {GGML_TYPE_Q8_0, 2048, 768, 24, 8, 96},  {GGML_TYPE_Q4_0, 2048, 768, 24, 8, 96},
-        {GGML_TYPE_Q8_0, 512, 192, 12, 2, 3},    /* tiny: one token in most groups */
+        {GGML_TYPE_Q8_0, 512, 128, 12, 2, 3},    /* tiny: one token in most groups */
     };
     bool ok = gpu.i->moe_ffn_batch != NULL && cpu.i->moe_ffn_batch == NULL;
     double worst = 0;
-    /* probe: the types it groups, and the ones it sends back to the per-expert path */
+    /* probe: the types and widths it groups, and the ones it sends back to the per-expert
+     * path (f16; 96 wide: K of 3 blocks, not whole tile stages of 4) */
     float one = 1.0f;
-    for (int ti = 0; ti < 3 && ok; ti++) {
-        uint32_t T = ti == 0 ? GGML_TYPE_Q8_0 : ti == 1 ? GGML_TYPE_Q4_0 : GGML_TYPE_F16;
-        float *wf = rand_vec(64 * 64, 0.1f);
-        struct tensor t = make_tensor(T, 64, 64, wf);
+    for (int ti = 0; ti < 4 && ok; ti++) {
+        uint32_t T = ti == 1 ? GGML_TYPE_Q4_0 : ti == 2 ? GGML_TYPE_F16 : GGML_TYPE_Q8_0;
+        int wd = ti == 3 ? 96 : 128;
+        float *wf = rand_vec((size_t)wd * wd, 0.1f);
+        struct tensor t = make_tensor(T, wd, wd, wf);
         struct expert_weights ew = {t, t, t};
         int off[2] = {0, 1}, tk = 0;
         struct moe_batch mb = {.n = 1, .k = 1, .n_group = 1, .off = off, .tok = &tk, .w = &one, .ex = &ew, .g1 = 1};
         int rc = gpu.i->moe_ffn_batch(gpu.ctx, &mb, NULL, NULL, false);
         if (rc != (ti < 2 ? 0 : TIDE_EUNSUPPORTED)) {
-            printf("  moe_ffn_batch probe %s: rc %d\n", ggml_type_name(T), rc);
+            printf("  moe_ffn_batch probe %s %d wide: rc %d\n", ggml_type_name(T), wd, rc);
             ok = false;
         }
         free(wf);

@@ -81,11 +81,14 @@ void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache,
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* mmq_mma.cu: y = W x on the int8 tensor cores from x quantised by quantize_q8_kernel<true>
- * (q8_0 or q4_0 W, 4-byte aligned); cuda_mmq_min_n() is the smallest n that cuda_matmul
+ * (q8_0 or q4_0 W that cuda_mmq_ok takes); cuda_mmq_min_n() is the smallest n that cuda_matmul
  * sends there. False if the launch failed (recorded in c). */
 bool cuda_mmq_mma(struct cuda_ctx *c, uint32_t type, const uint8_t *W, size_t row_bytes, int rows, int nb,
                   const int8_t *xq, const float *xd, int n, float *y, float *part);
 int cuda_mmq_min_n(void);
+/* whether the tensor-core kernel takes W (mma_tile.cuh's tile_shape_ok: nb % 4 == 0, rows
+ * and W 8-byte aligned); the rest stays on the dp4a kernels */
+bool cuda_mmq_ok(const void *W, size_t row_bytes, int nb);
 /* bytes of part (split-K partial sums) that cuda_mmq_mma needs for this product; 0 = none */
 size_t cuda_mmq_scratch(struct cuda_ctx *c, int rows, int nb, int n);
 /* attention_prefill.cu: the tiled kernel for a chunk, one launch. false: not launched (shape

@@ -615,10 +615,9 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             }
             return;
         }
-        /* prefill sizes: the tensor-core kernel. It copies weight rows in 4-byte granules, so
-         * W and the row size must be multiples of 4 (an even number of blocks: every model
-         * shape); then no granule reaches past a row's last byte (see mmq_mma.cu). */
-        bool mma = n >= cuda_mmq_min_n() && ((uintptr_t)W & 3) == 0 && w->row_bytes % 4 == 0;
+        /* prefill sizes: the tensor-core kernel, where its whole-stage copies fit the shape
+         * (K a multiple of 128 and 8-byte aligned rows: every common model shape) */
+        bool mma = n >= cuda_mmq_min_n() && cuda_mmq_ok(W, w->row_bytes, nb);
         if (mma && add) {
             matmul_add_via_buf(c, w, x, y, n);
             return;

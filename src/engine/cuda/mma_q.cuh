@@ -1,7 +1,5 @@
-/* mma_q.cuh - what the int8 tensor-core kernels share (mmq_mma.cu: one product;
- * moe_prefill.cu: a chunk's experts grouped): cp.async copies into shared memory, the
- * m16n8k32 s8 mma, an exact small int32 -> f32, and the unpacking of a q8_0 / q4_0 block
- * copied raw into shared memory. */
+/* mma_q.cuh - the primitives of the int8 tensor-core kernels (mma_tile.cuh): cp.async copies
+ * into shared memory, the m16n8k32 s8 mma and an exact small int32 -> f32. */
 #ifndef TIDE_CUDA_MMA_Q_CUH
 #define TIDE_CUDA_MMA_Q_CUH
 
@@ -11,6 +9,13 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *g, int bytes)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes) : "memory");
+}
+
+/* bytes 0 or 8: a zero-filled 8 bytes when 0 */
+__device__ __forceinline__ void cp_async8(void *smem, const void *g, int bytes)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(bytes) : "memory");
 }
 
 /* bytes < 4 copies that many and zero-fills the rest */
@@ -40,47 +45,6 @@ __device__ __forceinline__ void mma_s8(int c[4], const uint32_t a[4], uint2 b)
 __device__ __forceinline__ float i2f_small(int v)
 {
     return __int_as_float(v + 0x4B400000) - 12582912.0f;
-}
-
-template <int QT>
-struct qblock {
-    static constexpr int BLK = QT == 8 ? 34 : 18; /* bytes per block */
-    static constexpr int NW = QT == 8 ? 8 : 4;    /* 32-bit words of quants */
-};
-
-/* The scale and the 8 int8x4 words (element order) of the block at shared address p, which
- * is 2-byte aligned: aligned 32-bit loads from p rounded down to 4, then either whole words
- * (p = 2 mod 4: the quants start on a word) or a funnel shift by 16. Word NW is read as two
- * halves so that nothing past the block's last byte is read (the raw copy may end there). */
-template <int QT>
-__device__ __forceinline__ float unpack_block(const uint8_t *p, uint32_t q[8])
-{
-    constexpr int NW = qblock<QT>::NW;
-    bool odd = ((uintptr_t)p & 2) != 0;
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    uint32_t w[NW + 1];
-#pragma unroll
-    for (int i = 0; i < NW; i++)
-        w[i] = a[i];
-    uint32_t lo = ((const uint16_t *)(a + NW))[0];
-    uint32_t hi = odd ? ((const uint16_t *)(a + NW))[1] : 0u;
-    w[NW] = lo | (hi << 16);
-    uint32_t u[NW];
-#pragma unroll
-    for (int i = 0; i < NW; i++)
-        u[i] = odd ? w[i + 1] : __funnelshift_r(w[i], w[i + 1], 16);
-    if (QT == 8) {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = u[i];
-    } else {
-        int wq[8];
-        unpack_q4(u, wq);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = (uint32_t)wq[i];
-    }
-    return f16_bits_to_f32((uint16_t)(odd ? w[0] >> 16 : w[0] & 0xFFFFu));
 }
 
 #endif

@@ -17,15 +17,15 @@
  *      w * row each, as zero + scatter_axpy per expert add them (no atomics: the order is
  *      fixed, so the result does not depend on scheduling), optionally into the residual.
  *
- * The products use the int8 tensor-core scheme of mmq_mma.cu (its kernel is the model for
- * this one: same stage ring, fragment layout and per-block term (dw * dx) * dot) but never
- * split K: each output element adds its blocks in K order. So the result is bit for bit
- * matmul's with the tensor-core kernel at every n and no split-K (cuda_set_mmq_min_n(1),
- * cuda_set_mmq_split(1)); with the defaults matmul may split K or use dp4a for small groups,
- * which sums in another order (f32 rounding differences only). Since a tile's arithmetic
- * does not depend on the tile width or on which other groups share the launch, the output
- * does not depend on how the forward splits a layer's groups into calls (the cache size). */
-#include "engine/cuda/mma_q.cuh"
+ * The products walk K with mma_tile.cuh's tile_mainloop, as mmq_mma.cu's dense kernel does,
+ * but never split K: each output element adds its blocks in K order. So the result is bit
+ * for bit matmul's with the tensor-core kernel at every n and no split-K
+ * (cuda_set_mmq_min_n(1), cuda_set_mmq_split(1)); with the defaults matmul may split K or
+ * use dp4a for small groups, which sums in another order (f32 rounding differences only).
+ * Since a tile's arithmetic does not depend on the tile width or on which other groups share
+ * the launch, the output does not depend on how the forward splits a layer's groups into
+ * calls (the cache size). */
+#include "engine/cuda/mma_tile.cuh"
 
 extern "C" {
 #include "engine/backend_cuda.h"
@@ -36,12 +36,6 @@ extern "C" {
 
 namespace { /* internal linkage: the helpers mirror mmq_mma.cu's, which are local to it */
 
-#define MP_BM 64              /* weight rows per CTA (gate+up: 32 features x 2) */
-#define MP_KB 4               /* 32-blocks per stage */
-#define MP_LD (MP_KB * 8 + 8) /* words per unpacked row (bank-conflict-free fragment loads) */
-#define MP_THREADS 128
-#define MP_STAGES 4
-
 struct mp_tile {
     int g, p0, cnt; /* group, its first pair in this tile, pairs (<= BN) */
 };
@@ -49,187 +43,57 @@ struct mp_group {
     const uint8_t *w[3]; /* gate, up, down data */
 };
 
-template <int QT>
-struct qfmt : qblock<QT> {
-    static constexpr int RAW = (MP_KB * qblock<QT>::BLK + 4 + 15) / 16 * 16;
-};
-
-template <int QT, int BN>
-struct mp_smem {
-    uint8_t raw[MP_STAGES][MP_BM * qfmt<QT>::RAW];
-    uint32_t xs[MP_STAGES][BN * MP_LD];
-    float xd[MP_STAGES][BN * MP_KB];
-    uint32_t ws[MP_BM * MP_LD];
-    float wd[MP_BM * MP_KB];
-    const uint8_t *wrow[MP_BM]; /* this CTA's weight rows (NULL: padding) */
-    int xrow[BN];               /* the activation row of each column (-1: padding) */
-};
-
 /* grid (tiles, row tiles). GATED: rows = n_ff features, K = n_embd; column c of a tile reads the
- * quantised input row of its pair's token (tok), and out = h (pairs, rows) = silu(gate) * up.
- * Else the down product: rows = n_embd, K = n_ff, column c reads quantised h row p0 + c, and
- * out = (pairs, rows). Consecutive CTAs are consecutive tiles: a group's tiles (which share
- * its weight tile) run together, so each weight tile comes from DRAM about once. */
+ * quantised input row of its pair's token (tok), and out = h (pairs, rows) = silu(gate) * up:
+ * a CTA's 128 weight rows are 64 features' gate and up rows, interleaved by 8 (local rows
+ * 16s..16s+7 gate rows of features m0 + 8s.., 16s+8.. their up rows) so that one thread's
+ * c0/c1 and c2/c3 are the gate and up of the same feature. Else the down product: rows =
+ * n_embd, K = n_ff, column c reads quantised h row p0 + c, and out = (pairs, rows).
+ * Consecutive CTAs are consecutive tiles: a group's tiles (which share its weight tile) run
+ * together, so each weight tile comes from DRAM about once. */
 template <int QT, int BN, bool GATED>
-__global__ void __launch_bounds__(MP_THREADS)
+__global__ void __launch_bounds__(TILE_THREADS, 2)
 moe_mma_kernel(const mp_tile *__restrict__ tiles, const mp_group *__restrict__ groups, size_t row_bytes, int rows,
                int nb, const int *__restrict__ tok, const int8_t *__restrict__ xq, const float *__restrict__ xd,
                float *__restrict__ out)
 {
-    constexpr int BLK = qfmt<QT>::BLK, RAW = qfmt<QT>::RAW;
-    constexpr int NG = (MP_KB * BLK + 2 + 3) / 4;
-    constexpr int WN = BN / 2;
-    constexpr int NT = WN / 8;
-    constexpr int WPT = MP_BM * MP_KB / MP_THREADS;
-    constexpr int XPT = BN * MP_KB * 2 / MP_THREADS;
     extern __shared__ __align__(16) uint8_t smem_raw[];
-    mp_smem<QT, BN> &sm = *(mp_smem<QT, BN> *)smem_raw;
-
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int g = lane >> 2, t = lane & 3;
-    int wm = warp & 1, wn = warp >> 1;
+    tile_smem<QT, BN> &sm = *(tile_smem<QT, BN> *)smem_raw;
     const mp_tile tl = tiles[blockIdx.x];
-    int m0 = blockIdx.y * (GATED ? MP_BM / 2 : MP_BM); /* first feature / output row */
-    int nkt = (nb + MP_KB - 1) / MP_KB;
-    size_t cols = (size_t)nb * QK;
-
-    for (int rr = tid; rr < MP_BM; rr += MP_THREADS) {
-        /* gate+up: local rows 16s..16s+7 are gate rows of features m0 + 8s.., 16s+8.. the up rows */
+    int m0 = blockIdx.y * (GATED ? TILE_BM / 2 : TILE_BM); /* first feature / output row */
+    for (int rr = threadIdx.x; rr < TILE_BM; rr += TILE_THREADS) {
         int r = GATED ? m0 + (rr >> 4) * 8 + (rr & 7) : m0 + rr;
         const uint8_t *base = groups[tl.g].w[GATED ? (rr >> 3) & 1 : 2];
         sm.wrow[rr] = r < rows ? base + (size_t)r * row_bytes : nullptr;
     }
-    for (int c = tid; c < BN; c += MP_THREADS)
+    for (int c = threadIdx.x; c < BN; c += TILE_THREADS)
         sm.xrow[c] = c < tl.cnt ? (GATED ? tok[tl.p0 + c] : tl.p0 + c) : -1;
     __syncthreads();
-
-    auto issue = [&](int kt, int s) {
-        if (kt < nkt) {
-            int b0 = kt * MP_KB, len = min(MP_KB, nb - b0) * BLK;
-            for (int e = tid; e < MP_BM * NG; e += MP_THREADS) {
-                int rr = e / NG, j = e - rr * NG;
-                const uint8_t *wr = sm.wrow[rr], *src = (const uint8_t *)xq; /* any valid address: 0 bytes */
-                int bytes = 0;
-                if (wr) {
-                    const uint8_t *st = wr + (size_t)b0 * BLK;
-                    int off = (int)((uintptr_t)st & 3);
-                    int rem = off + len - 4 * j;
-                    bytes = rem < 0 ? 0 : rem > 4 ? 4 : rem;
-                    src = bytes ? st - off + 4 * j : src;
-                }
-                cp_async4(&sm.raw[s][rr * RAW + 4 * j], src, bytes);
-            }
-#pragma unroll
-            for (int i = 0; i < XPT; i++) {
-                int c = tid + i * MP_THREADS, col = c >> 3, kb = (c >> 1) & 3, half = c & 1;
-                int xr = sm.xrow[col], b = b0 + kb;
-                bool ok = xr >= 0 && b < nb;
-                const int8_t *src = ok ? xq + (size_t)xr * cols + (size_t)b * QK + half * 16 : xq;
-                cp_async16(&sm.xs[s][col * MP_LD + kb * 8 + half * 4], src, ok ? 16 : 0);
-            }
-            for (int c = tid; c < BN * MP_KB; c += MP_THREADS) {
-                int col = c >> 2, kb = c & 3, xr = sm.xrow[col], b = b0 + kb;
-                bool ok = xr >= 0 && b < nb;
-                cp_async4(&sm.xd[s][c], ok ? xd + (size_t)xr * nb + b : xd, ok ? 4 : 0);
-            }
-        }
-        cp_async_commit();
-    };
-
-    float acc[2][NT][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                acc[i][j][k] = 0.0f;
+    tile_acc<BN> acc;
+    tile_mainloop<QT, BN>(sm, nb, xq, xd, 0, nb / TILE_KB, acc);
 
 #pragma unroll
-    for (int s = 0; s < MP_STAGES - 1; s++)
-        issue(s, s);
-    for (int kt = 0; kt < nkt; kt++) {
-        int slot = kt % MP_STAGES;
-        cp_async_wait<MP_STAGES - 2>();
-        __syncthreads();
-        issue(kt + MP_STAGES - 1, (kt + MP_STAGES - 1) % MP_STAGES);
-        int b0 = kt * MP_KB;
+    for (int i = 0; i < tile_acc<BN>::MI; i++)
 #pragma unroll
-        for (int i = 0; i < WPT; i++) {
-            int e = tid + i * MP_THREADS, rr = e >> 2, kb = e & 3;
-            const uint8_t *wr = sm.wrow[rr];
-            uint32_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            float d = 0.0f; /* padding rows and blocks: terms of +0 */
-            if (wr && b0 + kb < nb) {
-                int off = (int)((uintptr_t)(wr + (size_t)b0 * BLK) & 3);
-                d = unpack_block<QT>(&sm.raw[slot][rr * RAW + off + kb * BLK], q);
-            }
-            uint4 *dst = (uint4 *)&sm.ws[rr * MP_LD + kb * 8];
-            dst[0] = make_uint4(q[0], q[4], q[1], q[5]);
-            dst[1] = make_uint4(q[2], q[6], q[3], q[7]);
-            sm.wd[rr * MP_KB + kb] = d;
-        }
-        __syncthreads();
-        const uint32_t *xs = sm.xs[slot];
-        const float *xdd = sm.xd[slot];
-#pragma unroll
-        for (int kb = 0; kb < MP_KB; kb++) {
-            uint32_t a[2][4];
-            float dw[2][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int r = wm * 32 + i * 16 + g;
-                uint2 lo = *(const uint2 *)&sm.ws[r * MP_LD + kb * 8 + 2 * t];
-                uint2 hi = *(const uint2 *)&sm.ws[(r + 8) * MP_LD + kb * 8 + 2 * t];
-                a[i][0] = lo.x; a[i][1] = hi.x; a[i][2] = lo.y; a[i][3] = hi.y;
-                dw[i][0] = sm.wd[r * MP_KB + kb];
-                dw[i][1] = sm.wd[(r + 8) * MP_KB + kb];
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                int tb = wn * WN + j * 8;
-                uint2 b = *(const uint2 *)&xs[(tb + g) * MP_LD + kb * 8 + 2 * t];
-                float dx0 = xdd[(tb + 2 * t) * MP_KB + kb], dx1 = xdd[(tb + 2 * t + 1) * MP_KB + kb];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    int c[4];
-                    mma_s8(c, a[i], b);
-                    acc[i][j][0] += (dw[i][0] * dx0) * i2f_small(c[0]);
-                    acc[i][j][1] += (dw[i][0] * dx1) * i2f_small(c[1]);
-                    acc[i][j][2] += (dw[i][1] * dx0) * i2f_small(c[2]);
-                    acc[i][j][3] += (dw[i][1] * dx1) * i2f_small(c[3]);
-                }
-            }
-        }
-    }
-    cp_async_wait<0>();
-
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            int t0 = wn * WN + j * 8 + 2 * t, t1 = t0 + 1;
+        for (int j = 0; j < tile_acc<BN>::NJ; j++) {
+            int c0 = tile_col<BN>(j, 0), c1 = c0 + 1;
             if (GATED) { /* c0/c1: gate of feature f, c2/c3: its up (local row + 8) */
-                int f = m0 + (wm * 2 + i) * 8 + g;
+                int lr = tile_row(i, 0), f = m0 + (lr >> 4) * 8 + (lr & 7);
                 if (f < rows) {
-                    float g0 = acc[i][j][0], g1 = acc[i][j][1];
+                    float g0 = acc.v[i][j][0], g1 = acc.v[i][j][1];
                     /* swiglu_kernel's expression */
-                    if (t0 < tl.cnt) out[(size_t)(tl.p0 + t0) * rows + f] = g0 / (1.0f + expf(-g0)) * acc[i][j][2];
-                    if (t1 < tl.cnt) out[(size_t)(tl.p0 + t1) * rows + f] = g1 / (1.0f + expf(-g1)) * acc[i][j][3];
+                    if (c0 < tl.cnt) out[(size_t)(tl.p0 + c0) * rows + f] = g0 / (1.0f + expf(-g0)) * acc.v[i][j][2];
+                    if (c1 < tl.cnt) out[(size_t)(tl.p0 + c1) * rows + f] = g1 / (1.0f + expf(-g1)) * acc.v[i][j][3];
                 }
             } else {
-                int r0 = m0 + wm * 32 + i * 16 + g, r1 = r0 + 8;
-                if (t0 < tl.cnt) {
-                    if (r0 < rows) out[(size_t)(tl.p0 + t0) * rows + r0] = acc[i][j][0];
-                    if (r1 < rows) out[(size_t)(tl.p0 + t0) * rows + r1] = acc[i][j][2];
-                }
-                if (t1 < tl.cnt) {
-                    if (r0 < rows) out[(size_t)(tl.p0 + t1) * rows + r0] = acc[i][j][1];
-                    if (r1 < rows) out[(size_t)(tl.p0 + t1) * rows + r1] = acc[i][j][3];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = m0 + tile_row(i, e), cc = tile_col<BN>(j, e);
+                    if (r < rows && cc < tl.cnt)
+                        out[(size_t)(tl.p0 + cc) * rows + r] = acc.v[i][j][e];
                 }
             }
         }
-    }
 }
 
 /* y[t] (=, or += with add) sum over j of tw[t k + j] * rows[tpos[t k + j]], j ascending, from 0:
@@ -263,7 +127,7 @@ bool grouped(void)
 }
 
 /* The shapes and types the kernels take: q8_0 / q4_0 gate, up (E -> F) and down (F -> E), all
- * one type, whole blocks, rows a multiple of 4 bytes (the 4-byte granule copies). */
+ * one type, whole blocks, K of both products whole tile stages (tile_shape_ok). */
 bool shape_ok(const struct expert_weights *e)
 {
     uint32_t T = e->gate.type;
@@ -275,7 +139,9 @@ bool shape_ok(const struct expert_weights *e)
         return false;
     size_t blk = T == GGML_TYPE_Q8_0 ? 34 : 18;
     return e->gate.row_bytes == (size_t)(E / QK) * blk && e->up.row_bytes == e->gate.row_bytes &&
-           e->down.row_bytes == (size_t)(F / QK) * blk && e->gate.row_bytes % 4 == 0 && e->down.row_bytes % 4 == 0;
+           e->down.row_bytes == (size_t)(F / QK) * blk && tile_shape_ok(e->gate.data, e->gate.row_bytes, (int)(E / QK)) &&
+           tile_shape_ok(e->up.data, e->up.row_bytes, (int)(E / QK)) &&
+           tile_shape_ok(e->down.data, e->down.row_bytes, (int)(F / QK));
 }
 
 bool same_layout(const struct expert_weights *a, const struct expert_weights *b)
@@ -283,7 +149,7 @@ bool same_layout(const struct expert_weights *a, const struct expert_weights *b)
     const struct tensor *ta[3] = {&a->gate, &a->up, &a->down}, *tb[3] = {&b->gate, &b->up, &b->down};
     for (int m = 0; m < 3; m++)
         if (ta[m]->type != tb[m]->type || ta[m]->ne[0] != tb[m]->ne[0] || ta[m]->ne[1] != tb[m]->ne[1] ||
-            ta[m]->row_bytes != tb[m]->row_bytes || ((uintptr_t)tb[m]->data & 3))
+            ta[m]->row_bytes != tb[m]->row_bytes || ((uintptr_t)tb[m]->data & 7))
             return false;
     return true;
 }
@@ -323,7 +189,7 @@ bool launch(struct cuda_ctx *c, int n_tiles, int row_tiles, const mp_tile *tiles
             size_t row_bytes, int rows, int nb, const int *tok, const int8_t *xq, const float *xd, float *out)
 {
     static uint64_t opted; /* bit dev: the > 48 KB shared memory opt-in done (engine thread only) */
-    size_t smem = sizeof(mp_smem<QT, BN>);
+    size_t smem = sizeof(tile_smem<QT, BN>);
     if (c->dev < 64 && !(opted >> c->dev & 1)) {
         if (!CU(c, cudaFuncSetAttribute(moe_mma_kernel<QT, BN, GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem)))
@@ -331,7 +197,7 @@ bool launch(struct cuda_ctx *c, int n_tiles, int row_tiles, const mp_tile *tiles
         opted |= 1ull << c->dev;
     }
     dim3 grid((unsigned)n_tiles, (unsigned)row_tiles);
-    moe_mma_kernel<QT, BN, GATED><<<grid, MP_THREADS, smem, c->st>>>(tiles, groups, row_bytes, rows, nb, tok, xq, xd,
+    moe_mma_kernel<QT, BN, GATED><<<grid, TILE_THREADS, smem, c->st>>>(tiles, groups, row_bytes, rows, nb, tok, xq, xd,
                                                                        out);
     return CU_LAUNCH(c, "moe_mma_kernel");
 }
@@ -341,11 +207,12 @@ bool product(struct cuda_ctx *c, uint32_t type, int bn, int n_tiles, int row_til
              const mp_group *groups, size_t row_bytes, int rows, int nb, const int *tok, const int8_t *xq,
              const float *xd, float *out)
 {
+#define MP_LAUNCH(QT, BN) \
+    launch<QT, BN, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out)
     if (type == GGML_TYPE_Q8_0)
-        return bn == 32 ? launch<8, 32, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out)
-                        : launch<8, 16, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out);
-    return bn == 32 ? launch<2, 32, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out)
-                    : launch<2, 16, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out);
+        return bn == 64 ? MP_LAUNCH(8, 64) : bn == 32 ? MP_LAUNCH(8, 32) : MP_LAUNCH(8, 16);
+    return bn == 64 ? MP_LAUNCH(2, 64) : bn == 32 ? MP_LAUNCH(2, 32) : MP_LAUNCH(2, 16);
+#undef MP_LAUNCH
 }
 
 bool quantize(struct cuda_ctx *c, const float *x, int nblocks, int8_t *xq, float *xd)
@@ -390,10 +257,10 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
     if (!ws)
         return c->err ? c->err : TIDE_ENOMEM;
 
-    /* tiles of this call's groups: BN 32 when they average 24 pairs or more, else 16 (the
-     * width changes no result, only how much padding a tile computes) */
+    /* tiles of this call's groups: BN 64 when they average 48 pairs or more, 32 from 24, else
+     * 16 (the width changes no result, only how much padding a tile computes) */
     int pairs = b->off[g1] - b->off[g0];
-    int bn = pairs >= 24 * (g1 - g0) ? 32 : 16;
+    int bn = pairs >= 48 * (g1 - g0) ? 64 : pairs >= 24 * (g1 - g0) ? 32 : 16;
     int n_tiles = 0;
     for (int g = g0; g < g1; g++)
         n_tiles += (b->off[g + 1] - b->off[g] + bn - 1) / bn;
@@ -453,10 +320,10 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
     int nbE = E / QK, nbF = F / QK;
     size_t p0 = (size_t)b->off[g0];
     ok = (!first || quantize(c, x, n * nbE, xq, xd)) &&
-         product<true>(c, type, bn, n_tiles, (F + MP_BM / 2 - 1) / (MP_BM / 2), tiles, groups, e0->gate.row_bytes, F,
+         product<true>(c, type, bn, n_tiles, (F + TILE_BM / 2 - 1) / (TILE_BM / 2), tiles, groups, e0->gate.row_bytes, F,
                        nbE, tokd, xq, xd, h) &&
          quantize(c, h + p0 * F, pairs * nbF, hq + p0 * F, hd + p0 * nbF) &&
-         product<false>(c, type, bn, n_tiles, (E + MP_BM - 1) / MP_BM, tiles, groups, e0->down.row_bytes, E, nbF,
+         product<false>(c, type, bn, n_tiles, (E + TILE_BM - 1) / TILE_BM, tiles, groups, e0->down.row_bytes, E, nbF,
                         tokd, hq, hd, yrow);
     if (ok && g1 == ng) {
         mp_combine_kernel<<<(unsigned)n, 256, 0, c->st>>>(yrow, (const int *)(ws + L.tpos), (const float *)(ws + L.tw),

@@ -187,7 +187,7 @@ size_t cu_matmul_scratch(void *ctx, const struct tensor *w, int n)
     size_t fsm = (((size_t)nt0 * cols + 15) & ~(size_t)15) + (size_t)nt0 * nb * sizeof(float);
     if (n <= 2 && fsm <= 48 * 1024)
         return 0; /* quantised inside the kernel */
-    bool mma = n >= cuda_mmq_min_n();
+    bool mma = n >= cuda_mmq_min_n() && cuda_mmq_ok(w->data, w->row_bytes, nb);
     size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
     size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
     size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;
