@@ -72,6 +72,9 @@ struct backend_i {
                          int dim);
     /* row `id` of an embedding table (any type) as f32 into out. */
     void (*get_row)(void *ctx, const struct tensor *t, int id, float *out);
+    /* out (n, ne0) = rows ids[0..n) of the table as get_row gives them (ids: a host array, valid
+     * rows): a prompt's embeddings in a few launches instead of one a token. */
+    void (*get_rows)(void *ctx, const struct tensor *t, const int *ids, int n, float *out);
     /* Host <-> device copies (plain memcpy on the CPU). upload may be asynchronous on a
      * copy stream but is ordered before any later op on this backend; download returns
      * once the bytes are on the host. */

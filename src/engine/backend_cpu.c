@@ -421,6 +421,12 @@ static void cpu_get_row(void *ctx, const struct tensor *t, int id, float *out)
     }
 }
 
+static void cpu_get_rows(void *ctx, const struct tensor *t, const int *ids, int n, float *out)
+{
+    for (int i = 0; i < n; i++)
+        cpu_get_row(ctx, t, ids[i], out + (size_t)i * t->ne[0]);
+}
+
 static void cpu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float *out,
                         int dim, int n, float eps)
 {
@@ -713,6 +719,7 @@ static const struct backend_i cpu_iface = {
     .axpy = cpu_axpy,
     .scatter_axpy = cpu_scatter_axpy,
     .get_row = cpu_get_row,
+    .get_rows = cpu_get_rows,
     .upload = cpu_copy,
     .download = cpu_copy,
     .gather_rows = cpu_gather_rows,

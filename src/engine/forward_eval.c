@@ -379,12 +379,14 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
      * embeddings (an image's last token) take the op-by-op path */
     bool step0 = st->from_table && !st->graph_off && tokens;
     if (tokens) {
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < n; t++)
             if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
                 return TIDE_EINVAL;
-            if (!step0)
+        if (!step0 && st->be.i->get_rows)
+            st->be.i->get_rows(st->be.ctx, &st->tok_embd, tokens, n, st->x);
+        else
+            for (int t = 0; t < n && !step0; t++)
                 st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
-        }
     } else {
         st->be.i->upload(st->be.ctx, st->x, embd, sizeof(float) * (size_t)n * E);
     }

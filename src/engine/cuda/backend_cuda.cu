@@ -238,6 +238,15 @@ __global__ void get_row_at_kernel(uint32_t type, const uint8_t *__restrict__ dat
 #define GATHER_MAX 128
 struct gather_ids { int id[GATHER_MAX]; };
 
+/* out row b = table row ids.id[b] (grid: one CTA a row) */
+__global__ void get_rows_kernel(uint32_t type, const uint8_t *__restrict__ data, size_t row_bytes, gather_ids ids,
+                                float *__restrict__ out, int n)
+{
+    const uint8_t *row = data + (size_t)ids.id[blockIdx.x] * row_bytes;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        out[(size_t)blockIdx.x * n + i] = row_elem(type, row, i);
+}
+
 __global__ void gather_kernel(float *__restrict__ dst, const float *__restrict__ src, gather_ids ids, int dim)
 {
     const float *s = src + (size_t)ids.id[blockIdx.x] * dim;
@@ -523,6 +532,21 @@ static void cu_download(void *ctx, void *dst_host, const void *src, size_t bytes
         CU(c, cudaStreamSynchronize(c->st));
 }
 
+static void cu_get_rows(void *ctx, const struct tensor *t, const int *ids, int n, float *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int dim = (int)t->ne[0];
+    for (int i0 = 0; i0 < n && enter(c) && dim > 0; i0 += GATHER_MAX) {
+        int k = n - i0 < GATHER_MAX ? n - i0 : GATHER_MAX;
+        gather_ids gi;
+        memcpy(gi.id, ids + i0, sizeof(int) * (size_t)k);
+        get_rows_kernel<<<k, 256, 0, c->st>>>(t->type, (const uint8_t *)t->data, t->row_bytes, gi,
+                                             out + (size_t)i0 * dim, dim);
+        if (!CU_LAUNCH(c, "get_rows_kernel"))
+            return;
+    }
+}
+
 static void cu_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -675,6 +699,7 @@ static const struct backend_i cuda_iface = {
     .axpy = cu_axpy,
     .scatter_axpy = cu_scatter_axpy,
     .get_row = cu_get_row,
+    .get_rows = cu_get_rows,
     .upload = cu_upload,
     .download = cu_download,
     .gather_rows = cu_gather_rows,
