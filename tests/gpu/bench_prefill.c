@@ -15,7 +15,8 @@
  * Prints ms per prompt, backend op calls by kind (a matmul of n tokens is n/8 launches more on
  * the current kernels, so calls are a lower bound on launches) and the logits' difference to
  * the per-token run; then the last way once more with a sync around every op, for the time
- * each kind of op takes (launch gaps included; the sum is above the plain run's). */
+ * each kind of op takes (launch gaps included; the sum is above the plain run's).
+ * TIDE_BENCH_PREFILL_WAY=0..3 runs one way alone (for a profiler). */
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -208,7 +209,12 @@ void bench_prefill(void)
     double t_first = 0, t_last = 0, t_experts = 0; /* the last: chunk-512 with the per-expert ops */
     bool ok = true;
     printf("  prefill of %d tokens at pos 0, Qwen3-30B-A3B shape, q8_0, all resident (%.1f GB):\n", N, total / 1e9);
+    /* TIDE_BENCH_PREFILL_WAY=i runs way i alone, without the timed pass (a profiler's run) */
+    const char *only_env = getenv("TIDE_BENCH_PREFILL_WAY");
+    int only = only_env ? atoi(only_env) : -1;
     for (int wi = 0; wi < 5 && ok; wi++) {
+        if (only >= 0 && wi != only)
+            continue;
         if (wi == 4) { /* the last way again, each op timed alone: where the time goes */
             timed = true;
             wi = 3;
@@ -242,7 +248,7 @@ void bench_prefill(void)
             ok = false;
         } else {
             double e = 0;
-            if (wi == 0) memcpy(ref, fs.logits, (size_t)V * sizeof(float));
+            if (wi == 0 || only >= 0) memcpy(ref, fs.logits, (size_t)V * sizeof(float));
             else e = relerr(fs.logits, ref, V);
             unsigned long tot = 0;
             for (int k = 0; k < C_N; k++) tot += calls[k] - c0[k];
