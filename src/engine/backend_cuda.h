@@ -40,6 +40,10 @@ int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by 
  * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
  * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
 int cuda_set_moe_grouped(int on);
+/* Whether prefill chunks with head_dim 64 or 128 take the f16 tensor-core attention kernel
+ * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.
+ * TIDE_ATTN_MMA=0 in the environment sets 0 at start. */
+int cuda_set_attn_mma(int on);
 
 #ifdef __cplusplus
 }

@@ -34,19 +34,41 @@ sgemm_kernel(const float *__restrict__ W, size_t ldw, int rows, int cols, const 
 #pragma unroll
     for (int i = 0; i < 4; i++)
         acc[i][0] = acc[i][1] = 0.0f;
-    for (int k0 = 0; k0 < cols; k0 += SG_K * SG_G) {
-        /* a warp reads 32 consecutive k of one row */
-        for (int i = tid; i < SG_G * SG_T * SG_K; i += 64 * SG_G) {
+    /* register prefetch: step k0 + SG_K * SG_G is loaded while step k0 is multiplied, so a
+     * step waits on its loads' latency once, not once per load */
+    constexpr int WPT = SG_G * SG_T * SG_K / (64 * SG_G), XPT = SG_G * SG_TN * SG_K / (64 * SG_G);
+    float wv[WPT], xv[XPT];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < WPT; u++) { /* a warp reads 32 consecutive k of one row */
+            int i = tid + u * 64 * SG_G;
             int grp = i / (SG_T * SG_K), rem = i % (SG_T * SG_K), r = rem / SG_K, kk = rem % SG_K;
             int gk = k0 + grp * SG_K + kk, gr = m0 + r;
-            ws[grp][kk][r] = gr < rows && gk < cols ? W[(size_t)gr * ldw + gk] : 0.0f;
+            wv[u] = gr < rows && gk < cols ? __ldg(W + (size_t)gr * ldw + gk) : 0.0f;
         }
-        for (int i = tid; i < SG_G * SG_TN * SG_K; i += 64 * SG_G) {
+#pragma unroll
+        for (int u = 0; u < XPT; u++) {
+            int i = tid + u * 64 * SG_G;
             int grp = i / (SG_TN * SG_K), rem = i % (SG_TN * SG_K), r = rem / SG_K, kk = rem % SG_K;
             int gk = k0 + grp * SG_K + kk, gt = n0 + r;
-            xs[grp][kk][r] = gt < n && gk < cols ? x[(size_t)gt * cols + gk] : 0.0f;
+            xv[u] = gt < n && gk < cols ? __ldg(x + (size_t)gt * cols + gk) : 0.0f;
+        }
+    };
+    load(0);
+    for (int k0 = 0; k0 < cols; k0 += SG_K * SG_G) {
+#pragma unroll
+        for (int u = 0; u < WPT; u++) {
+            int i = tid + u * 64 * SG_G, rem = i % (SG_T * SG_K);
+            ws[i / (SG_T * SG_K)][rem % SG_K][rem / SG_K] = wv[u];
+        }
+#pragma unroll
+        for (int u = 0; u < XPT; u++) {
+            int i = tid + u * 64 * SG_G, rem = i % (SG_TN * SG_K);
+            xs[i / (SG_TN * SG_K)][rem % SG_K][rem / SG_K] = xv[u];
         }
         __syncthreads();
+        if (k0 + SG_K * SG_G < cols)
+            load(k0 + SG_K * SG_G);
 #pragma unroll 8
         for (int kk = 0; kk < SG_K; kk++) {
             float a[4], b0 = xs[kg][kk][tt * 2], b1 = xs[kg][kk][tt * 2 + 1];

@@ -705,6 +705,42 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     }
 }
 
+/* Prefill form of matmul3 (q/k/v of a chunk): x quantised once for the three tensor-core
+ * products instead of once each; each y[m] the bits of its own cuda_matmul (same quantised
+ * x, same kernel and plan). false: not this form (nothing queued). */
+static bool matmul3_mma(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3],
+                        int n)
+{
+    uint32_t type = w[0]->type;
+    int cols = (int)w[0]->ne[0], nb = cols / QK;
+    if ((type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) || cols % QK || n < cuda_mmq_min_n() || n <= 2)
+        return false;
+    size_t pbytes = 0;
+    for (int m = 0; m < 3; m++) {
+        if (w[m]->type != type || (int)w[m]->ne[0] != cols || !cuda_mmq_ok(w[m]->data, w[m]->row_bytes, nb))
+            return false;
+        size_t p = cuda_mmq_scratch(c, (int)w[m]->ne[1], nb, n);
+        pbytes = p > pbytes ? p : pbytes;
+    }
+    size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
+    size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
+    if (!ws)
+        return true; /* the error is kept in c */
+    int8_t *xq = (int8_t *)ws;
+    float *xd = (float *)(ws + qbytes);
+    int nblocks = n * nb;
+    quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
+    if (!CU_LAUNCH(c, "quantize_q8_kernel"))
+        return true;
+    /* the products run in stream order, so they can share one split-K buffer */
+    for (int m = 0; m < 3; m++)
+        if (!cuda_mmq_mma(c, type, (const uint8_t *)w[m]->data, w[m]->row_bytes, (int)w[m]->ne[1], nb, xq, xd, n,
+                          y[m], pbytes ? (float *)(ws + qbytes + dbytes) : NULL))
+            break;
+    return true;
+}
+
 /* backend_i.matmul3: y[m] = w[m] x for m = 0..2. Decode (n <= 2) with q8_0 / q4_0 weights of
  * one type and width runs in one launch (mmvq_fused3_kernel), the rmsnorm included; anything
  * else as three products, and with a norm not at all (false: the caller norms first). Either
@@ -738,6 +774,8 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
     }
     if (!one && norm)
         return false;
+    if (!one && matmul3_mma(c, w, x, y, n))
+        return true;
     if (!one) {
         for (int m = 0; m < 3; m++)
             cuda_matmul(c, w[m], x, y[m], n);
