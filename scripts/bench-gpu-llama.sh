@@ -12,7 +12,7 @@
 #   the model (LAYERS, default 48) written to tmpfs when there is room, else to disk;
 #   a) tide, everything resident: prefill tok/s of a 512-token prompt (time to first token)
 #      and decode tok/s over 128 tokens (inter-token latency), both from /metrics deltas;
-#   b) llama-bench -ngl 99 -fa 0 -p 512 -n 128 -r 3 on the same file, then the same with -fa 1;
+#   b) llama-bench -ngl 99 -fa 0 -p 512 -n 128 -r 3 on the same file;
 #   c) about half the experts on the GPU: tide's expert cache cut to half by POST /v1/vram
 #      (decode tok/s, hit rate from /v1/vram), llama-bench --n-cpu-moe LAYERS/2;
 #   d) decode as a share of the HBM roofline: active bytes per token / measured d2d bandwidth.
@@ -190,15 +190,6 @@ import json, sys
 for l in sys.stdin:
     d = json.loads(l); print('LLAMA', d['n_prompt'], d['n_gen'], round(d['avg_ts'], 1), round(d['stddev_ts'], 1))" | tee -a "$S"
         grep -E "^\|" "$OUT/llama-resident.txt" | tee -a "$S"
-        # the same with flash attention (llama.cpp's own fast path for long prompts)
-        cmd="llama-bench -m $M -ngl 99 -fa 1 -p 512 -n 128 -r 3"
-        log "\$ $cmd"
-        timeout 240 "$LB" -m "$M" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl -oe md 2>"$OUT/llama-fa.txt" |
-            tee -a "$OUT/llama.jsonl" | python3 -c "
-import json, sys
-for l in sys.stdin:
-    d = json.loads(l); print('LLAMA_FA', d['n_prompt'], d['n_gen'], round(d['avg_ts'], 1), round(d['stddev_ts'], 1))" | tee -a "$S"
-        grep -E "^\|" "$OUT/llama-fa.txt" | tee -a "$S"
         ncm=$((LAYERS / 2))
         cmd="llama-bench -m $M -ngl 99 -fa 0 -p 0 -n 128 -r 3 --n-cpu-moe $ncm"
         log "\$ $cmd"
