@@ -1,7 +1,7 @@
 /* backend_cuda.cu - the CUDA backend table: context, streams, error keeping, the small ops
- * (rmsnorm, rope, qk_norm_rope, swiglu, axpy, scatter_axpy, get_row, gather_rows, zero) and the copies.
+ * (rmsnorm, rope, qk_norm_rope, swiglu, axpy, scatter_axpy, get_row(s), gather_rows, zero) and the copies.
  * matmul.cu, moe.cu, attention.cu (decode), attention_prefill.cu and norm_matmul.cu hold the big
- * kernels; the recording of decode steps (graphs) is here.
+ * kernels; graph.cu the recording of decode steps.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
@@ -595,95 +595,6 @@ static void cu_host_free(void *ctx, void *p)
         cudaFreeHost(p);
 }
 
-/* ---- graphs ----
- * Recording is stream capture of the op stream in thread-local mode. The copy stream is not
- * captured, so an upload inside a recording would not be replayed: callers upload before. A
- * workspace that would have to grow inside a recording cannot (the graph would keep pointing at
- * the old one), so cuda_scratch/cuda_sum_buf fail the recording instead (c->capture_rc). */
-struct cuda_graph {
-    cudaGraphExec_t exec;
-    unsigned long ws_gen; /* c->ws_gen when recorded */
-};
-
-static int cu_graph_begin(void *ctx)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!enter(c))
-        return c->err;
-    if (c->capturing)
-        return TIDE_EINVAL;
-    if (!CU(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal)))
-        return c->err;
-    c->capturing = true;
-    c->capture_rc = 0;
-    return 0;
-}
-
-static int cu_graph_end(void *ctx, void **graph)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    *graph = NULL;
-    if (!c->capturing)
-        return TIDE_EINVAL;
-    c->capturing = false;
-    cuda_use_device(c->dev);
-    cudaGraph_t g = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->st, &g);
-    int rc = c->capture_rc;
-    if (e != cudaSuccess && !rc) {
-        /* a launch that broke the capture: the ops are not queued, but the backend is fine */
-        tide_log("cuda: device %d: recording failed: %s", c->dev, cudaGetErrorString(e));
-        rc = TIDE_EINTERNAL;
-    }
-    (void)cudaGetLastError();
-    cudaGraphExec_t x = NULL;
-    if (!rc && g) {
-        e = cudaGraphInstantiateWithFlags(&x, g, 0);
-        if (e != cudaSuccess) {
-            tide_log("cuda: device %d: cudaGraphInstantiate: %s", c->dev, cudaGetErrorString(e));
-            (void)cudaGetLastError();
-            rc = TIDE_EINTERNAL;
-            x = NULL;
-        }
-    }
-    if (g)
-        cudaGraphDestroy(g);
-    struct cuda_graph *cg = NULL;
-    if (!rc && !(cg = (struct cuda_graph *)malloc(sizeof *cg)))
-        rc = TIDE_ENOMEM;
-    if (rc) {
-        if (x)
-            cudaGraphExecDestroy(x);
-        return rc;
-    }
-    cg->exec = x;
-    cg->ws_gen = c->ws_gen;
-    *graph = cg;
-    return c->err;
-}
-
-static int cu_graph_launch(void *ctx, void *graph)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    struct cuda_graph *cg = (struct cuda_graph *)graph;
-    if (!enter(c))
-        return c->err;
-    if (cg->ws_gen != c->ws_gen) /* it would use a freed workspace */
-        return TIDE_ESTALE;
-    return CU(c, cudaGraphLaunch(cg->exec, c->st)) ? 0 : c->err;
-}
-
-static void cu_graph_free(void *ctx, void *graph)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    struct cuda_graph *cg = (struct cuda_graph *)graph;
-    if (!cg)
-        return;
-    cuda_use_device(c->dev);
-    cudaGraphExecDestroy(cg->exec);
-    free(cg);
-}
-
 static const struct backend_i cuda_iface = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -711,10 +622,10 @@ static const struct backend_i cuda_iface = {
     .moe_ffn_table_route = cu_moe_ffn_table_route,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
-    .graph_begin = cu_graph_begin,
-    .graph_end = cu_graph_end,
-    .graph_launch = cu_graph_launch,
-    .graph_free = cu_graph_free,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
     .qk_norm_rope_at = cu_qk_norm_rope_at,
     .attention_at = cu_attention_at,
     .get_row_at = cu_get_row_at,

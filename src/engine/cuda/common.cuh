@@ -80,6 +80,11 @@ void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache,
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
+/* graph.cu: backend_i.graph_begin / graph_end / graph_launch / graph_free (CUDA graphs) */
+int cuda_graph_begin(void *ctx);
+int cuda_graph_end(void *ctx, void **graph);
+int cuda_graph_launch(void *ctx, void *graph);
+void cuda_graph_free(void *ctx, void *graph);
 /* mmq_mma.cu: y = W x on the int8 tensor cores from x quantised by quantize_q8_kernel<true>
  * (q8_0 or q4_0 W that cuda_mmq_ok takes); cuda_mmq_min_n() is the smallest n that cuda_matmul
  * sends there. False if the launch failed (recorded in c). */
