@@ -30,7 +30,7 @@
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_mmq", "rmsnorm", "rope",
     "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
-    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0",
+    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill",
     "vision_ops", "vision_encode", "bench_vision",
@@ -786,6 +786,12 @@ static void test_e2e(const char *only)
         {"e2e_dense_f16", "dense", GGML_TYPE_F16, 1e-3},
         {"e2e_dense_q8_0", "dense", GGML_TYPE_Q8_0, 3e-2},
         {"e2e_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
+        /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
+         * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
+         * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
+         * describes: 2.1e-2 prefill / 3.0e-2 worst step on the H200, the same with the f32
+         * attention kernel (TIDE_ATTN_MMA=0), 24/24 greedy tokens; hence 5e-2 */
+        {"e2e_big_q8_0", "big", GGML_TYPE_Q8_0, 5e-2},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
         if (!want(only, m[i].name))
