@@ -38,7 +38,11 @@ GPU_SRC  := $(wildcard tests/gpu/*.c)
 DEFAULT_MODEL := models/tide-moe.gguf
 DEFAULT_MMPROJ := models/tide-mmproj.gguf
 
-.PHONY: all test unit e2e run clean deps models gpu-tests
+.PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs
+# what a program linked against libtide.a alone needs besides it (scripts/bench-cpu.sh)
+print-gpu-ldlibs:
+	@echo $(GPU_LDLIBS)
+
 all: $(BUILD)/tide $(BUILD)/tide-mkmodel models
 
 $(BUILD)/libtide.a: $(LIB_OBJ)

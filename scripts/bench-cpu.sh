@@ -46,7 +46,8 @@ int main(int argc, char **argv)
     return 0;
 }
 C
-gcc -std=c11 -D_GNU_SOURCE -O2 -Isrc -pthread "$DRV" build/libtide.a -lm -o "${DRV%.c}"
+# libtide.a holds the CUDA backend when nvcc built it: link what it needs (static cudart)
+gcc -std=c11 -D_GNU_SOURCE -O2 -Isrc -pthread "$DRV" build/libtide.a $(make -s print-gpu-ldlibs) -o "${DRV%.c}"
 "${DRV%.c}" "$MODEL" "$THREADS"
 
 # llama.cpp side by side, when a build is at hand (LLAMA_BENCH=path/to/llama-bench, or the
