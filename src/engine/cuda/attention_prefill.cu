@@ -17,8 +17,8 @@
  * summation order, so results agree to rounding (tested at 1e-4), not bit for bit.
  *
  * Head dims of 64 and 128 (every common model) take attn_prefill_mma_kernel below instead: the
- * same tiling on the f16 tensor cores (f32 accumulators, f32 softmax), ~10x the f32 kernel's
- * speed on a 512-token Qwen3-30B-A3B chunk; q, K, V and the probabilities are rounded to f16
+ * same rows per CTA on the f16 tensor cores (f32 accumulators, f32 softmax), 4-5x the f32
+ * kernel's speed on 512-token Qwen3-30B-A3B chunks (H200); q, K, V and the probabilities are rounded to f16
  * on the way in (2^-11 relative), so it agrees with the CPU to ~1e-3 (tested at 3e-3).
  * TIDE_ATTN_MMA=0 in the environment (or cuda_set_attn_mma(0)) keeps the f32 kernel. */
 #include "engine/cuda/common.cuh"
@@ -186,6 +186,8 @@ attn_prefill_kernel(const float *__restrict__ q, const float *__restrict__ kc, c
 #define TA_ROWS 64
 #define TA_BK 64
 #define TA_THREADS 128
+/* the grid is cut as attn_prefill_kernel's (FA_ROWS rows a CTA), a warp takes 16 of them */
+static_assert(TA_ROWS == FA_ROWS && TA_ROWS == 16 * (TA_THREADS / 32), "rows per CTA");
 
 static int attn_mma_on = -1; /* -1: TIDE_ATTN_MMA not read yet */
 
