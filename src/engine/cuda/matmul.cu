@@ -562,6 +562,30 @@ wmma_gemm_vec_kernel(const T *__restrict__ W, size_t ldw, int rows, int cols, co
 
 /* ---- dispatch ---- */
 
+/* x (n, cols) quantised into the backend's scratch: *xq (n, cols) int8, *xd (n, cols / 32)
+ * scales, and pbytes more after them for split-K partials (*part, NULL when pbytes is 0).
+ * perm: each block's words in the tensor-core fragment order (quantize_q8_kernel<true>).
+ * false: no scratch or the launch failed (the error is kept in c). cu_matmul_scratch
+ * (vision_ops.cu) sizes the same layout. */
+static bool quantize_to_scratch(struct cuda_ctx *c, const float *x, int n, int cols, size_t pbytes, bool perm,
+                                int8_t **xq, float **xd, float **part)
+{
+    int nb = cols / QK, nblocks = n * nb;
+    size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
+    size_t dbytes = ((size_t)nblocks * sizeof(float) + 255) & ~(size_t)255;
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
+    if (!ws)
+        return false;
+    *xq = (int8_t *)ws;
+    *xd = (float *)(ws + qbytes);
+    *part = pbytes ? (float *)(ws + qbytes + dbytes) : NULL;
+    if (perm)
+        quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, *xq, *xd);
+    else
+        quantize_q8_kernel<false><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, *xq, *xd);
+    return CU_LAUNCH(c, "quantize_q8_kernel");
+}
+
 /* matmul_add where the product is written through tiles (tensor cores): into a buffer of its
  * own (the product uses the scratch), then one add. */
 static void matmul_add_via_buf(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n)
@@ -622,24 +646,14 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
             matmul_add_via_buf(c, w, x, y, n);
             return;
         }
-        size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
-        size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
-        size_t pbytes = mma ? cuda_mmq_scratch(c, rows, nb, n) : 0;
-        uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
-        if (!ws)
-            return;
-        int8_t *xq = (int8_t *)ws;                 /* (n, cols) */
-        float *xd = (float *)(ws + qbytes);         /* (n, nb) */
-        int nblocks = n * nb;
+        int8_t *xq;
+        float *xd, *part;
         if (mma) {
-            quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
-            if (CU_LAUNCH(c, "quantize_q8_kernel"))
-                cuda_mmq_mma(c, type, W, w->row_bytes, rows, nb, xq, xd, n, y,
-                             pbytes ? (float *)(ws + qbytes + dbytes) : NULL);
+            if (quantize_to_scratch(c, x, n, cols, cuda_mmq_scratch(c, rows, nb, n), true, &xq, &xd, &part))
+                cuda_mmq_mma(c, type, W, w->row_bytes, rows, nb, xq, xd, n, y, part);
             return;
         }
-        quantize_q8_kernel<false><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
-        if (!CU_LAUNCH(c, "quantize_q8_kernel"))
+        if (!quantize_to_scratch(c, x, n, cols, 0, false, &xq, &xd, &part))
             return;
         for (int t0 = 0; t0 < n; t0 += MM_NT) {
             int nt = n - t0 < MM_NT ? n - t0 : MM_NT;
@@ -722,21 +736,14 @@ static bool matmul3_mma(struct cuda_ctx *c, const struct tensor *const w[3], con
         size_t p = cuda_mmq_scratch(c, (int)w[m]->ne[1], nb, n);
         pbytes = p > pbytes ? p : pbytes;
     }
-    size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
-    size_t dbytes = ((size_t)n * nb * sizeof(float) + 255) & ~(size_t)255;
-    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + pbytes);
-    if (!ws)
+    int8_t *xq;
+    float *xd, *part;
+    if (!quantize_to_scratch(c, x, n, cols, pbytes, true, &xq, &xd, &part))
         return true; /* the error is kept in c */
-    int8_t *xq = (int8_t *)ws;
-    float *xd = (float *)(ws + qbytes);
-    int nblocks = n * nb;
-    quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
-    if (!CU_LAUNCH(c, "quantize_q8_kernel"))
-        return true;
     /* the products run in stream order, so they can share one split-K buffer */
     for (int m = 0; m < 3; m++)
         if (!cuda_mmq_mma(c, type, (const uint8_t *)w[m]->data, w[m]->row_bytes, (int)w[m]->ne[1], nb, xq, xd, n,
-                          y[m], pbytes ? (float *)(ws + qbytes + dbytes) : NULL))
+                          y[m], part))
             break;
     return true;
 }
