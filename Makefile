@@ -39,6 +39,8 @@ DEFAULT_MODEL := models/tide-moe.gguf
 DEFAULT_MMPROJ := models/tide-mmproj.gguf
 
 .PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs
+# `make` alone builds everything (issue 27: print-gpu-ldlibs, first below, used to be the goal)
+.DEFAULT_GOAL := all
 # what a program linked against libtide.a alone needs besides it (scripts/bench-cpu.sh)
 print-gpu-ldlibs:
 	@echo $(GPU_LDLIBS)
