@@ -151,14 +151,17 @@ KERNEL static float dot_f32(const float *a, const float *b, int n)
 }
 
 /* Four dot products of one weight row with four input vectors: the row is read once per
- * four tokens, which is what makes prefill compute-bound instead of load-bound. */
+ * four tokens, which is what makes prefill compute-bound instead of load-bound. Each token's
+ * sum is dot_f32's, operation for operation (16 lanes, the same reduction): a row's result
+ * must not depend on which batch it ran in, so that a sequence batched with others gets the
+ * bits it gets alone (the scheduler's "batched equals alone"). */
 KERNEL static void dot4_f32(const float *w, const float *x, size_t stride, int n, float *out)
 {
     const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
+    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0};
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) {
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
             float wv = w[i + j];
             a0[j] += wv * x0[i + j];
             a1[j] += wv * x1[i + j];
@@ -166,7 +169,7 @@ KERNEL static void dot4_f32(const float *w, const float *x, size_t stride, int n
             a3[j] += wv * x3[i + j];
         }
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < 16; j++) {
         s0 += a0[j];
         s1 += a1[j];
         s2 += a2[j];
@@ -237,6 +240,38 @@ __attribute__((target("avx2,f16c,fma"))) static float dot_f16_f16c(const uint16_
     for (; i < n; i++)
         s += f16_table[w[i]] * x[i];
     return s;
+}
+/* dot_f16_f16c's arithmetic, operation for operation, on a row already widened to f32 (the
+ * widening is exact), for two tokens at once: a prefill row gets the bits a decode row gets. */
+__attribute__((target("avx2,f16c,fma"))) static void dot2_f16order(const float *w, const float *x0, const float *x1,
+                                                                  int n, float *o0, float *o1)
+{
+    __m256 a[2][4];
+    for (int t = 0; t < 2; t++)
+        for (int k = 0; k < 4; k++)
+            a[t][k] = _mm256_setzero_ps();
+    const float *xs[2] = {x0, x1 ? x1 : x0};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + i + 8 * k);
+            a[0][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[0] + i + 8 * k), a[0][k]);
+            a[1][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[1] + i + 8 * k), a[1][k]);
+        }
+    float out[2];
+    for (int t = 0; t < 2; t++) {
+        __m256 s8 = _mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3]));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        float s = _mm_cvtss_f32(h);
+        for (int j = i; j < n; j++)
+            s += w[j] * xs[t][j];
+        out[t] = s;
+    }
+    *o0 = out[0];
+    if (o1)
+        *o1 = out[1];
 }
 static bool have_f16c;
 #endif
@@ -350,8 +385,16 @@ static void mm_worker(void *p, int ith, int nth)
         case GGML_TYPE_F16:
         case GGML_TYPE_BF16:
 #if defined(__x86_64__)
-            if (w->type == GGML_TYPE_F16 && have_f16c && j->n == 1) {
-                j->y[r] = dot_f16_f16c(row, j->x, cols);
+            if (w->type == GGML_TYPE_F16 && have_f16c) {
+                if (j->n == 1) {
+                    j->y[r] = dot_f16_f16c(row, j->x, cols);
+                    break;
+                }
+                widen_f16(row, buf, cols);
+                for (int t = 0; t < j->n; t += 2)
+                    dot2_f16order(buf, j->x + (size_t)t * cols, t + 1 < j->n ? j->x + (size_t)(t + 1) * cols : NULL,
+                                  cols, &j->y[(size_t)t * rows + r],
+                                  t + 1 < j->n ? &j->y[(size_t)(t + 1) * rows + r] : NULL);
                 break;
             }
 #endif

@@ -34,7 +34,7 @@ static int layer_tensors(struct model_layer *L, struct tensor **out)
 
 static bool output_tied(const struct model *m) { return m->output.data == m->tok_embd.data; }
 
-struct buf_dims { size_t E, qd, ff, ne, V, att; };
+struct buf_dims { size_t E, qd, ff, ne, V, att, kvd; };
 
 static struct buf_dims dims(const struct model *m, int n_ctx)
 {
@@ -46,6 +46,7 @@ static struct buf_dims dims(const struct model *m, int n_ctx)
     d.ne = c->n_expert ? c->n_expert : 1;
     d.V = c->n_vocab;
     d.att = (size_t)c->n_head * n_ctx;
+    d.kvd = (size_t)c->n_head_kv * c->head_dim;
     return d;
 }
 
@@ -68,15 +69,16 @@ static void batch_sizes(const struct model *m, int n_ctx, int B, size_t *sizes)
 {
     struct buf_dims d = dims(m, n_ctx);
     size_t f = sizeof(float);
-    size_t s[FORWARD_N_BATCH_BUFS] = {B * d.E * f, B * d.E * f, B * d.E * f, B * d.qd * f, B * d.qd * f,
-                                      B * d.ff * f, B * d.ff * f, B * d.ne * f, B * d.E * f, B * d.E * f};
+    size_t s[FORWARD_N_BATCH_BUFS] = {B * d.E * f,  B * d.E * f,  B * d.E * f,   B * d.qd * f,
+                                      B * d.qd * f, B * d.ff * f, B * d.ff * f,  B * d.ne * f,
+                                      B * d.E * f,  B * d.E * f,  B * d.kvd * f, B * d.kvd * f};
     memcpy(sizes, s, sizeof s);
 }
 
 static float **bufs_of(struct stage_bufs *b, int i)
 {
-    float **all[FORWARD_N_BATCH_BUFS] = {&b->x, &b->xb, &b->xb2, &b->q, &b->att_out,
-                                         &b->hb, &b->hb2, &b->router, &b->moe_in, &b->moe_out};
+    float **all[FORWARD_N_BATCH_BUFS] = {&b->x,  &b->xb,     &b->xb2,     &b->q,     &b->att_out, &b->hb,
+                                         &b->hb2, &b->router, &b->moe_in, &b->moe_out, &b->k_new,  &b->v_new};
     return all[i];
 }
 
@@ -84,9 +86,10 @@ static void use_bufs(struct forward_stage *st, const struct stage_bufs *b)
 {
     st->x = b->x; st->xb = b->xb; st->xb2 = b->xb2; st->q = b->q; st->att_out = b->att_out;
     st->hb = b->hb; st->hb2 = b->hb2; st->router = b->router; st->moe_in = b->moe_in; st->moe_out = b->moe_out;
+    st->k_new = b->k_new; st->v_new = b->v_new;
 }
 
-void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
+void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_batch, uint32_t l0, uint32_t l1,
                         bool first, bool last, struct forward_stage_bytes *out)
 {
     memset(out, 0, sizeof *out);
@@ -104,13 +107,15 @@ void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_
         if (!(first && output_tied(m)))
             out->weights += tbytes(&m->output);
     }
-    out->kv = forward_kv_bytes(m, n_ctx) / m->cfg.n_layer * (l1 - l0);
+    if (n_seq < 1)
+        n_seq = 1;
+    out->kv = forward_kv_bytes(m, n_ctx) / m->cfg.n_layer * (l1 - l0) * (size_t)n_seq;
     struct buf_dims d = dims(m, n_ctx);
     size_t sizes[FORWARD_N_BATCH_BUFS];
-    batch_sizes(m, n_ctx, 1, sizes);
+    batch_sizes(m, n_ctx, n_seq, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
-    out->workspace += d.att * sizeof(float) + (last ? (d.V + 4) * sizeof(float) : 0); /* logits, argmax out */
+    out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * (d.V + 1) * sizeof(float) : 0); /* logits, picks */
     out->workspace += route_bytes(m, max_batch, l1 - l0) + step_bytes(m);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
@@ -192,7 +197,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     }
     if (rc)
         return rc;
-    size_t kvh = forward_kv_bytes(m, s->n_ctx) / 2 / m->cfg.n_layer * (st->l1 - st->l0);
+    size_t kvh = forward_kv_bytes(m, s->n_ctx) / 2 / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
     if (kvh) {
         st->k_cache = stage_alloc(st, MEM_KV, kvh);
         st->v_cache = stage_alloc(st, MEM_KV, kvh);
@@ -200,7 +205,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
             return TIDE_ERANGE;
     }
     size_t sizes[FORWARD_N_BATCH_BUFS];
-    batch_sizes(m, s->n_ctx, 1, sizes);
+    batch_sizes(m, s->n_ctx, s->n_seq, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         if (!(*bufs_of(&st->dec, i) = stage_alloc(st, MEM_WORKSPACE, sizes[i])))
             return TIDE_ERANGE;
@@ -208,7 +213,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->att = stage_alloc(st, MEM_WORKSPACE, d.att * sizeof(float));
     if (!st->att)
         return TIDE_ERANGE;
-    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (d.V + 4) * sizeof(float))))
+    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * (d.V + 1) * sizeof(float))))
         return TIDE_ERANGE;
     size_t rb = route_bytes(m, s->max_batch, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
@@ -270,12 +275,14 @@ static void stage_free(struct forward_stage *st)
     memset(st, 0, sizeof *st);
 }
 
-int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int max_batch,
+int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int n_seq, int max_batch,
                         const struct forward_stage_spec *sp, int n_stage)
 {
     memset(s, 0, sizeof *s);
-    if (n_ctx <= 0 || n_stage <= 0 || n_stage > FORWARD_MAX_STAGES || max_batch <= 0)
+    if (n_ctx <= 0 || n_stage <= 0 || n_stage > FORWARD_MAX_STAGES || max_batch <= 0 || n_seq <= 0)
         return TIDE_EINVAL;
+    if (max_batch < n_seq)
+        max_batch = n_seq; /* a step holds a decode row for every sequence */
     for (int i = 0; i < n_stage; i++) /* contiguous cover of all layers */
         if (sp[i].l0 != (i ? sp[i - 1].l1 : 0) || sp[i].l1 < sp[i].l0)
             return TIDE_EINVAL;
@@ -283,6 +290,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
         return TIDE_EINVAL;
     s->m = m;
     s->n_ctx = n_ctx;
+    s->n_seq = n_seq;
     s->max_batch = max_batch;
     s->n_stage = n_stage;
     struct buf_dims d = dims(m, n_ctx);
@@ -295,16 +303,20 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->moe_tok = malloc(B * nu * sizeof(int));
     s->moe_tokw = malloc(B * nu * sizeof(float));
     s->moe_off = malloc((d.ne + 1) * sizeof(int));
+    s->iota = malloc(B * sizeof(int));
+    for (size_t i = 0; s->iota && i < B; i++)
+        s->iota[i] = (int)i;
     /* downloaded every token: page-locked when the last stage's backend offers it */
     struct backend lb = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be : sp[n_stage - 1].be; /* as stage_init */
-    if (lb.i && lb.i->host_alloc && (s->logits = lb.i->host_alloc(lb.ctx, d.V * sizeof(float)))) {
+    size_t lbytes = (size_t)n_seq * d.V * sizeof(float);
+    if (lb.i && lb.i->host_alloc && (s->logits = lb.i->host_alloc(lb.ctx, lbytes))) {
         s->logits_free = lb.i->host_free;
         s->logits_ctx = lb.ctx;
     }
     if (!s->logits)
-        s->logits = malloc(d.V * sizeof(float));
+        s->logits = malloc(lbytes);
     if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
-        !s->logits) {
+        !s->logits || !s->iota) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -323,7 +335,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
 int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx)
 {
     struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer};
-    int rc = forward_init_stages(s, m, n_ctx, FORWARD_DEFAULT_BATCH, &sp, 1);
+    int rc = forward_init_stages(s, m, n_ctx, 1, FORWARD_DEFAULT_BATCH, &sp, 1);
     if (rc == 0 && (rc = forward_setup_prefill(s, 0, PREFILL_OWN)) < 0)
         forward_free(s);
     return rc;
@@ -341,6 +353,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_tok);
     free(s->moe_tokw);
     free(s->moe_off);
+    free(s->iota);
     if (s->logits_free)
         s->logits_free(s->logits_ctx, s->logits);
     else
@@ -348,18 +361,18 @@ void forward_free(struct forward_state *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Point every stage at buffers for a chunk of up to n tokens: the decode set for one token,
- * else the prefill set (borrowing cache segments where that is the plan). Returns the chunk size
- * the buffers allow: n; fewer when the borrowed segments are too small for max_batch tokens'
- * buffers but hold half as many (halving down to FORWARD_DEFAULT_BATCH, so only a CUDA chunk is
- * ever cut: a CPU plan borrows for 64 or runs token by token, as before); 1 when some stage has
- * no prefill buffer. */
+/* Point every stage at buffers for a chunk of up to n rows: the decode set for up to n_seq
+ * rows (a decode step of every sequence never borrows), else the prefill set (borrowing cache
+ * segments where that is the plan). Returns the chunk size the buffers allow: n; fewer when the
+ * borrowed segments are too small for max_batch rows' buffers but hold half as many (halving
+ * down to FORWARD_DEFAULT_BATCH, so only a CUDA chunk is ever cut: a CPU plan borrows for 64 or
+ * runs n_seq rows at a time, as before); n_seq when some stage has no prefill buffer. */
 int forward_bind_buffers(struct forward_state *s, int n)
 {
     bool ok = false;
     int B = s->max_batch;
     for (;;) {
-        ok = n > 1;
+        ok = n > s->n_seq;
         size_t sizes[FORWARD_N_BATCH_BUFS];
         batch_sizes(s->m, s->n_ctx, B, sizes);
         bool none = false;
@@ -387,7 +400,15 @@ int forward_bind_buffers(struct forward_state *s, int n)
             expert_cache_unborrow(st->cache);
         use_bufs(st, ok ? &st->pre : &st->dec);
     }
-    return ok ? (n < B ? n : B) : 1;
+    return ok ? (n < B ? n : B) : (n < s->n_seq ? n : s->n_seq);
+}
+
+int forward_step_rows(const struct forward_state *s)
+{
+    for (int i = 0; i < s->n_stage; i++)
+        if (s->stage[i].prefill == PREFILL_NONE)
+            return s->n_seq;
+    return s->max_batch;
 }
 
 void forward_unbind_buffers(struct forward_state *s)

@@ -7,14 +7,19 @@
  * Experts are reached only through the stage's expert cache (memory/expert_cache.h); a stage
  * without one reads them straight from host RAM (the single-device test path).
  *
- * forward_eval() runs n tokens at positions pos..pos+n-1 (prefill, or n = 1 for decode) in
- * chunks of up to max_batch and leaves the logits of the last one in s->logits (host). */
+ * The KV cache has n_seq slots of n_ctx positions each: one per sequence that may run at once.
+ * forward_eval_batch() runs one step over several sequences (each its slot, its positions, its
+ * tokens: a decode token or a prompt chunk) with every product over all of the step's rows at
+ * once and attention per sequence; forward_eval() is the one-sequence form (slot 0) that runs
+ * n tokens at positions pos..pos+n-1 in chunks of up to max_batch and leaves the logits of
+ * the last one in s->logits (host). */
 #ifndef TIDE_FORWARD_H
 #define TIDE_FORWARD_H
 
 #include "backend.h"
 
 #define FORWARD_MAX_STAGES 16
+#define FORWARD_MAX_SEQ 256 /* sequences a step may hold (KV slots at most) */
 
 struct device;
 struct expert_cache;
@@ -28,13 +33,15 @@ struct forward_stage_spec {
 
 /* The activation buffers that grow with the chunk: one set for a single token (decode),
  * one for max_batch tokens (prefill). */
-#define FORWARD_N_BATCH_BUFS 10
+#define FORWARD_N_BATCH_BUFS 12
 struct stage_bufs {
     float *x, *xb, *xb2;         /* (batch, n_embd) */
     float *q, *att_out;          /* (batch, n_head*head_dim) */
     float *hb, *hb2;             /* (batch, max(n_ff, n_ff_exp)) */
     float *router;               /* (batch, n_expert) */
     float *moe_in, *moe_out;     /* (batch, n_embd) */
+    float *k_new, *v_new;        /* (batch, n_head_kv*head_dim): a step of several sequences
+                                    rotates its new K/V rows here before they go to each slot */
 };
 
 enum prefill_mode {
@@ -57,14 +64,14 @@ struct forward_stage {
     size_t *owned_bytes;
     int *owned_kind;
     int n_owned, cap_owned;
-    float *k_cache, *v_cache;    /* (l1-l0, n_ctx, n_head_kv*head_dim) */
+    float *k_cache, *v_cache;    /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim) */
     /* the buffers of the chunk being run: dec or pre below */
-    float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out;
-    struct stage_bufs dec;       /* batch 1, always there */
+    float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out, *k_new, *v_new;
+    struct stage_bufs dec;       /* batch n_seq (a decode token per sequence), always there */
     struct stage_bufs pre;       /* batch max_batch: owned, or borrowed while a chunk runs */
     enum prefill_mode prefill;
     float *att;                  /* (n_head, n_ctx) */
-    float *logits;               /* last stage: (n_vocab) */
+    float *logits;               /* last stage: (n_seq, n_vocab), then n_seq int32 picks */
     /* backend_i.route output: a chunk's (n, 2 * n_expert_used) at 0, then a decode step's
      * per layer ((l1-l0), 2 * n_expert_used) after max_batch such rows */
     int32_t *route;
@@ -75,6 +82,7 @@ struct forward_stage {
     int32_t *step_at;            /* (2) position, token id: uploaded before each such step */
     float *kv_new;               /* (2, n_head_kv*head_dim) the step's new k and v rows */
     void *graph;                 /* the recording, or NULL */
+    int graph_slot;              /* the KV slot it was recorded for */
     bool graph_warm;             /* a step ran op by op since the workspaces last changed */
     bool graph_off;              /* not recordable here (no slots, failed once, TIDE_NO_GRAPHS) */
 };
@@ -82,7 +90,8 @@ struct forward_stage {
 struct forward_state {
     const struct model *m;
     int n_ctx;
-    int max_batch;
+    int n_seq;           /* KV slots: sequences that can run at once */
+    int max_batch;       /* rows of a step: the prefill buffers' size (>= n_seq) */
     int n_stage;
     struct forward_stage stage[FORWARD_MAX_STAGES];
     /* host side */
@@ -93,12 +102,11 @@ struct forward_state {
     int *moe_tok;        /* (max_batch * n_expert_used) tokens routed to each expert, by expert */
     float *moe_tokw;     /* (max_batch * n_expert_used) their weights for it */
     int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
-    float *logits;       /* (n_vocab) the last token's logits */
+    float *logits;       /* (n_seq, n_vocab) the logits a step asked for, one row a sequence */
+    int *iota;           /* (max_batch) 0, 1, 2, ...: row lists for gather_rows */
     void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
     void *logits_ctx;
     uint64_t n_expert_calls;
-    bool greedy;         /* forward_eval_greedy is running: pick on the device */
-    int greedy_id;       /* its pick */
 };
 
 /* Memory one stage needs, by ledger kind, before any expert cache. workspace holds the
@@ -106,10 +114,10 @@ struct forward_state {
 struct forward_stage_bytes {
     size_t weights, kv, workspace, prefill;
 };
-void forward_stage_size(const struct model *m, int n_ctx, int max_batch, uint32_t l0, uint32_t l1,
+void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_batch, uint32_t l0, uint32_t l1,
                         bool first, bool last, struct forward_stage_bytes *out);
 
-int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int max_batch,
+int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int n_seq, int max_batch,
                         const struct forward_stage_spec *sp, int n_stage);
 /* One stage on backend be, weights in place: the simple single-device form. */
 int forward_init(struct forward_state *s, const struct model *m, struct backend be, int n_ctx);
@@ -128,6 +136,28 @@ int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos
 int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next);
 /* KV bytes for n_ctx positions of all layers. */
 size_t forward_kv_bytes(const struct model *m, int n_ctx);
+
+/* One sequence's part of a step of forward_eval_batch. */
+struct forward_seq {
+    int slot;            /* its KV slot, 0..n_seq-1 */
+    int pos;             /* position of its first row here; rows 0..pos-1 of the slot are its past */
+    int n;               /* rows this step (>= 1): a decode token, or a prompt chunk */
+    const int *tokens;   /* (n) token ids, or NULL: */
+    const float *embd;   /* (n, n_embd) input embeddings in host memory (an image's rows) */
+    bool want_logits;    /* the logits of its last row are wanted */
+    bool pick_only;      /* ... only their greedy choice: made on the device where it can be */
+    /* out, when want_logits: */
+    const float *logits; /* (n_vocab) host, valid until the next step; NULL when only pick was made */
+    int pick;            /* the greedy choice (sampler_argmax's rule) when pick_only, else -1 */
+};
+/* One step over n_seq sequences (distinct slots): every product runs once over all their rows,
+ * attention per sequence over its own slot. Each row's result is what it would be in a step of
+ * its own on the CPU backend (bit for bit), and up to a product's summation order on a GPU.
+ * Steps larger than the bound buffers allow are cut into several, in order. */
+int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_seq);
+/* Rows a step may hold without being cut: n_seq always; max_batch where the prefill buffers
+ * are bound (own, or borrowed when the cache can lend them). */
+int forward_step_rows(const struct forward_state *s);
 
 /* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
  * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides

@@ -217,22 +217,43 @@ static void matmul_residual(const struct backend_i *B, void *bc, const struct te
     B->axpy(bc, x, tmp, 1.0f, n * (int)w->ne[1]);
 }
 
-/* n tokens at positions pos..; or, with at (backend memory, see struct forward_stage), one
- * token at position *at, read when the ops run (pos unused): the recordable decode step. */
-static int stage_layers(struct forward_state *s, struct forward_stage *st, int n, int pos, const int32_t *at)
+/* A step's rows as runs of one sequence each: run r is rows [t0, t0 + n) of the step, at
+ * positions pos.. of KV slot `slot`. */
+struct run {
+    int slot, pos, t0, n;
+    const int *tokens;   /* or NULL: */
+    const float *embd;   /* host (n, n_embd) */
+    int out;             /* the forward_seq whose last row this is when its logits are wanted, else -1 */
+};
+
+/* Layer l's K (or V) rows of slot `slot`: (n_ctx, kvd). */
+static float *slot_rows(const struct forward_state *s, const struct forward_stage *st, float *cache, uint32_t l,
+                        int slot)
+{
+    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim;
+    return cache + ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd;
+}
+
+/* The runs of a step (nr of them, n rows in all); or, with at (backend memory, see struct
+ * forward_stage), one token of run 0 at position *at, read when the ops run: the recordable
+ * decode step. One run writes its K/V rows straight into its slot; several rotate theirs in
+ * k_new/v_new, then copy each run's rows to its own slot. */
+static int stage_layers(struct forward_state *s, struct forward_stage *st, const struct run *rn, int nr, int n,
+                        const int32_t *at)
 {
     const struct model_config *c = &s->m->cfg;
     const struct backend_i *B = st->be.i;
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
-    int kvd = (int)c->n_head_kv * hd;
+    int kvd = (int)c->n_head_kv * hd, qd = (int)c->n_head * hd;
+    bool one = nr == 1;
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
-        /* this layer's cache rows; k/v matmuls write straight into them */
-        float *kc = st->k_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
-        float *vc = st->v_cache + (size_t)(l - st->l0) * s->n_ctx * kvd;
         /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
-        float *kpos = at ? st->kv_new : kc + (size_t)pos * kvd, *vpos = at ? st->kv_new + kvd : vc + (size_t)pos * kvd;
+        float *kpos = at ? st->kv_new : one ? slot_rows(s, st, st->k_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
+                                            : st->k_new;
+        float *vpos = at ? st->kv_new + kvd : one ? slot_rows(s, st, st->v_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
+                                                  : st->v_new;
 
         if (B->matmul3) { /* one op: the norm and the three products of xb */
             const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
@@ -247,23 +268,35 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, int n
         /* qwen3: rmsnorm each head before rope */
         const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
         if (at) {
+            float *kc = slot_rows(s, st, st->k_cache, l, rn[0].slot), *vc = slot_rows(s, st, st->v_cache, l, rn[0].slot);
             B->qk_norm_rope_at(bc, st->q, st->kv_new, kc, vc, qn, kn, (int)c->n_head, (int)c->n_head_kv, hd, at,
                                c->rope_theta, c->rope, c->rms_eps);
             B->attention_at(bc, st->q, kc, vc, st->att_out, at, s->n_ctx, (int)c->n_head, (int)c->n_head_kv, hd);
-        } else if (B->qk_norm_rope) {
-            B->qk_norm_rope(bc, st->q, kpos, qn, kn, n, (int)c->n_head, (int)c->n_head_kv, hd, pos, c->rope_theta,
-                            c->rope, c->rms_eps);
-        } else {
-            if (qn)
-                B->rmsnorm(bc, st->q, qn, st->q, hd, n * (int)c->n_head, c->rms_eps);
-            if (kn)
-                B->rmsnorm(bc, kpos, kn, kpos, hd, n * (int)c->n_head_kv, c->rms_eps);
-            B->rope(bc, st->q, n, (int)c->n_head, hd, pos, c->rope_theta, c->rope);
-            B->rope(bc, kpos, n, (int)c->n_head_kv, hd, pos, c->rope_theta, c->rope);
         }
-        /* the chunk's K/V rows are in the cache now: one causal attention for all n tokens */
-        if (!at)
-            B->attention(bc, st->q, kc, vc, st->att_out, st->att, n, pos, (int)c->n_head, (int)c->n_head_kv, hd);
+        for (int r = 0; r < nr && !at; r++) {
+            const struct run *R = &rn[r];
+            float *q = st->q + (size_t)R->t0 * qd;
+            float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
+            if (B->qk_norm_rope) {
+                B->qk_norm_rope(bc, q, k, qn, kn, R->n, (int)c->n_head, (int)c->n_head_kv, hd, R->pos, c->rope_theta,
+                                c->rope, c->rms_eps);
+            } else {
+                if (qn)
+                    B->rmsnorm(bc, q, qn, q, hd, R->n * (int)c->n_head, c->rms_eps);
+                if (kn)
+                    B->rmsnorm(bc, k, kn, k, hd, R->n * (int)c->n_head_kv, c->rms_eps);
+                B->rope(bc, q, R->n, (int)c->n_head, hd, R->pos, c->rope_theta, c->rope);
+                B->rope(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, c->rope_theta, c->rope);
+            }
+            float *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
+            if (!one) { /* this run's rows into its slot */
+                B->gather_rows(bc, kc + (size_t)R->pos * kvd, k, s->iota, R->n, kvd);
+                B->gather_rows(bc, vc + (size_t)R->pos * kvd, v, s->iota, R->n, kvd);
+            }
+            /* the run's K/V rows are in its slot now: one causal attention for its rows */
+            B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
+                         (int)c->n_head_kv, hd);
+        }
         matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
 
         /* a decode token's norm and router product in one op where the backend has it */
@@ -304,34 +337,42 @@ static void count_table_step(struct forward_state *s, struct forward_stage *st)
 
 /* The ops of a stage's decode step from the table, as recorded: the token's embedding (when
  * embed) and the layers, position and token read from step_at. */
-static int step_ops(struct forward_state *s, struct forward_stage *st, bool embed)
+static int step_ops(struct forward_state *s, struct forward_stage *st, const struct run *rn, bool embed)
 {
     if (embed)
         st->be.i->get_row_at(st->be.ctx, &st->tok_embd, st->step_at + 1, st->x);
-    return stage_layers(s, st, 1, 0, st->step_at);
+    return stage_layers(s, st, rn, 1, 1, st->step_at);
 }
 
-/* A decode step of stage st whose experts are all resident: the first runs op by op (sizing
- * every workspace), the next is recorded, and later ones replay the recording: one launch
- * instead of ~10 a layer. A recording that cannot be made turns recording off for the stage. */
-static int stage_step(struct forward_state *s, struct forward_stage *st, const int *token, int pos)
+/* A decode step of stage st (one sequence, one token) whose experts are all resident: the
+ * first runs op by op (sizing every workspace), the next is recorded, and later ones replay
+ * the recording: one launch instead of ~10 a layer. A recording holds its slot's KV rows, so a
+ * step of another slot records anew. A recording that cannot be made turns recording off for
+ * the stage. */
+static int stage_step(struct forward_state *s, struct forward_stage *st, const struct run *rn, bool embed)
 {
     const struct backend_i *B = st->be.i;
     void *bc = st->be.ctx;
     uint64_t calls = (uint64_t)s->m->cfg.n_expert_used * (st->l1 - st->l0);
-    int32_t at[2] = {pos, token ? *token : 0};
+    int32_t at[2] = {rn->pos, embed ? rn->tokens[0] : 0};
+    if (st->graph && st->graph_slot != rn->slot) {
+        B->graph_free(bc, st->graph);
+        st->graph = NULL;
+        st->graph_warm = false;
+    }
     B->upload(bc, st->step_at, at, sizeof at);
     if (!st->graph && st->graph_warm) {
         uint64_t n0 = s->n_expert_calls; /* recording runs nothing */
         int rc = B->graph_begin(bc);
         if (rc == 0) {
-            int rs = step_ops(s, st, token != NULL);
+            int rs = step_ops(s, st, rn, embed);
             rc = B->graph_end(bc, &st->graph);
             if (rc == 0 && rs < 0) {
                 B->graph_free(bc, st->graph);
                 st->graph = NULL;
                 rc = rs;
             }
+            st->graph_slot = rn->slot;
         }
         s->n_expert_calls = n0;
         if (rc < 0) {
@@ -352,22 +393,63 @@ static int stage_step(struct forward_state *s, struct forward_stage *st, const i
         if (rc != TIDE_ESTALE)
             return rc;
     }
-    int rc = step_ops(s, st, token != NULL);
+    int rc = step_ops(s, st, rn, embed);
     st->graph_warm = rc == 0;
     return rc;
 }
 
-/* n <= max_batch tokens (or embeddings) at positions pos.. */
-static int eval_chunk(struct forward_state *s, const int *tokens, const float *embd, int n, int pos,
-                      bool last)
+/* The logits (or greedy picks) of the runs that want them: their last rows gathered, normed and
+ * multiplied by the output head in one product, then downloaded (picks: one int a row). */
+static void step_logits(struct forward_state *s, struct forward_stage *st, const struct run *rn, int nr,
+                        struct forward_seq *seqs)
+{
+    const struct model_config *c = &s->m->cfg;
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    int E = (int)c->n_embd, V = (int)c->n_vocab;
+    int rows[FORWARD_MAX_SEQ], who[FORWARD_MAX_SEQ], m = 0;
+    bool picks = B->argmax != NULL;
+    for (int r = 0; r < nr; r++)
+        if (rn[r].out >= 0) {
+            rows[m] = rn[r].t0 + rn[r].n - 1;
+            who[m++] = rn[r].out;
+            picks = picks && seqs[rn[r].out].pick_only;
+        }
+    if (!m)
+        return;
+    const float *xl = st->x + (size_t)rows[0] * E;
+    if (m > 1) {
+        B->gather_rows(bc, st->xb2, st->x, rows, m, E);
+        xl = st->xb2;
+    }
+    B->rmsnorm(bc, xl, &st->output_norm, st->xb, E, m, c->rms_eps);
+    B->matmul(bc, &st->output, st->xb, st->logits, m);
+    int32_t *pick = (int32_t *)(st->logits + (size_t)s->n_seq * V), ids[FORWARD_MAX_SEQ];
+    if (picks) {
+        for (int i = 0; i < m; i++)
+            B->argmax(bc, st->logits + (size_t)i * V, V, pick + i);
+        B->download(bc, ids, pick, sizeof(int32_t) * (size_t)m);
+    } else {
+        B->download(bc, s->logits, st->logits, sizeof(float) * (size_t)m * V);
+    }
+    for (int i = 0; i < m; i++) {
+        struct forward_seq *q = &seqs[who[i]];
+        q->logits = picks ? NULL : s->logits + (size_t)i * V;
+        q->pick = picks ? ids[i] : q->pick_only ? sampler_argmax(q->logits, V) : -1;
+    }
+}
+
+/* One bound step: nr runs of n rows in all (n within the bound buffers). */
+static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int n, struct forward_seq *seqs)
 {
     const struct model_config *c = &s->m->cfg;
     int E = (int)c->n_embd;
     struct forward_stage *st;
+    bool decode1 = nr == 1 && n == 1;
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         st->from_table = false;
-        if (n == 1 && st->table_ok && expert_cache_complete(st->cache)) {
+        if (decode1 && st->table_ok && expert_cache_complete(st->cache)) {
             int rc = expert_cache_sync_table(st->cache);
             if (rc < 0)
                 return rc;
@@ -377,18 +459,24 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
     st = &s->stage[0];
     /* stage 0's embedding inside its step: a recording either embeds a token or not, so input
      * embeddings (an image's last token) take the op-by-op path */
-    bool step0 = st->from_table && !st->graph_off && tokens;
-    if (tokens) {
-        for (int t = 0; t < n; t++)
-            if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->n_vocab)
-                return TIDE_EINVAL;
-        if (!step0 && st->be.i->get_rows)
-            st->be.i->get_rows(st->be.ctx, &st->tok_embd, tokens, n, st->x);
-        else
-            for (int t = 0; t < n && !step0; t++)
-                st->be.i->get_row(st->be.ctx, &st->tok_embd, tokens[t], st->x + (size_t)t * E);
-    } else {
-        st->be.i->upload(st->be.ctx, st->x, embd, sizeof(float) * (size_t)n * E);
+    bool step0 = st->from_table && !st->graph_off && rn[0].tokens;
+    for (int r = 0; r < nr; r++) {
+        const struct run *R = &rn[r];
+        float *x = st->x + (size_t)R->t0 * E;
+        if (R->tokens) {
+            for (int t = 0; t < R->n; t++)
+                if (R->tokens[t] < 0 || (uint32_t)R->tokens[t] >= c->n_vocab)
+                    return TIDE_EINVAL;
+            if (step0)
+                continue;
+            if (st->be.i->get_rows)
+                st->be.i->get_rows(st->be.ctx, &st->tok_embd, R->tokens, R->n, x);
+            else
+                for (int t = 0; t < R->n; t++)
+                    st->be.i->get_row(st->be.ctx, &st->tok_embd, R->tokens[t], x + (size_t)t * E);
+        } else {
+            st->be.i->upload(st->be.ctx, x, R->embd, sizeof(float) * (size_t)R->n * E);
+        }
     }
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
@@ -399,62 +487,90 @@ static int eval_chunk(struct forward_state *s, const int *tokens, const float *e
             st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
         }
         bool step = i == 0 ? step0 : st->from_table && !st->graph_off;
-        int rc = step ? stage_step(s, st, i == 0 ? tokens : NULL, pos) : stage_layers(s, st, n, pos, NULL);
+        int rc = step ? stage_step(s, st, rn, i == 0) : stage_layers(s, st, rn, nr, n, NULL);
         if (rc < 0)
             return rc;
     }
-    if (last) {
-        const float *xl = st->x + (size_t)(n - 1) * E;
-        st->be.i->rmsnorm(st->be.ctx, xl, &st->output_norm, st->xb, E, 1, c->rms_eps);
-        st->be.i->matmul(st->be.ctx, &st->output, st->xb, st->logits, 1);
-        if (s->greedy && st->be.i->argmax) {
-            int32_t *pick = (int32_t *)(st->logits + c->n_vocab), id = 0;
-            st->be.i->argmax(st->be.ctx, st->logits, (int)c->n_vocab, pick);
-            st->be.i->download(st->be.ctx, &id, pick, sizeof id);
-            s->greedy_id = id;
-        } else {
-            st->be.i->download(st->be.ctx, s->logits, st->logits, sizeof(float) * c->n_vocab);
-            s->greedy_id = s->greedy ? sampler_argmax(s->logits, (int)c->n_vocab) : -1;
-        }
-    }
+    step_logits(s, st, rn, nr, seqs);
     for (int i = 0; i < s->n_stage; i++)
         if (s->stage[i].from_table)
             count_table_step(s, &s->stage[i]);
     return 0;
 }
 
-static int eval(struct forward_state *s, const int *tokens, const float *embd, int n, int pos)
+int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_seq)
 {
-    if (n <= 0 || pos < 0 || pos + n > s->n_ctx)
-        return TIDE_ERANGE;
-    size_t E = s->m->cfg.n_embd;
-    int rc = 0;
-    for (int done = 0; done < n && rc == 0;) {
-        int chunk = n - done < s->max_batch ? n - done : s->max_batch;
-        chunk = forward_bind_buffers(s, chunk);
-        rc = eval_chunk(s, tokens ? tokens + done : NULL, embd ? embd + (size_t)done * E : NULL, chunk,
-                        pos + done, done + chunk == n);
-        forward_unbind_buffers(s);
-        done += chunk;
+    if (n_seq <= 0 || n_seq > s->n_seq || n_seq > FORWARD_MAX_SEQ)
+        return TIDE_EINVAL;
+    int total = 0;
+    for (int i = 0; i < n_seq; i++) {
+        struct forward_seq *q = &seqs[i];
+        if (q->n <= 0 || q->pos < 0 || q->pos + q->n > s->n_ctx || q->slot < 0 || q->slot >= s->n_seq ||
+            (!q->tokens && !q->embd))
+            return TIDE_ERANGE;
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == q->slot)
+                return TIDE_EINVAL;
+        q->logits = NULL;
+        q->pick = -1;
+        total += q->n;
     }
+    size_t E = s->m->cfg.n_embd;
+    int done[FORWARD_MAX_SEQ] = {0};
+    int rc = 0;
+    /* Cut into bound steps: each takes the next rows of every sequence, in order, up to what
+     * the buffers hold; a sequence's logits come with the step that holds its last row. */
+    for (int left = total; left > 0 && rc == 0;) {
+        int cap = forward_bind_buffers(s, left);
+        struct run rn[FORWARD_MAX_SEQ];
+        int nr = 0, n = 0;
+        for (int i = 0; i < n_seq && n < cap; i++) {
+            struct forward_seq *q = &seqs[i];
+            int k = q->n - done[i];
+            if (k <= 0)
+                continue;
+            if (k > cap - n)
+                k = cap - n;
+            rn[nr] = (struct run){.slot = q->slot, .pos = q->pos + done[i], .t0 = n, .n = k,
+                                  .tokens = q->tokens ? q->tokens + done[i] : NULL,
+                                  .embd = q->embd ? q->embd + (size_t)done[i] * E : NULL,
+                                  .out = done[i] + k == q->n && q->want_logits ? i : -1};
+            done[i] += k;
+            n += k;
+            nr++;
+        }
+        rc = eval_runs(s, rn, nr, n, seqs);
+        forward_unbind_buffers(s);
+        left -= n;
+    }
+    return rc;
+}
+
+/* The one-sequence forms: slot 0. */
+static int eval1(struct forward_state *s, const int *tokens, const float *embd, int n, int pos, bool pick_only,
+                 int *pick)
+{
+    struct forward_seq q = {.slot = 0, .pos = pos, .n = n, .tokens = tokens, .embd = embd, .want_logits = true,
+                            .pick_only = pick_only};
+    int rc = forward_eval_batch(s, &q, 1);
+    if (rc == 0 && q.logits && q.logits != s->logits) /* the row the callers read */
+        memmove(s->logits, q.logits, sizeof(float) * s->m->cfg.n_vocab);
+    if (pick)
+        *pick = q.pick;
     return rc;
 }
 
 int forward_eval(struct forward_state *s, const int *tokens, int n, int pos)
 {
-    return eval(s, tokens, NULL, n, pos);
+    return eval1(s, tokens, NULL, n, pos, false, NULL);
 }
 
 int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos)
 {
-    return eval(s, NULL, embd, n, pos);
+    return eval1(s, NULL, embd, n, pos, false, NULL);
 }
 
 int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next)
 {
-    s->greedy = true;
-    int rc = eval(s, &token, NULL, 1, pos);
-    s->greedy = false;
-    *next = s->greedy_id;
-    return rc;
+    return eval1(s, &token, NULL, 1, pos, true, next);
 }

@@ -1,9 +1,10 @@
-/* session.h - the engine as the server sees it: load a model, run one generation job.
+/* session.h - the engine as the server sees it: load a model, run generation jobs.
  *
- * Only the engine thread calls engine_run(). A job carries its prompt (chat messages or
- * a raw prompt), sampling settings and a token callback; the callback runs on the engine
- * thread for every piece of text (complete UTF-8, never past a stop string) and returns
- * nonzero to cancel. */
+ * Only the engine thread calls into it. A job carries its prompt (chat messages or a raw
+ * prompt), sampling settings and a token callback; the callback runs on the engine thread for
+ * every piece of text (complete UTF-8, never past a stop string) and returns nonzero to cancel.
+ * Jobs run as sequences (sequence.c): engine_seq_start gives a job a KV slot, and each
+ * engine_step runs one forward over all running sequences. engine_run is one job alone. */
 #ifndef TIDE_SESSION_H
 #define TIDE_SESSION_H
 
@@ -15,9 +16,19 @@
 
 struct engine_options {
     const char *model_path;
-    int n_ctx;          /* context length (tokens) */
+    int n_ctx;          /* context length (tokens) of each sequence */
+    int n_seq;          /* sequences at once (KV slots); 0: automatic (memory/plan.c) */
     int n_threads;      /* 0 = all cores */
     struct plan_options plan;   /* devices, split, reserves (n_ctx/n_threads copied in) */
+};
+
+/* A KV slot: the rows one sequence writes, remembered after it ends so that a later prompt
+ * with the same prefix skips those rows. */
+struct kv_slot {
+    int *tokens;        /* (n_ctx) token of each row held (-1: an image row) */
+    int n_tokens;       /* rows held and known */
+    bool busy;          /* a running sequence owns it */
+    uint64_t last_use;
 };
 
 struct engine {
@@ -29,9 +40,10 @@ struct engine {
     long fail_step;             /* test hook TIDE_FAULT_ENGINE_STEP: steps until one fails; 0 = off */
     struct forward_state fw;
     int n_ctx;
-    int *tokens;        /* (n_ctx) tokens now in the KV cache, for prefix reuse (-1: image) */
+    struct kv_slot *slots; /* (n_slots) */
+    int n_slots;
+    uint64_t use_clock;
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
-    int n_tokens;
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
@@ -41,6 +53,7 @@ enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
 /* In a chat message's text, this marker stands for the next image of the job: the image's
  * embeddings go in at its place (wrapped in the vocabulary's vision markers when it has them). */
 #define ENGINE_IMAGE_MARKER "\x01tide:image\x01"
+#define ENGINE_MAX_IMAGES 64
 
 struct gen_image {
     const float *embd;  /* (n_tokens, n_embd) */
@@ -56,7 +69,7 @@ struct gen_job {
     int max_tokens;     /* -1: until the context is full */
     const char *stop[JOB_MAX_STOP];
     int n_stop;
-    int n;              /* choices, run one after another */
+    int n;              /* choices, run one after another in the job's sequence */
     const struct gen_image *images;  /* one per ENGINE_IMAGE_MARKER, in order */
     int n_images;
     /* on_text(ud, choice, text, len, lp): lp is NULL unless sp.logprobs; the logprob
@@ -71,6 +84,7 @@ struct gen_job {
     const volatile int *cancel;
     /* output */
     int prompt_tokens;
+    int cached_tokens;                   /* of prompt_tokens, rows its KV slot already held */
     int completion_tokens;               /* over all choices */
     enum finish_reason finish[16];       /* per choice (n <= 16) */
 };
@@ -82,8 +96,29 @@ int engine_size_caches(struct engine *e);
 void engine_free(struct engine *e);
 /* Count the prompt tokens a job would use (for validation before queueing); <0 on error. */
 int engine_count_prompt(struct engine *e, const struct gen_job *job);
-/* Run a job. 0 on success, TIDE_ECANCELED when the callback asked to stop, TIDE_ERANGE
- * when the prompt does not fit the context (err says so), other negatives on failure. */
+/* The job's prompt as tokens (malloc'd): template, tokenizer, the images' rows as -1 with
+ * img_at[i] the first row of image i (ENGINE_MAX_IMAGES at most). */
+int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids, int *n, int *img_at);
+/* Run a job alone, start to end. 0 on success, TIDE_ECANCELED when the callback asked to
+ * stop, TIDE_ERANGE when the prompt does not fit the context (err says so), other negatives
+ * on failure. */
 int engine_run(struct engine *e, struct gen_job *job, char *err, size_t errlen);
+
+/* ---- sequences (sequence.c) ---- */
+struct engine_seq;
+/* Tokenise the job's prompt, check that it fits, and give it the free KV slot whose rows share
+ * the longest prefix with it (job->cached_tokens). TIDE_EFULL: no slot is free. Errors as
+ * engine_run's, err saying why. */
+int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **out, char *err, size_t errlen);
+/* One forward over the running sequences seqs[0..n) (in admission order): a decode row for each
+ * one that is generating, then prompt chunks up to max_rows rows in all; then each sequence with
+ * logits samples and hands its text to its job. A cancelled job's sequence ends first. Returns
+ * 0, or the forward's error (every sequence of that step then ends with it). */
+int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max_rows);
+/* True when q has ended: *rc 0, or why it failed (*err says so, or is empty). */
+bool engine_seq_done(const struct engine_seq *q, int *rc, const char **err);
+/* Release q and its slot (its rows stay there for a later prompt with the same prefix). */
+void engine_seq_free(struct engine *e, struct engine_seq *q);
+int engine_free_slots(const struct engine *e);
 
 #endif

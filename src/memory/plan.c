@@ -116,6 +116,11 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     for (int i = 0; i < n; i++)
         cuda_stage |= dv[i].kind == DEVICE_KIND_CUDA;
     p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : FORWARD_DEFAULT_BATCH;
+    p->n_seq = o->n_seq > 0 ? o->n_seq : cuda_stage ? PLAN_AUTO_SEQ_CUDA : PLAN_AUTO_SEQ_CPU;
+    if (p->n_seq > FORWARD_MAX_SEQ)
+        p->n_seq = FORWARD_MAX_SEQ;
+    if (p->max_batch < p->n_seq)
+        p->max_batch = p->n_seq;
     split_layers(m->cfg.n_layer, n, o->layer_split, o->n_layer_split, p->l0, p->l1);
     for (int i = 0; i < n; i++) {
         if (p->l1[i] == p->l0[i]) {
@@ -123,6 +128,7 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
             return TIDE_EINVAL;
         }
     }
+    size_t budgets[PLAN_MAX_DEVICES];
     for (int i = 0; i < n; i++) {
         const struct plan_device_options *d = &dv[i];
         size_t budget;
@@ -148,20 +154,33 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         }
         p->n_dev = i + 1;
         p->dev[i].reserve = p->dev[i].reserve_startup = (size_t)(d->reserve_mib > 0 ? d->reserve_mib : 0) * MIB;
+        budgets[i] = budget;
+    }
+    /* KV slots: as many as asked; automatic: PLAN_AUTO_SEQ_*, halved while they would not fit
+     * some device. Every device holds every slot (its layers' part). */
+    for (int i = 0; i < n; i++) {
+        const struct plan_device_options *d = &dv[i];
+        size_t budget = budgets[i];
         struct forward_stage_bytes sb;
-        forward_stage_size(m, o->n_ctx, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, &sb);
         struct expert_cache g;
         memset(&g, 0, sizeof g);
         expert_cache_geometry(&g, m, p->l0[i], p->l1[i], o->segment_bytes);
         size_t cache_ws = g.slot_bytes + expert_cache_table_bytes(&g, &p->dev[i]); /* staging slot, table */
+        forward_stage_size(m, o->n_ctx, p->n_seq, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, &sb);
         size_t need = sb.weights + sb.kv + sb.workspace + cache_ws + p->dev[i].reserve;
+        if (o->n_seq <= 0 && p->n_seq > 1 && need > budget) {
+            p->n_seq /= 2;
+            i = -1; /* every device again with fewer slots */
+            continue;
+        }
         if (need > budget) {
             snprintf(err, errlen,
-                     "device %d (%s, %.0f MiB): layers %u-%u need %.1f MiB (weights %.1f, kv %.1f for %d tokens, "
-                     "workspace %.1f) plus a %.0f MiB reserve; lower context or give it more memory",
+                     "device %d (%s, %.0f MiB): layers %u-%u need %.1f MiB (weights %.1f, kv %.1f for %d sequences of "
+                     "%d tokens, workspace %.1f) plus a %.0f MiB reserve; lower context or parallel, or give it more "
+                     "memory",
                      i, d->kind == DEVICE_KIND_CPU ? "cpu" : "cuda", (double)budget / MIB, p->l0[i], p->l1[i] - 1,
                      (double)(need - p->dev[i].reserve) / MIB, (double)sb.weights / MIB, (double)sb.kv / MIB,
-                     o->n_ctx, (double)(sb.workspace + cache_ws) / MIB, (double)p->dev[i].reserve / MIB);
+                     p->n_seq, o->n_ctx, (double)(sb.workspace + cache_ws) / MIB, (double)p->dev[i].reserve / MIB);
             memory_plan_free(p);
             return TIDE_ERANGE;
         }

@@ -14,6 +14,9 @@
 #include "memory/expert_cache.h"
 
 #define PLAN_MAX_DEVICES FORWARD_MAX_STAGES
+/* KV slots when the config leaves `parallel` automatic (before halving to fit) */
+#define PLAN_AUTO_SEQ_CPU 4
+#define PLAN_AUTO_SEQ_CUDA 16
 
 struct plan_device_options {
     enum device_kind kind;
@@ -32,6 +35,7 @@ struct plan_options {
     int n_ctx;
     int max_batch;           /* prefill chunk (0: FORWARD_CUDA_BATCH with a CUDA device, else
                                 FORWARD_DEFAULT_BATCH) */
+    int n_seq;               /* KV slots: sequences that run at once (0: automatic, see plan.c) */
 };
 
 struct memory_plan {
@@ -43,6 +47,7 @@ struct memory_plan {
     size_t host_expert_bytes;  /* every expert of the model, in host RAM */
     struct model *pinned;      /* the model whose experts this plan pinned, or NULL */
     int max_batch;
+    int n_seq;                 /* KV slots the devices hold (every device holds all of them) */
     /* Segments a cache could not get back when it last grew (a device allocation failed):
      * it is below its target until memory_plan_retry_grow gets them. 0 when in step. */
     int grow_behind[PLAN_MAX_DEVICES];

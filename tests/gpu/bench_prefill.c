@@ -222,7 +222,7 @@ void bench_prefill(void)
         wrap.moe_ffn_batch = way[wi].grouped && gpu.i->moe_ffn_batch ? w_moe_batch : NULL;
         struct forward_state fs;
         per_token = way[wi].per_token;
-        int rc = forward_init_stages(&fs, &m, NCTX, way[wi].batch, &sp, 1);
+        int rc = forward_init_stages(&fs, &m, NCTX, 1, way[wi].batch, &sp, 1);
         if (!rc) rc = forward_setup_prefill(&fs, 0, PREFILL_OWN);
         if (rc) {
             printf("  %s: init: %s\n", way[wi].name, tide_strerror(rc));

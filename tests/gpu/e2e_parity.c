@@ -81,7 +81,7 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     }
     struct forward_stage_spec sp = {.dev = &dev, .l0 = 0, .l1 = m.cfg.n_layer, .cache = have_cache ? &cache : NULL};
     if (!rc)
-        rc = forward_init_stages(&sg, &m, n_ctx, FORWARD_DEFAULT_BATCH, &sp, 1);
+        rc = forward_init_stages(&sg, &m, n_ctx, 1, FORWARD_DEFAULT_BATCH, &sp, 1);
     if (rc) {
         printf("FAIL %s (init: %s)\n", name, tide_strerror(rc));
         return 0;

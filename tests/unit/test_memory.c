@@ -92,7 +92,7 @@ Test(memory, startup_takes_what_is_left_and_never_more_than_all_experts)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 256, 256, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     for (int d = 0; d < 2; d++) {
         const struct expert_cache *c = &p.cache[d];
@@ -147,7 +147,7 @@ Test(memory, output_does_not_depend_on_cache_size_or_split)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 256, 256, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     for (int d = 0; d < 2; d++) /* batched prefill, like the reference */
         cr_assert_eq(forward_setup_prefill(&fw, d, PREFILL_OWN), 0);
@@ -178,7 +178,7 @@ Test(memory, reserve_shrinks_by_segments_and_restore_refills)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 64, 64, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     int out[4];
     greedy(&fw, out, 4); /* touch some experts */
@@ -221,7 +221,7 @@ Test(memory, random_reserves_restores_and_requests_keep_the_invariants)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 48, 40, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     int full[2] = {expert_cache_slots(&p.cache[0]), expert_cache_slots(&p.cache[1])};
     int want[3], got[3];
@@ -262,7 +262,7 @@ Test(memory, injected_allocation_failure_leaves_the_cache_consistent)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 64, 64, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     int full = expert_cache_slots(&p.cache[0]);
     p.dev[0].reserve = p.dev[0].total; /* give all back */
@@ -293,7 +293,7 @@ Test(memory, prefill_borrowing_cache_segments_gives_the_same_output)
     struct memory_plan p;
     cr_assert_eq(plan_two(&p, 64, 64, 0), 0);
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.max_batch, p.spec, p.n_dev), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, 256, p.n_seq, p.max_batch, p.spec, p.n_dev), 0);
     cr_assert_eq(memory_plan_size_caches(&p), 0);
     size_t ws0 = p.dev[0].used[MEM_WORKSPACE];
     for (int d = 0; d < 2; d++)
@@ -331,7 +331,7 @@ Test(memory, a_long_chunk_borrows_half_when_segments_are_small)
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
     struct forward_state ref;
     struct forward_stage_spec rsp = {.be = be, .l0 = 0, .l1 = M.cfg.n_layer};
-    cr_assert_eq(forward_init_stages(&ref, &M, n_ctx, 256, &rsp, 1), 0);
+    cr_assert_eq(forward_init_stages(&ref, &M, n_ctx, 1, 256, &rsp, 1), 0);
     cr_assert_eq(forward_setup_prefill(&ref, 0, PREFILL_OWN), 0);
     const struct model_config *c = &M.cfg;
     size_t w = c->n_embd;
@@ -347,7 +347,7 @@ Test(memory, a_long_chunk_borrows_half_when_segments_are_small)
               "segment of %zu bytes for a widest row of %zu floats", cache.seg_bytes, w);
     struct forward_stage_spec sp = {.dev = &dev, .l0 = 0, .l1 = c->n_layer, .cache = &cache};
     struct forward_state fw;
-    cr_assert_eq(forward_init_stages(&fw, &M, n_ctx, 512, &sp, 1), 0);
+    cr_assert_eq(forward_init_stages(&fw, &M, n_ctx, 1, 512, &sp, 1), 0);
     cr_assert_eq(forward_setup_prefill(&fw, 0, PREFILL_BORROW), 0);
     int tok[300];
     for (int i = 0; i < n; i++)

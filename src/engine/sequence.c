@@ -1,0 +1,471 @@
+/* sequence.c - running generations as sequences of one batched forward (engine thread only).
+ *
+ * A sequence is one job: its prompt as tokens, a KV slot, and per choice a sampler and the
+ * text on its way out. engine_step runs one forward over every running sequence: each one's
+ * decode token, then prompt chunks (chunked prefill) in admission order up to the step's row
+ * budget, so a long prompt never stalls the streams. After the forward each sequence with
+ * logits samples its next token and hands complete UTF-8 text to its job's callback, never past
+ * a stop string: bytes that could still start a stop string are held back until they cannot.
+ *
+ * A sequence's rows do not depend on what else runs in its step (forward_eval_batch), so its
+ * greedy output is the one it gets alone. */
+#include "session.h"
+#include "json_guard.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SEQ_MAX_STOPS (JOB_MAX_STOP + 8)
+
+struct engine_seq {
+    struct gen_job *job;
+    int slot;
+    int *ids;                /* (n_prompt) prompt tokens; -1 for an image's rows */
+    int n_prompt;
+    int img_at[ENGINE_MAX_IMAGES]; /* first row of each image */
+    int pos;                 /* rows of the slot that hold this sequence (prefill progress, then tokens) */
+    int max_new;
+    int n_choices, choice;
+    const char *stops[SEQ_MAX_STOPS];
+    int n_stop;
+    bool pick_only;          /* greedy with nothing that needs the logits: the pick is made on the device */
+    float *prompt_logits;    /* (2, n_vocab) for the choices after the first (n > 1), else NULL: the
+                                prompt's logits, then a copy a choice's first draw may change */
+    /* the choice being generated */
+    struct sampler smp;
+    bool smp_ok;
+    struct json_guard jg;
+    struct utf8_stream u8;
+    char *held;              /* decoded text not yet given to the callback */
+    size_t n_held, cap;
+    int t;                   /* tokens of this choice so far */
+    int next;                /* the token the next step feeds (at pos), -1 while prefilling */
+    bool done;
+    int rc;
+    char err[256];
+};
+
+static bool step_fault(struct engine *e)
+{
+    if (e->fail_step <= 0 || --e->fail_step > 0)
+        return false;
+    tide_log("injected forward step failure (TIDE_FAULT_ENGINE_STEP)");
+    return true;
+}
+
+int engine_free_slots(const struct engine *e)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_slots; i++)
+        n += !e->slots[i].busy;
+    return n;
+}
+
+/* The free slot whose rows share the longest prefix with ids (ties: the least recently used);
+ * *keep is that prefix, at most n - 1 so the last prompt token is evaluated again for fresh
+ * logits. Image rows never match. */
+static int pick_slot(struct engine *e, const int *ids, int n, int *keep)
+{
+    int best = -1, best_keep = -1;
+    for (int i = 0; i < e->n_slots; i++) {
+        struct kv_slot *s = &e->slots[i];
+        if (s->busy)
+            continue;
+        int k = 0;
+        while (k < s->n_tokens && k < n - 1 && ids[k] >= 0 && s->tokens[k] == ids[k])
+            k++;
+        if (k > best_keep || (k == best_keep && s->last_use < e->slots[best].last_use)) {
+            best = i;
+            best_keep = k;
+        }
+    }
+    *keep = best_keep;
+    return best;
+}
+
+static bool wants_logits(const struct sampling_params *sp)
+{
+    const char *ha = getenv("TIDE_HOST_ARGMAX");
+    return sp->temperature > 0.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f || sp->logprobs ||
+           sp->json_object || (ha && ha[0] == '1');
+}
+
+/* Set up choice c: its sampler seeded seed + c, empty text. */
+static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
+{
+    if (q->smp_ok)
+        sampler_free(&q->smp);
+    q->smp_ok = false;
+    int rc = sampler_init(&q->smp, &q->job->sp, n_vocab);
+    if (rc < 0)
+        return rc;
+    q->smp_ok = true;
+    sampler_reset(&q->smp, q->job->sp.seed + (uint64_t)q->choice);
+    json_guard_init(&q->jg);
+    memset(&q->u8, 0, sizeof q->u8);
+    q->n_held = 0;
+    q->t = 0;
+    q->next = -1;
+    q->job->finish[q->choice] = FINISH_NONE;
+    return 0;
+}
+
+int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (job->n_images > ENGINE_MAX_IMAGES) {
+        snprintf(err, errlen, "at most %d images per request", ENGINE_MAX_IMAGES);
+        return TIDE_EINVAL;
+    }
+    struct engine_seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return TIDE_ENOMEM;
+    q->job = job;
+    q->slot = -1;
+    int rc = engine_prompt_tokens(e, job, &q->ids, &q->n_prompt, q->img_at);
+    if (rc < 0) {
+        snprintf(err, errlen, "tokenize: %s", tide_strerror(rc));
+        goto fail;
+    }
+    int n = q->n_prompt;
+    job->prompt_tokens = n;
+    job->completion_tokens = 0;
+    job->cached_tokens = 0;
+    if (n == 0 || n >= e->n_ctx) {
+        snprintf(err, errlen, "the prompt is %d tokens; this server's context is %d tokens", n, e->n_ctx);
+        rc = TIDE_ERANGE;
+        goto fail;
+    }
+    int room = e->n_ctx - n;
+    q->max_new = job->max_tokens < 0 ? room : job->max_tokens;
+    if (q->max_new > room) {
+        snprintf(err, errlen, "prompt (%d tokens) + max_tokens (%d) exceeds the context of %d tokens", n,
+                 job->max_tokens, e->n_ctx);
+        rc = TIDE_ERANGE;
+        goto fail;
+    }
+    int keep = 0;
+    q->slot = pick_slot(e, q->ids, n, &keep);
+    if (q->slot < 0) {
+        snprintf(err, errlen, "no free sequence slot");
+        rc = TIDE_EFULL;
+        goto fail;
+    }
+    struct kv_slot *s = &e->slots[q->slot];
+    s->busy = true;
+    s->last_use = ++e->use_clock;
+    s->n_tokens = keep;
+    q->pos = keep;
+    job->cached_tokens = keep;
+    q->n_choices = job->n < 1 ? 1 : job->n > 16 ? 16 : job->n;
+    for (int i = 0; i < job->n_stop && i < JOB_MAX_STOP; i++)
+        if (job->stop[i] && job->stop[i][0])
+            q->stops[q->n_stop++] = job->stop[i];
+    if (job->messages)
+        for (const char *const *st = template_stop_strings(e->tmpl); st && *st && q->n_stop < SEQ_MAX_STOPS; st++)
+            q->stops[q->n_stop++] = *st;
+    q->pick_only = !wants_logits(&job->sp);
+    q->cap = 4096;
+    q->held = malloc(q->cap);
+    if (!q->held || (q->n_choices > 1 && !(q->prompt_logits = malloc(2 * sizeof(float) * e->model.cfg.n_vocab)))) {
+        rc = TIDE_ENOMEM;
+        goto fail;
+    }
+    if (q->n_choices > 1)
+        q->pick_only = false; /* the later choices start from the prompt's logits */
+    rc = begin_choice(q, e->model.cfg.n_vocab);
+    if (rc < 0)
+        goto fail;
+    *out = q;
+    return 0;
+fail:
+    if (!err[0])
+        snprintf(err, errlen, "%s", tide_strerror(rc));
+    engine_seq_free(e, q);
+    return rc;
+}
+
+void engine_seq_free(struct engine *e, struct engine_seq *q)
+{
+    if (!q)
+        return;
+    if (q->slot >= 0) {
+        e->slots[q->slot].busy = false;
+        e->slots[q->slot].last_use = ++e->use_clock;
+    }
+    if (q->smp_ok)
+        sampler_free(&q->smp);
+    free(q->ids);
+    free(q->prompt_logits);
+    free(q->held);
+    free(q);
+}
+
+bool engine_seq_done(const struct engine_seq *q, int *rc, const char **err)
+{
+    if (rc)
+        *rc = q->rc;
+    if (err)
+        *err = q->err;
+    return q->done;
+}
+
+static void seq_fail(struct engine *e, struct engine_seq *q, int rc, const char *why)
+{
+    q->done = true;
+    q->rc = rc;
+    if (why && !q->err[0])
+        snprintf(q->err, sizeof q->err, "%s", why);
+    if (q->slot >= 0)
+        e->slots[q->slot].n_tokens = 0; /* what the slot holds is no longer known */
+}
+
+/* Length of the longest suffix of buf[0..len) that is a proper prefix of a stop string:
+ * those bytes must wait for the next token before they can be emitted. */
+static size_t stop_holdback(const char *buf, size_t len, const char *const *stops, int n_stop)
+{
+    size_t hold = 0;
+    for (int s = 0; s < n_stop; s++) {
+        size_t sl = strlen(stops[s]);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (memcmp(buf + len - k, stops[s], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Earliest match of any stop string in buf, or -1. */
+static long stop_find(const char *buf, size_t len, const char *const *stops, int n_stop)
+{
+    long best = -1;
+    for (int s = 0; s < n_stop; s++) {
+        const char *p = memmem(buf, len, stops[s], strlen(stops[s]));
+        if (p && (best < 0 || p - buf < best))
+            best = p - buf;
+    }
+    return best;
+}
+
+/* JSON mode: every token whose bytes would stop the reply being the start of a JSON object
+ * gets -inf; end-of-generation is allowed only once the object is complete, and then nothing
+ * else is. Costs one pass over the vocabulary per token. */
+static void json_mask(const struct tokenizer *tok, const struct json_guard *g, float *logits, uint32_t n_vocab)
+{
+    bool done = json_guard_complete(g);
+    uint32_t allowed = 0;
+    char piece[256];
+    for (uint32_t id = 0; id < n_vocab; id++) {
+        bool ok;
+        if (tokenizer_is_eog(tok, (int)id)) {
+            ok = done;
+        } else if (done || tokenizer_is_special(tok, (int)id)) {
+            ok = false;
+        } else {
+            int n = tokenizer_token_bytes(tok, (int)id, piece, sizeof piece);
+            struct json_guard t = *g;
+            ok = n > 0 && n <= (int)sizeof piece && json_guard_feed(&t, piece, (size_t)n);
+        }
+        if (ok)
+            allowed++;
+        else
+            logits[id] = -INFINITY;
+    }
+    int eos = tokenizer_eos(tok);
+    if (!allowed && eos >= 0 && (uint32_t)eos < n_vocab)
+        logits[eos] = 0.0f; /* nothing can follow: end here rather than sample from nothing */
+}
+
+/* Choice q->choice ended with fin: record it, and start the next choice from the prompt's
+ * logits (returns true: sample again now) or finish the sequence. */
+static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reason fin)
+{
+    q->job->finish[q->choice] = fin;
+    if (++q->choice >= q->n_choices) {
+        q->done = true;
+        return false;
+    }
+    int rc = begin_choice(q, e->model.cfg.n_vocab);
+    if (rc < 0) {
+        seq_fail(e, q, rc, "sampler");
+        return false;
+    }
+    q->pos = q->n_prompt; /* the next choice overwrites the last one's rows */
+    e->slots[q->slot].n_tokens = q->n_prompt;
+    return true;
+}
+
+/* Sample the next token of q's choice from logits (or take pick, the device's greedy choice),
+ * give its text to the job and decide what comes next. */
+static void take_token(struct engine *e, struct engine_seq *q, float *logits, int pick)
+{
+    struct gen_job *job = q->job;
+    uint32_t n_vocab = e->model.cfg.n_vocab;
+    for (;;) {
+        struct token_logprob lp;
+        if (job->sp.json_object)
+            json_mask(e->tok, &q->jg, logits, n_vocab);
+        int id = pick >= 0 ? pick : sampler_sample(&q->smp, logits, job->sp.logprobs ? &lp : NULL);
+        pick = -1;
+        sampler_accept(&q->smp, id);
+        job->completion_tokens++;
+        q->t++;
+        bool eog = tokenizer_is_eog(e->tok, id);
+        char piece[256];
+        int plen = 0;
+        if (!eog) {
+            plen = tokenizer_token_bytes(e->tok, id, piece, sizeof piece);
+            if (plen < 0)
+                plen = 0;
+            if (plen > (int)sizeof piece)
+                plen = sizeof piece;
+        }
+        if (q->n_held + 3 * (size_t)plen + 16 > q->cap) {
+            size_t nc = 2 * (q->n_held + 3 * (size_t)plen + 16);
+            char *nh = realloc(q->held, nc);
+            if (!nh) {
+                seq_fail(e, q, TIDE_ENOMEM, "out of memory");
+                return;
+            }
+            q->held = nh;
+            q->cap = nc;
+        }
+        if (job->sp.json_object && !eog)
+            json_guard_feed(&q->jg, piece, (size_t)plen); /* json_mask let only valid ones through */
+        q->n_held += utf8_stream_feed(&q->u8, piece, (size_t)plen, q->held + q->n_held);
+        if (eog)
+            q->n_held += utf8_stream_flush(&q->u8, q->held + q->n_held);
+        long at = stop_find(q->held, q->n_held, q->stops, q->n_stop);
+        size_t emit = q->n_held;
+        if (at >= 0)
+            emit = (size_t)at;
+        else if (!eog)
+            emit = q->n_held - stop_holdback(q->held, q->n_held, q->stops, q->n_stop);
+        if (job->on_text(job->ud, q->choice, q->held, emit, job->sp.logprobs ? &lp : NULL)) {
+            seq_fail(e, q, TIDE_ECANCELED, NULL);
+            return;
+        }
+        memmove(q->held, q->held + emit, q->n_held - emit);
+        q->n_held -= emit;
+        enum finish_reason fin = FINISH_NONE;
+        if (eog || at >= 0)
+            fin = FINISH_STOP;
+        else if (q->t >= q->max_new || q->pos >= e->n_ctx)
+            fin = FINISH_LENGTH; /* no forward for a token nobody will use */
+        if (fin == FINISH_NONE) {
+            q->next = id;
+            return;
+        }
+        if (fin == FINISH_LENGTH && q->n_held > 0) {
+            /* out of tokens: what was held back for a stop string that never came is text */
+            q->n_held += utf8_stream_flush(&q->u8, q->held + q->n_held);
+            if (job->on_text(job->ud, q->choice, q->held, q->n_held, NULL)) {
+                seq_fail(e, q, TIDE_ECANCELED, NULL);
+                return;
+            }
+            q->n_held = 0;
+        }
+        if (!end_choice(e, q, fin))
+            return;
+        logits = q->prompt_logits + n_vocab; /* the next choice draws from the prompt's logits */
+        memcpy(logits, q->prompt_logits, sizeof(float) * n_vocab);
+    }
+}
+
+/* The rows q runs this step, at most budget of them: its decode token, or its next prompt
+ * chunk (tokens, or one image's rows, up to the end of the run). 0 when it has none. */
+static int plan_rows(const struct engine *e, const struct engine_seq *q, int budget, struct forward_seq *f)
+{
+    const struct gen_job *job = q->job;
+    *f = (struct forward_seq){.slot = q->slot, .pos = q->pos};
+    if (q->pos >= q->n_prompt) {
+        f->n = 1;
+        f->tokens = &q->next;
+        f->want_logits = true;
+        f->pick_only = q->pick_only;
+        return 1;
+    }
+    int p = q->pos, end = p;
+    if (q->ids[p] >= 0) {
+        while (end < q->n_prompt && q->ids[end] >= 0 && end - p < budget)
+            end++;
+        f->tokens = q->ids + p;
+    } else {
+        int img = 0;
+        while (img + 1 < job->n_images && q->img_at[img + 1] <= p)
+            img++;
+        while (end < q->n_prompt && q->ids[end] < 0 && end - q->img_at[img] < job->images[img].n_tokens &&
+               end - p < budget)
+            end++;
+        f->embd = job->images[img].embd + (size_t)(p - q->img_at[img]) * e->model.cfg.n_embd;
+    }
+    f->n = end - p;
+    f->want_logits = end == q->n_prompt;
+    f->pick_only = q->pick_only && q->n_choices == 1;
+    return f->n;
+}
+
+int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max_rows)
+{
+    struct forward_seq fs[FORWARD_MAX_SEQ];
+    struct engine_seq *in[FORWARD_MAX_SEQ];
+    int nf = 0, rows = 0;
+    if (max_rows < n)
+        max_rows = n;
+    for (int i = 0; i < n; i++) { /* cancelled ones leave before any work */
+        struct engine_seq *q = seqs[i];
+        if (!q->done && q->job->cancel && *q->job->cancel)
+            seq_fail(e, q, TIDE_ECANCELED, NULL);
+    }
+    /* decode rows first: every stream advances each step; then prompt chunks in admission order */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n && nf < FORWARD_MAX_SEQ; i++) {
+            struct engine_seq *q = seqs[i];
+            if (q->done || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
+                continue;
+            int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
+            if (k > 0) {
+                in[nf++] = q;
+                rows += k;
+            }
+        }
+    if (!nf)
+        return 0;
+    if (e->slow_token_us)
+        usleep(e->slow_token_us); /* test hook, see engine_init */
+    int rc = step_fault(e) ? TIDE_EINTERNAL : forward_eval_batch(&e->fw, fs, nf);
+    if (rc < 0) {
+        for (int i = 0; i < nf; i++) {
+            char why[128];
+            if (in[i]->pos < in[i]->n_prompt)
+                snprintf(why, sizeof why, "prefill: %s", tide_strerror(rc));
+            else
+                snprintf(why, sizeof why, "forward at position %d: %s", in[i]->pos, tide_strerror(rc));
+            seq_fail(e, in[i], rc, why);
+        }
+        return rc;
+    }
+    uint32_t n_vocab = e->model.cfg.n_vocab;
+    for (int i = 0; i < nf; i++) {
+        struct engine_seq *q = in[i];
+        struct kv_slot *s = &e->slots[q->slot];
+        bool prefill = q->pos < q->n_prompt;
+        if (prefill)
+            memcpy(s->tokens + q->pos, q->ids + q->pos, sizeof(int) * (size_t)fs[i].n);
+        else
+            s->tokens[q->pos] = q->next;
+        q->pos += fs[i].n;
+        s->n_tokens = q->pos;
+        if (!fs[i].want_logits)
+            continue;
+        float *logits = (float *)fs[i].logits;
+        if (prefill && q->prompt_logits)
+            memcpy(q->prompt_logits, logits, sizeof(float) * n_vocab);
+        take_token(e, q, logits, fs[i].pick);
+    }
+    return 0;
+}
