@@ -26,6 +26,7 @@ void config_defaults(struct config *c)
     c->port = 8080;
     c->context = 4096;
     c->queue_max = 64;
+    c->max_batch_tokens = 2048;
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
     c->devices_auto = true;
@@ -214,6 +215,13 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
         } else if (strcmp(k, "queue_max") == 0) {
             rc = get_int(f, k, 1, 1 << 20, "a positive integer", &n, err, errlen);
             if (!rc) c->queue_max = (int)n;
+        } else if (strcmp(k, "parallel") == 0) {
+            if (cJSON_IsNull(f)) { c->parallel = 0; continue; }
+            rc = get_int(f, k, 1, 256, "null or an integer 1..256 (sequences running at once)", &n, err, errlen);
+            if (!rc) c->parallel = (int)n;
+        } else if (strcmp(k, "max_batch_tokens") == 0) {
+            rc = get_int(f, k, 1, 1 << 20, "a positive integer (tokens one step may run)", &n, err, errlen);
+            if (!rc) c->max_batch_tokens = (int)n;
         } else if (strcmp(k, "queue_timeout_s") == 0 || strcmp(k, "request_timeout_s") == 0) {
             rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds, 0 = no bound)", &n, err, errlen);
             if (!rc) *(k[0] == 'q' ? &c->queue_timeout_s : &c->request_timeout_s) = (int)n;

@@ -39,6 +39,8 @@ struct config {
     int threads;        /* 0 = all cores */
     char *api_key;      /* NULL: no key required */
     int queue_max;
+    int parallel;          /* sequences running at once (KV slots); 0 = null: automatic (memory/plan.c) */
+    int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
     int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
     bool devices_auto;

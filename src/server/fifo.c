@@ -1,6 +1,5 @@
-/* fifo.c - bounded FIFO of jobs and the single engine thread that runs them in arrival
- * order. The engine thread is the only one that touches the model; HTTP threads only
- * queue jobs and read their output channels. */
+/* fifo.c - the bounded FIFO of jobs and their output channels. HTTP threads queue jobs and
+ * read their output; the engine thread (scheduler.c) takes them in arrival order. */
 #include "server/fifo.h"
 #include "server/metrics.h"
 
@@ -11,16 +10,11 @@
 
 struct fifo {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;               /* the engine thread waits here for work */
     struct job *head, *tail;
     int n, max;
     bool stop;
-    struct job *running;
-    struct job *ctl_head, *ctl_tail; /* control jobs: run at the next token boundary */
-    void (*tick)(void *engine_ctx);  /* engine thread, while idle and at token boundaries */
-    double tick_s;
-    void *engine_ctx;
-    pthread_t thread;
+    struct job *ctl_head, *ctl_tail; /* control jobs: run at the next step boundary */
 };
 
 struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *))
@@ -136,101 +130,78 @@ bool job_wait_done(struct job *j, double timeout_s)
     return d;
 }
 
-static void run_job(struct fifo *f, struct job *j)
+void job_start(struct job *j)
 {
-    if (!j->control) metrics_observe(METRICS_QUEUE, tide_now() - j->t_enqueue);
     pthread_mutex_lock(&j->mu);
     j->started = true;
     pthread_cond_broadcast(&j->cv);
     if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
-    if (job_cancelled(j) && !j->control) {
-        /* The client left while waiting: do not spend the model on it. */
-        job_finish(j, 499);
-    } else {
-        if (!j->control) metrics_running_add(1);
-        j->run(j, f->engine_ctx);
-        if (!j->control) metrics_running_add(-1);
-        if (!j->done) job_finish(j, 200);
-    }
 }
 
-void fifo_run_control(struct fifo *f)
-{
-    for (;;) {
-        pthread_mutex_lock(&f->mu);
-        struct job *j = f->ctl_head;
-        if (j) {
-            f->ctl_head = j->next;
-            if (!f->ctl_head) f->ctl_tail = NULL;
-        }
-        pthread_mutex_unlock(&f->mu);
-        if (!j) return;
-        run_job(f, j);
-        job_unref(j);
-    }
-}
-
-void fifo_tick(struct fifo *f)
-{
-    if (f->tick) f->tick(f->engine_ctx);
-}
-
-static void *engine_main(void *arg)
-{
-    struct fifo *f = arg;
-    for (;;) {
-        pthread_mutex_lock(&f->mu);
-        while (!f->head && !f->ctl_head && !f->stop) {
-            if (f->tick) {
-                struct timespec ts;
-                deadline(&ts, f->tick_s);
-                if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT) {
-                    pthread_mutex_unlock(&f->mu);
-                    fifo_tick(f);
-                    pthread_mutex_lock(&f->mu);
-                }
-            } else {
-                pthread_cond_wait(&f->cv, &f->mu);
-            }
-        }
-        if (f->stop) { pthread_mutex_unlock(&f->mu); break; }
-        if (f->ctl_head) {
-            pthread_mutex_unlock(&f->mu);
-            fifo_run_control(f);
-            continue;
-        }
-        struct job *j = f->head;
-        f->head = j->next;
-        if (!f->head) f->tail = NULL;
-        f->n--;
-        f->running = j;
-        pthread_mutex_unlock(&f->mu);
-        metrics_waiting_add(-1);
-        run_job(f, j);
-        pthread_mutex_lock(&f->mu);
-        f->running = NULL;
-        pthread_mutex_unlock(&f->mu);
-        job_unref(j);
-        fifo_tick(f);
-    }
-    return NULL;
-}
-
-int fifo_create(struct fifo **out, int queue_max, void *engine_ctx)
+int fifo_create(struct fifo **out, int queue_max)
 {
     struct fifo *f = calloc(1, sizeof *f);
     if (!f) return TIDE_ENOMEM;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->max = queue_max;
-    f->engine_ctx = engine_ctx;
-    if (pthread_create(&f->thread, NULL, engine_main, f) != 0) {
-        free(f);
-        return TIDE_EINTERNAL;
-    }
     *out = f;
     return 0;
+}
+
+struct job *fifo_pop_control(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    struct job *j = f->ctl_head;
+    if (j) {
+        f->ctl_head = j->next;
+        if (!f->ctl_head) f->ctl_tail = NULL;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return j;
+}
+
+struct job *fifo_pop(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    struct job *j = f->stop ? NULL : f->head;
+    if (j) {
+        f->head = j->next;
+        if (!f->head) f->tail = NULL;
+        f->n--;
+    }
+    pthread_mutex_unlock(&f->mu);
+    if (j) metrics_waiting_add(-1);
+    return j;
+}
+
+bool fifo_wait(struct fifo *f, double timeout_s)
+{
+    struct timespec ts;
+    deadline(&ts, timeout_s);
+    pthread_mutex_lock(&f->mu);
+    while (!f->head && !f->ctl_head && !f->stop)
+        if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT) break;
+    bool open = !f->stop;
+    pthread_mutex_unlock(&f->mu);
+    return open;
+}
+
+bool fifo_closed(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    bool c = f->stop;
+    pthread_mutex_unlock(&f->mu);
+    return c;
+}
+
+void fifo_close(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->stop = true;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
 }
 
 int fifo_push(struct fifo *f, struct job *j)
@@ -267,15 +238,6 @@ int fifo_push_control(struct fifo *f, struct job *j)
     return 0;
 }
 
-void fifo_set_tick(struct fifo *f, void (*tick)(void *engine_ctx), double interval_s)
-{
-    pthread_mutex_lock(&f->mu);
-    f->tick = tick;
-    f->tick_s = interval_s > 0 ? interval_s : 0.25;
-    pthread_cond_signal(&f->cv);
-    pthread_mutex_unlock(&f->mu);
-}
-
 int fifo_waiting(struct fifo *f)
 {
     pthread_mutex_lock(&f->mu);
@@ -284,19 +246,14 @@ int fifo_waiting(struct fifo *f)
     return n;
 }
 
-void fifo_stop(struct fifo *f)
+void fifo_free(struct fifo *f)
 {
     if (!f) return;
     pthread_mutex_lock(&f->mu);
-    f->stop = true;
-    if (f->running) job_cancel(f->running);
     struct job *q = f->head, *ctl = f->ctl_head;
-    f->head = f->tail = NULL;
-    f->ctl_head = f->ctl_tail = NULL;
+    f->head = f->tail = f->ctl_head = f->ctl_tail = NULL;
     f->n = 0;
-    pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
-    pthread_join(f->thread, NULL);
     /* Queued jobs never ran: tell their readers and drop the queue's references. */
     while (q) {
         struct job *nx = q->next;
@@ -312,11 +269,6 @@ void fifo_stop(struct fifo *f)
         job_unref(ctl);
         ctl = nx;
     }
-}
-
-void fifo_free(struct fifo *f)
-{
-    if (!f) return;
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     free(f);

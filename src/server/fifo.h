@@ -1,8 +1,10 @@
-/* fifo.h - the bounded job queue, the engine thread, and per-job output channels.
+/* fifo.h - the bounded job queue and per-job output channels.
  *
- * HTTP threads create a job, push it, and read its output channel; only the engine
- * thread runs jobs (job->run). A job is refcounted: the queue/engine holds one ref, the
- * HTTP side another; whoever drops the last frees it. */
+ * HTTP threads create a job, push it, and read its output channel; the engine thread
+ * (server/scheduler.c) takes jobs from the queue in arrival order and is the only one that
+ * runs them: a control job through job->run, a generation through job->gen. A job is
+ * refcounted: the queue/engine holds one ref, the HTTP side another; whoever drops the last
+ * frees it. */
 #ifndef TIDE_FIFO_H
 #define TIDE_FIFO_H
 
@@ -14,10 +16,20 @@
 struct job;
 typedef void (*job_run_fn)(struct job *j, void *engine_ctx);
 
+struct gen_job;
+/* A generation's two ends, both on the engine thread: begin gives the scheduler the job's
+ * gen_job (NULL: nothing to run, the reply is already written); end writes the reply once it
+ * finished (rc 0) or failed (rc < 0, err says why) and finishes the job. */
+struct job_gen {
+    struct gen_job *(*begin)(struct job *j, void *engine_ctx);
+    void (*end)(struct job *j, void *engine_ctx, int rc, const char *err);
+};
+
 struct job {
     atomic_int refs;
     atomic_int cancel;        /* set by the HTTP side (disconnect) or shutdown */
-    job_run_fn run;           /* engine thread */
+    job_run_fn run;           /* engine thread: a control job's work */
+    const struct job_gen *gen;/* engine thread: a generation's (run is NULL) */
     void *ud;                 /* owner data (the parsed request) */
     void (*free_ud)(void *ud);
     struct job *next;         /* queue link */
@@ -45,6 +57,8 @@ bool job_cancelled(const struct job *j);
 /* Engine side: append output; finish with an HTTP status. */
 int job_write(struct job *j, const char *data, size_t len);
 void job_finish(struct job *j, int status);
+/* Engine side: the job was taken from the queue (readers may now stop counting queue time). */
+void job_start(struct job *j);
 /* HTTP side: wait up to timeout_s for output or completion; copies up to max bytes.
  * Returns bytes copied (>0), 0 on timeout with nothing new, -1 when done and drained. */
 long job_read(struct job *j, char *out, size_t max, double timeout_s);
@@ -52,23 +66,23 @@ long job_read(struct job *j, char *out, size_t max, double timeout_s);
 bool job_wait_done(struct job *j, double timeout_s);
 
 struct fifo;
-int fifo_create(struct fifo **out, int queue_max, void *engine_ctx);
+int fifo_create(struct fifo **out, int queue_max);
 /* Takes a reference on success. TIDE_EFULL when queue_max jobs are waiting; TIDE_ECANCELED
  * after shutdown began. */
 int fifo_push(struct fifo *f, struct job *j);
 int fifo_waiting(struct fifo *f);
-/* Control jobs skip the generation queue: the engine runs them before the next queued job,
- * or at the next token boundary of the running one (fifo_run_control). */
+/* Control jobs skip the generation queue: the engine runs them at its next step boundary. */
 int fifo_push_control(struct fifo *f, struct job *j);
-/* Engine thread only: run the pending control jobs now. */
-void fifo_run_control(struct fifo *f);
-/* tick(engine_ctx) runs on the engine thread every interval_s while idle, after each job and
- * whenever the running job calls fifo_tick (timers such as the vision idle unload). */
-void fifo_set_tick(struct fifo *f, void (*tick)(void *engine_ctx), double interval_s);
-void fifo_tick(struct fifo *f);
-/* Stop: refuse new jobs, cancel the running and queued ones, join the engine thread. */
-void fifo_stop(struct fifo *f);
-/* Free after fifo_stop, once no HTTP thread can call fifo_push any more. */
+/* Engine thread: the next control job, or the next generation job (arrival order), or NULL.
+ * The caller owns the queue's reference. */
+struct job *fifo_pop_control(struct fifo *f);
+struct job *fifo_pop(struct fifo *f);
+/* Engine thread: wait up to timeout_s for a job (either kind) or the close; false once closed. */
+bool fifo_wait(struct fifo *f, double timeout_s);
+bool fifo_closed(struct fifo *f);
+/* Refuse new jobs and wake the engine thread (which then cancels what runs and returns). */
+void fifo_close(struct fifo *f);
+/* After the engine thread returned: finish what is still queued with 503, then free. */
 void fifo_free(struct fifo *f);
 
 #endif

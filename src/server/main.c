@@ -1,4 +1,4 @@
-/* main.c - tide daemon entry: flags + config, HTTP up, model load, engine FIFO, signals.
+/* main.c - tide daemon entry: flags + config, HTTP up, model load, the engine thread, signals.
  *
  * HTTP starts before the model loads so /health can answer 503 "loading"; inference
  * routes answer 503 until the engine is ready. SIGINT/SIGTERM are taken with sigwait()
@@ -100,8 +100,9 @@ static void generate(struct app *a, const struct http_request *rq, struct http_r
         return;
     }
     bool stream = openai_req_stream(req);
-    struct job *j = job_new(openai_run, req, openai_req_free);
+    struct job *j = job_new(NULL, req, openai_req_free);
     if (!j) { openai_req_free(req); http_error(rs, 500, "server_error", "out of memory", NULL, NULL); return; }
+    j->gen = &openai_gen;
     rc = fifo_push(f, j);
     if (rc) {
         job_unref(j);
@@ -159,22 +160,6 @@ static const struct http_route routes[] = {
     { "POST", "/v1/vram", h_vram_post },
 };
 
-/* Engine thread timer: the vision idle unload, another try for a cache whose regrow failed
- * part way (memory/plan.c), and a fresh snapshot for /v1/vram and /metrics. */
-static void engine_tick(void *ctx)
-{
-    struct runtime *rt = ctx;
-    if (rt->vision)
-        vision_tick(rt->vision);
-    if (memory_plan_behind(&rt->eng.mem)) {
-        size_t extra[PLAN_MAX_DEVICES] = {0};
-        if (rt->vision)
-            vision_lifecycle_extra(rt->vision, extra);
-        memory_plan_retry_grow(&rt->eng.mem, extra);
-    }
-    runtime_publish(rt);
-}
-
 static void plan_from_config(const struct config *c, struct plan_options *po)
 {
     memset(po, 0, sizeof *po);
@@ -229,7 +214,8 @@ int main(int argc, char **argv)
 
     tide_log("loading model %s (context %d, threads %d)", a->cfg.model, a->cfg.context, a->cfg.threads);
     double t0 = tide_now();
-    struct engine_options eo = { .model_path = a->cfg.model, .n_ctx = a->cfg.context, .n_threads = a->cfg.threads };
+    struct engine_options eo = { .model_path = a->cfg.model, .n_ctx = a->cfg.context, .n_threads = a->cfg.threads,
+                                 .n_seq = a->cfg.parallel };
     plan_from_config(&a->cfg, &eo.plan);
     struct runtime *rt = &a->rt;
     pthread_mutex_init(&rt->snap_mu, NULL);
@@ -250,6 +236,7 @@ int main(int argc, char **argv)
             .embed_cache_entries = (size_t)a->cfg.vision.embed_cache_entries,
             .embed_cache_bytes = (size_t)a->cfg.vision.embed_cache_mib << 20};
         rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
+        a->vis.notify = runtime_vision_event;
         if (rc) {
             /* Text still serves; image requests will say why vision is unavailable. */
             tide_log("vision disabled: %s", err);
@@ -274,7 +261,10 @@ int main(int argc, char **argv)
         config_free(&a->cfg);
         return 1;
     }
-    tide_log("model %s ready in %.2f s (context %d)", a->model_id, tide_now() - t0, rt->eng.n_ctx);
+    tide_log("model %s ready in %.2f s (context %d, %d sequences at once, steps of up to %d tokens)", a->model_id,
+             tide_now() - t0, rt->eng.n_ctx, rt->eng.n_slots,
+             a->cfg.max_batch_tokens < forward_step_rows(&rt->eng.fw) ? a->cfg.max_batch_tokens
+                                                                       : forward_step_rows(&rt->eng.fw));
     const struct model_config *mc = &rt->eng.model.cfg;
     tide_log("model: %s, %u layers, %u experts (top %u), experts %.1f MiB in host RAM", model_arch_name(mc->arch),
              mc->n_layer, mc->n_expert, mc->n_expert_used, (double)mp->host_expert_bytes / (1 << 20));
@@ -291,7 +281,12 @@ int main(int argc, char **argv)
     }
     runtime_publish(rt);
     struct fifo *f = NULL;
-    rc = fifo_create(&f, a->cfg.queue_max, rt);
+    rc = fifo_create(&f, a->cfg.queue_max);
+    if (!rc) {
+        rt->fifo = f;
+        rc = scheduler_start(rt);
+        if (rc) fifo_free(f);
+    }
     if (rc) {
         tide_log("cannot start the engine thread: %s", tide_strerror(rc));
         http_stop(http);
@@ -299,8 +294,6 @@ int main(int argc, char **argv)
         config_free(&a->cfg);
         return 1;
     }
-    rt->fifo = f;
-    fifo_set_tick(f, engine_tick, 0.25);
     atomic_store(&a->fifo, f);
     tide_log("listening on http://%s:%d", a->cfg.host, a->cfg.port);
 
@@ -309,9 +302,9 @@ int main(int argc, char **argv)
     tide_log("signal %d: shutting down", sig);
     atomic_store(&a->stopping, true);
     http_quiesce(http);
-    fifo_stop(f);       /* cancels in-flight work; waiting handlers wake up */
+    scheduler_stop(rt); /* cancels in-flight work; waiting handlers wake up */
+    fifo_free(f);       /* what was still queued: 503 */
     http_stop(http);    /* wakes suspended connections, joins the polling and watch threads */
-    fifo_free(f);
     if (rt->vision) vision_free(rt->vision);
     engine_free(&rt->eng);
     config_free(&a->cfg);

@@ -90,6 +90,8 @@ static struct req_series req[MAX_REQ_SERIES];
 static int n_req;
 static atomic_llong prompt_tokens, gen_tokens;
 static atomic_int running, waiting;
+static atomic_int kv_slots_used, kv_slots_total;
+static atomic_llong cached_tokens;
 static double start_unix;
 
 void metrics_request(const char *endpoint, int code)
@@ -117,6 +119,15 @@ void metrics_tokens(long prompt, long generated)
 }
 
 void metrics_running_add(int d) { atomic_fetch_add(&running, d); }
+void metrics_kv_slots(int used, int total)
+{
+    atomic_store(&kv_slots_used, used);
+    atomic_store(&kv_slots_total, total);
+}
+void metrics_cached_tokens(long n)
+{
+    if (n > 0) atomic_fetch_add(&cached_tokens, n);
+}
 void metrics_waiting_add(int d) { atomic_fetch_add(&waiting, d); }
 
 /* ---- histograms ------------------------------------------------------------------------ */
@@ -371,6 +382,9 @@ void metrics_init(void)
     atomic_store(&gen_tokens, 0);
     atomic_store(&running, 0);
     atomic_store(&waiting, 0);
+    atomic_store(&kv_slots_used, 0);
+    atomic_store(&kv_slots_total, 0);
+    atomic_store(&cached_tokens, 0);
     for (int h = 0; h < METRICS_HIST_COUNT; h++) {
         pthread_mutex_lock(&hists[h].mu);
         memset(hists[h].n, 0, sizeof hists[h].n);
@@ -426,6 +440,13 @@ char *metrics_render(void)
     sb_printf(&b, "tide_prompt_tokens_total %lld\n", atomic_load(&prompt_tokens));
     family(&b, "tide_generation_tokens_total", "counter", "Tokens generated.");
     sb_printf(&b, "tide_generation_tokens_total %lld\n", atomic_load(&gen_tokens));
+    family(&b, "tide_prompt_tokens_cached_total", "counter",
+           "Prompt tokens whose KV rows were reused from an earlier request (prefix cache).");
+    sb_printf(&b, "tide_prompt_tokens_cached_total %lld\n", atomic_load(&cached_tokens));
+    family(&b, "tide_kv_slots", "gauge", "KV slots: sequences that can run at once.");
+    sb_printf(&b, "tide_kv_slots %d\n", atomic_load(&kv_slots_total));
+    family(&b, "tide_kv_slots_used", "gauge", "KV slots held by running sequences.");
+    sb_printf(&b, "tide_kv_slots_used %d\n", atomic_load(&kv_slots_used));
 
     for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
     render_devices(&b);

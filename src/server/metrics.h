@@ -19,6 +19,10 @@ void metrics_request(const char *endpoint, int code);
 void metrics_tokens(long prompt, long generated);
 void metrics_running_add(int d);
 void metrics_waiting_add(int d);
+/* KV slots (sequences at once) held now and in all: tide_kv_slots_used, tide_kv_slots. */
+void metrics_kv_slots(int used, int total);
+/* Prompt tokens served from the prefix cache: tide_prompt_tokens_cached_total. */
+void metrics_cached_tokens(long n);
 
 /* Latency histograms, observed in seconds. */
 enum metrics_hist {

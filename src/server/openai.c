@@ -1,12 +1,12 @@
-/* openai.c - OpenAI Chat Completions and legacy Completions: request validation and the
- * engine-thread side that turns generated text into response JSON / SSE chunks. */
+/* openai.c - OpenAI Chat Completions and legacy Completions: request validation, and the
+ * rendering of generated text into response JSON / SSE chunks (called by the scheduler on the
+ * engine thread through openai_gen). */
 #include "server/openai.h"
 #include "server/metrics.h"
 #include "server/recent.h"
 #include "engine/session.h"
 #include "server/runtime.h"
 #include "vision/image.h"
-#include "vision/vision.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -522,63 +522,33 @@ static cJSON *usage_json(struct oai_req *r)
     cJSON_AddNumberToObject(u, "prompt_tokens", r->gj.prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", r->gj.completion_tokens);
     cJSON_AddNumberToObject(u, "total_tokens", r->gj.prompt_tokens + r->gj.completion_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", r->gj.cached_tokens);
     return u;
 }
 
-/* Engine thread: the images' embeddings (the encoder loads on demand unless all are cached). */
-static int embed_images(struct oai_req *r, char *err, size_t errlen)
+void openai_req_images(struct oai_req *r, struct req_images *out)
 {
-    struct vision_lifecycle *v = r->rt->vision;
-    if (!v) {
-        if (r->rt->vision_error[0])
-            snprintf(err, errlen, "%s", r->rt->vision_error);
-        else
-            snprintf(err, errlen, "this server has no vision model: images need an mmproj in the config");
-        return TIDE_EUNSUPPORTED;
-    }
-    vision_touch(v);
-    v->busy = true; /* cleared by openai_run when the request ends */
-    for (int i = 0; i < r->n_images; i++) {
-        int nt = 0;
-        int rc = vision_embed(v, r->img_bytes[i], r->img_len[i], &r->img[i], &r->img_embd[i], &nt, err, errlen);
-        if (rc < 0) return rc;
-        r->gimg[i] = (struct gen_image){r->img_embd[i], nt};
-    }
-    vision_touch(v); /* the idle timer counts from the end of the encode */
-    r->gj.images = r->gimg;
-    r->gj.n_images = r->n_images;
-    return 0;
+    *out = (struct req_images){r->n_images, r->img_bytes, r->img_len, r->img, r->img_embd, r->gimg};
 }
 
-/* Between two tokens: control jobs (POST /v1/vram) and timers run here, so a resize
- * pauses this generation rather than waiting for it to end. */
-static void at_boundary(void *ud)
-{
-    struct oai_req *r = ud;
-    runtime_boundary(r->rt);
-}
-
-void openai_run(struct job *j, void *engine_ctx)
+/* Engine thread, as the scheduler admits the job: the gen_job to run, rendering through on_text. */
+static struct gen_job *openai_begin(struct job *j, void *engine_ctx)
 {
     struct oai_req *r = j->ud;
     r->job = j;
     r->rt = engine_ctx;
     r->eng = &r->rt->eng;
     r->gj.on_text = on_text;
-    r->gj.boundary = at_boundary;
     r->gj.ud = r;
-    char err[640] = "";
-    int rc = 0;
-    if (r->n_images) {
-        rc = embed_images(r, err, sizeof err);
-        runtime_publish(r->rt); /* the vision state a client reads next is this one */
-    }
-    if (rc == 0)
-        rc = engine_run(r->eng, &r->gj, err, sizeof err);
-    if (r->n_images && r->rt->vision) {
-        r->rt->vision->busy = false;
-        vision_touch(r->rt->vision); /* idle counts from the end of the last image request */
-    }
+    return &r->gj;
+}
+
+/* Engine thread: the generation ended (rc 0) or failed: the final chunks, or the whole reply. */
+static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
+{
+    struct oai_req *r = j->ud;
+    if (!err)
+        err = "";
     metrics_tokens(r->gj.prompt_tokens, r->gj.completion_tokens);
     if (rc == 0) metrics_observe(METRICS_E2E, tide_now() - j->t_enqueue);
     recent_add(r->chat, r->stream, r->n_images, r->gj.prompt_tokens, r->gj.completion_tokens,
@@ -672,3 +642,5 @@ void openai_run(struct job *j, void *engine_ctx)
     if (s) { job_write(j, s, strlen(s)); free(s); }
     job_finish(j, s ? 200 : 500);
 }
+
+const struct job_gen openai_gen = {openai_begin, openai_end};

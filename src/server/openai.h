@@ -23,8 +23,23 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param);
 void openai_req_free(void *r);
 bool openai_req_stream(const struct oai_req *r);
-/* job_run_fn: engine_ctx is the struct runtime *. */
-void openai_run(struct job *j, void *engine_ctx);
+/* The generation's ends for the scheduler (fifo.h struct job_gen): engine_ctx is the struct
+ * runtime *. A job made with job_new(NULL, req, openai_req_free) and gen = &openai_gen. */
+extern const struct job_gen openai_gen;
+/* The request's images, decoded on the HTTP thread, for the scheduler to embed: image i's
+ * bytes (len[i]), its pixels, and where its embeddings go (embd[i], malloc'd by the embedder and
+ * freed with the request; g[i] the gen_image that points at them). */
+struct image_u8;
+struct gen_image;
+struct req_images {
+    int n;
+    uint8_t **bytes;
+    size_t *len;
+    struct image_u8 *img;
+    float **embd;
+    struct gen_image *g;
+};
+void openai_req_images(struct oai_req *r, struct req_images *out);
 /* malloc'd OpenAI error object. type e.g. "invalid_request_error"; param/code may be NULL. */
 char *openai_error_json(const char *message, const char *type, const char *param, const char *code);
 

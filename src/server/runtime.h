@@ -1,15 +1,17 @@
 /* runtime.h - what the engine thread owns, and the snapshot other threads read.
  *
- * The engine thread (the FIFO's) owns the engine (model, devices, expert caches, KV) and the
- * vision encoder; nothing else mutates them. After every change it calls runtime_publish,
- * which copies the per-device ledger, slots and vision state into `snap` under a small lock
- * and into the metrics; GET /v1/vram, /metrics and /health read only that. */
+ * The engine thread (server/scheduler.c) owns the engine (model, devices, expert caches, KV
+ * slots) and the vision encoder; nothing else mutates them. After every change it calls
+ * runtime_publish, which copies the per-device ledger, slots, sequences and vision state into
+ * `snap` under a small lock and into the metrics; GET /v1/vram, /metrics and /health read only
+ * that. */
 #ifndef TIDE_RUNTIME_H
 #define TIDE_RUNTIME_H
 
 #include "engine/session.h"
 #include "server/config.h"
 #include "server/fifo.h"
+#include "vision/vision.h"
 
 #include <pthread.h>
 
@@ -32,13 +34,18 @@ struct vram_snapshot {
     long vision_idle_s;
     double last_image_unix;     /* 0: none yet */
     size_t host_total, host_free, host_experts;
+    int seq_running, seq_slots; /* sequences running now, and at most (KV slots) */
+    int kv_cached_slots;        /* free slots whose rows a later prompt may reuse */
 };
 
 struct vision_lifecycle;
 
+struct scheduler;
+
 struct runtime {
     struct engine eng;
     struct fifo *fifo;
+    struct scheduler *sched;            /* the engine thread, once started */
     const struct config *cfg;
     struct vision_lifecycle *vision;    /* NULL without an mmproj */
     char vision_error[600];             /* why vision is off when an mmproj was named */
@@ -46,11 +53,18 @@ struct runtime {
     struct vram_snapshot snap;
 };
 
-/* Engine thread: rebuild the snapshot and the device metrics from the live state. */
+/* Engine thread (scheduler.c): rebuild the snapshot and the device metrics from the live state. */
 void runtime_publish(struct runtime *rt);
 /* Any thread: a copy of the last snapshot. */
 void runtime_snapshot(struct runtime *rt, struct vram_snapshot *out);
-/* Engine thread, at a token boundary of a running job: control jobs and timers. */
-void runtime_boundary(struct runtime *rt);
+
+/* ---- the engine thread (scheduler.c) ---- */
+/* Start it on rt (rt->fifo set): it admits queued jobs in arrival order into up to the engine's
+ * KV slots of running sequences and steps them together (docs/DESIGN.md "One scheduler step"). */
+int scheduler_start(struct runtime *rt);
+/* Close the queue, cancel what runs (each reply ends with its error), join the thread. */
+void scheduler_stop(struct runtime *rt);
+/* The vision lifecycle's events into the metrics (vision_lifecycle.notify; ud unused). */
+void runtime_vision_event(void *ud, const struct vision_lifecycle *v, enum vision_event ev);
 
 #endif

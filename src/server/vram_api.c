@@ -18,53 +18,6 @@
 static double up_mib(size_t b) { return ceil((double)b / MIB); }
 static double down_mib(size_t b) { return floor((double)b / MIB); }
 
-void runtime_publish(struct runtime *rt)
-{
-    struct memory_plan *p = &rt->eng.mem;
-    struct vram_snapshot s;
-    memset(&s, 0, sizeof s);
-    s.n = p->n_dev;
-    struct metrics_device md[PLAN_MAX_DEVICES];
-    for (int i = 0; i < p->n_dev; i++) {
-        const struct device *d = &p->dev[i];
-        const struct expert_cache *c = &p->cache[i];
-        struct vram_dev_snap *x = &s.d[i];
-        x->index = i;
-        x->backend = d->kind == DEVICE_KIND_CUDA ? "cuda" : "cpu";
-        x->total = d->total;
-        x->free = device_free_bytes(d);
-        x->reserve = d->reserve;
-        memcpy(x->used, d->used, sizeof x->used);
-        x->cache_bytes = expert_cache_bytes(c);
-        x->cache_full_bytes = (size_t)c->n_seg_full * c->seg_bytes;
-        x->slots = expert_cache_slots(c);
-        int full = c->n_seg_full * c->slots_per_seg, keys = (int)((c->l1 - c->l0) * c->n_expert);
-        x->slots_full = c->n_seg_max ? (full < keys ? full : keys) : 0;
-        x->l0 = p->l0[i];
-        x->l1 = p->l1[i];
-        x->hits = c->hits;
-        x->misses = c->misses;
-        x->copied = c->bytes_copied;
-        md[i] = (struct metrics_device){
-            .index = i, .backend = x->backend, .total_bytes = x->total, .free_bytes = x->free,
-            .reserve_bytes = x->reserve, .expert_slots = (uint64_t)x->slots,
-            .expert_slots_full = (uint64_t)x->slots_full, .expert_cache_bytes = x->cache_bytes,
-            .expert_hits = x->hits, .expert_misses = x->misses, .expert_bytes_copied = x->copied};
-        for (int k = 0; k < MEM_KIND_COUNT; k++)
-            md[i].used_bytes[k] = d->used[k];
-    }
-    memory_host_ram(&s.host_total, &s.host_free);
-    s.host_experts = p->host_expert_bytes;
-    pthread_mutex_lock(&rt->snap_mu);
-    s.vision_state = rt->vision ? vision_state_name(rt->vision->state) : "unloaded";
-    s.vision_lazy = rt->snap.vision_lazy;
-    s.vision_idle_s = rt->snap.vision_idle_s;
-    s.last_image_unix = rt->vision ? rt->vision->last_image_unix : 0;
-    rt->snap = s;
-    pthread_mutex_unlock(&rt->snap_mu);
-    metrics_publish_devices(md, s.n);
-}
-
 void runtime_snapshot(struct runtime *rt, struct vram_snapshot *out)
 {
     pthread_mutex_lock(&rt->snap_mu);
@@ -72,12 +25,6 @@ void runtime_snapshot(struct runtime *rt, struct vram_snapshot *out)
     pthread_mutex_unlock(&rt->snap_mu);
     if (!out->vision_state)
         out->vision_state = "unloaded";
-}
-
-void runtime_boundary(struct runtime *rt)
-{
-    fifo_run_control(rt->fifo);
-    fifo_tick(rt->fifo);
 }
 
 char *vram_render(const struct vram_snapshot *s, const char *status, const size_t *shortfall)

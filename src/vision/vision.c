@@ -1,7 +1,6 @@
 /* vision.c - the lazy lifecycle and the image-embedding cache. Engine thread only. */
 #include "vision/vision.h"
 #include "engine/backend_cuda.h"
-#include "server/metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,10 +113,16 @@ static int backend_error(const struct vision_lifecycle *v, char *msg, size_t msg
     return rc < 0 ? rc : 0;
 }
 
+static void event(struct vision_lifecycle *v, enum vision_event ev)
+{
+    if (v->notify)
+        v->notify(v->notify_ud, v, ev);
+}
+
 static void set_state(struct vision_lifecycle *v, enum vision_state s)
 {
     v->state = s;
-    metrics_vision_state(state_names[s]);
+    event(v, VISION_EV_STATE);
 }
 
 int vision_init(struct vision_lifecycle *v, const struct vision_options *o, struct memory_plan *mem,
@@ -240,7 +245,9 @@ static void regrow(struct vision_lifecycle *v)
     set_state(v, VISION_REGROW);
     double t0 = tide_now();
     memory_plan_apply(v->mem, NULL, NULL);
-    metrics_observe(METRICS_REGROW, tide_now() - t0);
+    v->count.last_regrow_s = tide_now() - t0;
+    v->count.regrows++;
+    event(v, VISION_EV_REGROW);
     set_state(v, VISION_UNLOADED);
 }
 
@@ -255,7 +262,8 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
     vision_lifecycle_extra(v, extra);
     int rc = memory_plan_apply(v->mem, extra, shortfall);
     v->t_handback = tide_now() - t0;
-    metrics_observe(METRICS_HANDBACK, v->t_handback);
+    v->count.handbacks++;
+    event(v, VISION_EV_HANDBACK);
     if (rc < 0) {
         snprintf(err, errlen, "vision hand-back failed: %s", tide_strerror(rc));
         regrow(v);
@@ -298,8 +306,8 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
         return TIDE_EFORMAT;
     }
     v->t_load = tide_now() - t0;
-    metrics_observe(METRICS_VISION_LOAD, v->t_load);
-    metrics_vision_event(true);
+    v->count.loads++;
+    event(v, VISION_EV_LOAD);
     set_state(v, VISION_READY);
     tide_log("vision: encoder ready (hand-back %.1f ms, load %.1f ms, %.1f MiB)", v->t_handback * 1e3,
              v->t_load * 1e3, (double)v->mem->dev[v->o.device].used[MEM_VISION] / (1 << 20));
@@ -345,7 +353,19 @@ void vision_touch(struct vision_lifecycle *v)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     v->last_image_unix = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-    metrics_vision_last_image(v->last_image_unix);
+    event(v, VISION_EV_IMAGE);
+}
+
+void vision_begin(struct vision_lifecycle *v)
+{
+    vision_touch(v);
+    v->busy = true;
+}
+
+void vision_end(struct vision_lifecycle *v)
+{
+    v->busy = false;
+    vision_touch(v); /* idle counts from the end of the last image request */
 }
 
 int vision_n_tokens(const struct vision_lifecycle *v, int w, int h)
@@ -358,7 +378,11 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
 {
     size_t row = (size_t)v->n_embd_text * sizeof(float);
     struct embed_entry *e = cache_find(v, bytes, n_bytes);
-    metrics_vision_embed_cache(e != NULL);
+    if (e)
+        v->count.cache_hits++;
+    else
+        v->count.cache_misses++;
+    event(v, e ? VISION_EV_CACHE_HIT : VISION_EV_CACHE_MISS);
     if (e) {
         *out = malloc((size_t)e->n_tokens * row);
         if (!*out) return TIDE_ENOMEM;
@@ -394,7 +418,8 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
         return rc;
     }
     v->t_encode = tide_now() - t0;
-    metrics_observe(METRICS_VISION_ENCODE, v->t_encode);
+    v->count.encodes++;
+    event(v, VISION_EV_ENCODE);
     tide_log("vision: encoded %d tokens in %.1f ms on %s", nt, v->t_encode * 1e3, v->be->i->name);
     *out = emb;
     *n_tokens = nt;
@@ -437,7 +462,8 @@ bool vision_tick(struct vision_lifecycle *v)
     set_state(v, VISION_UNLOADING);
     clip_free(v->clip);
     v->clip = NULL;
-    metrics_vision_event(false);
+    v->count.unloads++;
+    event(v, VISION_EV_UNLOAD);
     regrow(v);
     tide_log("vision: encoder unloaded after %.0f s without images; caches regrown", v->o.idle_s);
     return true;

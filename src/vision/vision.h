@@ -33,6 +33,15 @@ struct vision_options {
 
 struct embed_entry;
 
+/* What happened, for whoever watches (the server's metrics): vision_lifecycle.notify is called
+ * on the engine thread right after each, with the counters already updated. */
+enum vision_event { VISION_EV_STATE, VISION_EV_HANDBACK, VISION_EV_LOAD, VISION_EV_ENCODE, VISION_EV_UNLOAD,
+                    VISION_EV_REGROW, VISION_EV_CACHE_HIT, VISION_EV_CACHE_MISS, VISION_EV_IMAGE };
+struct vision_counters {
+    uint64_t handbacks, loads, encodes, unloads, regrows, cache_hits, cache_misses;
+    double last_regrow_s;         /* seconds of the last regrow (t_handback, t_load, t_encode below) */
+};
+
 struct vision_lifecycle {
     struct vision_options o;
     enum vision_state state;
@@ -55,6 +64,9 @@ struct vision_lifecycle {
     /* stats */
     double t_handback, t_load;    /* seconds of the last hand-back / load */
     double t_encode;              /* seconds of the last encode (cache misses only) */
+    struct vision_counters count;
+    void (*notify)(void *ud, const struct vision_lifecycle *v, enum vision_event ev); /* NULL: none */
+    void *notify_ud;
 };
 
 const char *vision_state_name(enum vision_state s);
@@ -75,6 +87,10 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
 int vision_n_tokens(const struct vision_lifecycle *v, int w, int h);
 /* Mark an image request (resets the idle timer) and look the image up in the cache. */
 void vision_touch(struct vision_lifecycle *v);
+/* An image request starts / ends: no idle unload between the two, and the idle time counts
+ * from the end. */
+void vision_begin(struct vision_lifecycle *v);
+void vision_end(struct vision_lifecycle *v);
 bool vision_cached(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes);
 /* Engine thread timer: unload + regrow once idle_s passed without an image. Returns true when
  * the state changed. */

@@ -419,7 +419,8 @@ static void *stream_thread(void *p)
  * within a few seconds. */
 Test(faults, sigterm_during_a_stream, .timeout = 60)
 {
-    start(DEV64, "TIDE_FAULT_SLOW_TOKEN_MS=20"); /* 900 tokens would take >= 18 s */
+    /* one sequence at a time, so the other two queue behind the first */
+    start(DEV64 ",\"parallel\":1", "TIDE_FAULT_SLOW_TOKEN_MS=20"); /* 900 tokens would take >= 18 s */
     const char *body = "{" HELLO ",\"max_tokens\":900,\"temperature\":0,\"stream\":true}";
     const char *plain = "{" HELLO ",\"max_tokens\":900,\"temperature\":0}";
     struct stream_arg a[3] = {{body, {calloc(1, 1), 0, 0}, 0}, {body, {calloc(1, 1), 0, 0}, 0},

@@ -317,7 +317,7 @@ static void *par_run(void *p)
 Test(server, queue_full_503)
 {
     stop();
-    start("\"queue_max\":1", NULL, NULL);
+    start("\"queue_max\":1,\"parallel\":1", NULL, NULL);
     /* 8 clients at once against 1 running + 1 waiting slot: some must be turned away. */
     struct par ps[8];
     pthread_t th[8];
@@ -342,7 +342,7 @@ Test(server, queue_timeout_503, .timeout = 90)
 {
     stop();
     setenv("TIDE_FAULT_SLOW_TOKEN_MS", "10", 1); /* the long request ahead takes >= 9 s anywhere */
-    start("\"queue_timeout_s\":1,\"request_timeout_s\":0", NULL, NULL);
+    start("\"queue_timeout_s\":1,\"request_timeout_s\":0,\"parallel\":1", NULL, NULL); /* one at a time */
     unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
     pthread_t th;
@@ -407,7 +407,7 @@ Test(server, fifo_order)
      * which a loaded machine can swap. */
     stop();
     setenv("TIDE_FAULT_SLOW_TOKEN_MS", "25", 1);
-    start(NULL, NULL, NULL);
+    start("\"parallel\":1", NULL, NULL); /* one at a time: finishes in admission order */
     unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par ps[4];
     pthread_t th[4];
@@ -585,7 +585,7 @@ Test(server, queued_stream_keep_alive, .timeout = 60)
 {
     stop();
     setenv("TIDE_FAULT_SLOW_TOKEN_MS", "5", 1); /* the request ahead takes >= 4.5 s anywhere */
-    start(NULL, NULL, NULL);
+    start("\"parallel\":1", NULL, NULL); /* one at a time, so the second one queues */
     unsetenv("TIDE_FAULT_SLOW_TOKEN_MS");
     struct par a = { "{" HELLO ",\"max_tokens\":900,\"temperature\":0}", 0, 0, 0 };
     pthread_t th;

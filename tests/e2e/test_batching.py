@@ -1,0 +1,285 @@
+#!/usr/bin/python3
+"""test_batching.py - many requests at once through the real daemon (CPU devices).
+
+Starts $TIDE_BIN on free loopback ports with the plumbing model (models/tide-moe.gguf) and checks
+what a client sees when requests run together:
+ 1. overlap: 4 concurrent streams each receive their first content chunk before any of them
+    finishes (the server runs them in one batch, not one after another);
+ 2. mixed load: 16 concurrent clients with mixed prompt lengths, stop strings, n > 1, streams and
+    non-streams, greedy and seeded sampling, and 3 clients that hang up mid-stream: every completed
+    reply equals the reply the same request gets alone;
+ 3. prefix cache: a prompt sent again reports usage.prompt_tokens_details.cached_tokens > 0 (0 the
+    first time), in plain and streamed replies, with the same text; /metrics counts reused tokens;
+ 4. vision under load: an image request arrives while 8 text streams run on a CPU device with a
+    memory budget (64 MiB: 38 free, the encoder's reserve 41): the caches hand slots back to the encoder at a step boundary and regrow to the
+    same count after idle_s; the 8 streams' texts are unchanged, and none errs.
+Usage: tests/e2e/test_batching.py   (env: TIDE_BIN). Prints "N passed, N failed".
+"""
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("TIDE_BIN", os.path.join(ROOT, "build", "tide"))
+MODEL = os.path.join(ROOT, "models", "tide-moe.gguf")
+MMPROJ = os.path.join(ROOT, "models", "tide-mmproj.gguf")
+results = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Daemon:
+    def __init__(self, cfg):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="tide-batch-")
+        path = os.path.join(self.dir, "cfg.json")
+        base = {"model": MODEL, "mmproj": None, "context": 1024, "port": self.port}
+        base.update(cfg)
+        json.dump(base, open(path, "w"))
+        self.log = open(os.path.join(self.dir, "log"), "w")
+        self.p = subprocess.Popen([BIN, "--config", path], stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(600):
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.p.poll() is not None:
+                raise RuntimeError("daemon exited: " + open(os.path.join(self.dir, "log")).read()[-500:])
+            time.sleep(0.1)
+        raise RuntimeError("daemon not healthy")
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url(path), timeout=60) as r:
+            return r.status, r.read().decode()
+
+    def vram(self):
+        return json.loads(self.get("/v1/vram")[1])
+
+    def post(self, path, body, timeout=300):
+        r = urllib.request.Request(self.url(path), json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(r, timeout=timeout) as f:
+            return json.loads(f.read())
+
+    def stream(self, path, body, hang_up_after=None):
+        """(texts by choice, first-content time, end time, usage, error event or None)"""
+        r = urllib.request.Request(self.url(path), json.dumps(body).encode(), {"Content-Type": "application/json"})
+        texts, first, usage, err, chunks = {}, None, None, None, 0
+        with urllib.request.urlopen(r, timeout=300) as resp:
+            for line in resp:
+                line = line.strip()
+                if line == b"data: [DONE]":
+                    break
+                if not line.startswith(b"data: "):
+                    continue
+                o = json.loads(line[6:])
+                if "error" in o:
+                    err = o["error"]
+                    continue
+                if o.get("usage"):
+                    usage = o["usage"]
+                for c in o.get("choices", []):
+                    piece = c.get("delta", {}).get("content") if "delta" in c else c.get("text")
+                    if piece:
+                        texts[c["index"]] = texts.get(c["index"], "") + piece
+                        first = first or time.perf_counter()
+                        chunks += 1
+                        if hang_up_after and chunks >= hang_up_after:
+                            return texts, first, None, usage, "hung up"
+        return texts, first, time.perf_counter(), usage, err
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            rc = self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = -9
+        self.log.close()
+        return rc
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(("ok   " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
+
+
+def run_threads(fns):
+    out = [None] * len(fns)
+
+    def wrap(i):
+        try:
+            out[i] = fns[i]()
+        except Exception as e:  # noqa: BLE001 - reported as the result
+            out[i] = e
+    th = [threading.Thread(target=wrap, args=(i,)) for i in range(len(fns))]
+    [t.start() for t in th]
+    [t.join() for t in th]
+    return out
+
+
+def chat_body(text, **kw):
+    b = {"messages": [{"role": "user", "content": text}], "max_tokens": 40, "temperature": 0}
+    b.update(kw)
+    return b
+
+
+def reply_texts(d, path, body):
+    """The choices' texts of a request, whichever way it is sent."""
+    if body.get("stream"):
+        texts, _, _, _, err = d.stream(path, body)
+        assert err is None, err
+        return [texts.get(i, "") for i in range(body.get("n", 1))]
+    o = d.post(path, body)
+    ch = sorted(o["choices"], key=lambda c: c["index"])
+    return [c["message"]["content"] if "message" in c else c["text"] for c in ch]
+
+
+def overlap(d):
+    asks = ["Tell me about rivers.", "Describe a city at night.", "List some colours.", "Explain the tides."]
+    res = run_threads([lambda a=a: d.stream("/v1/chat/completions", chat_body(a, max_tokens=120, stream=True))
+                       for a in asks])
+    bad = [r for r in res if isinstance(r, Exception)]
+    if bad:
+        return check("overlap", False, repr(bad[0]))
+    end = min(r[2] for r in res)
+    started = sum(1 for r in res if r[1] is not None and r[1] < end)
+    check("overlap: 4 streams each started before the first finished", started == 4, "%d/4" % started)
+
+
+def mixed(d):
+    words = "the river runs past a city of shapes and colours under a quiet sky".split()
+    reqs = []
+    for i in range(16):
+        text = " ".join(words[: 2 + (i * 5) % len(words)]) * (1 + i % 4)
+        kind = i % 4
+        if kind == 0:
+            body = chat_body(text, max_tokens=30 + i, stream=True)
+        elif kind == 1:
+            body = chat_body(text, max_tokens=25, stop=["e", "\n"])
+        elif kind == 2:
+            body = chat_body(text, max_tokens=20, n=2, temperature=1, seed=100 + i, stream=(i % 8 == 2))
+        else:
+            body = {"prompt": text, "max_tokens": 24, "temperature": 0.7, "seed": i}
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        reqs.append((path, body))
+    alone = [reply_texts(d, p, b) for p, b in reqs]
+    hang = [(p, dict(b, stream=True, max_tokens=200)) for p, b in reqs[:3]]
+    fns = [lambda p=p, b=b: reply_texts(d, p, b) for p, b in reqs]
+    fns += [lambda p=p, b=b: d.stream(p, b, hang_up_after=3) for p, b in hang]
+    got = run_threads(fns)
+    errs = [g for g in got if isinstance(g, Exception)]
+    same = sum(1 for i in range(16) if got[i] == alone[i])
+    check("mixed load: 16 replies equal their solo replies (3 clients hung up)", same == 16 and not errs,
+          "%d/16 equal%s" % (same, "; " + repr(errs[0]) if errs else ""))
+    # after the load the server is idle again and answers as before
+    check("mixed load: served alone afterwards, unchanged", reply_texts(d, *reqs[0]) == alone[0])
+
+
+def prefix_cache(d):
+    system = "You are a careful assistant who answers about shapes. " * 6
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}],
+            "max_tokens": 16, "temperature": 0}
+    a = d.post("/v1/chat/completions", body)
+    b = d.post("/v1/chat/completions", body)
+    ca = a["usage"]["prompt_tokens_details"]["cached_tokens"]
+    cb = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    same = a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    check("prefix cache: cached_tokens 0 then > 0, same text", ca == 0 and 0 < cb < b["usage"]["prompt_tokens"]
+          and same, "first %d, again %d of %d" % (ca, cb, b["usage"]["prompt_tokens"]))
+    body2 = dict(body, messages=body["messages"][:1] + [{"role": "user", "content": "Name a shape."}], stream=True,
+                 stream_options={"include_usage": True})
+    texts, _, _, usage, err = d.stream("/v1/chat/completions", body2)
+    cs = usage["prompt_tokens_details"]["cached_tokens"] if usage else -1
+    check("prefix cache: a shared system prompt is reused, reported in the streamed usage", err is None and cs > 0,
+          "cached %d" % cs)
+    m = d.get("/metrics")[1]
+    reused = [ln for ln in m.splitlines() if ln.startswith("tide_prompt_tokens_cached_total ")]
+    check("prefix cache: /metrics counts reused tokens", bool(reused) and float(reused[0].split()[1]) >= cb + cs,
+          reused[0] if reused else "no tide_prompt_tokens_cached_total")
+
+
+def slots(v):
+    return v["totals"]["expert_slots"]
+
+
+def vision_under_load():
+    png = open(os.path.join(ROOT, "models", "red-square.png"), "rb").read()
+    img = "data:image/png;base64," + base64.b64encode(png).decode()
+    d = Daemon({"mmproj": MMPROJ, "devices": [{"backend": "cpu", "vram_mib": 64}], "parallel": 9,
+                "vision": {"lazy": True, "idle_s": 2, "vram_mib": 41}})
+    try:
+        asks = ["Stream number %d, tell me a story." % i for i in range(8)]
+        bodies = [chat_body(a, max_tokens=150, stream=True) for a in asks]
+        alone = [reply_texts(d, "/v1/chat/completions", b) for b in bodies]
+        v0 = d.vram()
+        full = slots(v0)
+        picture = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": img}},
+                                                             {"type": "text", "text": "What is in this image?"}]}],
+                   "max_tokens": 8, "temperature": 0}
+        seen = {}
+
+        def image_later():
+            time.sleep(0.3)  # the streams are running by now
+            seen["during"] = d.vram()["vision"]["state"]
+            r = d.post("/v1/chat/completions", picture)
+            seen["after"] = d.vram()
+            return r
+        out = run_threads([lambda b=b: d.stream("/v1/chat/completions", b) for b in bodies] + [image_later])
+        errs = [o for o in out if isinstance(o, Exception)]
+        texts = [[o[0].get(0, "")] if not isinstance(o, Exception) else None for o in out[:8]]
+        stream_errs = [o[4] for o in out[:8] if not isinstance(o, Exception) and o[4]]
+        check("vision under load: no errors", not errs and not stream_errs, repr((errs + stream_errs)[:1]))
+        same = sum(1 for i in range(8) if texts[i] == alone[i])
+        check("vision under load: the 8 streams equal their solo texts", same == 8, "%d/8" % same)
+        ready = seen.get("after")
+        handed = ready is not None and ready["vision"]["state"] == "ready" and slots(ready) < full
+        check("vision under load: the caches handed slots back for the encoder", handed,
+              "slots %s -> %s" % (full, slots(ready) if ready else None))
+        for _ in range(100):
+            v = d.vram()
+            if v["vision"]["state"] == "unloaded":
+                break
+            time.sleep(0.1)
+        check("vision under load: unloaded after idle_s and regrown to the same slot count",
+              v["vision"]["state"] == "unloaded" and slots(v) == full, "slots %s, before %s" % (slots(v), full))
+    finally:
+        check("vision under load: clean exit on SIGTERM", d.stop() == 0)
+
+
+def main():
+    d = Daemon({"parallel": 4})
+    try:
+        prefix_cache(d)  # first: a fresh daemon's slots hold nothing yet
+        overlap(d)
+    finally:
+        check("daemon exits 0 on SIGTERM", d.stop() == 0)
+    d = Daemon({"parallel": 8})
+    try:
+        mixed(d)
+    finally:
+        check("daemon exits 0 on SIGTERM", d.stop() == 0)
+    vision_under_load()
+    npass = sum(results)
+    print("%d passed, %d failed" % (npass, len(results) - npass))
+    sys.exit(0 if npass == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
