@@ -50,12 +50,13 @@ static struct buf_dims dims(const struct model *m, int n_ctx)
     return d;
 }
 
-/* The route() output of a stage: max_batch tokens' rows, then one row per layer. */
-static size_t route_bytes(const struct model *m, int max_batch, uint32_t n_layers)
+/* The route() output of a stage: max_batch tokens' rows, then n_seq rows per layer (a decode
+ * step's tokens, kept until the step's hits are counted). */
+static size_t route_bytes(const struct model *m, int max_batch, int n_seq, uint32_t n_layers)
 {
     if (!m->cfg.n_expert)
         return 0;
-    return ((size_t)max_batch + n_layers) * 2 * m->cfg.n_expert_used * sizeof(int32_t);
+    return ((size_t)max_batch + (size_t)n_layers * n_seq) * 2 * m->cfg.n_expert_used * sizeof(int32_t);
 }
 
 /* step_at and kv_new of a stage */
@@ -116,7 +117,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
     out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * (d.V + 1) * sizeof(float) : 0); /* logits, picks */
-    out->workspace += route_bytes(m, max_batch, l1 - l0) + step_bytes(m);
+    out->workspace += route_bytes(m, max_batch, n_seq, l1 - l0) + step_bytes(m);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->prefill += sizes[i];
@@ -215,7 +216,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
         return TIDE_ERANGE;
     if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * (d.V + 1) * sizeof(float))))
         return TIDE_ERANGE;
-    size_t rb = route_bytes(m, s->max_batch, st->l1 - st->l0);
+    size_t rb = route_bytes(m, s->max_batch, s->n_seq, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
         return TIDE_ERANGE;
     uint8_t *sb = stage_alloc(st, MEM_WORKSPACE, step_bytes(m));
@@ -296,7 +297,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     struct buf_dims d = dims(m, n_ctx);
     size_t B = (size_t)max_batch, nu = m->cfg.n_expert_used ? m->cfg.n_expert_used : 1;
     s->host_x = malloc(B * d.E * sizeof(float));
-    size_t rows = B > m->cfg.n_layer ? B : m->cfg.n_layer;
+    size_t rows = B > (size_t)m->cfg.n_layer * n_seq ? B : (size_t)m->cfg.n_layer * n_seq;
     s->host_route = malloc(rows * 2 * nu * sizeof(int32_t));
     s->moe_sel = malloc(B * nu * sizeof(int));
     s->moe_w = malloc(B * nu * sizeof(float));

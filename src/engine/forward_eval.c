@@ -19,12 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Decode: one token's k experts in the backend's fused op, in ascending expert order (the
+/* Decode: token i's k experts in the backend's fused op, in ascending expert order (the
  * order route() gives them and the per-expert loop below visits them, so the sum is the
  * same). Every view must stay valid until the op is queued: with fewer live cache slots than
  * k a lookup could evict an earlier one, so then (and for types the backend does not fuse)
- * TIDE_EUNSUPPORTED sends the caller to the per-expert path. */
-static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint32_t l)
+ * TIDE_EUNSUPPORTED sends the caller to the per-expert path. A later token's lookups may
+ * evict this one's experts: the refill is an upload, ordered after this op. */
+static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint32_t l, int i)
 {
     const struct model_config *c = &s->m->cfg;
     int k = (int)c->n_expert_used;
@@ -34,22 +35,25 @@ static int moe_ffn_fused(struct forward_state *s, struct forward_stage *st, uint
     struct expert_weights ew[MOE_FUSED_MAX_K];
     /* ask first with the host views (same types and shapes), so that an unfused type is
      * looked up in the cache once, by the per-expert path, and the hit counts stay true */
+    const int *sel = s->moe_sel + (size_t)i * k;
+    const float *w = s->moe_w + (size_t)i * k;
+    size_t E = c->n_embd;
     for (int j = 0; j < k; j++)
-        model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
-    int rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, NULL, NULL, NULL, NULL, NULL, false);
+        model_expert_host(s->m, l, (uint32_t)sel[j], &ew[j]);
+    int rc = st->be.i->moe_ffn(st->be.ctx, ew, w, k, NULL, NULL, NULL, NULL, NULL, false);
     if (rc < 0)
         return rc;
     for (int j = 0; j < k; j++) {
         if (ec) {
-            rc = expert_cache_lookup(ec, l, (uint32_t)s->moe_sel[j], &ew[j]);
+            rc = expert_cache_lookup(ec, l, (uint32_t)sel[j], &ew[j]);
             if (rc < 0)
                 return rc;
         } else {
-            model_expert_host(s->m, l, (uint32_t)s->moe_sel[j], &ew[j]);
+            model_expert_host(s->m, l, (uint32_t)sel[j], &ew[j]);
         }
     }
     /* the residual add fused in: x += the experts' sum */
-    rc = st->be.i->moe_ffn(st->be.ctx, ew, s->moe_w, k, st->xb, st->x, st->hb, st->hb2, st->xb2, true);
+    rc = st->be.i->moe_ffn(st->be.ctx, ew, w, k, st->xb + i * E, st->x + i * E, st->hb, st->hb2, st->xb2, true);
     if (rc == 0)
         s->n_expert_calls += k;
     return rc;
@@ -112,11 +116,11 @@ static int moe_ffn_grouped(struct forward_state *s, struct forward_stage *st, ui
     return rc;
 }
 
-/* A decode step's route() row for layer l. */
-static int32_t *layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l)
+/* A decode step's route() row for layer l and token i (i < n_seq). */
+static int32_t *layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l, int i)
 {
     size_t row = 2 * (size_t)s->m->cfg.n_expert_used;
-    return st->route + ((size_t)s->max_batch + (l - st->l0)) * row;
+    return st->route + ((size_t)s->max_batch + (size_t)(l - st->l0) * s->n_seq + i) * row;
 }
 
 /* MoE FFN for n tokens: xb (n, E) normed input -> moe_out (n, E), returning 0; or, returning
@@ -131,31 +135,46 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
 
     if (!have_logits)
         B->matmul(bc, &L->ffn_gate_inp, st->xb, st->router, n); /* (n, n_expert) */
-    int32_t *routed = n == 1 ? layer_route(s, st, l) : st->route;
+    /* One token: the fused op. Several (a decode step of several sequences too) are grouped by
+     * expert below, so each expert's weights are read once a step, not once a token (the fused
+     * op per token was measured 1.6x slower at 32 sequences on the H200: docs/BENCHMARKS.md). */
+    bool per_token = n == 1;
     if (st->from_table) { /* every expert resident: no lookups, nothing waits for the device */
         struct expert_weights shape;
         model_expert_host(s->m, l, 0, &shape);
         const void *const *tab = expert_cache_table(st->cache, l);
-        int rc = TIDE_EUNSUPPORTED;
-        if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
-            rc = B->moe_ffn_table_route(bc, &shape, tab, st->router, (int)c->n_expert, c->expert_weights_norm,
-                                        routed, k, st->xb, st->x, true);
-        if (rc == TIDE_EUNSUPPORTED) {
-            B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
-            rc = B->moe_ffn_table(bc, &shape, tab, routed, k, st->xb, st->x, true);
-        }
-        if (rc == 0)
+        size_t ne = c->n_expert, E2 = (size_t)E;
+        for (int i = 0; i < n; i++) {
+            int32_t *routed = layer_route(s, st, l, i);
+            const float *rl = st->router + i * ne, *xi = st->xb + i * E2;
+            float *yi = st->x + i * E2;
+            int rc = TIDE_EUNSUPPORTED;
+            if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
+                rc = B->moe_ffn_table_route(bc, &shape, tab, rl, (int)c->n_expert, c->expert_weights_norm, routed, k,
+                                            xi, yi, true);
+            if (rc == TIDE_EUNSUPPORTED) {
+                B->route(bc, rl, 1, (int)c->n_expert, k, c->expert_weights_norm, routed);
+                rc = B->moe_ffn_table(bc, &shape, tab, routed, k, xi, yi, true);
+            }
+            if (rc < 0)
+                return rc;
             s->n_expert_calls += k;
-        return rc < 0 ? rc : 1;
+        }
+        return 1;
     }
+    int32_t *routed = n == 1 ? layer_route(s, st, l, 0) : st->route;
     B->route(bc, st->router, n, (int)c->n_expert, k, c->expert_weights_norm, routed);
     B->download(bc, s->host_route, routed, sizeof(int32_t) * 2 * (size_t)n * k);
     memcpy(s->moe_sel, s->host_route, sizeof(int32_t) * (size_t)n * k);
     memcpy(s->moe_w, s->host_route + (size_t)n * k, sizeof(float) * (size_t)n * k);
-    if (n == 1 && B->moe_ffn) {
-        int rc = moe_ffn_fused(s, st, l);
+    if (per_token && B->moe_ffn) {
+        int rc = 0;
+        for (int i = 0; i < n && rc == 0; i++)
+            rc = moe_ffn_fused(s, st, l, i);
         if (rc != TIDE_EUNSUPPORTED)
             return rc < 0 ? rc : 1;
+        if (n > 1)
+            return TIDE_EINTERNAL; /* the probe said yes for the first token: only a broken view gets here */
     }
     /* The tokens routed to each expert in ascending order, by one counting sort over the
      * (token, choice) pairs: expert e's are moe_tok[off[e]..off[e+1]), weights in moe_tokw. */
@@ -324,14 +343,18 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
 /* After a decode step that ran from the device table: the experts it chose become the
  * cache's hits and most recent uses, as lookups would have made them (one small download,
  * after the step's work). */
-static void count_table_step(struct forward_state *s, struct forward_stage *st)
+static void count_table_step(struct forward_state *s, struct forward_stage *st, int n)
 {
     int k = (int)s->m->cfg.n_expert_used;
     uint32_t nl = st->l1 - st->l0;
-    st->be.i->download(st->be.ctx, s->host_route, layer_route(s, st, st->l0), sizeof(int32_t) * 2 * (size_t)k * nl);
+    size_t row = 2 * (size_t)k;
+    st->be.i->download(st->be.ctx, s->host_route, layer_route(s, st, st->l0, 0),
+                       sizeof(int32_t) * row * nl * (size_t)s->n_seq);
     for (uint32_t i = 0; i < nl; i++)
-        for (int j = 0; j < k; j++)
-            expert_cache_touch(st->cache, st->l0 + i, (uint32_t)s->host_route[(size_t)i * 2 * k + j]);
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++)
+                expert_cache_touch(st->cache, st->l0 + i,
+                                   (uint32_t)s->host_route[((size_t)i * s->n_seq + t) * row + j]);
     st->from_table = false;
 }
 
@@ -459,7 +482,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     st = &s->stage[0];
     /* stage 0's embedding inside its step: a recording either embeds a token or not, so input
      * embeddings (an image's last token) take the op-by-op path */
-    bool step0 = st->from_table && !st->graph_off && rn[0].tokens;
+    bool step0 = decode1 && st->from_table && !st->graph_off && rn[0].tokens;
     for (int r = 0; r < nr; r++) {
         const struct run *R = &rn[r];
         float *x = st->x + (size_t)R->t0 * E;
@@ -486,7 +509,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
             pv->be.i->download(pv->be.ctx, s->host_x, pv->x, b);
             st->be.i->upload(st->be.ctx, st->x, s->host_x, b);
         }
-        bool step = i == 0 ? step0 : st->from_table && !st->graph_off;
+        bool step = i == 0 ? step0 : decode1 && st->from_table && !st->graph_off;
         int rc = step ? stage_step(s, st, rn, i == 0) : stage_layers(s, st, rn, nr, n, NULL);
         if (rc < 0)
             return rc;
@@ -494,7 +517,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     step_logits(s, st, rn, nr, seqs);
     for (int i = 0; i < s->n_stage; i++)
         if (s->stage[i].from_table)
-            count_table_step(s, &s->stage[i]);
+            count_table_step(s, &s->stage[i], n);
     return 0;
 }
 

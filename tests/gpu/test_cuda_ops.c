@@ -32,6 +32,7 @@ static const char *tests[] = {
     "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
+    "batch_moe", "batch_qwen3moe_q8_0", "batch_big_q8_0", "bench_batch",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill",
     "vision_ops", "vision_encode", "bench_vision",
 };
@@ -866,6 +867,7 @@ int main(int argc, char **argv)
     if (want(only, "moe_ffn_table")) test_moe_ffn_table();
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
+    if (want(only, "batch_")) test_batch();
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();
@@ -885,6 +887,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_decode_graph")) bench_decode(d2d, 5);
         if (want(only, "bench_prefill")) bench_prefill();
         if (want(only, "bench_vision")) bench_vision();
+        if (want(only, "bench_batch")) bench_batch();
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

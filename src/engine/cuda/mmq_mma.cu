@@ -12,6 +12,7 @@
  * eighth of the SMs. When the tiles alone give fewer CTAs than SMs, K is cut into slices
  * (grid z); each slice writes its partial y to scratch and mmq_reduce_kernel adds the slices
  * in a fixed order (deterministic, unlike atomics). */
+#include <stdlib.h>
 #include "engine/cuda/mma_tile.cuh"
 
 extern "C" {
@@ -49,7 +50,17 @@ extern "C" int cuda_set_mmq_split(int max_splits)
     return old;
 }
 
-int cuda_mmq_min_n(void) { return mmq_min_n; }
+/* TIDE_MMQ_MIN_N=N in the environment moves the tensor-core threshold (diagnostics: a large N
+ * keeps every product on the dp4a kernels). */
+int cuda_mmq_min_n(void)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("TIDE_MMQ_MIN_N");
+        env = e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    return env ? env : mmq_min_n;
+}
 
 bool cuda_mmq_ok(const void *W, size_t row_bytes, int nb) { return tile_shape_ok(W, row_bytes, nb); }
 

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""bench-serve.py - N concurrent clients against an OpenAI-compatible server (tide or llama-server).
+
+Each client sends one streamed chat request of MAX_TOKENS tokens (ignore_eos where the server
+knows it; tide's random-weight models rarely stop early), with a distinct prompt, or with a shared
+system prompt of about SHARED words in front (--shared). Reports, per run:
+  aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
+  reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the
+  arrival times of content chunks; time to first token p50/p99 (s).
+Usage: bench-serve.py URL N [--temperature T] [--max-tokens M] [--shared WORDS] [--label L]
+Prints one line of key=value pairs (also appended to --out FILE as JSON).
+"""
+import argparse
+import json
+import threading
+import time
+import urllib.request
+
+WORDS = ("river city colour shape light tide stone field cloud market window garden bridge "
+         "harbour lantern forest mirror engine letter island").split()
+
+
+def prompt(i, n_words):
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n_words))
+
+
+def one(url, body, out, i):
+    t0 = time.perf_counter()
+    times, ntok, usage = [], 0, None
+    r = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=900) as resp:
+            for line in resp:
+                line = line.strip()
+                if line == b"data: [DONE]":
+                    break
+                if not line.startswith(b"data: "):
+                    continue
+                o = json.loads(line[6:])
+                if o.get("usage"):
+                    usage = o["usage"]
+                for c in o.get("choices", []):
+                    if c.get("delta", {}).get("content"):
+                        times.append(time.perf_counter())
+                        ntok += 1
+    except Exception as e:  # noqa: BLE001 - counted as an error
+        out[i] = {"error": repr(e)}
+        return
+    gen = usage["completion_tokens"] if usage else ntok
+    out[i] = {"t0": t0, "end": time.perf_counter(), "times": times, "tokens": gen}
+
+
+def pct(v, p):
+    if not v:
+        return float("nan")
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100.0 * (len(v) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("n", type=int)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--shared", type=int, default=0)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    system = prompt(999, a.shared) if a.shared else None
+    bodies = []
+    for i in range(a.n):
+        msgs = ([{"role": "system", "content": system}] if system else []) + \
+               [{"role": "user", "content": "%d: %s" % (i, prompt(i, 12))}]
+        bodies.append({"messages": msgs, "max_tokens": a.max_tokens, "temperature": a.temperature, "seed": i,
+                       "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True})
+    out = [None] * a.n
+    th = [threading.Thread(target=one, args=(a.url, bodies[i], out, i)) for i in range(a.n)]
+    t0 = time.perf_counter()
+    [t.start() for t in th]
+    [t.join() for t in th]
+    errs = [o for o in out if "error" in o]
+    ok = [o for o in out if "error" not in o]
+    wall = max(o["end"] for o in ok) - t0 if ok else float("nan")
+    toks = sum(o["tokens"] for o in ok)
+    itl = [(b - a_) * 1e3 for o in ok for a_, b in zip(o["times"], o["times"][1:])]
+    ttft = [o["times"][0] - o["t0"] for o in ok if o["times"]]
+    res = {"label": a.label, "clients": a.n, "temperature": a.temperature, "shared_words": a.shared,
+           "errors": len(errs), "tokens": toks, "wall_s": round(wall, 3),
+           "aggregate_tok_s": round(toks / wall, 1) if ok else 0,
+           "slowest_s": round(max(o["end"] - o["t0"] for o in ok), 3) if ok else None,
+           "itl_p50_ms": round(pct(itl, 50), 2), "itl_p99_ms": round(pct(itl, 99), 2),
+           "ttft_p50_s": round(pct(ttft, 50), 3), "ttft_p99_s": round(pct(ttft, 99), 3)}
+    print(" ".join("%s=%s" % kv for kv in res.items()), flush=True)
+    if errs:
+        print("first error:", errs[0]["error"])
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# bench-serve.sh - many clients at once through the server (issue 20): tide, and llama-server when
+# one is given, on the same Qwen3-30B-A3B-shaped q8_0 file on one H200.
+#
+#   CARRY=.dev-lead/gb scripts/bench-gpu-llama.sh build   # here: tide, tide-mkmodel, test-gpu + libs
+#   then through the device tool, carry [".dev-lead"]:
+#   CARRY=.dev-lead/gb OUT=$OUT scripts/bench-serve.sh    # there; summary.txt under $OUT
+# Steps (each bounded by a timeout, logged to $OUT/summary.txt as it finishes):
+#   test-gpu batch_* and bench_batch (batched steps vs the CPU; decode step time at B = 1, 8, 32);
+#   the model written to /dev/shm (LAYERS, default 48);
+#   tide with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
+#   CLIENTS (default "1 8 32 64") clients, 128 tokens each, greedy, then temperature 1 at 32, then
+#   32 clients sharing a 400-word system prompt;
+#   llama-server (LLAMA_SERVER=path, -np N -c N*CTX -ngl 99, its default flash attention) the same,
+#   when given.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tide-bench-serve}
+C=${CARRY:-build/gpu-bench}
+LAYERS=${LAYERS:-48}
+PARALLEL=${PARALLEL:-64}
+CTX=${CTX:-2048}
+CLIENTS=${CLIENTS:-"1 8 32 64"}
+mkdir -p "$OUT"
+S=$OUT/summary.txt
+log() { echo "$*" | tee -a "$S"; }
+export LD_LIBRARY_PATH=$PWD/$C/gpu-libs
+log "== bench-serve $(date -u +%FT%TZ) LAYERS=$LAYERS PARALLEL=$PARALLEL CTX=$CTX"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$S"
+
+{ timeout 240 "$C/test-gpu" --bench --only batch; TIDE_ATTN_MMA=0 timeout 120 "$C/test-gpu" --only batch_big; } 2>&1 | tee "$OUT/test-gpu-batch.txt" | grep -E "PASS|FAIL|bench_batch|OK|FAILED" | tee -a "$S"
+
+M=/dev/shm/bench-serve.gguf
+t0=$(date +%s)
+timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" --out "$M" >"$OUT/mkmodel.log" 2>&1 ||
+    { log "mkmodel failed: $(tail -n 2 "$OUT/mkmodel.log")"; exit 1; }
+log "model written in $(( $(date +%s) - t0 )) s: $(du -h "$M" | cut -f1)"
+
+port=18080
+serve_runs() { # label url
+    for n in $CLIENTS; do
+        timeout 300 python3 scripts/bench-serve.py "$2" "$n" --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+    done
+    timeout 300 python3 scripts/bench-serve.py "$2" 32 --temperature 1 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+    timeout 300 python3 scripts/bench-serve.py "$2" 32 --shared 400 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+}
+wait_health() { # url pid log
+    for _ in $(seq 1 600); do
+        curl -s -o /dev/null -w '%{http_code}' "$1/health" 2>/dev/null | grep -q 200 && return 0
+        kill -0 "$2" 2>/dev/null || { log "server exited: $(tail -n 3 "$3")"; return 1; }
+        sleep 0.5
+    done
+    log "server not healthy after 300 s"; return 1
+}
+
+cat >"$OUT/tide.json" <<EOF
+{"model": "$M", "mmproj": null, "context": $CTX, "port": $port, "parallel": $PARALLEL, "queue_max": 256,
+ "devices": [{"backend": "cuda", "index": 0}]}
+EOF
+"$C/tide" --config "$OUT/tide.json" >"$OUT/tide.log" 2>&1 &
+pid=$!
+if wait_health "http://127.0.0.1:$port" $pid "$OUT/tide.log"; then
+    grep -E "ready in|device 0:" "$OUT/tide.log" | tee -a "$S"
+    serve_runs tide "http://127.0.0.1:$port"
+fi
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+
+if [ -n "${LLAMA_SERVER:-}" ] && [ -x "$LLAMA_SERVER" ]; then
+    maxn=$(echo $CLIENTS | tr ' ' '\n' | sort -n | tail -n1)
+    "$LLAMA_SERVER" -m "$M" -ngl 99 -np "$maxn" -c $((maxn * CTX)) --port $((port + 1)) >"$OUT/llama.log" 2>&1 &
+    pid=$!
+    if wait_health "http://127.0.0.1:$((port + 1))" $pid "$OUT/llama.log"; then
+        serve_runs llama-server "http://127.0.0.1:$((port + 1))"
+    fi
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+fi
+rm -f "$M"
+log "== done $(date -u +%FT%TZ)"
