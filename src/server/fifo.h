@@ -35,6 +35,7 @@ struct job {
      * cancel): http.c resumes the suspended connection from here. Set/cleared under mu. */
     void (*notify)(void *arg);
     void *notify_arg;
+    struct fifo *owner;       /* set by fifo_push: job_finish tells it one live job fewer */
 };
 
 struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *));
@@ -66,6 +67,12 @@ void fifo_run_control(struct fifo *f);
  * whenever the running job calls fifo_tick (timers such as the vision idle unload). */
 void fifo_set_tick(struct fifo *f, void (*tick)(void *engine_ctx), double interval_s);
 void fifo_tick(struct fifo *f);
+/* Live generation jobs: pushed and not yet finished (queued + running). The drain on
+ * SIGTERM waits for this to reach 0; it counts at the queue's edges (fifo_push, job_finish)
+ * so it holds whatever the engine thread does between them. */
+int fifo_live(struct fifo *f);
+/* Wait until fifo_live is 0, at most timeout_s; true when it is. */
+bool fifo_wait_idle(struct fifo *f, double timeout_s);
 /* Stop: refuse new jobs, cancel the running and queued ones, join the engine thread. */
 void fifo_stop(struct fifo *f);
 /* Free after fifo_stop, once no HTTP thread can call fifo_push any more. */
