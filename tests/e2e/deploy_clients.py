@@ -17,7 +17,7 @@ import time
 import urllib.parse
 
 
-def chat(url, messages, stream, session=None, max_tokens=48, timeout=60):
+def chat(url, messages, stream, session=None, max_tokens=32, timeout=60):
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream})

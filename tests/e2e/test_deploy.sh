@@ -89,8 +89,10 @@ cat >"$TMP/tide.json" <<EOF
 {"model": "$ROOT/models/tide-moe.gguf", "context": 1024, "threads": 1, "queue_max": 64,
  "devices": [{"backend": "cpu", "vram_mib": 64}], "drain_timeout_s": 20}
 EOF
+# Every token takes >= 2 ms (the daemon's fault hook): a 32-token request lasts ~0.07 s on any
+# machine, so a kill or a SIGTERM always finds requests running and queued.
 start_daemon() { # i
-  "$TIDE_BIN" --config "$TMP/tide.json" --port "${PORTS[$1]}" --name "${NAMES[$1]}" \
+  TIDE_FAULT_SLOW_TOKEN_MS=2 "$TIDE_BIN" --config "$TMP/tide.json" --port "${PORTS[$1]}" --name "${NAMES[$1]}" \
     >>"$TMP/${NAMES[$1]}.log" 2>&1 &
   PID[${NAMES[$1]}]=$!
 }
@@ -199,27 +201,39 @@ PY
 
 # --- kill: SIGKILL tide-c under 30 streaming clients ----------------------------------------
 N="http://127.0.0.1:$NPORT"
-$CLIENTS load "$N" 12 30 "$TMP/kill.jsonl" &
-LOAD=$!
+$CLIENTS load "$N" 13 30 "$TMP/kill.jsonl" &
+LOAD=$!; PID[load]=$LOAD
 sleep 2.5
 t_before=$(date +%s.%N)
 kill -9 "${PID[tide-c]}"; wait "${PID[tide-c]}" 2>/dev/null || true
+unset 'PID[tide-c]'
 t_kill=$(date +%s.%N)
-sleep 2.5
+sleep 3.5
 t_restart=$(date +%s.%N)
 start_daemon 2; wait_ready 2
 t_back=$(python3 -c "import time; print(time.time() + 2.5)")   # fail_timeout 2s, then one probe
 wait $LOAD || fail "the kill load clients crashed"
+unset 'PID[load]'
 analyse "$TMP/kill.jsonl" kill "$t_before" "$t_kill" "$t_restart" "$t_back"
 
 # --- drain: SIGTERM tide-b under 30 streaming clients ---------------------------------------
-$CLIENTS load "$N" 5 30 "$TMP/drain.jsonl" &
-LOAD=$!
-sleep 1.5
+$CLIENTS load "$N" 6 30 "$TMP/drain.jsonl" &
+LOAD=$!; PID[load]=$LOAD
 B="http://127.0.0.1:${PORTS[1]}"
+# SIGTERM once tide-b has a queue (>= 4 waiting), so that there is something to drain.
+for _ in $(seq 1 100); do
+  w=$(curl -s "$B/metrics" | awk '$1 == "tide_requests_waiting" {print $2}')
+  [ "${w:-0}" -ge 4 ] && break
+  sleep 0.03
+done
+[ "${w:-0}" -ge 4 ] || fail "tide-b never had 4 requests waiting under load (last: '$w')"
 t_term=$(date +%s.%N)
 kill -TERM "${PID[tide-b]}"
-ready=$(curl -s -w ' %{http_code}' "$B/ready" || true)
+# "At once": as soon as the daemon's main thread has taken the signal (well within 1 s).
+for _ in $(seq 1 50); do
+  ready=$(curl -s -w ' %{http_code}' "$B/ready" || true)
+  case "$ready" in *' 200') sleep 0.02;; *) break;; esac
+done
 newreq=$(curl -s -D - -o /dev/null -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}' "$B/v1/chat/completions" | tr -d '\r' || true)
 case "$ready" in *'"status":"draining"'*' 503') ;; *) fail "GET /ready on tide-b right after SIGTERM: $ready";; esac
@@ -231,6 +245,7 @@ t_exit=$(date +%s.%N)
 [ $rc -eq 0 ] || fail "tide-b exited $rc after SIGTERM, not 0"
 grep -q 'drained' "$TMP/tide-b.log" || fail "tide-b did not log 'drained'"
 wait $LOAD || fail "the drain load clients crashed"
+unset 'PID[load]'
 analyse "$TMP/drain.jsonl" drain "$t_term"
 echo "drain: tide-b exited 0, $(python3 -c "print('%.2f' % ($t_exit - $t_term))") s after SIGTERM"
 start_daemon 1; wait_ready 1
