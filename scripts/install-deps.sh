@@ -6,6 +6,8 @@ pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcu
       libcriterion-dev libpcre2-dev python3 curl
       python3-numpy   # tests/model/test_model.py draws the held-out pictures (scripts/train/shapes.py)
       prometheus   # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
+      nginx        # tests/e2e/test_deploy.sh runs its own nginx processes (deploy/nginx/tide.conf), never the service
+                   # (which Debian starts on install on a host with an init; `systemctl disable --now nginx` if unwanted)
       nodejs       # the official OpenAI Node client: tests/sdk/run.sh
       chromium     # the page at GET / in a browser: tests/browser/run.sh
       xxd          # ui/* compiled into the daemon (Makefile: ui_assets.h)

@@ -3,6 +3,7 @@
  * Validation is strict on purpose: a typo in a key name silently ignored is a
  * misconfigured production server, so unknown keys stop startup. */
 #include "server/config.h"
+#include "server/cli.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -29,6 +30,7 @@ void config_defaults(struct config *c)
     c->max_batch_tokens = 2048;
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
+    c->drain_timeout_s = 30;
     c->devices_auto = true;
     c->vram_elastic = true;
     c->vram_reserve_mib[0] = 0;
@@ -45,6 +47,7 @@ void config_free(struct config *c)
     free(c->model);
     free(c->mmproj);
     free(c->api_key);
+    free(c->name);
     memset(c, 0, sizeof *c);
 }
 
@@ -225,6 +228,10 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
         } else if (strcmp(k, "queue_timeout_s") == 0 || strcmp(k, "request_timeout_s") == 0) {
             rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds, 0 = no bound)", &n, err, errlen);
             if (!rc) *(k[0] == 'q' ? &c->queue_timeout_s : &c->request_timeout_s) = (int)n;
+        } else if (strcmp(k, "name") == 0) rc = get_str(f, k, true, &c->name, err, errlen);
+        else if (strcmp(k, "drain_timeout_s") == 0) {
+            rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds)", &n, err, errlen);
+            if (!rc) c->drain_timeout_s = (int)n;
         } else if (strcmp(k, "devices") == 0) rc = parse_devices(c, f, err, errlen);
         else if (strcmp(k, "layer_split") == 0) {
             if (cJSON_IsNull(f)) { c->n_layer_split = 0; continue; }
@@ -329,80 +336,29 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
     return 0;
 }
 
-const char *config_usage(void)
-{
-    return "usage: tide [--config FILE] [--host HOST] [--port PORT] [--model PATH]\n"
-           "            [--mmproj PATH] [--api-key KEY] [--threads N] [--help] [--version]\n"
-           "  --config FILE   JSON config (default config/tide.json)\n"
-           "  flags override the keys of the same name in the config file\n";
-}
+const char *config_usage(void) { return cli_usage(); }
 
-static int parse_num_flag(const char *flag, const char *s, long lo, long hi, long *out, char *err,
-                          size_t errlen)
+void config_instance_name(const struct config *c, char *out, size_t cap)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        snprintf(err, errlen, "config: %s: expected an integer %ld..%ld, got \"%s\"", flag, lo, hi, s);
-        return TIDE_EINVAL;
-    }
-    *out = v;
-    return 0;
+    if (c->name) snprintf(out, cap, "%s", c->name);
+    else snprintf(out, cap, "%s:%d", c->host ? c->host : "", c->port);
 }
 
 int config_load(struct config *c, int argc, char **argv, char *err, size_t errlen)
 {
     config_defaults(c);
     const char *file = "config/tide.json";
-    bool file_given = false;
     /* First pass: find --config, --help, --version, and reject unknown flags early. */
-    static const char *const with_arg[] = { "--config", "--host", "--port", "--model", "--mmproj",
-                                            "--api-key", "--threads", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { c->help = true; continue; }
-        if (strcmp(a, "--version") == 0) { c->version = true; continue; }
-        bool known = false;
-        for (int k = 0; with_arg[k]; k++) known |= strcmp(a, with_arg[k]) == 0;
-        if (!known) {
-            snprintf(err, errlen, "config: %s: unknown flag (see --help)", a);
-            return TIDE_EINVAL;
-        }
-        if (i + 1 >= argc) {
-            snprintf(err, errlen, "config: %s: expected a value", a);
-            return TIDE_EINVAL;
-        }
-        if (strcmp(a, "--config") == 0) { file = argv[i + 1]; file_given = true; }
-        i++;
-    }
+    int rc = cli_scan(argc, argv, &file, &c->help, &c->version, err, errlen);
+    if (rc) return rc;
     if (c->help || c->version) return 0;
     char *text = NULL;
-    int rc = read_file(file, &text, err, errlen);
-    if (rc) {
-        (void)file_given;
-        return rc;
-    }
+    rc = read_file(file, &text, err, errlen);
+    if (rc) return rc;
     rc = config_parse(c, text, err, errlen);
     free(text);
     if (rc) return rc;
-    for (int i = 1; i + 1 < argc; i++) {
-        const char *a = argv[i], *v = argv[i + 1];
-        long n;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "--version") == 0 || strcmp(a, "-h") == 0) continue;
-        if (strcmp(a, "--host") == 0) set_str(&c->host, v);
-        else if (strcmp(a, "--model") == 0) set_str(&c->model, v);
-        else if (strcmp(a, "--mmproj") == 0) set_str(&c->mmproj, v);
-        else if (strcmp(a, "--api-key") == 0) set_str(&c->api_key, v);
-        else if (strcmp(a, "--port") == 0) {
-            if ((rc = parse_num_flag("--port", v, 0, 65535, &n, err, errlen))) return rc;
-            c->port = (int)n;
-        } else if (strcmp(a, "--threads") == 0) {
-            if ((rc = parse_num_flag("--threads", v, 0, 4096, &n, err, errlen))) return rc;
-            c->threads = (int)n;
-        }
-        i++;
-    }
+    if ((rc = cli_apply(c, argc, argv, err, errlen))) return rc;
     if (!c->model) {
         snprintf(err, errlen, "config: model: expected a path to a GGUF file, got nothing");
         return TIDE_EINVAL;

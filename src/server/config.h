@@ -53,6 +53,8 @@ struct config {
     int n_vram_reserve;
     struct vision_config vision;
     long segment_mib;   /* expert_cache.segment_mib; 0 = automatic */
+    char *name;         /* instance identity (/v1/vram, /metrics); NULL: host:port */
+    int drain_timeout_s; /* SIGTERM: finish running + queued work up to this long */
     bool help, version; /* --help / --version seen: main prints and returns */
 };
 
@@ -64,5 +66,7 @@ int config_parse(struct config *c, const char *json, char *err, size_t errlen);
 int config_load(struct config *c, int argc, char **argv, char *err, size_t errlen);
 void config_free(struct config *c);
 const char *config_usage(void);
+/* The instance identity: cfg->name, or "host:port" when it is null. */
+void config_instance_name(const struct config *c, char *out, size_t cap);
 
 #endif

@@ -13,6 +13,8 @@ struct fifo {
     pthread_cond_t cv;               /* the engine thread waits here for work */
     struct job *head, *tail;
     int n, max;
+    int live;                        /* pushed, not finished (fifo_live) */
+    pthread_cond_t idle_cv;          /* signalled when live drops to 0 */
     bool stop;
     struct job *ctl_head, *ctl_tail; /* control jobs: run at the next step boundary */
 };
@@ -75,14 +77,20 @@ int job_write(struct job *j, const char *data, size_t len)
     return 0;
 }
 
+static void fifo_job_ended(struct fifo *f);
+
 void job_finish(struct job *j, int status)
 {
     pthread_mutex_lock(&j->mu);
+    /* Only the first finish of a queued job ends a live one (fifo_live). */
+    struct fifo *owner = j->done ? NULL : j->owner;
+    j->owner = NULL;
     j->status = status;
     j->done = true;
     pthread_cond_broadcast(&j->cv);
     if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
+    if (owner) fifo_job_ended(owner);
 }
 
 static void deadline(struct timespec *ts, double s)
@@ -145,6 +153,7 @@ int fifo_create(struct fifo **out, int queue_max)
     if (!f) return TIDE_ENOMEM;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
+    pthread_cond_init(&f->idle_cv, NULL);
     f->max = queue_max;
     *out = f;
     return 0;
@@ -211,11 +220,13 @@ int fifo_push(struct fifo *f, struct job *j)
     if (f->n >= f->max) { pthread_mutex_unlock(&f->mu); return TIDE_EFULL; }
     job_ref(j);
     j->next = NULL;
+    j->owner = f;
     j->t_enqueue = tide_now();
     if (f->tail) f->tail->next = j;
     else f->head = j;
     f->tail = j;
     f->n++;
+    f->live++;
     metrics_waiting_add(1);
     pthread_cond_signal(&f->cv);
     pthread_mutex_unlock(&f->mu);
@@ -246,6 +257,34 @@ int fifo_waiting(struct fifo *f)
     return n;
 }
 
+static void fifo_job_ended(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    if (f->live > 0 && --f->live == 0) pthread_cond_broadcast(&f->idle_cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+int fifo_live(struct fifo *f)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->live;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+bool fifo_wait_idle(struct fifo *f, double timeout_s)
+{
+    struct timespec ts;
+    deadline(&ts, timeout_s > 0 ? timeout_s : 0);
+    pthread_mutex_lock(&f->mu);
+    while (f->live > 0) {
+        if (pthread_cond_timedwait(&f->idle_cv, &f->mu, &ts) == ETIMEDOUT) break;
+    }
+    bool idle = f->live == 0;
+    pthread_mutex_unlock(&f->mu);
+    return idle;
+}
+
 void fifo_free(struct fifo *f)
 {
     if (!f) return;
@@ -271,5 +310,6 @@ void fifo_free(struct fifo *f)
     }
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
+    pthread_cond_destroy(&f->idle_cv);
     free(f);
 }

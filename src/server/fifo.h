@@ -47,6 +47,7 @@ struct job {
      * cancel): http.c resumes the suspended connection from here. Set/cleared under mu. */
     void (*notify)(void *arg);
     void *notify_arg;
+    struct fifo *owner;       /* set by fifo_push: job_finish tells it one live job fewer */
 };
 
 struct job *job_new(job_run_fn run, void *ud, void (*free_ud)(void *));
@@ -83,6 +84,12 @@ bool fifo_closed(struct fifo *f);
 /* Refuse new jobs and wake the engine thread (which then cancels what runs and returns). */
 void fifo_close(struct fifo *f);
 /* After the engine thread returned: finish what is still queued with 503, then free. */
+/* Live generation jobs: pushed and not yet finished (queued + running). The drain on
+ * SIGTERM waits for this to reach 0; it counts at the queue's edges (fifo_push, job_finish)
+ * so it holds whatever the engine thread does between them. */
+int fifo_live(struct fifo *f);
+/* Wait until fifo_live is 0, at most timeout_s; true when it is. */
+bool fifo_wait_idle(struct fifo *f, double timeout_s);
 void fifo_free(struct fifo *f);
 
 #endif

@@ -31,6 +31,7 @@ struct http_server {
     int n_routes;
     void *app;
     char *api_key;
+    char *instance;           /* X-Tide-Instance; NULL: none */
     double queue_s, run_s;    /* bounded waits; 0 = none */
     pthread_mutex_t mu;       /* guards the list; taken before any job's mu */
     struct req_state *head;   /* requests attached to a job */
@@ -93,6 +94,7 @@ static enum MHD_Result send_resp(struct MHD_Connection *c, struct req_state *st,
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", rs->content_type ? rs->content_type : "application/json");
     if (allow) MHD_add_response_header(r, "Allow", allow);
+    if (st->srv->instance) MHD_add_response_header(r, "X-Tide-Instance", st->srv->instance);
     if (rs->retry_after > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", rs->retry_after);
@@ -368,6 +370,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
+    if (s->instance) MHD_add_response_header(r, "X-Tide-Instance", s->instance);
     metrics_request(st->endpoint, 200);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
@@ -451,6 +454,13 @@ void http_set_timeouts(struct http_server *s, double queue_s, double run_s)
     s->run_s = run_s;
 }
 
+void http_set_instance(struct http_server *s, const char *name)
+{
+    char *d = name ? strdup(name) : NULL;
+    free(s->instance);
+    s->instance = d;
+}
+
 void http_quiesce(struct http_server *s)
 {
     if (!s) return;
@@ -484,5 +494,6 @@ void http_stop(struct http_server *s)
     if (s->d) MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->mu);
     free(s->api_key);
+    free(s->instance);
     free(s);
 }

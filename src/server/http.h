@@ -44,6 +44,8 @@ int http_start(struct http_server **out, const char *host, int port, const struc
 /* Bounded waits: a job still queued after queue_s, or not done run_s after it was queued,
  * is cancelled and answered 503 (a stream ends with an error event). 0 = no bound. */
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s);
+/* Every response carries `X-Tide-Instance: name` (which daemon of a fleet answered). */
+void http_set_instance(struct http_server *s, const char *name);
 /* Stop accepting new connections (SIGTERM, first step). */
 void http_quiesce(struct http_server *s);
 /* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */

@@ -2,7 +2,9 @@
  *
  * HTTP starts before the model loads so /health can answer 503 "loading"; inference
  * routes answer 503 until the engine is ready. SIGINT/SIGTERM are taken with sigwait()
- * in this thread so no work happens in a signal handler. */
+ * in this thread so no work happens in a signal handler. SIGTERM drains first (GET /ready
+ * turns 503, new work is refused, what was accepted finishes); SIGINT or a second signal
+ * cancels at once. */
 #include "common.h"
 #include "engine/session.h"
 #include "server/config.h"
@@ -30,6 +32,7 @@ struct app {
     struct vision_lifecycle vis;
     struct fifo *_Atomic fifo;  /* NULL while loading */
     atomic_bool stopping;
+    atomic_bool draining;       /* SIGTERM seen: finishing accepted work, refusing new */
     char model_id[256];
     long created;
 };
@@ -45,6 +48,30 @@ static void h_health(void *ap, const struct http_request *rq, struct http_respon
     } else {
         rs->body = dup_str("{\"status\":\"ok\"}");
     }
+}
+
+/* Readiness, apart from liveness: a balancer or Kubernetes sends traffic only while this is
+ * 200. Its own path (not /health?ready=1) so that probes, nginx and curl need no query
+ * string and /health keeps its one meaning. */
+static void h_ready(void *ap, const struct http_request *rq, struct http_response *rs)
+{
+    struct app *a = ap;
+    struct fifo *f = atomic_load(&a->fifo);
+    const char *state = "ready", *reason = NULL;
+    if (!f) state = "loading", reason = "the model is loading";
+    else if (atomic_load(&a->draining) || atomic_load(&a->stopping))
+        state = "draining", reason = "the server is shutting down: finishing the requests it has";
+    else if (fifo_waiting(f) >= a->cfg.queue_max)
+        state = "queue_full", reason = "the queue is full";
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", state);
+    if (reason) {
+        cJSON_AddStringToObject(o, "reason", reason);
+        rs->status = 503;
+        rs->retry_after = 1;
+    }
+    rs->body = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
 }
 
 static void h_models(void *ap, const struct http_request *rq, struct http_response *rs)
@@ -85,7 +112,7 @@ static void generate_done(void *ap, struct job *j, struct http_response *rs)
 static void generate(struct app *a, const struct http_request *rq, struct http_response *rs, bool chat)
 {
     struct fifo *f = atomic_load(&a->fifo);
-    if (!f || atomic_load(&a->stopping)) {
+    if (!f || atomic_load(&a->stopping) || atomic_load(&a->draining)) {
         http_error(rs, 503, "server_error", f ? "server is shutting down" : "model is loading", NULL, NULL);
         rs->retry_after = 1;
         return;
@@ -151,6 +178,7 @@ static void h_completions(void *ap, const struct http_request *rq, struct http_r
 static const struct http_route routes[] = {
     { "GET", "/", ui_handle },
     { "GET", "/health", h_health },
+    { "GET", "/ready", h_ready },
     { "GET", "/v1/models", h_models },
     { "GET", "/metrics", h_metrics },
     { "POST", "/v1/chat/completions", h_chat },
@@ -179,6 +207,27 @@ static void plan_from_config(const struct config *c, struct plan_options *po)
     for (int i = 0; i < c->n_layer_split; i++)
         po->layer_split[i] = c->layer_split[i];
     po->segment_bytes = (size_t)c->segment_mib << 20;
+}
+
+/* SIGTERM: finish what was accepted, up to drain_timeout_s, while new requests and GET /ready
+ * answer 503. Returns early on a second stop signal (then the caller cancels at once). */
+static void drain(struct app *a, struct fifo *f, const sigset_t *sigs)
+{
+    atomic_store(&a->draining, true);
+    int limit = a->cfg.drain_timeout_s;
+    tide_log("draining: %d request(s) to finish, up to %d s (another SIGTERM or SIGINT cancels them)",
+             fifo_live(f), limit);
+    double t_end = tide_now() + limit;
+    while (!fifo_wait_idle(f, 0.1)) {
+        struct timespec now = { 0, 0 };
+        int sig = sigtimedwait(sigs, NULL, &now);
+        if (sig > 0) { tide_log("signal %d while draining: cancelling", sig); return; }
+        if (tide_now() >= t_end) {
+            tide_log("drain: %d request(s) still running after %d s: cancelling", fifo_live(f), limit);
+            return;
+        }
+    }
+    tide_log("drained");
 }
 
 static struct app app;
@@ -211,6 +260,11 @@ int main(int argc, char **argv)
                     a->cfg.api_key, err, sizeof err);
     if (rc) { tide_log("%s", err); config_free(&a->cfg); return 1; }
     http_set_timeouts(http, a->cfg.queue_timeout_s, a->cfg.request_timeout_s);
+    char instance[300];
+    config_instance_name(&a->cfg, instance, sizeof instance);
+    http_set_instance(http, instance);
+    metrics_set_instance(instance);
+    vram_set_instance(instance);
 
     tide_log("loading model %s (context %d, threads %d)", a->cfg.model, a->cfg.context, a->cfg.threads);
     double t0 = tide_now();
@@ -300,6 +354,7 @@ int main(int argc, char **argv)
     int sig = 0;
     sigwait(&sigs, &sig);
     tide_log("signal %d: shutting down", sig);
+    if (sig == SIGTERM) drain(a, f, &sigs);
     atomic_store(&a->stopping, true);
     http_quiesce(http);
     scheduler_stop(rt); /* cancels in-flight work; waiting handlers wake up */

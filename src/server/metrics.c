@@ -93,6 +93,8 @@ static atomic_int running, waiting;
 static atomic_int kv_slots_used, kv_slots_total;
 static atomic_llong cached_tokens;
 static double start_unix;
+/* Set once at start-up, before the first scrape (metrics_set_instance). */
+static char instance_name[256];
 
 void metrics_request(const char *endpoint, int code)
 {
@@ -404,6 +406,11 @@ void metrics_init(void)
     start_unix = (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void metrics_set_instance(const char *name)
+{
+    snprintf(instance_name, sizeof instance_name, "%s", name ? name : "");
+}
+
 char *metrics_render(void)
 {
     struct sb b = {malloc(16384), 0, 16384, false};
@@ -416,6 +423,14 @@ char *metrics_render(void)
     sb_printf(&b, "\"} 1\n");
     char v[40];
     fmt_double(v, sizeof v, start_unix);
+    if (instance_name[0]) {
+        /* The identity as one info series, not a label on every series: counters stay
+         * summable across a fleet, and a join on it names the daemon. */
+        family(&b, "tide_instance_info", "gauge", "Constant 1, labelled with this daemon's instance name.");
+        sb_printf(&b, "tide_instance_info{instance_name=\"");
+        sb_label_value(&b, instance_name);
+        sb_printf(&b, "\"} 1\n");
+    }
     family(&b, "tide_process_start_time_seconds", "gauge", "Unix time the daemon started.");
     sb_printf(&b, "tide_process_start_time_seconds %s\n", v);
 

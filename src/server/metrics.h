@@ -64,6 +64,10 @@ void metrics_vision_last_image(double unix_time);   /* tide_vision_last_image_ti
 void metrics_vision_event(bool load);               /* tide_vision_loads_total / _unloads_total */
 void metrics_vision_embed_cache(bool hit);          /* tide_vision_embed_cache_{hits,misses}_total */
 
+/* The daemon's instance name (config `name`): tide_instance_info{instance_name="..."} 1.
+ * Call before serving; copied. */
+void metrics_set_instance(const char *name);
+
 /* malloc'd text (caller frees), NULL on ENOMEM. */
 char *metrics_render(void);
 

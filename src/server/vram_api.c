@@ -27,11 +27,20 @@ void runtime_snapshot(struct runtime *rt, struct vram_snapshot *out)
         out->vision_state = "unloaded";
 }
 
+static char vram_instance[256];
+
+void vram_set_instance(const char *name)
+{
+    snprintf(vram_instance, sizeof vram_instance, "%s", name ? name : "");
+}
+
 char *vram_render(const struct vram_snapshot *s, const char *status, const size_t *shortfall)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
+    if (vram_instance[0])
+        cJSON_AddStringToObject(o, "instance", vram_instance);
     cJSON *devs = cJSON_AddArrayToObject(o, "devices");
     double t[12] = {0};
     for (int i = 0; i < s->n; i++) {

@@ -10,6 +10,8 @@
 #include "server/runtime.h"
 
 /* The GET body (malloc'd JSON); status/shortfall added when shortfall is not NULL. */
+/* The instance name every /v1/vram answer carries as "instance" (copied; before serving). */
+void vram_set_instance(const char *name);
 char *vram_render(const struct vram_snapshot *s, const char *status, const size_t *shortfall);
 void vram_get(struct runtime *rt, const struct http_request *rq, struct http_response *rs);
 void vram_post(struct runtime *rt, const struct http_request *rq, struct http_response *rs);

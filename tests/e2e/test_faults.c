@@ -4,7 +4,7 @@
  * (GET /v1/vram), and the next request is served. The hooks (docs/SECURITY.md, "Injected
  * faults"): TIDE_FAULT_ALLOC (an allocation of one kind fails), TIDE_FAULT_ENGINE_STEP (a
  * forward step fails), TIDE_FAULT_SLOW_TOKEN_MS (tokens take at least that long), and
- * SIGTERM during streams. On the default model every expert-cache segment holds one expert,
+ * SIGTERM during streams (it drains; a second SIGTERM or drain_timeout_s cancels). On the default model every expert-cache segment holds one expert,
  * so the start-up sizing makes expert_slots_full expert_cache allocations and the n-th one
  * after those is the n-th of the first regrow. */
 #include <criterion/criterion.h>
@@ -414,13 +414,63 @@ static void *stream_thread(void *p)
     return NULL;
 }
 
-/* SIGTERM with a stream running and one queued behind it: both end with an error event and
- * [DONE], a queued non-streamed request gets a 503 error object, and the daemon exits 0
- * within a few seconds. */
-Test(faults, sigterm_during_a_stream, .timeout = 60)
+/* SIGTERM drains: GET /ready turns 503 "draining" at once, a new request gets 503, the running
+ * stream and the two requests queued behind it finish whole (no error, [DONE]), and the daemon
+ * exits 0 once they are done. */
+Test(faults, sigterm_drains_running_and_queued, .timeout = 60)
 {
     /* one sequence at a time, so the other two queue behind the first */
-    start(DEV64 ",\"parallel\":1", "TIDE_FAULT_SLOW_TOKEN_MS=20"); /* 900 tokens would take >= 18 s */
+    start(DEV64 ",\"drain_timeout_s\":30,\"parallel\":1", "TIDE_FAULT_SLOW_TOKEN_MS=4"); /* 150 tokens >= 0.6 s each */
+    const char *body = "{" HELLO ",\"max_tokens\":150,\"temperature\":0,\"stream\":true}";
+    const char *plain = "{" HELLO ",\"max_tokens\":150,\"temperature\":0}";
+    struct stream_arg a[3] = {{body, {calloc(1, 1), 0, 0}, 0}, {body, {calloc(1, 1), 0, 0}, 0},
+                              {plain, {calloc(1, 1), 0, 0}, 0}};
+    pthread_t th[3];
+    pthread_create(&th[0], NULL, stream_thread, &a[0]);
+    for (int i = 0; i < 200 && !strstr(a[0].b.p, "\"content\""); i++) usleep(10000);
+    cr_assert(strstr(a[0].b.p, "\"content\""), "the first stream did not start");
+    pthread_create(&th[1], NULL, stream_thread, &a[1]);
+    pthread_create(&th[2], NULL, stream_thread, &a[2]);
+    for (int i = 0; i < 250 && waiting() < 2; i++) usleep(10000);
+    cr_assert_eq(waiting(), 2, "the two requests are not queued");
+    double t0 = mono();
+    kill(pid, SIGTERM);
+    usleep(50000);
+    char *r = NULL;
+    cr_expect_eq(req("GET", "/ready", NULL, &r), 503, "GET /ready while draining: %s", r);
+    cr_expect(r && strstr(r, "\"status\":\"draining\"") && strstr(r, "\"reason\""), "%s", r);
+    free(r);
+    r = NULL;
+    cr_expect_eq(req("POST", "/v1/chat/completions", plain, &r), 503, "a new request while draining: %s", r);
+    cr_expect(r && strstr(r, "shutting down"), "%s", r);
+    free(r);
+    int st;
+    waitpid(pid, &st, 0);
+    pid = 0;
+    double dt = mono() - t0;
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d after the drain", st);
+    cr_expect(strstr(log_text(), "drained"), "no 'drained' in the log: %s", log_text());
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        const char *p = a[i].b.p;
+        cr_expect_eq(a[i].code, 200, "stream %d", i);
+        cr_expect_null(strstr(p, "\"error\""), "stream %d cut by the drain: %.300s", i, p);
+        cr_expect(a[i].b.n >= 14 && !strcmp(p + a[i].b.n - 14, "data: [DONE]\n\n"), "stream %d does not end with [DONE]", i);
+    }
+    cr_expect_eq(a[2].code, 200, "queued request: %s", a[2].b.p);
+    cr_expect(strstr(a[2].b.p, "\"completion_tokens\":150"), "queued request not whole: %.300s", a[2].b.p);
+    cr_expect_lt(dt, 20.0, "the drain took %.2f s", dt);
+    for (int i = 0; i < 3; i++) free(a[i].b.p);
+    stop();
+}
+
+/* A second SIGTERM during the drain (or drain_timeout_s running out) cancels at once: the
+ * stream running and the one queued behind it end with an error event and [DONE], a queued
+ * non-streamed request gets a 503 error object, and the daemon exits 0 within a few seconds. */
+static void cancel_during_drain(bool second_signal)
+{
+    start(second_signal ? DEV64 ",\"parallel\":1" : DEV64 ",\"drain_timeout_s\":1,\"parallel\":1",
+          "TIDE_FAULT_SLOW_TOKEN_MS=20"); /* 900 tokens would take >= 18 s */
     const char *body = "{" HELLO ",\"max_tokens\":900,\"temperature\":0,\"stream\":true}";
     const char *plain = "{" HELLO ",\"max_tokens\":900,\"temperature\":0}";
     struct stream_arg a[3] = {{body, {calloc(1, 1), 0, 0}, 0}, {body, {calloc(1, 1), 0, 0}, 0},
@@ -433,9 +483,16 @@ Test(faults, sigterm_during_a_stream, .timeout = 60)
     pthread_create(&th[2], NULL, stream_thread, &a[2]);
     for (int i = 0; i < 250 && waiting() < 2; i++) usleep(20000); /* both queued behind the first */
     cr_assert_eq(waiting(), 2, "the two requests are not queued");
-    double dt = stop();
+    double dt;
+    if (second_signal) {
+        kill(pid, SIGTERM); /* drains... */
+        usleep(300000);
+        dt = stop();        /* ...and the second SIGTERM cancels */
+    } else {
+        dt = stop() - 1.0;  /* the drain gives up after drain_timeout_s */
+    }
     for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-    cr_expect_lt(dt, 5.0, "exit took %.2f s", dt);
+    cr_expect_lt(dt, 5.0, "exit took %.2f s after the cancel", dt);
     for (int i = 0; i < 2; i++) {
         const char *p = a[i].b.p;
         cr_expect_eq(a[i].code, 200, "stream %d", i);
@@ -448,3 +505,6 @@ Test(faults, sigterm_during_a_stream, .timeout = 60)
     cr_expect(strstr(a[2].b.p, "\"error\"") && strstr(a[2].b.p, "shutting down"), "%s", a[2].b.p);
     for (int i = 0; i < 3; i++) free(a[i].b.p);
 }
+
+Test(faults, second_sigterm_cancels_the_drain, .timeout = 60) { cancel_during_drain(true); }
+Test(faults, drain_timeout_cancels, .timeout = 60) { cancel_during_drain(false); }

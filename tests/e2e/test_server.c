@@ -326,6 +326,19 @@ Test(server, queue_full_503)
         pthread_create(&th[i], NULL, par_run, &ps[i]);
         usleep(5000);
     }
+    /* While one runs and one waits, readiness says so (a balancer stops sending here). */
+    char *r = NULL;
+    long rc = 0;
+    for (int i = 0; i < 100; i++) {
+        free(r);
+        r = NULL;
+        rc = req("GET", "/ready", NULL, NULL, NULL, &r);
+        if (rc == 503) break;
+        usleep(10000);
+    }
+    cr_expect_eq(rc, 503, "GET /ready with the queue full: %s", r);
+    cr_expect(r && strstr(r, "\"status\":\"queue_full\""), "%s", r);
+    free(r);
     int n503 = 0, n200 = 0;
     for (int i = 0; i < 8; i++) {
         pthread_join(th[i], NULL);
@@ -334,6 +347,9 @@ Test(server, queue_full_503)
     }
     cr_expect(n503 >= 1, "no 503 with queue_max 1 (200s: %d)", n200);
     cr_expect(n200 >= 1);
+    cr_expect_eq(req("GET", "/ready", NULL, NULL, NULL, &r), 200, "GET /ready once idle: %s", r);
+    cr_expect(strstr(r, "\"status\":\"ready\""), "%s", r);
+    free(r);
 }
 
 /* Bounded waits: a request stuck behind a long one in the queue gets a 503 naming what it

@@ -123,3 +123,124 @@ Test(config, flags_override)
     config_free(&c);
     unlink(path);
 }
+
+/* Writes json to a temp file; path receives its name. */
+static void temp_config(char *path, const char *json)
+{
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert(write(fd, json, strlen(json)) == (ssize_t)strlen(json));
+    close(fd);
+}
+
+/* llama-server's spellings override their keys; --flag=value works too. */
+Test(config, llama_server_flags)
+{
+    char path[] = "/tmp/tide-cfg-XXXXXX";
+    temp_config(path, "{\"model\":\"a.gguf\",\"context\":512,\"parallel\":2,\"name\":\"file\","
+                      "\"drain_timeout_s\":7}");
+    char *argv[] = { "tide", "--config", path, "-c", "1024", "-np", "4", "-t", "2", "--metrics", "-m", "b.gguf",
+                     "--name=gpu1", "--drain-timeout", "9", "--port=0", NULL };
+    struct config c;
+    char err[256] = "";
+    cr_assert_eq(config_load(&c, 16, argv, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(c.context, 1024);
+    cr_expect_eq(c.parallel, 4);
+    cr_expect_eq(c.threads, 2);
+    cr_expect_str_eq(c.model, "b.gguf");
+    cr_expect_str_eq(c.name, "gpu1");
+    cr_expect_eq(c.drain_timeout_s, 9);
+    cr_expect_eq(c.port, 0);
+    config_free(&c);
+    char *long_forms[] = { "tide", "--config", path, "--ctx-size", "2048", "--parallel", "3", "--threads", "1",
+                           "--model", "c.gguf", NULL };
+    cr_assert_eq(config_load(&c, 11, long_forms, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(c.context, 2048);
+    cr_expect_eq(c.parallel, 3);
+    cr_expect_eq(c.threads, 1);
+    cr_expect_str_eq(c.model, "c.gguf");
+    config_free(&c);
+    /* without flags the file's values stand */
+    char *plain[] = { "tide", "--config", path, NULL };
+    cr_assert_eq(config_load(&c, 3, plain, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(c.context, 512);
+    cr_expect_eq(c.parallel, 2);
+    cr_expect_str_eq(c.name, "file");
+    cr_expect_eq(c.drain_timeout_s, 7);
+    config_free(&c);
+    unlink(path);
+}
+
+/* A llama-server flag tide lacks and an unknown flag each stop start-up with one line naming it;
+ * bad values name the flag and the range. */
+Test(config, flags_refused_by_name)
+{
+    static const char *const llama[] = { "-ngl", "--n-gpu-layers", "--flash-attn", "-fa", "--cont-batching",
+                                         "--jinja", "--chat-template", "-b", "-ub", "--mlock" };
+    struct config c;
+    char err[256];
+    for (size_t i = 0; i < sizeof llama / sizeof llama[0]; i++) {
+        char *argv[] = { "tide", (char *)llama[i], "1", NULL };
+        err[0] = 0;
+        cr_expect_eq(config_load(&c, 3, argv, err, sizeof err), TIDE_EINVAL, "%s", llama[i]);
+        char want[96];
+        snprintf(want, sizeof want, "config: %s: a llama-server flag tide does not have", llama[i]);
+        cr_expect(strstr(err, want) == err, "%s -> %s", llama[i], err);
+        cr_expect_null(strchr(err, '\n'));
+        config_free(&c);
+    }
+    char *unk[] = { "tide", "--ctx", "5", NULL };
+    cr_expect_eq(config_load(&c, 3, unk, err, sizeof err), TIDE_EINVAL);
+    cr_expect_str_eq(err, "config: --ctx: unknown flag (see --help)");
+    config_free(&c);
+    char *bad_np[] = { "tide", "-np", "0", NULL };
+    cr_expect_eq(config_load(&c, 3, bad_np, err, sizeof err), TIDE_EINVAL);
+    cr_expect(strstr(err, "--parallel: expected an integer 1..") != NULL, "%s", err);
+    config_free(&c);
+    char *no_val[] = { "tide", "-c", NULL };
+    cr_expect_eq(config_load(&c, 2, no_val, err, sizeof err), TIDE_EINVAL);
+    cr_expect_str_eq(err, "config: -c: expected a value");
+    config_free(&c);
+    char *metrics_val[] = { "tide", "--metrics=1", NULL };
+    cr_expect_eq(config_load(&c, 2, metrics_val, err, sizeof err), TIDE_EINVAL);
+    cr_expect_str_eq(err, "config: --metrics: takes no value");
+    config_free(&c);
+    char *help[] = { "tide", "--help", NULL };
+    cr_expect_eq(config_load(&c, 2, help, err, sizeof err), 0);
+    cr_expect(c.help);
+    config_free(&c);
+    const char *u = config_usage();
+    static const char *const listed[] = { "--ctx-size", "-np, --parallel", "-t, --threads", "--metrics",
+                                          "--api-key", "--host", "--port", "-m, --model", "--mmproj", "--name" };
+    for (size_t i = 0; i < sizeof listed / sizeof listed[0]; i++)
+        cr_expect(strstr(u, listed[i]) != NULL, "--help lacks %s", listed[i]);
+}
+
+/* parallel, name and drain_timeout_s: defaults, types, and the host:port identity. */
+Test(config, fleet_keys)
+{
+    struct config c;
+    char err[256] = "";
+    config_defaults(&c);
+    cr_expect_eq(c.parallel, 0);
+    cr_expect_null(c.name);
+    cr_expect_eq(c.drain_timeout_s, 30);
+    char id[64];
+    config_instance_name(&c, id, sizeof id);
+    cr_expect_str_eq(id, "127.0.0.1:8080");
+    config_free(&c);
+    cr_assert_eq(parse("{\"parallel\":null,\"name\":\"gpu0\",\"drain_timeout_s\":0}", &c, err), 0, "%s", err);
+    config_instance_name(&c, id, sizeof id);
+    cr_expect_str_eq(id, "gpu0");
+    cr_expect_eq(c.drain_timeout_s, 0);
+    config_free(&c);
+    cr_expect_lt(parse("{\"parallel\":0}", &c, err), 0);
+    cr_expect(strstr(err, "config: parallel: expected a positive integer") == err, "%s", err);
+    config_free(&c);
+    cr_expect_lt(parse("{\"name\":\"\"}", &c, err), 0);
+    cr_expect(strstr(err, "config: name:") == err, "%s", err);
+    config_free(&c);
+    cr_expect_lt(parse("{\"drain_timeout_s\":-1}", &c, err), 0);
+    cr_expect(strstr(err, "config: drain_timeout_s:") == err, "%s", err);
+    config_free(&c);
+}

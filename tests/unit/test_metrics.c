@@ -115,6 +115,26 @@ Test(metrics, requests_tokens_gauges)
     free(t);
 }
 
+/* The fleet identity is one info series; no other series carries it (summable counters). */
+Test(metrics, instance_info_only_on_its_own_series)
+{
+    metrics_request("/v1/completions", 200);
+    char *t = metrics_render();
+    cr_assert_not_null(t);
+    cr_expect_eq(count_lines_with_prefix(t, "tide_instance_info"), 0, "no name set, yet: %s", t);
+    free(t);
+    metrics_set_instance("host\"a:8080");
+    t = metrics_render();
+    metrics_set_instance(NULL);
+    cr_assert_not_null(t);
+    cr_expect_eq(sample(t, "tide_instance_info{instance_name=\"host\\\"a:8080\"}"), 1, "%s", t);
+    cr_expect(has_line(t, "# TYPE tide_instance_info gauge"));
+    cr_expect_eq(count_lines_with_prefix(t, "tide_requests_total{endpoint=\"/v1/completions\",code=\"200\"}"), 1);
+    const char *after = strchr(strstr(t, "tide_instance_info{"), '\n');
+    cr_expect_null(strstr(after, "instance_name"), "instance_name on another series");
+    free(t);
+}
+
 Test(metrics, label_values_are_escaped)
 {
     metrics_request("/a\"b\\c\nd", 500);
@@ -345,7 +365,9 @@ Test(metrics, promtool_reports_nothing)
     metrics_publish_devices(d, 2);
     metrics_vision_state("loading");
     metrics_vision_last_image(1764700000.5);
+    metrics_set_instance("gpu0.example:8080");
     char *t = metrics_render();
+    metrics_set_instance(NULL);
     cr_assert_not_null(t);
     char in[] = "/tmp/tide-metrics-XXXXXX";
     int fd = mkstemp(in);
