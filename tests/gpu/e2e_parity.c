@@ -46,6 +46,7 @@ static int argmax(const float *v, int n)
     return b;
 }
 
+int gpu_e2e_type_down; /* > 0: the model's ffn_down and output in this type (modelgen's type_down) */
 static int full_fused; /* moe_ffn_table calls that computed in decode steps (the probe passes x NULL) */
 static int full_replays; /* recorded decode steps replayed (gpu_e2e_full) */
 static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
@@ -58,7 +59,7 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
 {
     char path[64], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-%d-%s.gguf", (int)getpid(), name);
-    struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type};
+    struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type, .type_down = gpu_e2e_type_down};
     struct model m;
     if (modelgen_write(&o, NULL, err, sizeof err) || model_load(&m, path, err, sizeof err)) {
         printf("FAIL %s (model: %s)\n", name, err);

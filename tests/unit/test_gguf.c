@@ -229,6 +229,40 @@ Test(gguf, k_quants_round_trip_and_layout)
     cr_assert_float_eq(v[0], 0.0f, 1e-6, "value 0 has q 32-32 = 0 times scale 0");
 }
 
+/* q5_K (type 13): the size, a round trip between q4_K's and q6_K's error, and the fifth bit's
+ * place by hand: bit j of byte 16 + l is value 32 j + l's. */
+Test(gguf, q5_K_round_trip_and_layout)
+{
+    enum { N = 512 };
+    float x[N], y[N];
+    uint8_t q[2 * Q5_K_BYTES];
+    uint64_t st = 99;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int64_t)(st >> 33) % 2001 - 1000) / 1000.0f * (1 + i / 64);
+    }
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q5_K, 512), 2 * Q5_K_BYTES);
+    cr_assert_str_eq(ggml_type_name(GGML_TYPE_Q5_K), "q5_K");
+    cr_assert_eq(ggml_quantize(GGML_TYPE_Q5_K, x, q, N), 2 * Q5_K_BYTES);
+    ggml_dequantize(GGML_TYPE_Q5_K, q, y, N);
+    double e5 = rel_rms(y, x, N);
+    uint8_t q4[2 * Q4_K_BYTES];
+    ggml_quantize(GGML_TYPE_Q4_K, x, q4, N);
+    ggml_dequantize(GGML_TYPE_Q4_K, q4, y, N);
+    double e4 = rel_rms(y, x, N);
+    cr_assert(e5 < e4 * 0.7, "q5_K (%g) should be well under q4_K (%g)", e5, e4);
+
+    uint8_t b[Q5_K_BYTES] = {0};
+    b[1] = 0x3c; /* d = 1 */
+    b[4 + 3] = 2; /* sub-block 3: scale 2, min 0 */
+    b[16 + 5] = 1 << 3; /* value 96 + 5: fifth bit */
+    b[48 + 32 + 5] = 0x90; /* ... and high nibble 9 of byte 32 + 5 (values 96..127) */
+    float v[QK_K];
+    ggml_dequantize(GGML_TYPE_Q5_K, b, v, QK_K);
+    cr_assert_float_eq(v[96 + 5], 2.0f * (16 + 9), 1e-6);
+    cr_assert_float_eq(v[64 + 5], 0.0f, 1e-6, "sub-block 2 has scale 0");
+}
+
 Test(gguf, every_truncation_fails)
 {
     size_t size;
