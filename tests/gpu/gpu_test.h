@@ -43,6 +43,10 @@ void test_matmul_kq(void);
 void test_get_rows_kq(void);
 void test_moe_kq(void);
 void bench_kquant(void);
+/* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */
+void kq_view_of_x(const float *x, float *out, int n, int cols);
+/* the fused MoE op's arithmetic for k-quant experts on backend be (x and h as the kernels see them) */
+void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y);
 void bench_prefill(void);
 void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
 void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU */

@@ -33,7 +33,7 @@ static const char *tests[] = {
     "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0",
     "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
-    "e2e_big_q4_K_M", "e2e_full_big_q4_K_M",
+    "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
 };
@@ -815,14 +815,24 @@ static void test_e2e(const char *only)
     if (want(only, "e2e_full_qwen3moe_q8_0") &&
         !gpu_e2e_full(cpu, gpu, "e2e_full_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2))
         n_fail++;
-    /* a Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K): the k-quant kernels end to
+    /* A Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K): the k-quant kernels end to
      * end, prefill through the per-expert path (moe_ffn_batch does not group k-quants), decode
-     * through the fused op and, with every expert cached, its table form in recorded steps */
+     * through the fused op and, with every expert cached, its table form in recorded steps.
+     * The CPU dots k-quant rows with f32 x, the GPU with x in int8 blocks (as llama.cpp's CUDA
+     * backend does): on this 8-layer random model that alone moves the logits by 0.21 at the
+     * prefill and 0.65 at the worst step (H200, 21/24 greedy tokens), and a CPU-only run whose
+     * k-quant products see x as the GPU's do moves them as much (0.25 / 0.46, 20/24), while
+     * 1e-6 noise on those inputs already gives 0.02 / 0.23: the logits are no test of the
+     * kernels here (limit 1.0: finite, not garbage). The shadow run checks every op instead, on
+     * identical inputs, against the CPU given x as the kernels see it. */
     gpu_e2e_type_down = GGML_TYPE_Q6_K;
-    if (want(only, "e2e_big_q4_K_M") && !gpu_e2e(cpu, gpu, "e2e_big_q4_K_M", "big", GGML_TYPE_Q4_K, 5e-2))
+    if (want(only, "e2e_big_q4_K_M") && !gpu_e2e(cpu, gpu, "e2e_big_q4_K_M", "big", GGML_TYPE_Q4_K, 1.0))
         n_fail++;
     if (want(only, "e2e_full_big_q4_K_M") &&
-        !gpu_e2e_full(cpu, gpu, "e2e_full_big_q4_K_M", "big", GGML_TYPE_Q4_K, 5e-2))
+        !gpu_e2e_full(cpu, gpu, "e2e_full_big_q4_K_M", "big", GGML_TYPE_Q4_K, 1.0))
+        n_fail++;
+    if (want(only, "e2e_shadow_big_q4_K_M") &&
+        !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_big_q4_K_M", "big", GGML_TYPE_Q4_K))
         n_fail++;
     gpu_e2e_type_down = 0;
     fflush(stdout);

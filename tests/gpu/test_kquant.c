@@ -4,8 +4,12 @@
  * op and its table form with Q4_K_M's mix (q4_K gate/up, q6_K down); and with --bench the
  * products' timings (bench_kquant).
  *
- * Limits are the q8_0 ones (test_cuda_ops.c): ||gpu - cpu|| / ||cpu|| < 1e-2, since both
- * sides differ by the GPU's int8 quantisation of x; get_rows decodes the same values (1e-6). */
+ * The CPU backend dots k-quant rows with f32 x, while the CUDA kernels see x in int8 blocks
+ * (n <= 8) or f16 (prefill sizes): against f32 x that alone is 0.5-1.3e-2 (measured on the
+ * H200), too close to the 1e-2 limit of the q8_0 tests (where the CPU quantises x as well) to
+ * tell a bug from it. So each product is checked against the CPU backend given x as the kernel
+ * sees it (kq_view_of_x): ||gpu - cpu|| / ||cpu|| < 1e-3 (the f16 GEMM rounds W to f16 too),
+ * and its distance from the f32-x product is reported. get_rows decodes the same values. */
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
 #include "gpu_test.h"
@@ -15,13 +19,59 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* x (n, cols) as kquant.cu's products see it: quantize_q8_kernel's int8 blocks of 32 (scale
+ * amax / 127 rounded to f16, values rounded to nearest even) for n <= 8, f16 beyond. */
+void kq_view_of_x(const float *x, float *out, int n, int cols)
+{
+    size_t len = (size_t)n * cols;
+    for (size_t b = 0; b < len / 32; b++) {
+        const float *v = x + b * 32;
+        float *o = out + b * 32;
+        if (n > 8) {
+            for (int l = 0; l < 32; l++)
+                o[l] = tide_f16_to_f32(tide_f32_to_f16(v[l]));
+            continue;
+        }
+        float amax = 0.0f;
+        for (int l = 0; l < 32; l++)
+            amax = fmaxf(amax, fabsf(v[l]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f, ds = tide_f16_to_f32(tide_f32_to_f16(d));
+        for (int l = 0; l < 32; l++)
+            o[l] = (float)(int)rintf(v[l] * id) * ds;
+    }
+}
+
+/* The fused op's arithmetic on the CPU: x and each expert's h = silu(gate x) * (up x) seen as
+ * int8 blocks (kq_view_of_x, n = 1), as moe_gate_up_kernel quantises them; y = sum w_j down_j h_j. */
+void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y)
+{
+    int E = (int)eh[0].gate.ne[0], F = (int)eh[0].gate.ne[1];
+    float *xv = malloc(sizeof(float) * E), *g = malloc(sizeof(float) * F), *u = malloc(sizeof(float) * F);
+    float *hv = malloc(sizeof(float) * F), *d = malloc(sizeof(float) * E);
+    kq_view_of_x(x, xv, 1, E);
+    memset(y, 0, sizeof(float) * E);
+    for (int j = 0; j < k; j++) {
+        be.i->matmul(be.ctx, &eh[j].gate, xv, g, 1);
+        be.i->matmul(be.ctx, &eh[j].up, xv, u, 1);
+        for (int i = 0; i < F; i++)
+            g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        kq_view_of_x(g, hv, 1, F);
+        be.i->matmul(be.ctx, &eh[j].down, hv, d, 1);
+        for (int i = 0; i < E; i++)
+            y[i] += w[j] * d[i];
+    }
+    free(xv); free(g); free(u); free(hv); free(d);
+}
+
 #ifdef TIDE_CUDA
 
 static const uint32_t kq_types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
 /* y = W x (or y0 + W x) on the GPU from a device copy of th at byte offset off (misaligned
- * rows when off is odd or 2 mod 4), against the CPU; the rel err. */
-static double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off)
+ * rows, when off is odd, or 2 mod 4 for q4_K/q5_K, go to the element-wise kernel, which reads
+ * x in f32), against the CPU on x as the kernel sees it; the rel err, and in *e_f32 the one
+ * against the CPU's product of f32 x. */
+static double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32)
 {
     int cols = (int)th->ne[0], rows = (int)th->ne[1];
     size_t wb = th->row_bytes * rows, ylen = (size_t)n * rows;
@@ -29,12 +79,19 @@ static double kq_product(const struct tensor *th, const float *x, int n, bool ad
     gpu.i->upload(gpu.ctx, wd + off, th->data, wb);
     struct tensor td = *th;
     td.data = wd + off;
-    float *yc = rand_vec(ylen, 1.0f), *y0 = malloc(ylen * sizeof(float));
+    float *yc = rand_vec(ylen, 1.0f), *y0 = malloc(ylen * sizeof(float)), *yf = malloc(ylen * sizeof(float));
     memcpy(y0, yc, ylen * sizeof(float));
-    if (add)
-        cpu.i->matmul_add(cpu.ctx, th, x, yc, n);
+    bool fast = off % (th->type == GGML_TYPE_Q6_K ? 2 : 4) == 0;
+    float *xv = malloc((size_t)n * cols * sizeof(float));
+    if (fast)
+        kq_view_of_x(x, xv, n, cols);
     else
-        cpu.i->matmul(cpu.ctx, th, x, yc, n);
+        memcpy(xv, x, (size_t)n * cols * sizeof(float));
+    cpu.i->matmul(cpu.ctx, th, x, yf, n);
+    if (add)
+        cpu.i->matmul_add(cpu.ctx, th, xv, yc, n);
+    else
+        cpu.i->matmul(cpu.ctx, th, xv, yc, n);
     float *xd = dev_put(x, (size_t)n * cols * sizeof(float));
     float *yd = dev_put(NULL, ylen * sizeof(float));
     if (add)
@@ -55,8 +112,9 @@ static double kq_product(const struct tensor *th, const float *x, int n, bool ad
         double ep = relerr(yg, yc, ylen);
         e = ep > e ? ep : e;
     }
+    *e_f32 = relerr(yg, yf, ylen);
     gpu.i->free(gpu.ctx, wd); gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, yd);
-    free(yc); free(y0); free(yg);
+    free(yc); free(y0); free(yg); free(yf); free(xv);
     return e;
 }
 
@@ -76,7 +134,7 @@ void test_matmul_kq(void)
         uint32_t T = kq_types[ti];
         char name[32];
         snprintf(name, sizeof name, "matmul_%s", ggml_type_name(T));
-        double worst = 0;
+        double worst = 0, worst_f32 = 0;
         bool ok = true;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int cols = shapes[s][0], rows = shapes[s][1], n = shapes[s][2];
@@ -85,15 +143,19 @@ void test_matmul_kq(void)
             float *wf = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
             float *x = rand_vec((size_t)n * cols, 1.0f);
             struct tensor th = make_tensor(T, cols, rows, wf);
-            double e = kq_product(&th, x, n, shapes[s][3], (size_t)shapes[s][4]);
-            if (!(e < 1e-2)) {
+            double ef;
+            double e = kq_product(&th, x, n, shapes[s][3], (size_t)shapes[s][4], &ef);
+            if (!(e < 1e-3)) {
                 ok = false;
-                printf("  %s cols %d rows %d n %d%s offset %d: rel err %.3g\n", name, cols, rows, n,
-                       shapes[s][3] ? " add" : "", shapes[s][4], e);
+                printf("  %s cols %d rows %d n %d%s offset %d: rel err %.3g (%.3g against f32 x)\n", name, cols,
+                       rows, n, shapes[s][3] ? " add" : "", shapes[s][4], e, ef);
             }
             if (e > worst) worst = e;
+            if (ef > worst_f32) worst_f32 = ef;
             free(wf); free(x); free((void *)th.data);
         }
+        printf("  %s: max rel err %.3g against the CPU on x as the kernels see it, %.3g against f32 x\n", name, worst,
+               worst_f32);
         verdict(name, ok, "max rel err %.3g", worst);
     }
 }
@@ -124,8 +186,10 @@ void test_get_rows_kq(void)
     verdict("get_rows_kq", ok, "max rel err %.3g", worst);
 }
 
-/* k experts, gate/up in TG and down in TD: moe_ffn (pointers) against the CPU, and the table
- * form (moe_ffn_table, experts from a device table) bit for bit the pointer form. */
+/* k experts, gate/up in TG and down in TD: moe_ffn (pointers) against kq_moe_ref (1e-3: an int8
+ * rounding of h may flip on a float sum taken in another order) and, reported, the CPU
+ * backend's op; the table form (moe_ffn_table, experts from a device table) bit for bit the
+ * pointer form. */
 static bool moe_kq_case(uint32_t TG, uint32_t TD, int E, int F, int k, double *worst)
 {
     struct tensor th[16][3], td[16][3];
@@ -148,6 +212,8 @@ static bool moe_kq_case(uint32_t TG, uint32_t TD, int E, int F, int k, double *w
     float *x = rand_vec(E, 1.0f), *yc = malloc(E * sizeof(float));
     float *hb = malloc(F * sizeof(float)), *hb2 = malloc(F * sizeof(float)), *tmp = malloc(E * sizeof(float));
     int rc_c = cpu.i->moe_ffn(cpu.ctx, eh, w, k, x, yc, hb, hb2, tmp, false);
+    float *yr = malloc(E * sizeof(float));
+    kq_moe_ref(cpu, eh, w, k, x, yr);
     float *xd = dev_put(x, E * sizeof(float)), *yd = dev_put(NULL, E * sizeof(float));
     float *s1 = dev_put(NULL, F * sizeof(float)), *s2 = dev_put(NULL, F * sizeof(float));
     float *s3 = dev_put(NULL, E * sizeof(float)), *yt = dev_put(NULL, E * sizeof(float));
@@ -164,13 +230,13 @@ static bool moe_kq_case(uint32_t TG, uint32_t TD, int E, int F, int k, double *w
     void *tabd = dev_put(tab, sizeof(void *) * 3 * (size_t)k), *rd = dev_put(routed, sizeof(int32_t) * 2 * (size_t)k);
     int rc_t = gpu.i->moe_ffn_table(gpu.ctx, &ed[0], (const void *const *)tabd, rd, k, xd, yt, false);
     float *yg = dev_get(yd, E), *ytg = dev_get(yt, E);
-    double e = relerr(yg, yc, E);
+    double e = relerr(yg, yr, E), e_cpu = relerr(yg, yc, E);
     bool same = !memcmp(yg, ytg, E * sizeof(float));
-    bool ok = rc_c == 0 && rc_probe == 0 && rc_g == 0 && rc_t == 0 && e < 1e-2 && same;
-    if (!ok)
-        printf("  moe_ffn %s/%s E %d F %d k %d: rc cpu %d probe %d cuda %d table %d, rel err %.3g, table %s\n",
-               ggml_type_name(TG), ggml_type_name(TD), E, F, k, rc_c, rc_probe, rc_g, rc_t, e,
-               same ? "same bits" : "DIFFERENT bits");
+    bool ok = rc_c == 0 && rc_probe == 0 && rc_g == 0 && rc_t == 0 && e < 1e-3 && same;
+    printf("  moe_ffn %s/%s E %d F %d k %d: rel err %.3g (%.3g against the CPU op on f32 x)%s\n", ggml_type_name(TG),
+           ggml_type_name(TD), E, F, k, e, e_cpu, same ? "" : ", table form: DIFFERENT bits");
+    if (!(rc_c == 0 && rc_probe == 0 && rc_g == 0 && rc_t == 0))
+        printf("  rc cpu %d probe %d cuda %d table %d\n", rc_c, rc_probe, rc_g, rc_t);
     if (e > *worst) *worst = e;
     for (int j = 0; j < k; j++)
         for (int m = 0; m < 3; m++) {
@@ -180,7 +246,7 @@ static bool moe_kq_case(uint32_t TG, uint32_t TD, int E, int F, int k, double *w
     gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, yt);
     gpu.i->free(gpu.ctx, s1); gpu.i->free(gpu.ctx, s2); gpu.i->free(gpu.ctx, s3);
     gpu.i->free(gpu.ctx, tabd); gpu.i->free(gpu.ctx, rd);
-    free(x); free(yc); free(hb); free(hb2); free(tmp); free(yg); free(ytg);
+    free(x); free(yc); free(yr); free(hb); free(hb2); free(tmp); free(yg); free(ytg);
     return ok;
 }
 

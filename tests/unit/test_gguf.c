@@ -263,6 +263,35 @@ Test(gguf, q5_K_round_trip_and_layout)
     cr_assert_float_eq(v[64 + 5], 0.0f, 1e-6, "sub-block 2 has scale 0");
 }
 
+/* modelgen's type_down (tide-mkmodel --down-type): a Q4_K_M-like mix, ffn_down and output in
+ * q6_K and the rest in q4_K, that loads; a type it cannot write is refused */
+Test(gguf, modelgen_down_type_mix)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-mix-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 3, .type = GGML_TYPE_Q4_K,
+                                 .type_down = GGML_TYPE_Q6_K, .n_embd = 256, .n_ff = 256, .n_layer = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    static const struct { const char *name; uint32_t type; } want[] = {
+        {"token_embd.weight", GGML_TYPE_Q4_K},         {"output.weight", GGML_TYPE_Q6_K},
+        {"blk.0.attn_q.weight", GGML_TYPE_Q4_K},       {"blk.0.ffn_gate_exps.weight", GGML_TYPE_Q4_K},
+        {"blk.0.ffn_down_exps.weight", GGML_TYPE_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(&g, want[i].name);
+        cr_assert(t && t->type == want[i].type, "%s", want[i].name);
+    }
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    model_free(&m);
+    o.type_down = GGML_TYPE_Q4_0;
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), TIDE_EINVAL);
+    unlink(path);
+}
+
 Test(gguf, every_truncation_fails)
 {
     size_t size;
