@@ -12,13 +12,28 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|big|qwen3-30b-a3b --out FILE [--seed N]\n"
-            "       [--type f32|f16|bf16|q8_0|q4_K|q6_K] [--layers N] [--embd N] [--heads N]\n"
+            "       [--type f32|f16|bf16|q8_0|q4_K|q5_K|q6_K] [--down-type T] [--layers N] [--embd N]\n"
+            "       [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
+            "       (--down-type: ffn_down and output.weight in T, e.g. q4_K with q6_K as in Q4_K_M)\n"
             "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
             "       its matrices are made by --threads threads, default all CPUs)\n"
             "       tide-mkmodel --preset mmproj --out FILE [--text-embd N] [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
             "       (a LLaVA-style vision tower; --text-embd is the text model's n_embd)\n");
+}
+
+/* a ggml type by its GGUF name, or -1 */
+static int parse_type(const char *v)
+{
+    static const struct { const char *name; int type; } types[] = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0},
+        {"q4_K", GGML_TYPE_Q4_K}, {"q5_K", GGML_TYPE_Q5_K}, {"q6_K", GGML_TYPE_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(v, types[i].name))
+            return types[i].type;
+    return -1;
 }
 
 int main(int argc, char **argv)
@@ -43,14 +58,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--experts-used")) o.n_expert_used = u;
         else if (!strcmp(a, "--text-embd")) text_embd = u;
         else if (!strcmp(a, "--threads")) o.threads = (int)u;
-        else if (!strcmp(a, "--type")) {
-            if (!strcmp(v, "f32")) o.type = GGML_TYPE_F32;
-            else if (!strcmp(v, "f16")) o.type = GGML_TYPE_F16;
-            else if (!strcmp(v, "bf16")) o.type = GGML_TYPE_BF16;
-            else if (!strcmp(v, "q8_0")) o.type = GGML_TYPE_Q8_0;
-            else if (!strcmp(v, "q4_K")) o.type = GGML_TYPE_Q4_K;
-            else if (!strcmp(v, "q6_K")) o.type = GGML_TYPE_Q6_K;
-            else { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
+        else if (!strcmp(a, "--type") || !strcmp(a, "--down-type")) {
+            int t = parse_type(v);
+            if (t < 0) { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
+            if (!strcmp(a, "--type")) o.type = t;
+            else o.type_down = t;
         } else { fprintf(stderr, "tide-mkmodel: unknown option %s\n", a); usage(); return 2; }
     }
     if (!o.preset || !o.out) { usage(); return 2; }

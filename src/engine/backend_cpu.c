@@ -369,7 +369,7 @@ static void mm_worker(void *p, int ith, int nth)
     const uint8_t *base = w->data;
     float *buf = NULL;
     bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16 || w->type == GGML_TYPE_Q4_K ||
-                 w->type == GGML_TYPE_Q6_K;
+                 w->type == GGML_TYPE_Q5_K || w->type == GGML_TYPE_Q6_K;
     if (widen) {
         buf = thread_scratch(j->c, ith, (size_t)cols);
         if (!buf)
@@ -413,6 +413,7 @@ static void mm_worker(void *p, int ith, int nth)
                 j->y[(size_t)t * rows + r] = dot_q4_q8(row, j->c->xq + (size_t)t * nb, nb);
             break;
         case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
         case GGML_TYPE_Q6_K:
             /* dequantise the row once, then the f32 dot for every token: correct, not yet
              * the fused integer dot that q8_0 gets */

@@ -1,5 +1,5 @@
 /* gguf.c - GGUF v2/v3 reader (mmap or memory), plus ggml type helpers
- * (f16/bf16 conversion, q8_0/q4_0/q4_K/q6_K (de)quantisation). The writer is
+ * (f16/bf16 conversion, q8_0/q4_0/q4_K/q5_K/q6_K (de)quantisation). The writer is
  * gguf_write.c.
  *
  * The reader treats the file as hostile: every read goes through a bounds-checked
@@ -97,7 +97,7 @@ uint32_t ggml_block_size(uint32_t type)
     switch (type) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: return 1;
     case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: return 32;
-    case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: return QK_K;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return QK_K;
     default: return 0;
     }
 }
@@ -110,6 +110,7 @@ static size_t type_block_bytes(uint32_t type)
     case GGML_TYPE_Q8_0: return 34;
     case GGML_TYPE_Q4_0: return 18;
     case GGML_TYPE_Q4_K: return Q4_K_BYTES;
+    case GGML_TYPE_Q5_K: return Q5_K_BYTES;
     case GGML_TYPE_Q6_K: return Q6_K_BYTES;
     default: return 0;
     }
@@ -132,6 +133,7 @@ const char *ggml_type_name(uint32_t type)
     case GGML_TYPE_Q8_0: return "q8_0";
     case GGML_TYPE_Q4_0: return "q4_0";
     case GGML_TYPE_Q4_K: return "q4_K";
+    case GGML_TYPE_Q5_K: return "q5_K";
     case GGML_TYPE_Q6_K: return "q6_K";
     default: return "unknown";
     }
@@ -142,6 +144,8 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 /* ---- k-quants: super-blocks of 256 values ----
  * q4_K (144 bytes): f16 d, f16 dmin, 12 bytes holding eight 6-bit scales and eight 6-bit mins
  * (one pair per 32 values), 128 bytes of 4-bit values; x = d*scale*q - dmin*min.
+ * q5_K (176 bytes): q4_K's d, dmin and scales, then 32 bytes whose bit j is the fifth bit of
+ * sub-block j's values, then the 128 bytes of low nibbles; x = d*scale*q - dmin*min, q < 32.
  * q6_K (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 scales (one
  * per 16 values), f16 d; x = d*scale*(q - 32). The byte layout is the GGUF one, so files from
  * other tools load as they are. */
@@ -159,17 +163,19 @@ static void q4k_scale_min(const uint8_t *sc, int j, int *scale, int *min)
     }
 }
 
-static void dequant_q4_k(const uint8_t *b, float *y)
+/* q4_K (five = false) or q5_K */
+static void dequant_q45_k(const uint8_t *b, float *y, bool five)
 {
     float d = tide_f16_to_f32(rd16(b)), dmin = tide_f16_to_f32(rd16(b + 2));
-    const uint8_t *sc = b + 4, *q = b + 16;
+    const uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16);
     for (int c = 0; c < 4; c++, q += 32, y += 64) { /* 64 values: low nibbles, then high */
         int s0, m0, s1, m1;
         q4k_scale_min(sc, 2 * c, &s0, &m0);
         q4k_scale_min(sc, 2 * c + 1, &s1, &m1);
         for (int l = 0; l < 32; l++) {
-            y[l] = d * (float)s0 * (float)(q[l] & 0x0f) - dmin * (float)m0;
-            y[l + 32] = d * (float)s1 * (float)(q[l] >> 4) - dmin * (float)m1;
+            int h0 = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0, h1 = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
+            y[l] = d * (float)s0 * (float)((q[l] & 0x0f) | h0) - dmin * (float)m0;
+            y[l + 32] = d * (float)s1 * (float)((q[l] >> 4) | h1) - dmin * (float)m1;
         }
     }
 }
@@ -196,11 +202,12 @@ static void dequant_q6_k(const uint8_t *b, float *y)
 
 static void wr16(uint8_t *p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
 
-/* A plain (not error-searching) q4_K quantiser: per 32 values min and range, then the scales
- * and mins themselves quantised to 6 bits against the block's largest. Good enough for test
- * models; files made by other tools keep their own, better, choices. */
-static void quant_q4_k(const float *x, uint8_t *b)
+/* A plain (not error-searching) q4_K / q5_K (five) quantiser: per 32 values min and range,
+ * then the scales and mins themselves quantised to 6 bits against the block's largest. Good
+ * enough for test models; files made by other tools keep their own, better, choices. */
+static void quant_q45_k(const float *x, uint8_t *b, bool five)
 {
+    const int top = five ? 31 : 15;
     float scale[8], mn[8], smax = 0, mmax = 0;
     for (int j = 0; j < 8; j++) {
         float lo = x[32 * j], hi = x[32 * j];
@@ -209,7 +216,7 @@ static void quant_q4_k(const float *x, uint8_t *b)
             hi = fmaxf(hi, x[32 * j + l]);
         }
         if (lo > 0) lo = 0;
-        scale[j] = (hi - lo) / 15.0f;
+        scale[j] = (hi - lo) / (float)top;
         mn[j] = -lo;
         smax = fmaxf(smax, scale[j]);
         mmax = fmaxf(mmax, mn[j]);
@@ -219,8 +226,10 @@ static void quant_q4_k(const float *x, uint8_t *b)
     wr16(b + 2, tide_f32_to_f16(dmin));
     d = tide_f16_to_f32(rd16(b));
     dmin = tide_f16_to_f32(rd16(b + 2));
-    uint8_t *sc = b + 4, *q = b + 16;
+    uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16);
     int is[8], im[8];
+    if (five)
+        memset(qh, 0, 32);
     for (int j = 0; j < 8; j++) {
         is[j] = d > 0 ? (int)lroundf(scale[j] / d) : 0;
         im[j] = dmin > 0 ? (int)lroundf(mn[j] / dmin) : 0;
@@ -239,9 +248,11 @@ static void quant_q4_k(const float *x, uint8_t *b)
             float ds = d * (float)is[j], dm = dmin * (float)im[j];
             for (int l = 0; l < 32; l++) {
                 int v = ds > 0 ? (int)lroundf((x[32 * j + l] + dm) / ds) : 0;
-                v = v < 0 ? 0 : v > 15 ? 15 : v;
-                if (h == 0) q[32 * c + l] = (uint8_t)v;
-                else q[32 * c + l] |= (uint8_t)(v << 4);
+                v = v < 0 ? 0 : v > top ? top : v;
+                if (five)
+                    qh[l] |= (uint8_t)((v >> 4) << j);
+                if (h == 0) q[32 * c + l] = (uint8_t)(v & 15);
+                else q[32 * c + l] |= (uint8_t)((v & 15) << 4);
             }
         }
     }
@@ -307,7 +318,10 @@ void ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n)
         }
         break;
     case GGML_TYPE_Q4_K:
-        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q4_k(s + b * Q4_K_BYTES, dst + b * QK_K);
+        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q45_k(s + b * Q4_K_BYTES, dst + b * QK_K, false);
+        break;
+    case GGML_TYPE_Q5_K:
+        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q45_k(s + b * Q5_K_BYTES, dst + b * QK_K, true);
         break;
     case GGML_TYPE_Q6_K:
         for (uint64_t b = 0; b < n / QK_K; b++) dequant_q6_k(s + b * Q6_K_BYTES, dst + b * QK_K);
@@ -342,8 +356,12 @@ size_t ggml_quantize(uint32_t type, const float *src, void *dst, uint64_t n)
         return n / 32 * 34;
     case GGML_TYPE_Q4_K:
         if (n % QK_K) return 0;
-        for (uint64_t b = 0; b < n / QK_K; b++) quant_q4_k(src + b * QK_K, d8 + b * Q4_K_BYTES);
+        for (uint64_t b = 0; b < n / QK_K; b++) quant_q45_k(src + b * QK_K, d8 + b * Q4_K_BYTES, false);
         return n / QK_K * Q4_K_BYTES;
+    case GGML_TYPE_Q5_K:
+        if (n % QK_K) return 0;
+        for (uint64_t b = 0; b < n / QK_K; b++) quant_q45_k(src + b * QK_K, d8 + b * Q5_K_BYTES, true);
+        return n / QK_K * Q5_K_BYTES;
     case GGML_TYPE_Q6_K:
         if (n % QK_K) return 0;
         for (uint64_t b = 0; b < n / QK_K; b++) quant_q6_k(src + b * QK_K, d8 + b * Q6_K_BYTES);

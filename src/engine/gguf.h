@@ -19,10 +19,11 @@ enum gguf_value_type {
 /* ggml tensor types (numbering as in ggml). */
 enum ggml_type {
     GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_Q4_K = 12, GGML_TYPE_Q6_K = 14, GGML_TYPE_BF16 = 30,
+    GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13, GGML_TYPE_Q6_K = 14, GGML_TYPE_BF16 = 30,
 };
 #define QK_K 256        /* values per k-quant super-block */
 #define Q4_K_BYTES 144  /* f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles */
+#define Q5_K_BYTES 176  /* q4_K's header and scales, 32 bytes of fifth bits, 128 bytes of nibbles */
 #define Q6_K_BYTES 210  /* 128 low nibbles, 64 high 2-bit pairs, 16 int8 scales, f16 d */
 
 struct gguf_str {

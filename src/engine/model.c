@@ -33,7 +33,8 @@ const char *model_arch_name(enum model_arch a)
 static bool type_ok(uint32_t t)
 {
     return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 ||
-           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K;
+           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K ||
+           t == GGML_TYPE_Q6_K;
 }
 
 /* Find NAME and check it is (ne0, ne1) (ne1 = 1 for vectors). required=false lets an

@@ -332,7 +332,7 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
                    uint64_t a, uint64_t b, uint64_t c, float std, int norm)
 {
     uint64_t ne[3] = {a, b, c}, n = a * b * c;
-    if ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) && a % QK_K)
+    if ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K) && a % QK_K)
         type = GGML_TYPE_Q8_0; /* rows that are not whole super-blocks, as other tools do */
     if (g->fill && n >= FILL_MIN) {
         struct fill_ctx f = {rnext(&g->r), norm ? 1.0f : 0.0f, std * 1.7320508f};
@@ -375,9 +375,13 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (!c.n_head || !c.n_head_kv || c.n_head % c.n_head_kv || c.n_embd % 32 || hd % 2 || (c.n_head * hd) % 32 ||
         c.n_ff % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
         return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");
-    if (c.type != GGML_TYPE_F32 && c.type != GGML_TYPE_F16 && c.type != GGML_TYPE_BF16 &&
-        c.type != GGML_TYPE_Q8_0 && c.type != GGML_TYPE_Q4_K && c.type != GGML_TYPE_Q6_K)
-        return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16, q8_0, q4_K or q6_K");
+    uint32_t TD = o->type_down > 0 ? (uint32_t)o->type_down : (uint32_t)c.type;
+    for (int i = 0; i < 2; i++) {
+        uint32_t t = i ? TD : (uint32_t)c.type;
+        if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && t != GGML_TYPE_Q8_0 &&
+            t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q5_K && t != GGML_TYPE_Q6_K)
+            return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16, q8_0, q4_K, q5_K or q6_K");
+    }
 
     struct vocab v;
     if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
@@ -441,7 +445,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     uint32_t T = c.type;
     tensor(&g, "token_embd.weight", T, 2, E, V, 1, 0.7f, 0);
     tensor(&g, "output_norm.weight", GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
-    tensor(&g, "output.weight", T, 2, E, V, 1, 3.0f / sqrtf((float)E), 0);
+    tensor(&g, "output.weight", TD, 2, E, V, 1, 3.0f / sqrtf((float)E), 0);
     char n[96];
     for (uint32_t l = 0; l < c.n_layer; l++) {
 #define BN(s) (snprintf(n, sizeof n, "blk.%u." s ".weight", l), n)
@@ -460,11 +464,11 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
             tensor(&g, BN("ffn_gate_inp"), GGML_TYPE_F32, 2, E, X, 1, 3.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_gate_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_up_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
-            tensor(&g, BN("ffn_down_exps"), T, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+            tensor(&g, BN("ffn_down_exps"), TD, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
         } else {
             tensor(&g, BN("ffn_gate"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_up"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);
-            tensor(&g, BN("ffn_down"), T, 2, F, E, 1, 1.0f / sqrtf((float)F), 0);
+            tensor(&g, BN("ffn_down"), TD, 2, F, E, 1, 1.0f / sqrtf((float)F), 0);
         }
 #undef BN
     }

@@ -11,6 +11,8 @@ struct modelgen_options {
     const char *out;      /* output path */
     uint64_t seed;        /* PRNG seed; same options -> byte-identical file */
     int type;             /* ggml type of the big matrices, or -1 for the preset's */
+    int type_down;        /* > 0: ggml type of ffn_down(_exps) and output.weight instead (a
+                           * Q4_K_M-like mix is type q4_K, type_down q6_K); 0: type */
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
     int threads;          /* threads for the write-time matrices (0: all CPUs) */

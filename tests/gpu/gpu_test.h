@@ -36,6 +36,17 @@ void test_step_at(void);      /* the position-from-device ops of a recorded deco
 void test_norm_matmul(void);  /* the FFN rmsnorm + router product in one op */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
+/* seconds a call of y = W x, td->data rotated through nm copies mbytes apart in buf (test_mmq.c) */
+double time_matmul(struct tensor *td, uint8_t *buf, size_t mbytes, int nm, const float *x, float *y, int n);
+/* test_kquant.c: q4_K / q5_K / q6_K products, get_rows and the fused MoE op vs the CPU */
+void test_matmul_kq(void);
+void test_get_rows_kq(void);
+void test_moe_kq(void);
+void bench_kquant(void);
+/* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */
+void kq_view_of_x(const float *x, float *out, int n, int cols);
+/* the fused MoE op's arithmetic for k-quant experts on backend be (x and h as the kernels see them) */
+void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y);
 void bench_prefill(void);
 void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
 void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU */

@@ -77,7 +77,7 @@ void test_mmq(void)
 }
 
 /* Seconds per call of y = W x, W rotated through ~1 GiB of copies (no L2 reuse between calls). */
-static double time_matmul(struct tensor *td, uint8_t *buf, size_t mbytes, int nm, const float *x, float *y, int n)
+double time_matmul(struct tensor *td, uint8_t *buf, size_t mbytes, int nm, const float *x, float *y, int n)
 {
     for (int i = 0; i < 3; i++) { td->data = buf + (size_t)i % nm * mbytes; gpu.i->matmul(gpu.ctx, td, x, y, n); }
     gpu.i->sync(gpu.ctx);

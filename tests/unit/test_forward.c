@@ -380,6 +380,12 @@ Test(forward, mixtral_q6_K)
     run_case(&s, 1e-4);
 }
 
+Test(forward, mixtral_q5_K)
+{
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q5_K};
+    run_case(&s, 1e-4);
+}
+
 Test(forward, bad_shape_is_eformat)
 {
     char path[64];

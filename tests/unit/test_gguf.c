@@ -229,6 +229,69 @@ Test(gguf, k_quants_round_trip_and_layout)
     cr_assert_float_eq(v[0], 0.0f, 1e-6, "value 0 has q 32-32 = 0 times scale 0");
 }
 
+/* q5_K (type 13): the size, a round trip between q4_K's and q6_K's error, and the fifth bit's
+ * place by hand: bit j of byte 16 + l is value 32 j + l's. */
+Test(gguf, q5_K_round_trip_and_layout)
+{
+    enum { N = 512 };
+    float x[N], y[N];
+    uint8_t q[2 * Q5_K_BYTES];
+    uint64_t st = 99;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int64_t)(st >> 33) % 2001 - 1000) / 1000.0f * (1 + i / 64);
+    }
+    cr_assert_eq(ggml_row_size(GGML_TYPE_Q5_K, 512), 2 * Q5_K_BYTES);
+    cr_assert_str_eq(ggml_type_name(GGML_TYPE_Q5_K), "q5_K");
+    cr_assert_eq(ggml_quantize(GGML_TYPE_Q5_K, x, q, N), 2 * Q5_K_BYTES);
+    ggml_dequantize(GGML_TYPE_Q5_K, q, y, N);
+    double e5 = rel_rms(y, x, N);
+    uint8_t q4[2 * Q4_K_BYTES];
+    ggml_quantize(GGML_TYPE_Q4_K, x, q4, N);
+    ggml_dequantize(GGML_TYPE_Q4_K, q4, y, N);
+    double e4 = rel_rms(y, x, N);
+    cr_assert(e5 < e4 * 0.7, "q5_K (%g) should be well under q4_K (%g)", e5, e4);
+
+    uint8_t b[Q5_K_BYTES] = {0};
+    b[1] = 0x3c; /* d = 1 */
+    b[4 + 3] = 2; /* sub-block 3: scale 2, min 0 */
+    b[16 + 5] = 1 << 3; /* value 96 + 5: fifth bit */
+    b[48 + 32 + 5] = 0x90; /* ... and high nibble 9 of byte 32 + 5 (values 96..127) */
+    float v[QK_K];
+    ggml_dequantize(GGML_TYPE_Q5_K, b, v, QK_K);
+    cr_assert_float_eq(v[96 + 5], 2.0f * (16 + 9), 1e-6);
+    cr_assert_float_eq(v[64 + 5], 0.0f, 1e-6, "sub-block 2 has scale 0");
+}
+
+/* modelgen's type_down (tide-mkmodel --down-type): a Q4_K_M-like mix, ffn_down and output in
+ * q6_K and the rest in q4_K, that loads; a type it cannot write is refused */
+Test(gguf, modelgen_down_type_mix)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-mix-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 3, .type = GGML_TYPE_Q4_K,
+                                 .type_down = GGML_TYPE_Q6_K, .n_embd = 256, .n_ff = 256, .n_layer = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    static const struct { const char *name; uint32_t type; } want[] = {
+        {"token_embd.weight", GGML_TYPE_Q4_K},         {"output.weight", GGML_TYPE_Q6_K},
+        {"blk.0.attn_q.weight", GGML_TYPE_Q4_K},       {"blk.0.ffn_gate_exps.weight", GGML_TYPE_Q4_K},
+        {"blk.0.ffn_down_exps.weight", GGML_TYPE_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(&g, want[i].name);
+        cr_assert(t && t->type == want[i].type, "%s", want[i].name);
+    }
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    model_free(&m);
+    o.type_down = GGML_TYPE_Q4_0;
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), TIDE_EINVAL);
+    unlink(path);
+}
+
 Test(gguf, every_truncation_fails)
 {
     size_t size;

@@ -65,6 +65,9 @@ void *cuda_sum_buf(struct cuda_ctx *c, size_t bytes);
 /* ---- launchers implemented in matmul.cu / attention.cu ---- */
 /* add: y += W x (backend_i.matmul_add), bit for bit the product, then axpy with a = 1 */
 void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add = false);
+/* kquant.cu: cuda_matmul for q4_K / q5_K / q6_K weights; false (nothing queued) for other
+ * types and for rows its word loads cannot read (matmul.cu's element-wise kernel runs them) */
+bool cuda_matmul_kq(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add);
 /* backend_i.matmul3 (matmul.cu). With a norm it runs only where it fuses the rmsnorm in and
  * returns false otherwise, nothing queued (the caller then norms first). */
 bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
@@ -144,6 +147,36 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* Element i of a k-quant row (256-value super-blocks; layouts in kquant.cuh / gguf.c). */
+__device__ __forceinline__ float kq_elem(uint32_t type, const uint8_t *row, int i)
+{
+    int j = (i & 255) >> 5, l = i & 31; /* sub-block of 32 and the value in it */
+    if (type == 14) { /* Q6_K: 210 bytes */
+        const uint8_t *b = row + (size_t)(i >> 8) * 210;
+        int hh = j >> 2, sub = j & 3;
+        uint8_t lo = b[64 * hh + 32 * (sub & 1) + l], hi = b[128 + 32 * hh + l];
+        int q = (((sub & 2) ? lo >> 4 : lo & 15) | (((hi >> (2 * sub)) & 3) << 4)) - 32;
+        float d = f16_bits_to_f32((uint16_t)(b[208] | (b[209] << 8)));
+        return d * (float)(int8_t)b[192 + 8 * hh + 2 * sub + (l >> 4)] * (float)q;
+    }
+    /* Q4_K (144 bytes) / Q5_K (176): f16 d, f16 dmin, 12 scale bytes, [32 fifth-bit bytes], nibbles */
+    const uint8_t *b = row + (size_t)(i >> 8) * (type == 12 ? 144 : 176), *s = b + 4;
+    int sc, mn;
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    uint8_t qb = b[(type == 12 ? 16 : 48) + 32 * (j >> 1) + l];
+    int q = (j & 1) ? qb >> 4 : qb & 15;
+    if (type == 13)
+        q |= ((b[16 + l] >> j) & 1) << 4;
+    float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8))), dmin = f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8)));
+    return d * (float)sc * (float)q - dmin * (float)mn;
+}
+
 /* Element i of a row of any supported type (slow path: norms, embeddings, fallbacks). */
 __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int i)
 {
@@ -167,6 +200,8 @@ __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int
         int v = j < 16 ? (q & 15) : (q >> 4);
         return f16_bits_to_f32(d) * (float)(v - 8);
     }
+    case 12: case 13: case 14: /* Q4_K, Q5_K, Q6_K */
+        return kq_elem(type, row, i);
     default:
         return 0.0f;
     }

@@ -1,4 +1,5 @@
-/* matmul.cu - y(rows, n) = W x(cols, n) for f32, f16, bf16, q8_0 and q4_0 weights.
+/* matmul.cu - y(rows, n) = W x(cols, n) for f32, f16, bf16, q8_0 and q4_0 weights (k-quants:
+ * kquant.cu, through cuda_matmul).
  *
  * Decode (and the few-token products of MoE experts) is bound by reading W once, so those
  * kernels give one warp to one weight row, dequantise in registers and dot the row with up
@@ -611,6 +612,8 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     dim3 rgrid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS)), rblock(MM_WARPS * 32);
     uint32_t type = w->type;
 
+    if (cuda_matmul_kq(c, w, x, y, n, add)) /* q4_K / q5_K / q6_K (kquant.cu) */
+        return;
     if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && cols % QK == 0) {
         int nb = cols / QK;
         bool pairs = nb % 2 == 0 && (((uintptr_t)W | w->row_bytes) & 3) == 0;

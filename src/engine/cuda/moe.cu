@@ -10,8 +10,10 @@
  *   2. down + weighted sum: a warp takes one output row, its lanes share the k experts'
  *      blocks of that row and the warp sums w[j] * (down_j . h_j) (the CPU's zero-then-axpy
  *      loop in another summation order), added to y when the caller fuses the residual in.
- * q8_0 and q4_0 weights (dp4a, mmq.cuh); other types report TIDE_EUNSUPPORTED and the
- * forward uses the per-expert ops.
+ * q8_0 and q4_0 weights (dp4a, mmq.cuh) and q4_K / q5_K / q6_K (dp4a, kquant.cuh; the down
+ * projection's type may differ from gate's and up's, as in llama-quantize's Q4_K_M, whose
+ * ffn_down is q6_K in some layers); other types report TIDE_EUNSUPPORTED and the forward
+ * uses the per-expert ops.
  *
  * The same two kernels also run from a device table (cuda_moe_ffn_table): the expert ids and
  * weights come from route_kernel's output in device memory and the addresses from the expert
@@ -19,7 +21,7 @@
  * arithmetic is the same either way, so both forms give the same bits. cuda_moe_ffn_table_route
  * also routes inside kernel 1 (warp 0 of every CTA runs route_kernel's code while the others
  * quantise x), one launch fewer a layer. */
-#include "engine/cuda/mmq.cuh"
+#include "engine/cuda/kquant.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -43,6 +45,7 @@ struct moe_args {
     int n_expert;
     bool norm;
     int k, E, F;
+    uint32_t type_d; /* down's type (gate and up share one) */
     bool pairs_gu;
     bool pairs_d; /* down rows in 4-byte pairs of blocks, at most MOE_DN_PAIRS a lane */
     bool add; /* y += the sum (the residual add fused in) instead of y = the sum */
@@ -170,7 +173,10 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
 #pragma unroll
         for (int t = 0; t < MM_NT; t++)
             g[t] = u[t] = 0.0f;
-        if (a.pairs_gu) { /* gate and up rows loaded together */
+        if constexpr (kq_type(QT)) {
+            row_dot_kq<QT, true>(G + (size_t)r * a.rb_gu, E / KQ_UNIT, xq, xd, 1, g, lane);
+            row_dot_kq<QT, true>(U + (size_t)r * a.rb_gu, E / KQ_UNIT, xq, xd, 1, u, lane);
+        } else if (a.pairs_gu) { /* gate and up rows loaded together */
             row_dot2_q<QT>(G + (size_t)r * a.rb_gu, U + (size_t)r * a.rb_gu, nb, xq, xd, &g[0], &u[0], lane);
         } else {
             row_dot_q<QT, true>(G + (size_t)r * a.rb_gu, nb, false, xq, xd, 1, g, lane);
@@ -207,7 +213,17 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
         return;
     int nb = a.F / QK, total = a.k * nb;
     float acc = 0.0f;
-    if (a.pairs_d) {
+    if constexpr (kq_type(QT)) { /* the lanes share the k experts' 64-value units of the row */
+        int nu = a.F / KQ_UNIT;
+        for (int idx = lane; idx < a.k * nu; idx += 32) {
+            int j = idx / nu, u = idx - j * nu;
+            kq_unit ku;
+            kq_load_unit<QT>(dn[j] + (size_t)r * a.rb_d, u, ku);
+            float sdot[MM_NT] = {0.0f};
+            kq_dot_unit<QT, false>(ku, u, hq + (size_t)j * a.F, hd + (size_t)j * nb, nb, 1, sdot);
+            acc += wt[j] * sdot[0];
+        } /* then the warp sum below (the block loop is empty for k-quants) */
+    } else if (a.pairs_d) {
         /* pairs of blocks (4-byte aligned) as 32-bit loads, and all of a lane's pairs loaded
          * before any arithmetic: one round trip to memory instead of one per block. The lanes
          * split the blocks in pairs, so the sum runs in another order than the loop below's;
@@ -259,7 +275,7 @@ moe_down_kernel(const moe_args a, const int8_t *__restrict__ hq, const float *__
             y[r] = a.add ? y[r] + acc : acc;
         return;
     }
-    for (int idx = lane; idx < total; idx += 32) {
+    for (int idx = kq_type(QT) ? total : lane; idx < total; idx += 32) {
         int j = idx / nb, b = idx - j * nb;
         const uint16_t *bp = (const uint16_t *)(dn[j] + (size_t)r * a.rb_d + (size_t)b * BLK);
         float dw = f16_bits_to_f32(__ldg(bp));
@@ -293,9 +309,11 @@ static bool moe_shape(const struct expert_weights *ex, int k, moe_args *a)
     memset(a, 0, sizeof *a);
     if (k < 1 || k > MOE_MAX_K)
         return false;
-    uint32_t T = ex->gate.type;
-    if (T != GGML_TYPE_Q8_0 && T != GGML_TYPE_Q4_0)
+    uint32_t T = ex->gate.type, TD = ex->down.type;
+    auto known = [](uint32_t t) { return t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || kq_type(t); };
+    if (!known(T) || !known(TD))
         return false;
+    a->type_d = TD;
     a->k = k;
     a->E = (int)ex->gate.ne[0];
     a->F = (int)ex->gate.ne[1];
@@ -303,11 +321,14 @@ static bool moe_shape(const struct expert_weights *ex, int k, moe_args *a)
     a->rb_d = ex->down.row_bytes;
     if (a->E <= 0 || a->F <= 0 || a->E % QK || a->F % QK)
         return false;
-    if (ex->up.type != T || ex->down.type != T || (int)ex->up.ne[0] != a->E || (int)ex->up.ne[1] != a->F ||
+    if ((kq_type(T) && a->E % QK_K) || (kq_type(TD) && a->F % QK_K))
+        return false;
+    if (ex->up.type != T || (int)ex->up.ne[0] != a->E || (int)ex->up.ne[1] != a->F ||
         (int)ex->down.ne[0] != a->F || (int)ex->down.ne[1] != a->E || ex->up.row_bytes != a->rb_gu)
         return false;
-    a->pairs_gu = (a->E / QK) % 2 == 0 && (a->rb_gu & 3) == 0;
-    a->pairs_d = (a->F / QK) % 2 == 0 && (a->rb_d & 3) == 0 && k * (a->F / QK) / 2 <= 32 * MOE_DN_PAIRS;
+    a->pairs_gu = !kq_type(T) && (a->E / QK) % 2 == 0 && (a->rb_gu & 3) == 0;
+    a->pairs_d = !kq_type(TD) && (a->F / QK) % 2 == 0 && (a->rb_d & 3) == 0 &&
+                 k * (a->F / QK) / 2 <= 32 * MOE_DN_PAIRS;
     size_t sm = (((size_t)a->E + 15) & ~(size_t)15) + (size_t)(a->E / QK) * sizeof(float);
     return sm <= 40 * 1024;
 }
@@ -323,16 +344,22 @@ static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const f
     int8_t *hq = (int8_t *)ws;
     float *hd = (float *)(ws + qbytes);
     dim3 g1((unsigned)(a.F / QK), (unsigned)k), g2((unsigned)((a.E + MOE_DN_WARPS - 1) / MOE_DN_WARPS));
-    if (T == GGML_TYPE_Q8_0) {
-        moe_gate_up_kernel<8><<<g1, MOE_GU_WARPS * 32, sm, c->st>>>(a, x, hq, hd);
-        if (!CU_LAUNCH(c, "moe_gate_up_kernel"))
-            return c->err;
-        moe_down_kernel<8><<<g2, MOE_DN_WARPS * 32, 0, c->st>>>(a, hq, hd, y);
-    } else {
-        moe_gate_up_kernel<2><<<g1, MOE_GU_WARPS * 32, sm, c->st>>>(a, x, hq, hd);
-        if (!CU_LAUNCH(c, "moe_gate_up_kernel"))
-            return c->err;
-        moe_down_kernel<2><<<g2, MOE_DN_WARPS * 32, 0, c->st>>>(a, hq, hd, y);
+    unsigned b1 = MOE_GU_WARPS * 32, b2 = MOE_DN_WARPS * 32;
+    switch (T) { /* gate + up */
+    case GGML_TYPE_Q8_0: moe_gate_up_kernel<8><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
+    case GGML_TYPE_Q4_0: moe_gate_up_kernel<2><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
+    case GGML_TYPE_Q4_K: moe_gate_up_kernel<KQ_Q4_K><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
+    case GGML_TYPE_Q5_K: moe_gate_up_kernel<KQ_Q5_K><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
+    default: moe_gate_up_kernel<KQ_Q6_K><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
+    }
+    if (!CU_LAUNCH(c, "moe_gate_up_kernel"))
+        return c->err;
+    switch (a.type_d) { /* down + weighted sum */
+    case GGML_TYPE_Q8_0: moe_down_kernel<8><<<g2, b2, 0, c->st>>>(a, hq, hd, y); break;
+    case GGML_TYPE_Q4_0: moe_down_kernel<2><<<g2, b2, 0, c->st>>>(a, hq, hd, y); break;
+    case GGML_TYPE_Q4_K: moe_down_kernel<KQ_Q4_K><<<g2, b2, 0, c->st>>>(a, hq, hd, y); break;
+    case GGML_TYPE_Q5_K: moe_down_kernel<KQ_Q5_K><<<g2, b2, 0, c->st>>>(a, hq, hd, y); break;
+    default: moe_down_kernel<KQ_Q6_K><<<g2, b2, 0, c->st>>>(a, hq, hd, y); break;
     }
     return CU_LAUNCH(c, "moe_down_kernel") ? 0 : c->err;
 }
@@ -348,7 +375,7 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
     uint32_t T = ex[0].gate.type;
     for (int j = 0; j < k; j++) {
         const struct expert_weights *e = &ex[j];
-        if (e->gate.type != T || e->up.type != T || e->down.type != T || (int)e->gate.ne[0] != a.E ||
+        if (e->gate.type != T || e->up.type != T || e->down.type != a.type_d || (int)e->gate.ne[0] != a.E ||
             (int)e->up.ne[0] != a.E || (int)e->gate.ne[1] != a.F || (int)e->up.ne[1] != a.F ||
             (int)e->down.ne[0] != a.F || (int)e->down.ne[1] != a.E || e->gate.row_bytes != a.rb_gu ||
             e->up.row_bytes != a.rb_gu || e->down.row_bytes != a.rb_d || !e->gate.data || !e->up.data ||
@@ -360,6 +387,10 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
         a.w[j] = w[j];
         a.pairs_gu = a.pairs_gu && aligned4(a.gate[j]) && aligned4(a.up[j]);
         a.pairs_d = a.pairs_d && aligned4(a.down[j]);
+        /* the k-quant units' word loads: 4-byte aligned rows (q6_K: 2) */
+        if ((kq_type(T) && !(aligned4(a.gate[j]) && aligned4(a.up[j]))) ||
+            (kq_type(a.type_d) && ((uintptr_t)a.down[j] & (a.type_d == GGML_TYPE_Q6_K ? 1 : 3))))
+            return TIDE_EUNSUPPORTED;
     }
     if (!x)
         return 0; /* a probe: these would run fused */
