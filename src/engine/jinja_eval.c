@@ -105,7 +105,7 @@ static struct jv call_macro(struct jctx *c, const struct jnode *m, const struct 
         bool set = false;
         if (i < a->npos) { v = a->pos[i]; set = true; }
         for (int k = 0; k < a->nkw && !set; k++) if (!strcmp(a->kwname[k], m->names[i])) { v = a->kw[k]; set = true; }
-        if (!set && m->kwvals.v[i]->s) v = eval(c, f, m->kwvals.v[i]);
+        if (!set && !m->kwvals.v[i]->negated) v = eval(c, f, m->kwvals.v[i]);
         frame_set(c, f, m->names[i], v);
     }
     for (int k = 0; k < a->nkw; k++) {

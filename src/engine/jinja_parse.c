@@ -556,7 +556,7 @@ static struct jnode *parse_statement(struct parser *P)
             advance(P);
             struct jnode *def = NULL;
             if (accept_op(P, "=")) { def = parse_expr(P, true); if (!def) return NULL; }
-            else { def = node(P, E_NAME); if (!def) return NULL; def->s = NULL; }   /* s NULL: no default */
+            else { def = node(P, E_LIT); if (!def) return NULL; def->lit = jv_undef(); def->negated = true; }   /* no default */
             if (!push(P, &n->kwvals, def)) return NULL;
             if (!accept_op(P, ",")) break;
         }
