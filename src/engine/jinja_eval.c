@@ -154,8 +154,8 @@ static struct jv concat(struct jctx *c, struct jv a, struct jv b)
 }
 
 static bool isnum(struct jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
-static double dnum(struct jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : v.u.b; }
-static long long inum(struct jv v) { return v.t == JV_INT ? v.u.i : v.u.b; }
+static double dnum(struct jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : v.t == JV_BOOL ? v.u.b : 0; }
+static long long inum(struct jv v) { return v.t == JV_INT ? v.u.i : v.t == JV_BOOL ? v.u.b : 0; }
 
 static struct jv repeat(struct jctx *c, struct jv s, long long k, int line)
 {
