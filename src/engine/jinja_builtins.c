@@ -17,7 +17,8 @@
 static const char *const FILTERS[] = {
     "trim", "length", "count", "tojson", "string", "upper", "lower", "title", "capitalize", "default", "d",
     "items", "join", "replace", "first", "last", "safe", "list", "int", "float", "abs", "selectattr",
-    "rejectattr", "select", "reject", "map", "indent", "escape", "e", "reverse", "unique", "sum", NULL};
+    "rejectattr", "select", "reject", "map", "indent", "escape", "e", "reverse", "unique", "sum", "sort", "dictsort",
+    "min", "max", NULL};
 static const char *const TESTS[] = {
     "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
     "float", "boolean", "true", "false", "equalto", "eq", "==", "ne", "!=", "lt", "le", "gt", "ge",
@@ -194,6 +195,33 @@ bool jb_method(struct jctx *c, struct jv o, const char *m, const struct jargs *a
             *out = replace(c, o, arg(a, 0, NULL, none), arg(a, 1, NULL, none), cnt.t == JV_INT ? cnt.u.i : -1, line);
             return true;
         }
+        if (!strcmp(m, "format")) {   /* '{}' and '{0}' fields and '{{' '}}' only */
+            struct jbuf b = {.max = c->lim->max_output};
+            int next = 0, manual = 0;
+            for (size_t i = 0; i < o.u.s.n; i++) {
+                char ch = o.u.s.p[i];
+                if ((ch == '{' || ch == '}') && i + 1 < o.u.s.n && o.u.s.p[i + 1] == ch) { jb_put(&b, &ch, 1); i++; continue; }
+                if (ch != '{') { jb_put(&b, &ch, 1); continue; }
+                size_t e = i + 1;
+                int idx = -1;
+                if (e < o.u.s.n && o.u.s.p[e] >= '0' && o.u.s.p[e] <= '9') idx = o.u.s.p[e++] - '0';
+                if (e >= o.u.s.n || o.u.s.p[e] != '}') { free(b.p); jc_fail(c, TIDE_EUNSUPPORTED, line, "format: only {} and {N} fields are supported"); return true; }
+                if ((idx < 0 && manual) || (idx >= 0 && next)) {
+                    free(b.p);
+                    jc_fail(c, TIDE_EINVAL, line, "format: cannot mix {} and {N} fields");
+                    return true;
+                }
+                if (idx < 0) idx = next++;
+                else manual = 1;
+                if (idx >= a->npos) { free(b.p); jc_fail(c, TIDE_EINVAL, line, "format: replacement index %d out of range", idx); return true; }
+                jv_str_into(&b, a->pos[idx]);
+                i = e;
+            }
+            if (b.failed) { free(b.p); jc_fail(c, TIDE_ERANGE, line, "format: the result passed the output limit"); return true; }
+            *out = jv_strdup(c, b.p ? b.p : "", b.len);
+            free(b.p);
+            return true;
+        }
         if (!strcmp(m, "find")) {
             struct jv x = arg(a, 0, NULL, none);
             if (!need_str(c, x, "find", line)) return true;
@@ -265,15 +293,20 @@ static struct jv tojson(struct jctx *c, struct jv v, const struct jargs *a, int 
 {
     struct jv ea = arg(a, 0, "ensure_ascii", jv_bool(false)), ind = arg(a, 1, "indent", jv_none());
     struct jv sep = arg(a, 2, "separators", jv_none()), sk = arg(a, 3, "sort_keys", jv_bool(false));
-    if (jv_truthy(ea) || sep.t != JV_NONE) {
-        jc_fail(c, TIDE_EUNSUPPORTED, line, "tojson: ensure_ascii and separators are not supported");
+    if (sep.t != JV_NONE && (sep.t != JV_LIST || sep.u.l->n != 2 || sep.u.l->v[0].t != JV_STR || sep.u.l->v[1].t != JV_STR)) {
+        jc_fail(c, TIDE_EINVAL, line, "tojson: separators must be a pair of strings");
         return jv_undef();
     }
     int indent = -1;
     if (ind.t == JV_INT) indent = ind.u.i < 0 ? 0 : ind.u.i > 64 ? 64 : (int)ind.u.i;
     else if (ind.t != JV_NONE) { jc_fail(c, TIDE_EUNSUPPORTED, line, "tojson: indent must be an integer"); return jv_undef(); }
     struct jbuf b = {.max = c->lim->max_output};
-    if (jv_json_into(c, &b, v, indent, jv_truthy(sk), 0, line)) { free(b.p); return jv_undef(); }
+    struct jv item_sep = sep.t == JV_LIST ? sep.u.l->v[0] : jv_str(indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2);
+    struct jv key_sep = sep.t == JV_LIST ? sep.u.l->v[1] : jv_str(": ", 2);
+    c->json_ascii = jv_truthy(ea);
+    int jrc = jv_json_into(c, &b, v, indent, jv_truthy(sk), item_sep, key_sep, 0, line);
+    c->json_ascii = false;
+    if (jrc) { free(b.p); return jv_undef(); }
     if (b.failed) { free(b.p); jc_fail(c, TIDE_ERANGE, line, "tojson: the result passed the output limit"); return jv_undef(); }
     struct jv r = jv_strdup(c, b.p ? b.p : "", b.len);
     free(b.p);
@@ -301,11 +334,85 @@ static struct jv to_int(struct jctx *c, struct jv v, struct jv dflt)
     return dflt;
 }
 
+/* the key sort/min/max/dictsort compare by: an attribute, and strings case-folded unless asked */
+struct sort_opts { struct jv attr; bool case_sensitive; int by_value; };
+
+static struct jv sort_key(struct jctx *c, struct jv v, const struct sort_opts *o, int line)
+{
+    if (o->by_value >= 0 && v.t == JV_LIST && v.u.l->n == 2) v = v.u.l->v[o->by_value];
+    if (o->attr.t != JV_NONE && o->attr.t != JV_UNDEF) v = dotted(c, v, o->attr, line);
+    if (v.t == JV_STR && !o->case_sensitive) v = case_map(c, v, 0);
+    return v;
+}
+
+/* stable merge sort (Python's sort is stable); keys[i] sorts items[i] */
+static void merge_sort(struct jctx *c, struct jv *items, struct jv *keys, struct jv *ti, struct jv *tk, int n, bool rev, int line)
+{
+    if (n < 2 || c->rc) return;
+    int h = n / 2;
+    merge_sort(c, items, keys, ti, tk, h, rev, line);
+    merge_sort(c, items + h, keys + h, ti, tk, n - h, rev, line);
+    int i = 0, k = h, o = 0;
+    while (i < h || k < n) {
+        bool take_right = false;
+        if (i < h && k < n) {
+            bool ok;
+            int r = jv_compare(c, keys[k], keys[i], line, &ok);
+            if (!ok) return;
+            take_right = rev ? r > 0 : r < 0;
+        } else {
+            take_right = i >= h;
+        }
+        if (take_right) { ti[o] = items[k]; tk[o++] = keys[k++]; }
+        else { ti[o] = items[i]; tk[o++] = keys[i++]; }
+    }
+    memcpy(items, ti, sizeof *ti * (size_t)n);
+    memcpy(keys, tk, sizeof *tk * (size_t)n);
+}
+
+static struct jv sorted(struct jctx *c, struct jlist *in, const struct sort_opts *o, bool rev, int line)
+{
+    struct jv out = jv_newlist(c);
+    if (!in || c->rc) return out;
+    int n = in->n;
+    struct jv *keys = ja_alloc(c->ar, sizeof *keys * (size_t)(n ? n : 1) * 3);
+    if (!keys) { jc_fail(c, TIDE_ENOMEM, line, "out of memory"); return out; }
+    for (int i = 0; i < n; i++) { jl_push(c, out.u.l, in->v[i]); keys[i] = sort_key(c, in->v[i], o, line); }
+    if (!c->rc) merge_sort(c, out.u.l->v, keys, keys + n, keys + 2 * n, n, rev, line);
+    return out;
+}
+
 struct jv jb_filter(struct jctx *c, const char *f, struct jv v, const struct jargs *a, int line)
 {
     if (c->rc) return jv_undef();
     struct jv none = jv_none();
     if (!strcmp(f, "safe")) return v;
+    if (!jb_has_filter(f)) { jc_fail(c, TIDE_EUNSUPPORTED, line, "unknown filter '%s'", f); return jv_undef(); }
+    /* select, reject and map give nothing for none, as jinja2's do */
+    if (v.t == JV_NONE && (strstr(f, "select") || strstr(f, "reject") || !strcmp(f, "map"))) return jv_newlist(c);
+    if (!strcmp(f, "sort") || !strcmp(f, "dictsort") || !strcmp(f, "min") || !strcmp(f, "max")) {
+        bool dict = f[0] == 'd';
+        struct sort_opts o = {.attr = none, .by_value = -1};
+        bool rev = false;
+        if (f[0] == 's') {
+            rev = jv_truthy(arg(a, 0, "reverse", jv_bool(false)));
+            o.case_sensitive = jv_truthy(arg(a, 1, "case_sensitive", jv_bool(false)));
+            o.attr = arg(a, 2, "attribute", none);
+        } else if (dict) {
+            o.case_sensitive = jv_truthy(arg(a, 0, "case_sensitive", jv_bool(false)));
+            struct jv by = arg(a, 1, "by", jv_str("key", 3));
+            o.by_value = by.t == JV_STR && by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5) ? 1 : 0;
+            rev = jv_truthy(arg(a, 2, "reverse", jv_bool(false)));
+        } else {
+            o.case_sensitive = jv_truthy(arg(a, 0, "case_sensitive", jv_bool(false)));
+            o.attr = arg(a, 1, "attribute", none);
+        }
+        if (dict && v.t != JV_DICT) { jc_fail(c, TIDE_EINVAL, line, "dictsort needs a mapping, not a %s", jv_typename(v)); return jv_undef(); }
+        struct jv l = sorted(c, dict ? items_of(c, v).u.l : jv_iter_list(c, v, line), &o, rev, line);
+        if (c->rc || f[0] == 's' || dict) return l;
+        if (!l.u.l->n) return jv_undef();
+        return l.u.l->v[f[1] == 'i' ? 0 : l.u.l->n - 1];
+    }
     if (!strcmp(f, "default") || !strcmp(f, "d")) {
         bool use = v.t == JV_UNDEF || (jv_truthy(arg(a, 1, "boolean", jv_bool(false))) && !jv_truthy(v));
         return use ? arg(a, 0, "default_value", jv_str("", 0)) : v;

@@ -105,6 +105,7 @@ struct jctx {
     char *err;
     size_t errlen;
     int loop_ctl;     /* 1: break, 2: continue pending */
+    bool json_ascii;  /* tojson(ensure_ascii=true) is running: non-ASCII as \uXXXX */
 };
 void jc_fail(struct jctx *c, int rc, int line, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
@@ -130,8 +131,9 @@ void jv_str_into(struct jbuf *b, struct jv v);    /* Python str() */
 void jv_repr_into(struct jbuf *b, struct jv v);   /* Python repr() */
 struct jv jv_to_str(struct jctx *c, struct jv v);
 void jv_fmt_float(char *out, size_t cap, double f);
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys) */
-int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool sort_keys, int level, int line);
+/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), separators=(item_sep, key_sep), sort_keys) */
+int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool sort_keys, struct jv item_sep,
+                 struct jv key_sep, int level, int line);
 size_t utf8_count(const char *s, size_t n);
 int jv_length(struct jv v);   /* -1: no length */
 bool jv_iterable(struct jv v);

@@ -1,8 +1,8 @@
 /* jinja_parse.c - tokens to a syntax tree, by recursive descent with Jinja's precedence:
  * conditional < or < and < not < comparisons and 'in' < + - < ~ < * / // % < ** < unary
  * minus < primary with postfix (.attr, [index or slice], (call)), filters (|f) and tests
- * (is t). Unknown filters and tests are refused here, as Jinja refuses them when it
- * compiles. Nesting is bounded so that hostile input cannot exhaust the stack. */
+ * (is t). Unknown tests are refused here; an unknown filter fails only when it runs, as
+ * in jinja2 3.x, where a template may guard it. Nesting is bounded so that hostile input cannot exhaust the stack. */
 #include "jinja_internal.h"
 #include "../common.h"
 
@@ -250,7 +250,6 @@ static struct jnode *parse_filters(struct parser *P, struct jnode *n)
             if (!x) return NULL;
             x->s = name_str(P, t);
             x->slen = t->len;
-            if (x->s && !jb_has_filter(x->s)) return p_fail(P, "unknown filter '%s'", x->s);
             advance(P);
             x->a = n;
             if (accept_op(P, "(") && !parse_args(P, x)) return NULL;

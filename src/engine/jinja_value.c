@@ -361,12 +361,33 @@ struct jv jv_to_str(struct jctx *c, struct jv v)
     return r;
 }
 
-static void json_str(struct jbuf *b, const char *s, size_t n)
+/* one UTF-8 character at s (n bytes left) as \uXXXX (a surrogate pair above U+FFFF);
+ * returns the bytes it took */
+static size_t json_ascii_char(struct jbuf *b, const unsigned char *s, size_t n)
+{
+    unsigned cp = s[0];
+    size_t len = 1;
+    if (cp >= 0xF0 && n >= 4) { cp = (cp & 7u) << 18 | (s[1] & 0x3Fu) << 12 | (s[2] & 0x3Fu) << 6 | (s[3] & 0x3Fu); len = 4; }
+    else if (cp >= 0xE0 && n >= 3) { cp = (cp & 15u) << 12 | (s[1] & 0x3Fu) << 6 | (s[2] & 0x3Fu); len = 3; }
+    else if (cp >= 0xC0 && n >= 2) { cp = (cp & 31u) << 6 | (s[1] & 0x3Fu); len = 2; }
+    char e[16];
+    if (cp >= 0x10000) {
+        cp -= 0x10000;
+        snprintf(e, sizeof e, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+    } else {
+        snprintf(e, sizeof e, "\\u%04x", cp);
+    }
+    jb_puts(b, e);
+    return len;
+}
+
+static void json_str(struct jbuf *b, const char *s, size_t n, bool ascii)
 {
     jb_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         char e[8];
+        if (ascii && ch >= 0x80) { i += json_ascii_char(b, (const unsigned char *)s + i, n - i) - 1; continue; }
         if (ch == '"') jb_puts(b, "\\\"");
         else if (ch == '\\') jb_puts(b, "\\\\");
         else if (ch == '\n') jb_puts(b, "\\n");
@@ -386,7 +407,8 @@ static void json_nl(struct jbuf *b, int indent, int level)
     for (int i = 0; i < indent * level && !b->failed; i++) jb_puts(b, " ");
 }
 
-int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool sort_keys, int level, int line)
+int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool sort_keys, struct jv item_sep,
+                 struct jv key_sep, int level, int line)
 {
     if (level > 100) { jc_fail(c, TIDE_EINVAL, line, "tojson: value nested too deeply"); return -1; }
     char num[64];
@@ -399,14 +421,14 @@ int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool s
         else if (isinf(v.u.f)) jb_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
         else { jv_fmt_float(num, sizeof num, v.u.f); jb_puts(b, num); }
         return 0;
-    case JV_STR: json_str(b, v.u.s.p, v.u.s.n); return 0;
+    case JV_STR: json_str(b, v.u.s.p, v.u.s.n, c->json_ascii); return 0;
     case JV_LIST:
         if (!v.u.l->n) { jb_puts(b, "[]"); return 0; }
         jb_puts(b, "[");
         for (int i = 0; i < v.u.l->n; i++) {
-            if (i) jb_puts(b, indent >= 0 ? "," : ", ");
+            if (i) jb_put(b, item_sep.u.s.p, item_sep.u.s.n);
             if (indent >= 0) json_nl(b, indent, level + 1);
-            if (jv_json_into(c, b, v.u.l->v[i], indent, sort_keys, level + 1, line)) return -1;
+            if (jv_json_into(c, b, v.u.l->v[i], indent, sort_keys, item_sep, key_sep, level + 1, line)) return -1;
         }
         if (indent >= 0) json_nl(b, indent, level);
         jb_puts(b, "]");
@@ -427,12 +449,12 @@ int jv_json_into(struct jctx *c, struct jbuf *b, struct jv v, int indent, bool s
         jb_puts(b, "{");
         for (int i = 0; i < n; i++) {
             struct jv k = v.u.d->k[order[i]];
-            if (i) jb_puts(b, indent >= 0 ? "," : ", ");
+            if (i) jb_put(b, item_sep.u.s.p, item_sep.u.s.n);
             if (indent >= 0) json_nl(b, indent, level + 1);
-            if (k.t == JV_STR) json_str(b, k.u.s.p, k.u.s.n);
+            if (k.t == JV_STR) json_str(b, k.u.s.p, k.u.s.n, c->json_ascii);
             else { jb_puts(b, "\""); jv_str_into(b, k); jb_puts(b, "\""); }
-            jb_puts(b, ": ");
-            if (jv_json_into(c, b, v.u.d->v[order[i]], indent, sort_keys, level + 1, line)) return -1;
+            jb_put(b, key_sep.u.s.p, key_sep.u.s.n);
+            if (jv_json_into(c, b, v.u.d->v[order[i]], indent, sort_keys, item_sep, key_sep, level + 1, line)) return -1;
         }
         if (indent >= 0) json_nl(b, indent, level);
         jb_puts(b, "}");
