@@ -55,6 +55,12 @@ static void sb_add(struct sbuf *b, const char *s)
     b->len += n;
 }
 
+/* The built-in formats know no tool turn: a tool result goes in as a user turn. */
+static const char *role_of(const struct chat_message *m)
+{
+    return m->role && !strcmp(m->role, "tool") ? "user" : m->role ? m->role : "user";
+}
+
 char *template_apply(enum chat_template_kind kind, const struct chat_message *msgs, int n,
                      bool add_generation_prompt)
 {
@@ -63,7 +69,7 @@ char *template_apply(enum chat_template_kind kind, const struct chat_message *ms
     if (kind == TEMPLATE_CHATML) {
         for (int i = 0; i < n; i++) {
             sb_add(&b, "<|im_start|>");
-            sb_add(&b, msgs[i].role);
+            sb_add(&b, role_of(&msgs[i]));
             sb_add(&b, "\n");
             sb_add(&b, msgs[i].content ? msgs[i].content : "");
             sb_add(&b, "<|im_end|>\n");
@@ -73,7 +79,7 @@ char *template_apply(enum chat_template_kind kind, const struct chat_message *ms
         sb_add(&b, "<|begin_of_text|>");
         for (int i = 0; i < n; i++) {
             sb_add(&b, "<|start_header_id|>");
-            sb_add(&b, msgs[i].role);
+            sb_add(&b, role_of(&msgs[i]));
             sb_add(&b, "<|end_header_id|>\n\n");
             sb_add(&b, msgs[i].content ? msgs[i].content : "");
             sb_add(&b, "<|eot_id|>");
@@ -85,9 +91,9 @@ char *template_apply(enum chat_template_kind kind, const struct chat_message *ms
         bool first_user = true;
         for (int i = 0; i < n; i++) {
             const char *c = msgs[i].content ? msgs[i].content : "";
-            if (!strcmp(msgs[i].role, "system")) {
+            if (!strcmp(role_of(&msgs[i]), "system")) {
                 system = c;
-            } else if (!strcmp(msgs[i].role, "assistant")) {
+            } else if (!strcmp(role_of(&msgs[i]), "assistant")) {
                 sb_add(&b, c);
                 sb_add(&b, "</s>");
             } else {
