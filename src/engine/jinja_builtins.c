@@ -450,6 +450,7 @@ struct jv jb_filter(struct jctx *c, const char *f, struct jv v, const struct jar
         return arg(a, 0, "default", jv_float(0));
     }
     if (!strcmp(f, "abs")) {
+        if (v.t == JV_BOOL) return jv_int(v.u.b);
         if (v.t == JV_INT) return v.u.i == LLONG_MIN ? jv_float(-(double)v.u.i) : jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
         if (v.t == JV_FLOAT) return jv_float(fabs(v.u.f));
         jc_fail(c, TIDE_EINVAL, line, "abs needs a number");
@@ -633,6 +634,7 @@ bool jb_test(struct jctx *c, const char *t, struct jv v, const struct jargs *a, 
         return cased;
     }
     if (!strcmp(t, "odd") || !strcmp(t, "even") || !strcmp(t, "divisibleby")) {
+        if (v.t == JV_BOOL) v = jv_int(v.u.b);   /* a bool is an int in Python */
         if (v.t != JV_INT) { jc_fail(c, TIDE_EINVAL, line, "test '%s' needs an integer", t); return false; }
         if (t[0] == 'o') return (v.u.i & 1) != 0;
         if (t[0] == 'e') return (v.u.i & 1) == 0;
