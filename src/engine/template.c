@@ -146,6 +146,8 @@ int chat_template_init(struct chat_template *t, const char *jinja_src, const cha
         tide_log("chat template: the model's template is outside the supported Jinja subset (%s); "
                  "using the built-in %s format", err, template_name(t->kind));
         t->fallback_logged = 1;
+    } else {
+        tide_log("chat template: rendering the model's own (%zu bytes of Jinja)", strlen(jinja_src));
     }
     return 0;
 }
