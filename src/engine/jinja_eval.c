@@ -78,6 +78,7 @@ static bool step(struct jctx *c, int line)
 
 static struct jv eval(struct jctx *c, struct jframe *f, const struct jnode *n);
 static void exec_body(struct jctx *c, struct jframe *f, const struct jvec *body, struct jbuf *out);
+static void exec_node_inner(struct jctx *c, struct jframe *f, const struct jnode *n, struct jbuf *out);
 
 static bool eval_args(struct jctx *c, struct jframe *f, const struct jnode *n, struct jargs *a)
 {
@@ -300,9 +301,26 @@ static struct jv slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, 
     return jv_str(p, len);
 }
 
+static struct jv eval_node(struct jctx *c, struct jframe *f, const struct jnode *n);
+
+/* Expression trees can be deep without nesting (a + a + a ..., x|f|f|f ...): bounded here so
+ * that evaluation cannot run off the stack. */
+#define MAX_EVAL_DEPTH 1000
 static struct jv eval(struct jctx *c, struct jframe *f, const struct jnode *n)
 {
     if (c->rc) return jv_undef();
+    if (c->eval_depth >= MAX_EVAL_DEPTH) {
+        jc_fail(c, TIDE_ERANGE, n->line, "expression nested deeper than %d", MAX_EVAL_DEPTH);
+        return jv_undef();
+    }
+    c->eval_depth++;
+    struct jv v = eval_node(c, f, n);
+    c->eval_depth--;
+    return v;
+}
+
+static struct jv eval_node(struct jctx *c, struct jframe *f, const struct jnode *n)
+{
     struct jv a, b;
     switch (n->kind) {
     case E_LIT: return n->lit;
@@ -453,6 +471,17 @@ static void exec_for(struct jctx *c, struct jframe *f, const struct jnode *n, st
 }
 
 static void exec_node(struct jctx *c, struct jframe *f, const struct jnode *n, struct jbuf *out)
+{
+    if (c->eval_depth >= MAX_EVAL_DEPTH) {   /* elif chains nest */
+        jc_fail(c, TIDE_ERANGE, n->line, "blocks nested deeper than %d", MAX_EVAL_DEPTH);
+        return;
+    }
+    c->eval_depth++;
+    exec_node_inner(c, f, n, out);
+    c->eval_depth--;
+}
+
+static void exec_node_inner(struct jctx *c, struct jframe *f, const struct jnode *n, struct jbuf *out)
 {
     switch (n->kind) {
     case N_TEXT: jb_put(out, n->s, n->slen); break;

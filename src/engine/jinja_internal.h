@@ -100,7 +100,8 @@ struct jctx {
     struct jframe *root;
     const struct jinja_limits *lim;
     long steps;
-    int depth;
+    int depth;        /* macro calls */
+    int eval_depth;   /* expression and block recursion */
     int rc;           /* first error (negative), 0 while fine */
     char *err;
     size_t errlen;

@@ -434,7 +434,16 @@ static int parse_body(struct parser *P, struct jvec *body, const char *const *en
 static const char *const END_IF[] = {"elif", "else", "endif", NULL};
 static const char *const END_FOR[] = {"else", "endfor", NULL};
 
-static struct jnode *parse_if(struct parser *P)
+static struct jnode *parse_if_inner(struct parser *P);
+static struct jnode *parse_if(struct parser *P)   /* elif chains nest: counted like blocks */
+{
+    if (++P->depth > MAX_NESTING) return p_fail(P, "blocks nested too deeply");
+    struct jnode *n = parse_if_inner(P);
+    P->depth--;
+    return n;
+}
+
+static struct jnode *parse_if_inner(struct parser *P)
 {
     struct jnode *n = node(P, N_IF);
     if (!n) return NULL;

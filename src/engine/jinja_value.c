@@ -195,8 +195,13 @@ bool jv_truthy(struct jv v)
 static bool is_num(struct jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
 static double num(struct jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : v.t == JV_BOOL ? v.u.b : 0; }
 
-bool jv_equal(struct jv a, struct jv b)
+static bool equal_at(struct jv a, struct jv b, int depth);
+bool jv_equal(struct jv a, struct jv b) { return equal_at(a, b, 0); }
+
+/* values nest (a list can hold itself through a namespace): past 200 levels they differ */
+static bool equal_at(struct jv a, struct jv b, int depth)
 {
+    if (depth > 200) return false;
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) return (a.t == JV_INT ? a.u.i : a.u.b) == (b.t == JV_INT ? b.u.i : b.u.b);
         return num(a) == num(b);
@@ -207,14 +212,14 @@ bool jv_equal(struct jv a, struct jv b)
     case JV_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
     case JV_LIST:
         if (a.u.l->n != b.u.l->n) return false;
-        for (int i = 0; i < a.u.l->n; i++) if (!jv_equal(a.u.l->v[i], b.u.l->v[i])) return false;
+        for (int i = 0; i < a.u.l->n; i++) if (!equal_at(a.u.l->v[i], b.u.l->v[i], depth + 1)) return false;
         return true;
     case JV_DICT:
         if (a.u.d->n != b.u.d->n) return false;
         for (int i = 0; i < a.u.d->n; i++) {
             bool found = false;
             for (int k = 0; k < b.u.d->n && !found; k++)
-                if (jv_equal(a.u.d->k[i], b.u.d->k[k])) { if (!jv_equal(a.u.d->v[i], b.u.d->v[k])) return false; found = true; }
+                if (equal_at(a.u.d->k[i], b.u.d->k[k], depth + 1)) { if (!equal_at(a.u.d->v[i], b.u.d->v[k], depth + 1)) return false; found = true; }
             if (!found) return false;
         }
         return true;
@@ -226,6 +231,11 @@ bool jv_equal(struct jv a, struct jv b)
 int jv_compare(struct jctx *c, struct jv a, struct jv b, int line, bool *ok)
 {
     *ok = true;
+    if (c->eval_depth > 1200) {
+        *ok = false;
+        jc_fail(c, TIDE_ERANGE, line, "values nested too deeply to compare");
+        return 0;
+    }
     if (is_num(a) && is_num(b)) {
         if (a.t == JV_INT && b.t == JV_INT) return (a.u.i > b.u.i) - (a.u.i < b.u.i);
         double x = num(a), y = num(b);
@@ -240,7 +250,10 @@ int jv_compare(struct jctx *c, struct jv a, struct jv b, int line, bool *ok)
     if (a.t == JV_LIST && b.t == JV_LIST) {
         for (int i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
             if (jv_equal(a.u.l->v[i], b.u.l->v[i])) continue;
-            return jv_compare(c, a.u.l->v[i], b.u.l->v[i], line, ok);
+            c->eval_depth++;
+            int r = jv_compare(c, a.u.l->v[i], b.u.l->v[i], line, ok);
+            c->eval_depth--;
+            return r;
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
@@ -315,8 +328,9 @@ static void repr_str(struct jbuf *b, const char *s, size_t n)
     jb_put(b, &q, 1);
 }
 
-static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
+static void str_or_repr(struct jbuf *b, struct jv v, bool repr, int depth)
 {
+    if (depth > 200) { b->failed = true; return; }   /* nested too deeply to print */
     char num[64];
     switch (v.t) {
     case JV_UNDEF: break;
@@ -329,7 +343,7 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
         jb_puts(b, v.tuple ? "(" : "[");
         for (int i = 0; i < v.u.l->n && !b->failed; i++) {
             if (i) jb_puts(b, ", ");
-            str_or_repr(b, v.u.l->v[i], true);
+            str_or_repr(b, v.u.l->v[i], true, depth + 1);
         }
         if (v.tuple && v.u.l->n == 1) jb_puts(b, ",");
         jb_puts(b, v.tuple ? ")" : "]");
@@ -338,17 +352,17 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
         jb_puts(b, "{");
         for (int i = 0; i < v.u.d->n && !b->failed; i++) {
             if (i) jb_puts(b, ", ");
-            str_or_repr(b, v.u.d->k[i], true);
+            str_or_repr(b, v.u.d->k[i], true, depth + 1);
             jb_puts(b, ": ");
-            str_or_repr(b, v.u.d->v[i], true);
+            str_or_repr(b, v.u.d->v[i], true, depth + 1);
         }
         jb_puts(b, "}");
         break;
     case JV_FUNC: jb_puts(b, "<function "); jb_puts(b, v.u.fn->name ? v.u.fn->name : "?"); jb_puts(b, ">"); break;
     }
 }
-void jv_str_into(struct jbuf *b, struct jv v) { str_or_repr(b, v, false); }
-void jv_repr_into(struct jbuf *b, struct jv v) { str_or_repr(b, v, true); }
+void jv_str_into(struct jbuf *b, struct jv v) { str_or_repr(b, v, false, 0); }
+void jv_repr_into(struct jbuf *b, struct jv v) { str_or_repr(b, v, true, 0); }
 
 struct jv jv_to_str(struct jctx *c, struct jv v)
 {
