@@ -49,7 +49,8 @@ def main():
             stem = tpl[:-len(".jinja")]
             datas = sorted(glob.glob(stem + ".json") + glob.glob(stem + ".*.json"))
             if not datas:
-                datas = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.data")]
+                fails += 1
+                print("FAIL %s: no %s.json data file" % (os.path.basename(tpl), os.path.basename(stem)))
             src = open(tpl, encoding="utf-8").read()
             for data in datas:
                 cases += 1
