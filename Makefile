@@ -45,7 +45,7 @@ DEFAULT_MMPROJ := models/tide-mmproj.gguf
 print-gpu-ldlibs:
 	@echo $(GPU_LDLIBS)
 
-all: $(BUILD)/tide $(BUILD)/tide-mkmodel models
+all: $(BUILD)/tide $(BUILD)/tide-mkmodel $(BUILD)/tide-jinja models
 
 $(BUILD)/libtide.a: $(LIB_OBJ)
 	@echo "  AR    $@"
@@ -56,6 +56,11 @@ $(BUILD)/tide: $(BUILD)/obj/src/server/main.o $(BUILD)/libtide.a
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tide-mkmodel: $(BUILD)/obj/tools/mkmodel.o $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# renders a chat template from the command line: tests/jinja/compare.py
+$(BUILD)/tide-jinja: $(BUILD)/obj/tools/jinja.o $(BUILD)/libtide.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -119,6 +124,7 @@ e2e: $(BUILD)/test-e2e all
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
 	$(Q)$(BUILD)/test-unit
+	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh

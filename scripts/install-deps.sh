@@ -13,6 +13,7 @@ pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcu
       xxd          # ui/* compiled into the daemon (Makefile: ui_assets.h)
       clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan runtimes
       valgrind     # make valgrind: the unit tests under memcheck
+      python3-jinja2   # tests/jinja/compare.py: our chat-template renderer against the reference
       jq)          # scripts/soak.sh: checks every answer is well-formed JSON
 missing=()
 for p in "${pkgs[@]}"; do

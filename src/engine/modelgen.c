@@ -438,7 +438,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_u32(w, "tokenizer.ggml.eos_token_id", eos);
     gguf_w_u32(w, "tokenizer.ggml.padding_token_id", bos);
     gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false);
-    gguf_w_str(w, "tokenizer.chat_template", chatml);
+    gguf_w_str(w, "tokenizer.chat_template", o->chat_template ? o->chat_template : chatml);
 
     /* std 1/sqrt(fan_in) keeps activations O(1); the output matrix is scaled up so the
      * logits spread (std ~3) and greedy decoding moves between tokens. */

@@ -16,6 +16,7 @@ struct modelgen_options {
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
     int threads;          /* threads for the write-time matrices (0: all CPUs) */
+    const char *chat_template;  /* tokenizer.chat_template (Jinja); NULL: the ChatML one */
 };
 
 struct modelgen_summary {

@@ -10,6 +10,21 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The chat template with the vocabulary's BOS/EOS text (tokenizer_token_bytes). */
+static int engine_init_template(struct engine *e, const char *jinja)
+{
+    char bos[256] = "", eos[256] = "";
+    int id = tokenizer_bos(e->tok), k;
+    if (id >= 0 && (k = tokenizer_token_bytes(e->tok, id, bos, sizeof bos - 1)) >= 0) bos[k] = 0;
+    else bos[0] = 0;
+    id = tokenizer_eos(e->tok);
+    if (id >= 0 && (k = tokenizer_token_bytes(e->tok, id, eos, sizeof eos - 1)) >= 0) eos[k] = 0;
+    else eos[0] = 0;
+    int rc = chat_template_init(&e->chat, jinja, bos, eos, tokenizer_add_bos(e->tok));
+    e->tmpl = e->chat.kind;
+    return rc;
+}
+
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen)
 {
     memset(e, 0, sizeof *e);
@@ -18,8 +33,9 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     rc = tokenizer_load(&e->tok, &e->model.gguf, err, errlen);
     if (rc < 0) goto fail_model;
     char *jinja = gguf_dup_str(&e->model.gguf, "tokenizer.chat_template");
-    e->tmpl = template_detect(jinja);
+    rc = engine_init_template(e, jinja);
     free(jinja);
+    if (rc < 0) { snprintf(err, errlen, "chat template: %s", tide_strerror(rc)); goto fail_tok; }
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : 4096;
     struct plan_options po = o->plan;
     po.n_ctx = e->n_ctx;
@@ -71,6 +87,7 @@ fail_fw:
 fail_mem:
     memory_plan_free(&e->mem);
 fail_tok:
+    chat_template_free(&e->chat);
     tokenizer_free(e->tok);
 fail_model:
     model_free(&e->model);
@@ -112,6 +129,7 @@ void engine_free(struct engine *e)
     free(e->slots);
     forward_free(&e->fw);
     memory_plan_free(&e->mem);
+    chat_template_free(&e->chat);
     tokenizer_free(e->tok);
     model_free(&e->model);
     memset(e, 0, sizeof *e);
@@ -146,8 +164,8 @@ int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids_
 {
     char *text;
     if (job->messages) {
-        text = template_apply(e->tmpl, job->messages, job->n_messages, true);
-        if (!text) return TIDE_ENOMEM;
+        int trc = chat_template_render(&e->chat, job->messages, job->n_messages, job->tools_json, &text);
+        if (trc < 0) return trc;
     } else {
         text = strdup(job->prompt ? job->prompt : "");
         if (!text) return TIDE_ENOMEM;

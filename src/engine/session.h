@@ -34,7 +34,8 @@ struct kv_slot {
 struct engine {
     struct model model;
     struct tokenizer *tok;
-    enum chat_template_kind tmpl;
+    enum chat_template_kind tmpl;   /* the fallback format: its stop strings */
+    struct chat_template chat;      /* the GGUF's template, rendered per job */
     struct memory_plan mem;     /* devices, ledgers, expert caches */
     unsigned slow_token_us;     /* test hook TIDE_FAULT_SLOW_TOKEN_MS; 0 in normal runs */
     long fail_step;             /* test hook TIDE_FAULT_ENGINE_STEP: steps until one fails; 0 = off */
@@ -65,6 +66,7 @@ struct gen_job {
     const struct chat_message *messages;
     int n_messages;
     const char *prompt;
+    const char *tools_json;   /* chat: the request's tools array as JSON text for the template, or NULL */
     struct sampling_params sp;
     int max_tokens;     /* -1: until the context is full */
     const char *stop[JOB_MAX_STOP];

@@ -28,7 +28,7 @@ struct oai_req {
     cJSON *root;          /* owns every string the job points at */
     struct chat_message *msgs;
     int n_msgs;
-    char **owned;         /* joined text parts */
+    char **owned;         /* joined text parts, tool_calls and tools as JSON text */
     int n_owned;
     struct gen_job gj;
     char id[48];
@@ -131,7 +131,7 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
         FAIL("messages", "'messages' must be a non-empty array");
     int n = cJSON_GetArraySize(msgs);
     r->msgs = calloc((size_t)n, sizeof *r->msgs);
-    r->owned = calloc((size_t)n, sizeof *r->owned);
+    r->owned = calloc((size_t)n * 2 + 1, sizeof *r->owned);   /* per message: text, tool_calls; + tools */
     if (!r->msgs || !r->owned) FAIL(NULL, "out of memory");
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
@@ -141,8 +141,7 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
         if (!cJSON_IsString(role)) FAIL("messages", "messages[%d].role must be a string", i);
         const char *rs = role->valuestring;
         if (strcmp(rs, "developer") == 0) rs = "system";
-        else if (strcmp(rs, "tool") == 0) rs = "user";   /* the templates know no tool turn */
-        else if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
+        else if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
             FAIL("messages", "messages[%d].role must be system, developer, user, assistant or tool", i);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         const char *text = "";
@@ -200,6 +199,18 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
         }
         r->msgs[i].role = rs;
         r->msgs[i].content = text;
+        /* for the model's chat template (template.c): the tool call fields as sent */
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+            char *j = cJSON_PrintUnformatted(calls);
+            if (!j) FAIL(NULL, "out of memory");
+            r->owned[r->n_owned++] = j;
+            r->msgs[i].tool_calls_json = j;
+            if (cJSON_IsNull(c) || !c) r->msgs[i].content = NULL;
+        }
+        const cJSON *tcid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id"), *nm = cJSON_GetObjectItemCaseSensitive(m, "name");
+        if (cJSON_IsString(tcid)) r->msgs[i].tool_call_id = tcid->valuestring;
+        if (cJSON_IsString(nm)) r->msgs[i].name = nm->valuestring;
         r->n_msgs++;
     }
     return 0;
@@ -268,6 +279,13 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             goto fail;
         g->messages = r->msgs;
         g->n_messages = r->n_msgs;
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+        if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {   /* for the chat template, as sent */
+            char *j = cJSON_PrintUnformatted(tools);
+            if (!j) { snprintf(msg, msglen, "out of memory"); rc = TIDE_ENOMEM; goto fail; }
+            r->owned[r->n_owned++] = j;
+            g->tools_json = j;
+        }
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
         if (!p) { snprintf(msg, msglen, "'prompt' is required"); *param = "prompt"; rc = TIDE_EINVAL; goto fail; }

@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/modelgen.h"
+
 static pid_t pid;
 static int port;
 static char cfg_path[64];
@@ -611,4 +613,71 @@ Test(server, queued_stream_keep_alive, .timeout = 60)
     pthread_join(th, NULL);
     cr_expect(strstr(b, ": keep-alive\n\n") != NULL, "no keep-alive while queued: %.200s", b);
     free(b);
+}
+
+/* ---- the model's own chat template (docs/TEMPLATES.md): a GGUF whose Jinja template renders
+ * tools and tool calls, and raises for one message, so the fallback answers that one. ---- */
+static char tpl_model[64];
+static const char TOOL_TEMPLATE[] =
+    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}"
+    "{{ t.function.parameters | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{% if m.name == 'fail' %}{{ raise_exception('refused') }}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}call {{ c.function.name }}"
+    " {{ c.function.arguments }}{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+static void start_template_model(void)
+{
+    snprintf(tpl_model, sizeof tpl_model, "/tmp/tide-e2e-tpl-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = tpl_model, .seed = 1, .type = -1, .chat_template = TOOL_TEMPLATE};
+    char err[256];
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    setenv("TIDE_MODEL", tpl_model, 1);
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_MODEL");
+}
+static void stop_template_model(void) { stop(); unlink(tpl_model); }
+TestSuite(template, .init = start_template_model, .fini = stop_template_model, .timeout = 120);
+
+static int prompt_tokens(const char *body)
+{
+    char *b;
+    long code = chat(body, &b);
+    cr_assert_eq(code, 200, "%ld: %s", code, b);
+    cJSON *j = parse(b);
+    cJSON *pt = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens");
+    cr_assert(cJSON_IsNumber(pt), "no usage.prompt_tokens: %s", b);
+    int n = pt->valueint;
+    cJSON_Delete(j);
+    free(b);
+    return n;
+}
+
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_shape_count\"," \
+              "\"parameters\":{\"type\":\"object\",\"properties\":{\"colour\":{\"type\":\"string\"}}}}}]"
+
+Test(template, tools_and_tool_turns_reach_the_prompt)
+{
+    const char *user = "{\"role\":\"user\",\"content\":\"How many red?\"}";
+    char plain[512], with_tools[1024], round_trip[2048];
+    snprintf(plain, sizeof plain, "{\"messages\":[%s],\"max_tokens\":1}", user);
+    snprintf(with_tools, sizeof with_tools, "{\"messages\":[%s]," TOOLS ",\"max_tokens\":1}", user);
+    snprintf(round_trip, sizeof round_trip,
+             "{\"messages\":[%s,{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+             "\"type\":\"function\",\"function\":{\"name\":\"get_shape_count\",\"arguments\":"
+             "\"{\\\"colour\\\":\\\"red\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"3\"}],"
+             TOOLS ",\"max_tokens\":1}", user);
+    int n_plain = prompt_tokens(plain), n_tools = prompt_tokens(with_tools), n_trip = prompt_tokens(round_trip);
+    /* the tools block adds the function's name and schema; the call and its result add more */
+    cr_expect_gt(n_tools, n_plain + 20, "tools did not reach the prompt: %d vs %d tokens", n_tools, n_plain);
+    cr_expect_gt(n_trip, n_tools + 20, "the tool call and result did not reach the prompt: %d vs %d", n_trip, n_tools);
+}
+
+Test(template, a_failing_template_falls_back_and_still_answers)
+{
+    /* the template raises for a message named 'fail'; the built-in ChatML then renders the text
+     * the template renders for the same message without the name: the same token count */
+    int n_fail = prompt_tokens("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\",\"name\":\"fail\"}],\"max_tokens\":1}");
+    int n_ok = prompt_tokens("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1}");
+    cr_expect_eq(n_fail, n_ok, "fallback prompt %d tokens, template prompt %d", n_fail, n_ok);
 }

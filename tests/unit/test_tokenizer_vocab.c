@@ -144,7 +144,8 @@ Test(tokenizer_spm, scores_and_byte_fallback)
 
 Test(template, formats_and_detection)
 {
-    struct chat_message m[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+    struct chat_message m[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"},
+                               {.role = "assistant", .content = "Hello."}, {.role = "user", .content = "Bye"}};
     char *s = template_apply(TEMPLATE_CHATML, m, 4, true);
     cr_assert_str_eq(s, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                         "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
