@@ -235,7 +235,7 @@ Test(config, fleet_keys)
     cr_expect_eq(c.drain_timeout_s, 0);
     config_free(&c);
     cr_expect_lt(parse("{\"parallel\":0}", &c, err), 0);
-    cr_expect(strstr(err, "config: parallel: expected a positive integer") == err, "%s", err);
+    cr_expect(strstr(err, "config: parallel: expected null or an integer 1..256") == err, "%s", err);
     config_free(&c);
     cr_expect_lt(parse("{\"name\":\"\"}", &c, err), 0);
     cr_expect(strstr(err, "config: name:") == err, "%s", err);
