@@ -794,8 +794,12 @@ static void test_e2e(const char *only)
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
          * describes: 2.1e-2 prefill / 3.0e-2 worst step on the H200, the same with the f32
-         * attention kernel (TIDE_ATTN_MMA=0), 24/24 greedy tokens; hence 5e-2 */
-        {"e2e_big_q8_0", "big", GGML_TYPE_Q8_0, 5e-2},
+         * attention kernel (TIDE_ATTN_MMA=0), 24/24 greedy tokens; hence 5e-2 then. Since the
+         * CPU's f32 products give a row the same bits in any batch (batching issue), its router
+         * logits sum in another order than before, and one routing flip among 16 experts moved
+         * the worst step to 0.274 (22/24 greedy tokens) on the H200: on this preset the logits
+         * only catch garbage (0.5); e2e_shadow_* check every op on identical inputs */
+        {"e2e_big_q8_0", "big", GGML_TYPE_Q8_0, 0.5},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
         if (!want(only, m[i].name))
@@ -893,7 +897,7 @@ int main(int argc, char **argv)
     if (want(only, "moe_ffn_table")) test_moe_ffn_table();
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
-    if (want(only, "batch_")) test_batch();
+    if (want(only, "batch_") || (only && strstr(only, "batch_"))) test_batch(only);
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();
