@@ -86,11 +86,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         off += (size_t)w;
     }
     shutdown(sv[0], SHUT_WR);
-    /* Drain the replies until MHD closes its end (the idle timeout bounds a stuck one). */
+    /* Drain the replies until MHD closes its end. A request that never gets an answer nor a
+     * close is a hang: libFuzzer's -timeout (10 s in `make fuzz`) reports it. */
     char buf[65536];
     for (;;) {
         struct pollfd p = { .fd = sv[0], .events = POLLIN };
-        if (poll(&p, 1, 5000) <= 0) abort(); /* no answer and no close: a hang */
+        if (poll(&p, 1, -1) < 0) break;
         if (recv(sv[0], buf, sizeof buf, 0) <= 0) break;
     }
     close(sv[0]);

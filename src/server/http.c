@@ -478,9 +478,12 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL);
     if (ai && ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    /* The fuzzer's mode: one thread polling level-triggered, which sees a client's EOF after
-     * a partial request at once (edge-triggered epoll waits for the idle timeout). */
-    if (opt->no_listen) flags = (flags & ~(unsigned)MHD_USE_EPOLL) | MHD_USE_POLL | MHD_USE_NO_LISTEN_SOCKET;
+    /* The fuzzer's mode: a thread per added connection, polling level-triggered, which sees
+     * the client's EOF after a partial request at once (edge-triggered epoll waits for the
+     * idle timeout), and never misses a socket added from another thread. */
+    if (opt->no_listen)
+        flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET;
     /* Connection limits (issue 27): without them 1,100 idle sockets from one client took all
      * of MHD's 1,020 and held them for its 600 s timeout. An option left 0 is not passed.
      * A suspended connection (queued, or waiting on the engine) has no idle clock, and MHD
@@ -496,7 +499,7 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai ? ai->ai_addr : NULL,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_THREAD_POOL_SIZE, opt->no_listen ? 1u : (unsigned)HTTP_POLLING_THREADS,
+                            MHD_OPTION_THREAD_POOL_SIZE, opt->no_listen ? 0u : (unsigned)HTTP_POLLING_THREADS,
                             MHD_OPTION_ARRAY, lim,
                             MHD_OPTION_END);
     if (ai) freeaddrinfo(ai);
