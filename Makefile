@@ -123,6 +123,7 @@ e2e: $(BUILD)/test-e2e all
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
+	$(Q)$(MAKE) --no-print-directory nocuda
 	$(Q)$(BUILD)/test-unit
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
@@ -208,6 +209,15 @@ endif
 $(BUILD)/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(BUILD)/libtide.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+# Without the CUDA toolkit (issue 27): backend_cuda_none.c must stub every CUDA entry point, so
+# the daemon and the GPU test binary link anywhere. `make test` (so .ci/run) builds this once with
+# the toolkit hidden, as a machine that has it would otherwise never see a missing stub.
+NOCUDA_BUILD ?= $(BUILD)/nocuda
+.PHONY: nocuda
+nocuda:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(NOCUDA_BUILD) CUDA_HOME=/nonexistent $(NOCUDA_BUILD)/tide $(NOCUDA_BUILD)/test-gpu
+	$(Q)$(NOCUDA_BUILD)/test-gpu >/dev/null && echo "nocuda: daemon and GPU tests link without the CUDA toolkit"
 
 clean:
 	rm -rf $(BUILD)

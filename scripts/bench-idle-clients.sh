@@ -7,7 +7,8 @@ BIN=${1:-build/tide}
 N=${2:-200}
 PORT=$((20000 + RANDOM % 20000))
 CFG=$(mktemp /tmp/tide-bench-idle.XXXXXX.json)
-echo "{\"model\":\"models/tide-moe.gguf\",\"context\":4096,\"queue_max\":$((N + 8))}" > "$CFG"
+# all N clients come from 127.0.0.1: lift the per-address connection limit (default 128)
+echo "{\"model\":\"models/tide-moe.gguf\",\"context\":4096,\"queue_max\":$((N + 8)),\"http\":{\"max_connections_per_ip\":0}}" > "$CFG"
 "$BIN" --config "$CFG" --port "$PORT" > /dev/null 2>&1 &
 D=$!
 trap 'kill $D 2>/dev/null; wait $D 2>/dev/null; rm -f "$CFG"' EXIT

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # soak.sh - mixed load against one daemon for a bounded time (issue 7), then a verdict.
 #
-#   scripts/soak.sh [SECONDS] [CLIENTS]      (or env SECONDS / CLIENTS; default 90 s, 4 clients)
+#   scripts/soak.sh [SECONDS] [CLIENTS] [PORT]   (or env SECONDS / CLIENTS / PORT; default 90 s,
+#                                                4 clients, a random port 20000-39999)
 #
 # Starts $TIDE_BIN (default build/tide) on its own config: one CPU device with a 12 MiB budget
 # (so the vision hand-back and POST /v1/vram really shrink the expert cache), the default model
 # and mmproj, vision idle_s 2 and vram_mib 4. CLIENTS loops then send a random mix: chat and
 # legacy completions, streamed chat, image requests (fresh random PNGs made here, sometimes
 # one sent before: the embedding cache), streams the client drops part way, POST /v1/vram
-# reserve then restore, and GET /v1/vram, /metrics, /health. The run is cut in cycles: BUSY_S
+# reserve then restore, and GET /v1/vram, /metrics, /health. One more client, alongside them,
+# reserves VRAM and restores it every second (POST /v1/vram [k] then null, half a second
+# each), so the caches shrink and regrow under the others all the time. The run is cut in cycles: BUSY_S
 # (default 15) seconds of load, then an idle gap: every client parks, and the gap lasts until
 # the encoder has unloaded and the caches have regrown (at most idle_s + 8 s).
 #
@@ -23,6 +26,7 @@ DURATION=${1:-${SECONDS:-0}}   # bash counts SECONDS up from its environment val
 set -u
 [ "$DURATION" -gt 0 ] 2>/dev/null || DURATION=90
 CLIENTS=${2:-${CLIENTS:-4}}
+PORT=${3:-${PORT:-}}
 BUSY_S=${BUSY_S:-15}
 RSS_LIMIT_MIB=${RSS_LIMIT_MIB:-8}
 IDLE_S=2
@@ -33,7 +37,9 @@ for t in curl jq xxd od; do command -v $t >/dev/null || { echo "soak: needs $t";
 [ -x "$BIN" ] || { echo "soak: no daemon at $BIN (make first)"; exit 2; }
 
 W=$(mktemp -d /tmp/tide-soak.XXXXXX)
-PORT=$((20000 + RANDOM % 20000))
+[ -n "$PORT" ] || PORT=$((20000 + RANDOM % 20000))
+[ "$PORT" -gt 0 ] 2>/dev/null && [ "$PORT" -lt 65536 ] || { echo "soak: bad port '$PORT'"; exit 2; }
+[ "$CLIENTS" -gt 0 ] 2>/dev/null || { echo "soak: bad client count '$CLIENTS'"; exit 2; }
 URL="http://127.0.0.1:$PORT"
 cat > "$W/cfg.json" <<EOF
 {"model":"$MODEL","mmproj":"$MMPROJ","context":1024,"port":$PORT,"queue_max":64,
@@ -180,11 +186,35 @@ client() {
         if ((p % 2)); then one_request "$i"; else echo "$p" > "$W/parked.$i.t" && mv "$W/parked.$i.t" "$W/parked.$i"; sleep 0.1; fi
     done
 }
+# The reserver: while the others run, reserve k MiB and restore every second; it parks with them.
+reserver() {
+    local o="$W/out.vram" bf="$W/body.vram" p code v
+    while :; do
+        read -r p < "$W/phase" || p=0
+        [ "$p" = stop ] && return
+        if ((p % 2 == 0)); then echo "$p" > "$W/parked.vram.t" && mv "$W/parked.vram.t" "$W/parked.vram"; sleep 0.1; continue; fi
+        v=ok
+        printf '{"reserve_mib":[%d]}' $((1 + RANDOM % 8)) > "$bf"
+        code=$(post "$o" "$bf" /v1/vram)
+        [ "$code" != 200 ] || check_json "$o" '(.status == "ok" or .status == "partial") and (.devices | length) == 1' || v=bad_json
+        sleep 0.5
+        echo '{"reserve_mib":null}' > "$bf"
+        local code2
+        code2=$(post "$o" "$bf" /v1/vram)
+        [ "$code2" != 200 ] || check_json "$o" '.status == "ok" and .devices[0].reserve_mib == 0' || v=bad_json
+        [ "$code" = 200 ] || [ "$code" = 503 ] || v=bad_code
+        [ "$code2" = 200 ] || [ "$code2" = 503 ] || { v=bad_code; code=$code2; }
+        if [ $v != ok ]; then cp "$o" "$W/bad.vram.$RANDOM" 2>/dev/null; fi
+        echo "reserver $code $v" >> "$W/log.vram"
+        sleep 0.5
+    done
+}
 set_phase() { echo "$1" > "$W/phase.t" && mv "$W/phase.t" "$W/phase"; }
 
 # ---- the run ---------------------------------------------------------------------------------
 set_phase 0
 for ((i = 0; i < CLIENTS; i++)); do client $i & CPIDS+=($!); done
+reserver & CPIDS+=($!)
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$D/status" 2>/dev/null || echo 0; }
 RSS0=$(rss_kib)
 FAIL=()
@@ -197,7 +227,7 @@ while (( $(date +%s) - T0 + IDLE_S + 4 < DURATION )); do
     ph=$((2 * cycle + 2))
     set_phase $ph
     t_idle=$(date +%s.%N)
-    for ((i = 0; i < CLIENTS; i++)); do
+    for i in $(seq 0 $((CLIENTS - 1))) vram; do
         for _ in $(seq 1500); do [ "$(cat "$W/parked.$i" 2>/dev/null)" = $ph ] && break; sleep 0.1; done
         [ "$(cat "$W/parked.$i" 2>/dev/null)" = $ph ] || FAIL+=("cycle $cycle: client $i did not finish its request in 150 s")
     done
@@ -236,7 +266,7 @@ fi
 # ---- report ----------------------------------------------------------------------------------
 cat "$W"/log.* 2>/dev/null > "$W/all"
 total=$(wc -l < "$W/all")
-echo "soak: ${ELAPSED} s, $CLIENTS clients, busy cycles of ${BUSY_S} s, vision idle_s $IDLE_S, expert slots full $FULL"
+echo "soak: ${ELAPSED} s, $CLIENTS clients and the reserver, port $PORT, busy cycles of ${BUSY_S} s, vision idle_s $IDLE_S, expert slots full $FULL"
 echo "requests: $total"
 awk '{k[$1]++; c[$1" "$2]++} END {for (x in k) {printf "  %-10s %6d  codes:", x, k[x]; for (y in c) {split(y, a, " "); if (a[1] == x) printf " %s x%d", a[2], c[y]}; printf "\n"}}' "$W/all" | sort
 n503=$(awk '$2 == 503' "$W/all" | wc -l)

@@ -39,6 +39,16 @@ void config_defaults(struct config *c)
                                         .device = 0, .max_image_tokens = 1024,
                                         .max_images = 8,
                                         .embed_cache_entries = 64, .embed_cache_mib = 64 };
+    c->http = (struct http_config){ .max_connections = 1000, .max_connections_per_ip = 128,
+                                    .idle_timeout_s = 60 };
+}
+
+static void free_hosts(struct http_config *h)
+{
+    for (int i = 0; i < h->n_allowed_hosts; i++) free(h->allowed_hosts[i]);
+    free(h->allowed_hosts);
+    h->allowed_hosts = NULL;
+    h->n_allowed_hosts = 0;
 }
 
 void config_free(struct config *c)
@@ -48,6 +58,7 @@ void config_free(struct config *c)
     free(c->mmproj);
     free(c->api_key);
     free(c->name);
+    free_hosts(&c->http);
     memset(c, 0, sizeof *c);
 }
 
@@ -193,6 +204,54 @@ static int parse_vision(struct config *c, const cJSON *v, char *err, size_t errl
     return 0;
 }
 
+/* "http": {"max_connections", "max_connections_per_ip", "idle_timeout_s", "allowed_hosts"} */
+static int parse_http(struct config *c, const cJSON *v, char *err, size_t errlen)
+{
+    if (!cJSON_IsObject(v)) return bad(err, errlen, "http", "an object", v);
+    struct http_config *h = &c->http;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, v) {
+        char fp[96];
+        snprintf(fp, sizeof fp, "http.%s", f->string);
+        long n;
+        if (strcmp(f->string, "max_connections") == 0) {
+            if (get_int(f, fp, 1, 1 << 20, "a positive integer", &n, err, errlen)) return TIDE_EINVAL;
+            h->max_connections = n;
+        } else if (strcmp(f->string, "max_connections_per_ip") == 0) {
+            if (get_int(f, fp, 0, 1 << 20, "a non-negative integer (0 = no limit)", &n, err, errlen))
+                return TIDE_EINVAL;
+            h->max_connections_per_ip = n;
+        } else if (strcmp(f->string, "idle_timeout_s") == 0) {
+            if (get_int(f, fp, 0, 1 << 24, "a non-negative integer (seconds, 0 = never)", &n, err, errlen))
+                return TIDE_EINVAL;
+            h->idle_timeout_s = n;
+        } else if (strcmp(f->string, "allowed_hosts") == 0) {
+            free_hosts(h);
+            if (cJSON_IsNull(f)) continue;
+            int cnt = cJSON_GetArraySize(f);
+            if (!cJSON_IsArray(f) || cnt > 256)
+                return bad(err, errlen, fp, "null or a list of up to 256 host names", f);
+            h->allowed_hosts = calloc((size_t)cnt + 1, sizeof *h->allowed_hosts);
+            if (!h->allowed_hosts) return TIDE_ENOMEM;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, f) {
+                char p[64];
+                snprintf(p, sizeof p, "http.allowed_hosts[%d]", h->n_allowed_hosts);
+                if (!cJSON_IsString(x) || !x->valuestring[0] || strlen(x->valuestring) > 253 ||
+                    strpbrk(x->valuestring, " \t/@"))
+                    return bad(err, errlen, p, "a host name without port, e.g. \"tide.lan\"", x);
+                if (!(h->allowed_hosts[h->n_allowed_hosts] = strdup(x->valuestring))) return TIDE_ENOMEM;
+                h->n_allowed_hosts++;
+            }
+        } else {
+            snprintf(err, errlen, "config: %s: unknown key (expected max_connections, "
+                     "max_connections_per_ip, idle_timeout_s, allowed_hosts)", fp);
+            return TIDE_EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int parse_root(struct config *c, const cJSON *root, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(root)) return bad(err, errlen, "(top level)", "an object", root);
@@ -265,6 +324,7 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
             }
             c->n_vram_reserve = i;
         } else if (strcmp(k, "vision") == 0) rc = parse_vision(c, f, err, errlen);
+        else if (strcmp(k, "http") == 0) rc = parse_http(c, f, err, errlen);
         else if (strcmp(k, "expert_cache") == 0) {
             if (!cJSON_IsObject(f)) return bad(err, errlen, k, "an object", f);
             const cJSON *x;

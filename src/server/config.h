@@ -30,6 +30,15 @@ struct vision_config {
     long embed_cache_mib;
 };
 
+/* The "http" object (issue 27): connection limits and the Host names served. */
+struct http_config {
+    long max_connections;        /* open connections, all clients together */
+    long max_connections_per_ip; /* from one address; 0 = no per-address limit */
+    long idle_timeout_s;         /* a connection silent this long is closed; 0 = never */
+    char **allowed_hosts;        /* Host names served besides loopback ones; NULL = null */
+    int n_allowed_hosts;
+};
+
 struct config {
     char *host;
     int port;
@@ -55,6 +64,7 @@ struct config {
     long segment_mib;   /* expert_cache.segment_mib; 0 = automatic */
     char *name;         /* instance identity (/v1/vram, /metrics); NULL: host:port */
     int drain_timeout_s; /* SIGTERM: finish running + queued work up to this long */
+    struct http_config http;
     bool help, version; /* --help / --version seen: main prints and returns */
 };
 

@@ -11,6 +11,7 @@
  * `: keep-alive` comment, and enforces the queue/run timeouts. The engine thread never
  * touches a socket. */
 #include "server/http.h"
+#include "server/http_guard.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 
@@ -32,6 +33,9 @@ struct http_server {
     void *app;
     char *api_key;
     char *instance;           /* X-Tide-Instance; NULL: none */
+    char **hosts;             /* http_options.allowed_hosts, copied */
+    int n_hosts;
+    bool check_host;          /* listening on loopback, or hosts given */
     double queue_s, run_s;    /* bounded waits; 0 = none */
     pthread_mutex_t mu;       /* guards the list; taken before any job's mu */
     struct req_state *head;   /* requests attached to a job */
@@ -46,6 +50,8 @@ struct req_state {
     char *body;
     size_t len, cap;
     bool too_big;
+    uint64_t seen;            /* body bytes received, kept or not */
+    bool close;               /* answer with Connection: close (bad framing) */
     const char *endpoint;     /* for metrics */
     struct job *job;          /* stream or wait: cancelled when the connection ends badly */
     struct MHD_Connection *conn;
@@ -95,6 +101,7 @@ static enum MHD_Result send_resp(struct MHD_Connection *c, struct req_state *st,
     MHD_add_response_header(r, "Content-Type", rs->content_type ? rs->content_type : "application/json");
     if (allow) MHD_add_response_header(r, "Allow", allow);
     if (st->srv->instance) MHD_add_response_header(r, "X-Tide-Instance", st->srv->instance);
+    if (st->close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (rs->retry_after > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", rs->retry_after);
@@ -285,6 +292,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = st;
         for (int i = 0; i < s->n_routes; i++)
             if (strcmp(s->routes[i].path, url) == 0) st->endpoint = s->routes[i].path;
+        /* Headers are in, no byte of the body read: refuse what a proxy could read otherwise. */
+        const char *bad_framing = http_guard_framing(c, version);
+        if (bad_framing) {
+            st->close = true;
+            send_error(c, st, 400, "invalid_request_error", bad_framing, NULL);
+            return MHD_YES;
+        }
+        /* DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 sends
+         * Host: evil.example. /health stays open to any Host: health checkers send what they
+         * like, and it tells nothing. */
+        if (s->check_host && strcmp(url, "/health") != 0 &&
+            !http_guard_host_allowed(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host"),
+                                     (const char *const *)s->hosts, s->n_hosts)) {
+            struct http_response rs = { 0 };
+            st->close = true;
+            http_error(&rs, 403, "invalid_request_error",
+                       "Host is not served here (a loopback name, or one in http.allowed_hosts)", NULL,
+                       "host_not_allowed");
+            send_resp(c, st, &rs, NULL);
+            return MHD_YES;
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > HTTP_MAX_BODY) {
             /* Answer before reading a byte of it. */
@@ -294,25 +322,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
+        /* Only a chunked body can pass the limit here (a Content-Length over it was answered
+         * 413 before the body). MHD takes no answer in mid-body, so the rest is read and
+         * dropped, and answered 413 at its end; but only up to twice the limit: past that
+         * the connection is closed, or a client could keep the reading going for ever. */
+        st->seen += *upload_size;
+        if (st->seen > 2 * (uint64_t)HTTP_MAX_BODY) {
+            tide_log("http: chunked request body over 64 MiB, connection closed");
+            metrics_request(st->endpoint, 413);
+            return MHD_NO;
+        }
         if (!st->too_big && st->len + *upload_size > HTTP_MAX_BODY) {
             st->too_big = true;
             free(st->body);
             st->body = NULL;
             st->len = st->cap = 0;
         }
-        if (!st->too_big) {
-            if (st->len + *upload_size + 1 > st->cap) {
-                size_t nc = st->cap ? st->cap : 65536;
-                while (nc < st->len + *upload_size + 1) nc *= 2;
-                char *nb = realloc(st->body, nc);
-                if (!nb) return MHD_NO;
-                st->body = nb;
-                st->cap = nc;
-            }
-            memcpy(st->body + st->len, upload, *upload_size);
-            st->len += *upload_size;
-            st->body[st->len] = 0;
+        if (st->too_big) {
+            *upload_size = 0;
+            return MHD_YES;
         }
+        if (st->len + *upload_size + 1 > st->cap) {
+            size_t nc = st->cap ? st->cap : 65536;
+            while (nc < st->len + *upload_size + 1) nc *= 2;
+            char *nb = realloc(st->body, nc);
+            if (!nb) return MHD_NO;
+            st->body = nb;
+            st->cap = nc;
+        }
+        memcpy(st->body + st->len, upload, *upload_size);
+        st->len += *upload_size;
+        st->body[st->len] = 0;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -340,7 +380,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         send_error(c, st, 404, "invalid_request_error", m, NULL);
         return MHD_YES;
     }
-    if (s->api_key && strncmp(url, "/v1/", 4) == 0 &&
+    if (s->api_key && (strncmp(url, "/v1/", 4) == 0 || strcmp(url, "/metrics") == 0) &&
         !key_ok(s->api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
         struct http_response rs = { 0 };
         http_error(&rs, 401, "invalid_request_error", "invalid or missing API key", NULL, "invalid_api_key");
@@ -398,54 +438,94 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
  * a second or so): with a few threads that stalls only the connections on its thread. */
 #define HTTP_POLLING_THREADS 4
 
-int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
-               int n_routes, void *app, const char *api_key, char *err, size_t errlen)
+static void free_server(struct http_server *s)
 {
+    pthread_mutex_destroy(&s->mu);
+    for (int i = 0; i < s->n_hosts; i++) free(s->hosts[i]);
+    free(s->hosts);
+    free(s->api_key);
+    free(s->instance);
+    free(s);
+}
+
+int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
+               int n_routes, void *app, const struct http_options *opt, char *err, size_t errlen)
+{
+    static const struct http_options none = { 0 };
+    if (!opt) opt = &none;
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int g = getaddrinfo(host, ps, &hints, &ai);
-    if (g || !ai) {
-        snprintf(err, errlen, "http: cannot resolve host %s: %s", host, gai_strerror(g));
-        return TIDE_EINVAL;
+    if (!opt->no_listen) {
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        int g = getaddrinfo(host, ps, &hints, &ai);
+        if (g || !ai) {
+            snprintf(err, errlen, "http: cannot resolve host %s: %s", host, gai_strerror(g));
+            return TIDE_EINVAL;
+        }
     }
     struct http_server *s = calloc(1, sizeof *s);
-    if (!s) { freeaddrinfo(ai); return TIDE_ENOMEM; }
+    if (!s) { if (ai) freeaddrinfo(ai); return TIDE_ENOMEM; }
     s->routes = routes;
     s->n_routes = n_routes;
     s->app = app;
-    s->api_key = api_key ? strdup(api_key) : NULL;
+    s->api_key = opt->api_key ? strdup(opt->api_key) : NULL;
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->stop, false);
     atomic_init(&s->quiesced, false);
+    if (opt->n_allowed_hosts > 0) {
+        s->hosts = calloc((size_t)opt->n_allowed_hosts, sizeof *s->hosts);
+        for (int i = 0; s->hosts && i < opt->n_allowed_hosts; i++)
+            if ((s->hosts[s->n_hosts] = strdup(opt->allowed_hosts[i]))) s->n_hosts++;
+        if (s->n_hosts != opt->n_allowed_hosts) { free_server(s); if (ai) freeaddrinfo(ai); return TIDE_ENOMEM; }
+    }
+    s->check_host = opt->allowed_hosts || (ai && http_guard_addr_is_loopback(ai->ai_addr));
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL);
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (ai && ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* The fuzzer's mode: a thread per added connection, polling level-triggered, which sees
+     * the client's EOF after a partial request at once (edge-triggered epoll waits for the
+     * idle timeout), and never misses a socket added from another thread. */
+    if (opt->no_listen)
+        flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET;
+    /* Connection limits (issue 27): without them 1,100 idle sockets from one client took all
+     * of MHD's 1,020 and held them for its 600 s timeout. An option left 0 is not passed.
+     * A suspended connection (queued, or waiting on the engine) has no idle clock, and MHD
+     * restarts the clock when it resumes, so the idle timeout never cuts a live request. */
+    struct MHD_OptionItem lim[4];
+    int nl = 0;
+    if (opt->max_connections)
+        lim[nl++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, opt->max_connections, NULL };
+    if (opt->max_connections_per_ip)
+        lim[nl++] = (struct MHD_OptionItem){ MHD_OPTION_PER_IP_CONNECTION_LIMIT, opt->max_connections_per_ip, NULL };
+    lim[nl++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, opt->idle_timeout_s, NULL };
+    lim[nl] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_SOCK_ADDR, ai ? ai->ai_addr : NULL,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_POLLING_THREADS,
+                            MHD_OPTION_THREAD_POOL_SIZE, opt->no_listen ? 0u : (unsigned)HTTP_POLLING_THREADS,
+                            MHD_OPTION_ARRAY, lim,
                             MHD_OPTION_END);
-    freeaddrinfo(ai);
+    if (ai) freeaddrinfo(ai);
     if (!s->d) {
         snprintf(err, errlen, "http: cannot listen on %s:%d (in use or not permitted)", host, port);
-        pthread_mutex_destroy(&s->mu);
-        free(s->api_key);
-        free(s);
+        free_server(s);
         return TIDE_EIO;
     }
     s->watching = pthread_create(&s->watch, NULL, watch_main, s) == 0;
     if (!s->watching) {
         snprintf(err, errlen, "http: cannot start the watch thread");
         MHD_stop_daemon(s->d);
-        pthread_mutex_destroy(&s->mu);
-        free(s->api_key);
-        free(s);
+        free_server(s);
         return TIDE_ENOMEM;
     }
     *out = s;
     return 0;
+}
+
+int http_add_connection(struct http_server *s, int fd, const struct sockaddr *addr, unsigned addrlen)
+{
+    return MHD_add_connection(s->d, fd, addr, (socklen_t)addrlen) == MHD_YES ? 0 : TIDE_EIO;
 }
 
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s)
@@ -492,8 +572,5 @@ void http_stop(struct http_server *s)
         usleep(10000);
     }
     if (s->d) MHD_stop_daemon(s->d);
-    pthread_mutex_destroy(&s->mu);
-    free(s->api_key);
-    free(s->instance);
-    free(s);
+    free_server(s);
 }

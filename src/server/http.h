@@ -11,6 +11,7 @@
 #define HTTP_MAX_BODY (32u * 1024 * 1024)
 
 struct MHD_Connection;
+struct sockaddr;
 
 struct http_request {
     const char *method, *path;
@@ -38,9 +39,24 @@ struct http_route {
     http_handler_fn fn;
 };
 
+/* What http_start takes besides the address and routes (zeroes: no key, MHD's defaults). */
+struct http_options {
+    const char *api_key;            /* NULL: no key; else the /v1/ paths and /metrics need it */
+    unsigned max_connections;       /* 0: libmicrohttpd's default */
+    unsigned max_connections_per_ip; /* 0: no per-address limit */
+    unsigned idle_timeout_s;        /* 0: never */
+    /* Host names served besides loopback ones. NULL: the Host is checked only when the
+     * daemon listens on loopback (DNS rebinding); set: always. /health is never checked. */
+    const char *const *allowed_hosts;
+    int n_allowed_hosts;
+    bool no_listen;                 /* no socket: connections come from http_add_connection */
+};
+
 struct http_server;
 int http_start(struct http_server **out, const char *host, int port, const struct http_route *routes,
-               int n_routes, void *app, const char *api_key, char *err, size_t errlen);
+               int n_routes, void *app, const struct http_options *opt, char *err, size_t errlen);
+/* Serve one connected socket (with no_listen: the fuzzer's socketpairs); MHD owns fd after. */
+int http_add_connection(struct http_server *s, int fd, const struct sockaddr *addr, unsigned addrlen);
 /* Bounded waits: a job still queued after queue_s, or not done run_s after it was queued,
  * is cancelled and answered 503 (a stream ends with an error event). 0 = no bound. */
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s);

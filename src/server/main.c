@@ -256,8 +256,13 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct http_server *http = NULL;
+    const struct http_config *hc = &a->cfg.http;
+    struct http_options ho = {
+        .api_key = a->cfg.api_key, .max_connections = (unsigned)hc->max_connections,
+        .max_connections_per_ip = (unsigned)hc->max_connections_per_ip, .idle_timeout_s = (unsigned)hc->idle_timeout_s,
+        .allowed_hosts = (const char *const *)hc->allowed_hosts, .n_allowed_hosts = hc->n_allowed_hosts};
     rc = http_start(&http, a->cfg.host, a->cfg.port, routes, (int)(sizeof routes / sizeof routes[0]), a,
-                    a->cfg.api_key, err, sizeof err);
+                    &ho, err, sizeof err);
     if (rc) { tide_log("%s", err); config_free(&a->cfg); return 1; }
     http_set_timeouts(http, a->cfg.queue_timeout_s, a->cfg.request_timeout_s);
     char instance[300];

@@ -6,7 +6,8 @@
 # `promtool check metrics` is silent on the live /metrics, then starts Debian's prometheus on
 # another free loopback port (1 s scrape interval, temporary storage), waits for a scrape and
 # checks through its query API that tide_expert_slots == /v1/vram totals.expert_slots ==
-# sum(tide_device_expert_slots). Prints SKIP and exits 0 only when /v1/vram answers 404 (the
+# sum(tide_device_expert_slots). The daemon has an api_key: /metrics without it must answer 401,
+# and Prometheus scrapes with the bearer token of docs/METRICS.md's `authorization` block. Prints SKIP and exits 0 only when /v1/vram answers 404 (the
 # endpoint not built yet); anything else that goes wrong is a FAIL. Both servers are killed on
 # exit. Usage: tests/e2e/test_prometheus.sh   (env: TIDE_BIN, PROMETHEUS_BIN, PROMTOOL_BIN)
 set -euo pipefail
@@ -59,10 +60,12 @@ for k in ("model", "mmproj"):
     if c.get(k) and not os.path.isabs(c[k]):
         c[k] = os.path.abspath(c[k])
 c.update({"devices": [{"backend": "cpu", "vram_mib": 256}, {"backend": "cpu", "vram_mib": 256}],
-          "layer_split": [0.5, 0.5]})
+          "layer_split": [0.5, 0.5], "api_key": "prom-test-key"})
 json.dump(c, open(sys.argv[1], "w"), indent=1)
 PY
 
+KEY=prom-test-key
+AUTH="Authorization: Bearer $KEY"
 TPORT=$(free_port)
 "$TIDE_BIN" --config "$TMP/tide.json" --host 127.0.0.1 --port "$TPORT" >"$TMP/tide.log" 2>&1 &
 TIDE_PID=$!
@@ -75,7 +78,7 @@ for _ in $(seq 1 100); do
 done
 [ "$code" = 200 ] || fail "tide not healthy after 10 s (last /health: $code)"
 
-code=$(curl -s -o "$TMP/vram.json" -w '%{http_code}' "$T/v1/vram")
+code=$(curl -s -o "$TMP/vram.json" -w '%{http_code}' -H "$AUTH" "$T/v1/vram")
 if [ "$code" = 404 ]; then
   echo "SKIP test_prometheus: GET /v1/vram answers 404 (not built yet)"
   exit 0
@@ -83,13 +86,16 @@ fi
 [ "$code" = 200 ] || fail "GET /v1/vram answered $code"
 
 # One short generation, so token counters and latency histograms hold something real.
-code=$(curl -s -o "$TMP/chat.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+code=$(curl -s -o "$TMP/chat.json" -w '%{http_code}' -H "$AUTH" -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0}' \
   "$T/v1/chat/completions")
 [ "$code" = 200 ] || fail "chat completion answered $code: $(head -c 200 "$TMP/chat.json")"
 
 # promtool on the live text: exit 0 and not one line of output (lint warnings count).
-curl -s -o "$TMP/metrics.txt" -D "$TMP/metrics.hdr" "$T/metrics" || fail "GET /metrics failed"
+# With an api_key, /metrics is behind it (issue 27): the series tell what was sent before.
+code=$(curl -s -o /dev/null -w '%{http_code}' "$T/metrics")
+[ "$code" = 401 ] || fail "GET /metrics without the key answered $code, not 401"
+curl -s -o "$TMP/metrics.txt" -D "$TMP/metrics.hdr" -H "$AUTH" "$T/metrics" || fail "GET /metrics failed"
 grep -qi '^content-type: text/plain; version=0.0.4' "$TMP/metrics.hdr" \
   || fail "/metrics content type: $(grep -i '^content-type' "$TMP/metrics.hdr" | tr -d '\r')"
 if ! "$PROMTOOL_BIN" check metrics <"$TMP/metrics.txt" >"$TMP/promtool.txt" 2>&1 \
@@ -97,8 +103,10 @@ if ! "$PROMTOOL_BIN" check metrics <"$TMP/metrics.txt" >"$TMP/promtool.txt" 2>&1
   fail "promtool check metrics: $(head -n 5 "$TMP/promtool.txt" | tr '\n' ' ')"
 fi
 
-# A real Prometheus, scraping tide every second into a throw-away TSDB.
+# A real Prometheus, scraping tide every second into a throw-away TSDB, with the bearer token
+# from a file as docs/METRICS.md shows.
 PPORT=$(free_port)
+printf '%s' "$KEY" >"$TMP/tide.key"
 cat >"$TMP/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
@@ -106,6 +114,9 @@ global:
 scrape_configs:
   - job_name: tide
     metrics_path: /metrics
+    authorization:
+      type: Bearer
+      credentials_file: $TMP/tide.key
     static_configs:
       - targets: ["127.0.0.1:$TPORT"]
 EOF

@@ -244,3 +244,33 @@ Test(config, fleet_keys)
     cr_expect(strstr(err, "config: drain_timeout_s:") == err, "%s", err);
     config_free(&c);
 }
+
+/* The "http" object (issue 27): connection limits and allowed Host names. */
+Test(config, http_limits)
+{
+    struct config c;
+    char err[256] = "";
+    config_defaults(&c);
+    cr_expect_eq(c.http.max_connections, 1000);
+    cr_expect_eq(c.http.max_connections_per_ip, 128);
+    cr_expect_eq(c.http.idle_timeout_s, 60);
+    cr_expect_null(c.http.allowed_hosts);
+    int rc = config_parse(&c, "{\"http\":{\"max_connections\":50,\"max_connections_per_ip\":0,"
+                              "\"idle_timeout_s\":5,\"allowed_hosts\":[\"tide.lan\",\"10.0.0.2\"]}}", err, sizeof err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect_eq(c.http.max_connections, 50);
+    cr_expect_eq(c.http.max_connections_per_ip, 0);
+    cr_expect_eq(c.http.idle_timeout_s, 5);
+    cr_assert_eq(c.http.n_allowed_hosts, 2);
+    cr_expect_str_eq(c.http.allowed_hosts[0], "tide.lan");
+    cr_expect_str_eq(c.http.allowed_hosts[1], "10.0.0.2");
+    config_free(&c);
+    expect_err("{\"http\":{\"max_connections\":0}}", "config: http.max_connections: expected a positive integer, got 0");
+    expect_err("{\"http\":{\"max_connections_per_ip\":\"8\"}}", "config: http.max_connections_per_ip:");
+    expect_err("{\"http\":{\"idle_timeout_s\":-1}}", "config: http.idle_timeout_s:");
+    expect_err("{\"http\":{\"allowed_hosts\":\"tide.lan\"}}", "config: http.allowed_hosts:");
+    expect_err("{\"http\":{\"allowed_hosts\":[\"ok\",\"http://x/\"]}}", "config: http.allowed_hosts[1]:");
+    expect_err("{\"http\":{\"allowed_hosts\":[\"\"]}}", "config: http.allowed_hosts[0]:");
+    expect_err("{\"http\":{\"timeout\":1}}", "config: http.timeout: unknown key");
+    expect_err("{\"http\":[]}", "config: http: expected an object");
+}
