@@ -170,11 +170,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         st->tmo_sent = true;
         r = n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
     } else if (j->rd < j->len) {
-        size_t n = j->len - j->rd;
-        if (n > max) n = max;
-        memcpy(buf, j->buf + j->rd, n);
-        j->rd += n;
-        r = (ssize_t)n;
+        r = (ssize_t)job_take_locked(j, buf, max);
     } else if (!st->shut_sent && atomic_load(&st->srv->quiesced) &&
                (j->done ? j->status == 499 || j->status == 503 : job_cancelled(j))) {
         /* Cut short by the shutdown (a finished or failed job wrote its own end): say so. */
