@@ -3,6 +3,7 @@
 #include "server/openai.h"
 #include "server/metrics.h"
 #include "server/recent.h"
+#include "server/json_text.h"
 #include "engine/session.h"
 #include "server/runtime.h"
 #include "vision/image.h"
@@ -393,8 +394,9 @@ static cJSON *logprob_entry(struct oai_req *r, int id, float lp)
     if (n < 0) n = 0;
     buf[n] = 0;
     cJSON *e = cJSON_CreateObject();
-    /* token as text; invalid UTF-8 pieces still show their exact bytes in "bytes" */
-    cJSON_AddStringToObject(e, "token", buf);
+    /* token as text (with its length: a 0x00 byte token is "\u0000"); a piece that is not
+     * valid UTF-8 shows U+FFFD there and its exact bytes in "bytes" */
+    json_add_string_n(e, "token", buf, (size_t)n);
     cJSON_AddNumberToObject(e, "logprob", lp);
     cJSON *b = cJSON_AddArrayToObject(e, "bytes");
     for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
@@ -410,6 +412,44 @@ static cJSON *logprob_json(struct oai_req *r, const struct token_logprob *lp)
     return e;
 }
 
+/* The legacy top_logprobs object, token -> logprob, built as raw JSON: its keys are token
+ * literals that may hold \u0000, which a cJSON key cannot. Two ids can print the same:
+ * the first wins. */
+static cJSON *top_object(const cJSON *entries)
+{
+    size_t cap = 64, len = 1;
+    char *o = malloc(cap);
+    if (!o) return cJSON_CreateObject();
+    o[0] = '{';
+    const cJSON *t;
+    cJSON_ArrayForEach(t, entries) {
+        const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
+        size_t kl = strlen(k);
+        bool dup = false;
+        for (const cJSON *u = entries->child; u != t && !dup; u = u->next)
+            dup = strcmp(cJSON_GetObjectItem(u, "token")->valuestring, k) == 0;
+        if (dup) continue;
+        cJSON *num = cJSON_CreateNumber(cJSON_GetObjectItem(t, "logprob")->valuedouble);
+        char *v = cJSON_PrintUnformatted(num);
+        cJSON_Delete(num);
+        if (!v) continue;
+        size_t need = len + kl + strlen(v) + 4;
+        if (need > cap) {
+            while (cap < need) cap *= 2;
+            char *no = realloc(o, cap);
+            if (!no) { free(v); break; }
+            o = no;
+        }
+        len += (size_t)sprintf(o + len, "%s%s:%s", len > 1 ? "," : "", k, v);
+        free(v);
+    }
+    o[len++] = '}';
+    o[len] = 0;
+    cJSON *r = cJSON_CreateRaw(o);
+    free(o);
+    return r;
+}
+
 /* The legacy /v1/completions shape of a run of chat-style entries: parallel arrays tokens,
  * token_logprobs, top_logprobs (token -> logprob objects) and text_offset (bytes into the
  * completion; *offset carries on across stream chunks). */
@@ -420,17 +460,11 @@ static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
     const cJSON *e;
     cJSON_ArrayForEach(e, entries) {
+        /* "token" items are raw JSON literals (json_text.h): copied as such */
         const char *tok = cJSON_GetObjectItem(e, "token")->valuestring;
-        cJSON_AddItemToArray(tokens, cJSON_CreateString(tok));
+        cJSON_AddItemToArray(tokens, cJSON_CreateRaw(tok));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
-        cJSON *top = cJSON_CreateObject();
-        const cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItem(e, "top_logprobs")) {
-            const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
-            if (!cJSON_HasObjectItem(top, k)) /* two ids can print the same */
-                cJSON_AddNumberToObject(top, k, cJSON_GetObjectItem(t, "logprob")->valuedouble);
-        }
-        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(tops, top_object(cJSON_GetObjectItem(e, "top_logprobs")));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
         *offset += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes"));
     }
@@ -457,7 +491,6 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(chs, ch);
         cJSON_AddNumberToObject(ch, "index", choice);
-        char *t = strndup(text, len);
         if (r->chat) {
             if (!c->role_sent) {
                 /* OpenAI sends the role alone in the first delta. */
@@ -470,7 +503,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 send_sse(r, o0);
                 c->role_sent = true;
             }
-            cJSON_AddStringToObject(cJSON_AddObjectToObject(ch, "delta"), "content", t ? t : "");
+            json_add_string_n(cJSON_AddObjectToObject(ch, "delta"), "content", text, len);
             if (lp) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), logprob_json(r, lp));
@@ -478,7 +511,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         } else {
-            cJSON_AddStringToObject(ch, "text", t ? t : "");
+            json_add_string_n(ch, "text", text, len);
             if (lp) {
                 cJSON *one = cJSON_CreateArray();
                 cJSON_AddItemToArray(one, logprob_json(r, lp));
@@ -488,7 +521,6 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         }
-        free(t);
         cJSON_AddNullToObject(ch, "finish_reason");
         send_sse(r, o);
     } else {
@@ -639,11 +671,13 @@ void openai_run(struct job *j, void *engine_ctx)
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(chs, ch);
         cJSON_AddNumberToObject(ch, "index", i);
+        /* with its length: generated text may hold NUL bytes (issue 27 item 8) */
         const char *text = r->ch[i].text ? r->ch[i].text : "";
+        size_t text_len = r->ch[i].len;
         if (r->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            json_add_string_n(m, "content", text, text_len);
             if (r->ch[i].logprobs) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToObject(l, "content", r->ch[i].logprobs);
@@ -654,7 +688,7 @@ void openai_run(struct job *j, void *engine_ctx)
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         } else {
-            cJSON_AddStringToObject(ch, "text", text);
+            json_add_string_n(ch, "text", text, text_len);
             if (r->gj.sp.logprobs) {
                 cJSON *none = cJSON_CreateArray();
                 size_t off = 0;
