@@ -4,6 +4,7 @@
 #include "server/metrics.h"
 #include "server/recent.h"
 #include "server/json_text.h"
+#include "memory/host_budget.h"
 #include "engine/session.h"
 #include "server/runtime.h"
 #include "vision/image.h"
@@ -36,11 +37,13 @@ struct oai_req {
     long created;
     char model[256];
     struct choice_out ch[16];
+    size_t charged;       /* bytes charged to request_budget: released by openai_req_free */
     struct job *job;      /* back pointer while running */
     double t_tok;         /* when choice 0 got its last token (0: none yet), for TTFT and ITL */
     struct engine *eng;
     struct runtime *rt;
-    /* images, decoded on the HTTP thread; embedded on the engine thread */
+    /* images: decoded on the HTTP thread to check them, then only the compressed bytes are
+     * kept while queued (img[] stays empty: vision_embed decodes again on a cache miss) */
     int n_images;
     uint8_t *img_bytes[64];
     size_t img_len[64];
@@ -50,8 +53,18 @@ struct oai_req {
 };
 
 static struct openai_image_limits img_limits = {8, (size_t)20 << 20, 50000000};
+static long json_max_elements = OPENAI_JSON_MAX_ELEMENTS;
 
 void openai_set_image_limits(const struct openai_image_limits *l) { img_limits = *l; }
+void openai_set_json_max_elements(long n) { json_max_elements = n; }
+
+/* Charge n bytes of this request to the daemon's request budget. */
+static bool charge(struct oai_req *r, size_t n)
+{
+    if (!host_budget_charge(&request_budget, n)) return false;
+    r->charged += n;
+    return true;
+}
 
 bool openai_req_stream(const struct oai_req *r) { return r->stream; }
 
@@ -72,6 +85,7 @@ void openai_req_free(void *p)
     struct oai_req *r = p;
     if (!r) return;
     cJSON_Delete(r->root);
+    host_budget_release(&request_budget, r->charged);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
@@ -168,12 +182,31 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
                         FAIL("messages", "too many images: at most %d per request", img_limits.max_images);
                     int k = r->n_images;
                     char e2[200] = "";
-                    int irc = image_parse_url(url->valuestring, strlen(url->valuestring), img_limits.max_bytes,
-                                              &r->img_bytes[k], &r->img_len[k], e2, sizeof e2);
+                    size_t ul = strlen(url->valuestring);
+                    int irc = charge(r, ul / 4 * 3 + 3) ? 0 : TIDE_EFULL;   /* the bytes kept while queued */
+                    if (irc == 0)
+                        irc = image_parse_url(url->valuestring, ul, img_limits.max_bytes, &r->img_bytes[k],
+                                              &r->img_len[k], e2, sizeof e2);
                     if (irc == 0) {
-                        struct image_limits lim = {img_limits.max_bytes, img_limits.max_pixels};
+                        /* Decoded here only to refuse a bad image with a 400 before queueing;
+                         * the pixels are not kept (issue 27: three queued requests held
+                         * 3.44 GiB of them). The decode is charged to the request budget. */
+                        struct image_limits lim = {img_limits.max_bytes, img_limits.max_pixels, &request_budget};
                         irc = image_decode(r->img_bytes[k], r->img_len[k], &lim, &r->img[k], e2, sizeof e2);
                         if (irc) { free(r->img_bytes[k]); r->img_bytes[k] = NULL; }
+                        else {
+                            host_budget_release(&request_budget, (size_t)r->img[k].w * r->img[k].h * 3);
+                            image_u8_free(&r->img[k]);
+                            /* the base64 text is not needed again either */
+                            free(((cJSON *)url)->valuestring);
+                            ((cJSON *)url)->valuestring = NULL;
+                        }
+                    }
+                    if (irc == TIDE_EFULL) {
+                        snprintf(msg, msglen, "messages[%d]: image %d: %s", i, k,
+                                 e2[0] ? e2 : "no request memory left for it now (request_memory_mib), retry later");
+                        *param = "messages";
+                        return TIDE_EFULL;
                     }
                     if (irc) FAIL("messages", "messages[%d]: image %d: %s", i, k, e2[0] ? e2 : tide_strerror(irc));
                     r->n_images++;
@@ -209,12 +242,27 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
 /* cJSON accepts what RFC 8259 forbids and then answers wrong: invalid UTF-8 passes
  * through to the tokenizer, and a raw control byte or a \u0000 escape inside a string
  * silently cuts the C string short. One pass over the raw body before parsing rejects all
- * three. Outside strings valid JSON has no backslash, so tracking escapes is exact. */
-static const char *body_check(const unsigned char *s, size_t len)
+ * three. Outside strings valid JSON has no backslash, so tracking escapes is exact.
+ * The same pass bounds the parse tree before cJSON builds it (a 32 MiB body of numbers
+ * cost 1.3 GiB of cJSON items, issue 27): *elements counts the values cJSON would allocate
+ * (commas and brackets outside strings, an upper bound), and nesting past
+ * OPENAI_JSON_MAX_DEPTH is refused. cJSON reads strings exactly as this pass does, so the
+ * counts hold up to wherever cJSON would stop on bad JSON. */
+static const char *body_check(const unsigned char *s, size_t len, long *elements)
 {
+    bool in_str = false;
+    long n = 1, depth = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = s[i];
         if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "request body contains a raw control character";
+        if (c == '"') { in_str = !in_str; continue; }
+        if (!in_str) {
+            if (c == ',') n++;
+            else if (c == '[' || c == '{') {
+                n += 2;
+                if (++depth > OPENAI_JSON_MAX_DEPTH) return "request body is nested too deeply (JSON depth over 128)";
+            } else if (c == ']' || c == '}') depth--;
+        }
         if (c == '\\' && i + 1 < len) {
             if (len - i >= 6 && memcmp(s + i + 1, "u0000", 5) == 0)
                 return "strings must not contain NUL characters (\\u0000)";
@@ -223,16 +271,17 @@ static const char *body_check(const unsigned char *s, size_t len)
         }
         if (c < 0x80) continue;
         /* UTF-8: shortest form only, no surrogates, nothing above U+10FFFF. */
-        int n = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
-        if (n < 0 || len - i <= (size_t)n) return "request body is not valid UTF-8";
+        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (k < 0 || len - i <= (size_t)k) return "request body is not valid UTF-8";
         unsigned char c1 = s[i + 1];
         if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
             (c == 0xF4 && c1 > 0x8F))
             return "request body is not valid UTF-8";
-        for (int k = 1; k <= n; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return "request body is not valid UTF-8";
-        i += (size_t)n;
+        for (int m = 1; m <= k; m++)
+            if ((s[i + m] & 0xC0) != 0x80) return "request body is not valid UTF-8";
+        i += (size_t)k;
     }
+    *elements = n;
     return NULL;
 }
 
@@ -240,11 +289,22 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param)
 {
     *param = NULL;
-    const char *bad = body_check((const unsigned char *)body, len);
+    long elements = 0;
+    const char *bad = body_check((const unsigned char *)body, len, &elements);
     if (bad) { snprintf(msg, msglen, "%s", bad); return TIDE_EINVAL; }
+    if (json_max_elements > 0 && elements > json_max_elements) {
+        snprintf(msg, msglen, "request body has more than %ld JSON values (json_max_elements)", json_max_elements);
+        return TIDE_ERANGE;
+    }
     struct oai_req *r = calloc(1, sizeof *r);
     if (!r) { snprintf(msg, msglen, "out of memory"); return TIDE_ENOMEM; }
     r->chat = chat;
+    /* the tree cJSON is about to build: its items and (at most) the body's text */
+    if (!charge(r, (size_t)elements * sizeof(cJSON) + len)) {
+        free(r);
+        snprintf(msg, msglen, "server is out of request memory (request_memory_mib), retry later");
+        return TIDE_EFULL;
+    }
     const char *end = NULL;
     r->root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     int rc = TIDE_EINVAL;
@@ -266,7 +326,7 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
     snprintf(r->model, sizeof r->model, "%s", model_id);
     if (chat) {
         if ((rc = parse_messages(r, cJSON_GetObjectItemCaseSensitive(root, "messages"), msg, msglen, param)))
-            goto fail;
+            goto fail;   /* TIDE_EFULL passes through: 503 */
         g->messages = r->msgs;
         g->n_messages = r->n_msgs;
     } else {
