@@ -59,3 +59,54 @@ Test(content, nul_in_text_streamed_and_not_agree, .init = start_default, .fini =
     free(ta); free(tb); free(tc);
     e2e_reply_free(&a); e2e_reply_free(&b); e2e_reply_free(&c);
 }
+
+static void expect_health(void)
+{
+    struct e2e_reply h = e2e_request("GET", "/health", NULL, 0, NULL);
+    cr_expect_eq(h.status, 200, "the daemon still answers /health");
+    e2e_reply_free(&h);
+}
+
+/* Issue 27 item 3: a 32 MiB body of JSON numbers cost 1.3 GiB of parse tree. Past
+ * json_max_elements the body is refused with 413 before it is parsed. */
+Test(content, too_many_json_values_413, .init = start_default, .fini = e2e_stop, .timeout = 120)
+{
+    size_t n = 300000, len = 0;
+    char *body = malloc(n * 2 + 64);
+    len += (size_t)sprintf(body, "{\"prompt\":\"hi\",\"max_tokens\":1,\"x\":[");
+    for (size_t i = 0; i < n; i++) { body[len++] = '0'; body[len++] = ','; }
+    body[len - 1] = ']';
+    body[len++] = '}';
+    struct e2e_reply r = e2e_request("POST", "/v1/completions", body, len, NULL);
+    cr_assert_eq(r.status, 413, "%s", r.body);
+    cr_expect(strstr(r.body, "json_max_elements"), "%s", r.body);
+    cr_expect(strstr(r.body, "\"type\":\"invalid_request_error\""), "%s", r.body);
+    e2e_reply_free(&r);
+    expect_health();
+    free(body);
+}
+
+static void start_small_budget(void) { e2e_start("\"request_memory_mib\":1"); }
+
+/* Past request_memory_mib a request is answered 503 with Retry-After instead of being
+ * allocated; the memory of answered requests comes back, so the next small one is served. */
+Test(content, request_memory_budget_503, .init = start_small_budget, .fini = e2e_stop, .timeout = 120)
+{
+    size_t n = (size_t)3 << 20;
+    char *body = malloc(n + 64);
+    int k = sprintf(body, "{\"prompt\":\"");
+    memset(body + k, 'a', n);
+    k += (int)n;
+    k += sprintf(body + k, "\",\"max_tokens\":1}");
+    struct e2e_reply r = e2e_request("POST", "/v1/completions", body, (size_t)k, NULL);
+    cr_assert_eq(r.status, 503, "%s", r.body);
+    cr_expect_str_eq(r.retry_after, "1");
+    cr_expect(strstr(r.body, "request_memory_mib"), "%s", r.body);
+    e2e_reply_free(&r);
+    for (int i = 0; i < 3; i++) {
+        r = e2e_post("/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}");
+        cr_assert_eq(r.status, 200, "request %d after the refusal: %s", i, r.body);
+        e2e_reply_free(&r);
+    }
+    free(body);
+}
