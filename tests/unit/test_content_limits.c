@@ -264,3 +264,25 @@ Test(json_bound, request_budget_refuses_then_releases)
     cr_assert_eq(atomic_load(&request_budget.used), 0, "and released when freed");
     atomic_store(&request_budget.limit, 0);
 }
+
+/* ---- content keys ---- */
+
+#include "vision/content_hash.h"
+
+static void hex(const uint8_t *d, char *out)
+{
+    for (int i = 0; i < CONTENT_HASH_SIZE; i++) sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+/* SHA-256 (FIPS 180-2 test vectors), so the key is what it says. */
+Test(content_hash, is_sha256)
+{
+    uint8_t d[CONTENT_HASH_SIZE];
+    char h[2 * CONTENT_HASH_SIZE + 1];
+    content_hash("abc", 3, d);
+    hex(d, h);
+    cr_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    content_hash("", 0, d);
+    hex(d, h);
+    cr_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
