@@ -239,59 +239,19 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
     return 0;
 }
 
-/* cJSON accepts what RFC 8259 forbids and then answers wrong: invalid UTF-8 passes
- * through to the tokenizer, and a raw control byte or a \u0000 escape inside a string
- * silently cuts the C string short. One pass over the raw body before parsing rejects all
- * three. Outside strings valid JSON has no backslash, so tracking escapes is exact.
- * The same pass bounds the parse tree before cJSON builds it (a 32 MiB body of numbers
- * cost 1.3 GiB of cJSON items, issue 27): *elements counts the values cJSON would allocate
- * (commas and brackets outside strings, an upper bound), and nesting past
- * OPENAI_JSON_MAX_DEPTH is refused. cJSON reads strings exactly as this pass does, so the
- * counts hold up to wherever cJSON would stop on bad JSON. */
-static const char *body_check(const unsigned char *s, size_t len, long *elements)
-{
-    bool in_str = false;
-    long n = 1, depth = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = s[i];
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "request body contains a raw control character";
-        if (c == '"') { in_str = !in_str; continue; }
-        if (!in_str) {
-            if (c == ',') n++;
-            else if (c == '[' || c == '{') {
-                n += 2;
-                if (++depth > OPENAI_JSON_MAX_DEPTH) return "request body is nested too deeply (JSON depth over 128)";
-            } else if (c == ']' || c == '}') depth--;
-        }
-        if (c == '\\' && i + 1 < len) {
-            if (len - i >= 6 && memcmp(s + i + 1, "u0000", 5) == 0)
-                return "strings must not contain NUL characters (\\u0000)";
-            i++;                      /* skip the escaped byte: it may be a quote */
-            continue;
-        }
-        if (c < 0x80) continue;
-        /* UTF-8: shortest form only, no surrogates, nothing above U+10FFFF. */
-        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
-        if (k < 0 || len - i <= (size_t)k) return "request body is not valid UTF-8";
-        unsigned char c1 = s[i + 1];
-        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
-            (c == 0xF4 && c1 > 0x8F))
-            return "request body is not valid UTF-8";
-        for (int m = 1; m <= k; m++)
-            if ((s[i + m] & 0xC0) != 0x80) return "request body is not valid UTF-8";
-        i += (size_t)k;
-    }
-    *elements = n;
-    return NULL;
-}
-
 int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param)
 {
     *param = NULL;
     long elements = 0;
-    const char *bad = body_check((const unsigned char *)body, len, &elements);
-    if (bad) { snprintf(msg, msglen, "%s", bad); return TIDE_EINVAL; }
+    const char *field = NULL;
+    const char *bad = json_body_check(body, len, &elements, &field);
+    if (bad) {
+        if (field) snprintf(msg, msglen, "'%s' %s", field, bad);
+        else snprintf(msg, msglen, "request body %s", bad);
+        *param = field;
+        return TIDE_EINVAL;
+    }
     if (json_max_elements > 0 && elements > json_max_elements) {
         snprintf(msg, msglen, "request body has more than %ld JSON values (json_max_elements)", json_max_elements);
         return TIDE_ERANGE;

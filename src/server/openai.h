@@ -17,9 +17,8 @@ struct openai_image_limits {
 };
 void openai_set_image_limits(const struct openai_image_limits *l);
 /* The parse-tree bound (config json_max_elements): a body with more JSON values is refused
- * before parsing (TIDE_ERANGE: 413). <= 0: none. Nesting is always bounded at 128. */
+ * before parsing (TIDE_ERANGE: 413). <= 0: none. Nesting is always bounded (JSON_MAX_DEPTH). */
 #define OPENAI_JSON_MAX_ELEMENTS 100000
-#define OPENAI_JSON_MAX_DEPTH 128
 void openai_set_json_max_elements(long n);
 
 /* Parse and validate. On error returns a negative code, msg says what is wrong and
