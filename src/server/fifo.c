@@ -75,7 +75,10 @@ int job_write(struct job *j, const char *data, size_t len)
     memcpy(j->buf + j->len, data, len);
     j->len += len;
     j->buf[j->len] = 0;
-    if (j->len > j->held_peak) j->held_peak = j->len;
+    if (j->len > j->held_peak) {
+        j->held_peak = j->len;
+        metrics_output_held(j->len);
+    }
     pthread_cond_broadcast(&j->cv);
     if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);

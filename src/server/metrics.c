@@ -362,8 +362,19 @@ static void render_vision(struct sb *b)
 
 /* ---- request memory (request_budget, config request_memory_mib) ------------------------ */
 
+static atomic_size_t output_peak;
+
+void metrics_output_held(size_t bytes)
+{
+    size_t cur = atomic_load(&output_peak);
+    while (bytes > cur && !atomic_compare_exchange_weak(&output_peak, &cur, bytes)) {}
+}
+
 static void render_request_memory(struct sb *b)
 {
+    family(b, "tide_output_buffer_peak_bytes", "gauge",
+           "Most bytes one job's output channel has held unsent at once since start.");
+    sb_printf(b, "tide_output_buffer_peak_bytes %zu\n", atomic_load(&output_peak));
     family(b, "tide_request_memory_bytes", "gauge",
            "Host memory held for requests in flight (bodies, parse trees, images, decodes).");
     sb_printf(b, "tide_request_memory_bytes %zu\n", atomic_load(&request_budget.used));

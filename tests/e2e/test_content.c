@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -109,4 +110,94 @@ Test(content, request_memory_budget_503, .init = start_small_budget, .fini = e2e
         e2e_reply_free(&r);
     }
     free(body);
+}
+
+/* Two different 8x8 PNGs (red, blue; stored deflate) of 296 bytes whose FNV-1a-64 is the
+ * same, 0x90dac02899b95edc: each ends its tEXt chunk with 8 bytes found by a cycle search
+ * over FNV continued from both prefixes (a few CPU minutes; stb does not check the CRC). */
+#define PNG_RED "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAA00lEQVR4AQHIADf/AP8AAP8AAP8AAP8AAP8AAP8AAP8AAP8AAAD/AAD/" \
+    "AAD/AAD/AAD/AAD/AAD/AAD/AAAA/wAA/wAA/wAA/wAA/wAA/wAA/wAA/wAAAP8AAP8AAP8AAP8AAP8AAP8AAP8AAP8AAAD/AAD/AAD/AAD/AAD/" \
+    "AAD/AAD/AAD/AAAA/wAA/wAA/wAA/wAA/wAA/wAA/wAA/wAAAP8AAP8AAP8AAP8AAP8AAP8AAP8AAP8AAAD/AAD/AAD/AAD/AAD/AAD/AAD/AAD/" \
+    "AAAo/z/BgmUMEAAAABB0RVh0Q29tbWVudACGir6skq99JAAAAAAAAAAASUVORK5CYII="
+#define PNG_BLUE "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAA00lEQVR4AQHIADf/AAAA/wAA/wAA/wAA/wAA/wAA/wAA/wAA/wAAAP8A" \
+    "AP8AAP8AAP8AAP8AAP8AAP8AAP8AAAD/AAD/AAD/AAD/AAD/AAD/AAD/AAD/AAAA/wAA/wAA/wAA/wAA/wAA/wAA/wAA/wAAAP8AAP8AAP8AAP8A" \
+    "AP8AAP8AAP8AAP8AAAD/AAD/AAD/AAD/AAD/AAD/AAD/AAD/AAAA/wAA/wAA/wAA/wAA/wAA/wAA/wAA/wAAAP8AAP8AAP8AAP8AAP8AAP8AAP8A" \
+    "AP+pcD/B+5cf6AAAABB0RVh0Q29tbWVudADbhhYSO/5yIgAAAAAAAAAASUVORK5CYII="
+
+static void start_vision(void) { e2e_start("\"mmproj\":\"models/tide-mmproj.gguf\""); }
+
+static double metric(const char *name)
+{
+    struct e2e_reply m = e2e_request("GET", "/metrics", NULL, 0, NULL);
+    cr_assert_eq(m.status, 200);
+    char pat[128];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(m.body, pat);
+    cr_assert_not_null(p, "no %s in /metrics", name);
+    double v = strtod(p + strlen(pat), NULL);
+    e2e_reply_free(&m);
+    return v;
+}
+
+static void send_image(const char *b64)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+             "\"image_url\":{\"url\":\"data:image/png;base64,%s\"}},{\"type\":\"text\",\"text\":\"colour?\"}]}],"
+             "\"max_tokens\":1,\"temperature\":0}", b64);
+    struct e2e_reply r = e2e_post("/v1/chat/completions", body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    e2e_reply_free(&r);
+}
+
+/* Issue 27 item 6: keyed by FNV-1a-64 + length, the blue image got the red one's
+ * embedding (a cache hit). Keyed by SHA-256, it is a miss; the red one again is a hit. */
+Test(content, embed_cache_tells_fnv_collisions_apart, .init = start_vision, .fini = e2e_stop, .timeout = 180)
+{
+    send_image(PNG_RED);
+    send_image(PNG_BLUE);
+    cr_assert_eq(metric("tide_vision_embed_cache_hits_total"), 0, "the blue image was taken for the red one");
+    cr_assert_eq(metric("tide_vision_embed_cache_misses_total"), 2);
+    send_image(PNG_RED);
+    cr_assert_eq(metric("tide_vision_embed_cache_hits_total"), 1);
+}
+
+/* The request budget in /metrics: a refusal is counted, and once requests are answered
+ * every byte charged for them has come back (nothing leaks from the budget). */
+Test(content, request_memory_metrics_return_to_zero, .init = start_small_budget, .fini = e2e_stop, .timeout = 120)
+{
+    cr_assert_eq(metric("tide_request_memory_limit_bytes"), 1 << 20);
+    size_t n = (size_t)2 << 20;
+    char *body = malloc(n + 64);
+    int k = sprintf(body, "{\"prompt\":\"");
+    memset(body + k, 'b', n);
+    k += (int)n;
+    k += sprintf(body + k, "\"}");
+    struct e2e_reply r = e2e_request("POST", "/v1/completions", body, (size_t)k, NULL);
+    cr_assert_eq(r.status, 503, "%s", r.body);
+    e2e_reply_free(&r);
+    r = e2e_post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,\"stream\":true}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    e2e_reply_free(&r);
+    cr_assert_geq(metric("tide_request_memory_refused_total"), 1);
+    double held = -1;
+    for (int i = 0; i < 100 && held != 0; i++) {
+        held = metric("tide_request_memory_bytes");
+        if (held) usleep(10000);
+    }
+    cr_assert_eq(held, 0, "%.0f bytes still charged after every request was answered", held);
+    free(body);
+}
+
+/* Issue 27 item 5: a stream of n 16 with logprobs held its whole output (42.5 MiB) until it
+ * ended. Now the channel holds only what the client has not read: a fraction of it. */
+Test(content, long_stream_output_not_held, .init = start_default, .fini = e2e_stop, .timeout = 180)
+{
+    struct e2e_reply r = e2e_post("/v1/completions",
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":200,\"n\":16,\"logprobs\":5,\"stream\":true}");
+    cr_assert_eq(r.status, 200);
+    cr_assert_gt(r.len, (size_t)512 << 10, "a long stream: %zu bytes", r.len);
+    double peak = metric("tide_output_buffer_peak_bytes");
+    cr_assert_lt(peak, r.len / 4, "the channel held %.0f bytes of a %zu-byte stream", peak, r.len);
+    e2e_reply_free(&r);
 }
