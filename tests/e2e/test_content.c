@@ -195,9 +195,9 @@ Test(content, request_memory_metrics_return_to_zero, .init = start_small_budget,
 Test(content, long_stream_output_not_held, .init = start_default, .fini = e2e_stop, .timeout = 180)
 {
     struct e2e_reply r = e2e_post("/v1/completions",
-        "{\"prompt\":\"Once upon a time\",\"max_tokens\":200,\"n\":16,\"logprobs\":5,\"stream\":true}");
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"n\":16,\"logprobs\":5,\"stream\":true}");
     cr_assert_eq(r.status, 200);
-    cr_assert_gt(r.len, (size_t)512 << 10, "a long stream: %zu bytes", r.len);
+    cr_assert_gt(r.len, (size_t)200 << 10, "a long stream: %zu bytes", r.len);
     double peak = metric("tide_output_buffer_peak_bytes");
     cr_assert_lt(peak, r.len / 4, "the channel held %.0f bytes of a %zu-byte stream", peak, r.len);
     e2e_reply_free(&r);
