@@ -2,7 +2,7 @@
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -MMD -MP -Isrc
-LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lm -pthread
+LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lnettle -lm -pthread
 BUILD   ?= build
 
 ifeq ($(V),1)

@@ -10,7 +10,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* A smaller pixel limit than the daemon's keeps each run fast; the checks are the same. */
-    struct image_limits lim = {(size_t)20 << 20, 4000000};
+    struct image_limits lim = {(size_t)20 << 20, 4000000, NULL};
     struct image_u8 img;
     char err[256];
     err[0] = 0;

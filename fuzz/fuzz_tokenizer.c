@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     text[size] = 0;
     for (int special = 0; special < 2; special++) {
         int *ids = NULL, n = 0;
-        if (tokenizer_encode(tok, text, size, special, &ids, &n) == 0) {
+        if (tokenizer_encode(tok, text, size, special, NULL, &ids, &n) == 0) {
             struct utf8_stream us;
             memset(&us, 0, sizeof us);
             char piece[256], flush[16];

@@ -4,6 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential pkg-config libmicrohttpd-dev libcjson-dev libstb-dev libcurl4-openssl-dev
       libcriterion-dev libpcre2-dev python3 curl
+      nettle-dev   # SHA-256 content keys: src/vision/content_hash.c
       python3-numpy   # tests/model/test_model.py draws the held-out pictures (scripts/train/shapes.py)
       prometheus   # promtool and the server: tests/unit/test_metrics.c, tests/e2e/test_prometheus.sh
       nginx        # tests/e2e/test_deploy.sh runs its own nginx processes (deploy/nginx/tide.conf), never the service

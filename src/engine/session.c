@@ -149,11 +149,12 @@ static int append_ids(int **ids, int *n, int *cap, const int *src, int k)
     return 0;
 }
 
-static int append_text(struct engine *e, const char *text, size_t len, int **ids, int *n, int *cap)
+static int append_text(struct engine *e, const char *text, size_t len, const volatile int *cancel,
+                       int **ids, int *n, int *cap)
 {
     if (!len) return 0;
     int *body = NULL, n_body = 0;
-    int rc = tokenizer_encode(e->tok, text, len, true, &body, &n_body);
+    int rc = tokenizer_encode(e->tok, text, len, true, cancel, &body, &n_body);
     if (rc < 0) return rc;
     rc = append_ids(ids, n, cap, body, n_body);
     free(body);
@@ -177,7 +178,7 @@ int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids_
     size_t ml = strlen(ENGINE_IMAGE_MARKER);
     for (int img = 0; !rc; img++) {
         const char *m = img < job->n_images ? strstr(p, ENGINE_IMAGE_MARKER) : NULL;
-        rc = append_text(e, p, m ? (size_t)(m - p) : strlen(p), &ids, &n, &cap);
+        rc = append_text(e, p, m ? (size_t)(m - p) : strlen(p), job->cancel, &ids, &n, &cap);
         if (!m || rc) break;
         if (e->img_open >= 0) rc = append_ids(&ids, &n, &cap, &e->img_open, 1);
         img_at[img] = n;

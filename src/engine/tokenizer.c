@@ -80,6 +80,7 @@ struct tokenizer {
     struct strmap ranks; /* "left right" -> merge rank (gpt2) */
     int *special;       /* ids of control/user-defined tokens, longest first */
     int n_special;
+    uint8_t special_lead[32]; /* bit b: some special token starts with byte b */
     int bos, eos, eot;
     bool add_bos;
     int byte_id[256];   /* SPM <0xNN> tokens, or gpt2 single-byte tokens; -1 when absent */
@@ -170,6 +171,10 @@ int tokenizer_create(struct tokenizer **out, const char *model, const char *pre,
             t->byte_id[v] = (int)i;
     }
     qsort_r(t->special, (size_t)t->n_special, sizeof(int), cmp_special_len, t);
+    for (int i = 0; i < t->n_special; i++) {
+        unsigned char b = (unsigned char)t->text[t->special[i]][0];
+        t->special_lead[b >> 3] |= (uint8_t)(1u << (b & 7));
+    }
     for (uint32_t r = 0; r < n_merges; r++)
         if (merges[r] && map_put(&t->ranks, merges[r], strlen(merges[r]), (int)r) < 0) goto fail;
     if (t->kind == TOK_GPT2) {
@@ -324,7 +329,51 @@ struct ids {
     int *v;
     int n, cap;
     int err;
+    const volatile int *cancel; /* polled every CANCEL_EVERY pieces; NULL: never */
+    unsigned pieces;
 };
+
+/* A cancelled job stops within this many pieces (words) of the prompt: a few ms of work. */
+#define CANCEL_EVERY 256
+
+/* Instrumentation (tests): bytes whose UTF-8 was checked and regex calls, all tokenizers. */
+static _Atomic uint64_t n_utf8_checked, n_match_calls;
+
+void tokenizer_get_counters(struct tokenizer_counters *c)
+{
+    c->utf8_bytes_checked = n_utf8_checked;
+    c->match_calls = n_match_calls;
+}
+
+/* One more piece: polls the cancel flag now and then. False once cancelled. */
+static bool next_piece(struct ids *out)
+{
+    if (out->err) return false;
+    if (out->cancel && ++out->pieces % CANCEL_EVERY == 0 && *out->cancel) out->err = TIDE_ECANCELED;
+    return !out->err;
+}
+
+/* Length of the longest valid UTF-8 prefix of s (as PCRE2 defines valid: shortest form, no
+ * surrogates, nothing above U+10FFFF). */
+static size_t utf8_valid_prefix(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+        if (!k || n - i <= k) break;
+        unsigned char c1 = s[i + 1];
+        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
+            (c == 0xF4 && c1 > 0x8F))
+            break;
+        size_t j = 1;
+        while (j <= k && (s[i + j] & 0xC0) == 0x80) j++;
+        if (j <= k) break;
+        i += k + 1;
+    }
+    return i;
+}
 
 static void ids_push(struct ids *l, int id)
 {
@@ -348,6 +397,7 @@ struct sym {
  * For BPE the best pair has the lowest merge rank; for SPM the highest token score. */
 static void merge_word(const struct tokenizer *t, const char *w, int wl, struct ids *out)
 {
+    if (!next_piece(out)) return;
     struct sym stack_syms[256];
     int n_sym = 0;
     for (int i = 0; i < wl;) i += (int)utf8_len((const unsigned char *)w + i, (size_t)(wl - i)), n_sym++;
@@ -431,28 +481,46 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
         size_t start = 0;
         for (size_t i = 3; i <= n; i++)
             if (i == n || (i + 3 <= n && !memcmp(m + i, "\xE2\x96\x81", 3))) {
+                if (out->err) break;
                 merge_word(t, m + start, (int)(i - start), out);
                 start = i;
             }
         free(m);
         return;
     }
-    PCRE2_SIZE off = 0;
+    /* The text is checked for UTF-8 here, once, a run at a time, and the regex then runs with
+     * PCRE2_NO_UTF_CHECK: without it every call re-validated the rest of the text, which made
+     * a long prompt cost the square of its length (issue 27). The regex only ever sees a
+     * valid run; a byte that cannot start one is a piece of its own. */
+    size_t off = 0, valid_end = 0;
     char *mapped = malloc(4096 * 2 + 8);
     if (!mapped) { out->err = TIDE_ENOMEM; return; }
+    uint64_t checked = 0, calls = 0;
     while (off < len && !out->err) {
-        int rc = pcre2_match(t->re, (PCRE2_SPTR)text, len, off, 0, t->md, NULL);
         size_t a, b;
-        if (rc < 0) {
-            /* invalid UTF-8 or no match: take the rest byte by byte */
-            a = off;
+        if (off >= valid_end) {
+            size_t v = utf8_valid_prefix((const unsigned char *)text + off, len - off);
+            checked += v + 1;
+            valid_end = off + v;
+        }
+        if (off == valid_end) {
+            a = off;            /* invalid byte */
             b = off + 1;
+            valid_end = 0;
         } else {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
-            a = ov[0];
-            b = ov[1];
-            if (a > off) b = a, a = off;  /* bytes the regex skipped */
-            if (b == a) b = a + 1;
+            int rc = pcre2_match(t->re, (PCRE2_SPTR)text, valid_end, off, PCRE2_NO_UTF_CHECK, t->md, NULL);
+            calls++;
+            if (rc < 0) {
+                a = off;        /* no match: one character */
+                b = off;
+            } else {
+                PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+                a = ov[0];
+                b = ov[1];
+                if (a > off) b = a, a = off;  /* bytes the regex skipped */
+            }
+            /* never an empty piece, never half a character (the next match starts there) */
+            if (b == a) b = a + utf8_len((const unsigned char *)text + a, valid_end - a);
         }
         /* Words are merged in chunks of at most 4096 bytes so a huge word stays cheap. */
         for (size_t c = a; c < b; c += 4096) {
@@ -462,15 +530,19 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
         }
         off = b;
     }
+    n_utf8_checked += checked;
+    n_match_calls += calls;
     free(mapped);
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
-                     int **ids, int *n)
+                     const volatile int *cancel, int **ids, int *n)
 {
-    struct ids out = {0};
+    struct ids out = {.cancel = cancel};
     size_t start = 0, i = 0;
     while (i < len && parse_special) {
+        unsigned char lead = (unsigned char)text[i];
+        if (!(t->special_lead[lead >> 3] & (1u << (lead & 7)))) { i++; continue; }
         int hit = -1;
         for (int s = 0; s < t->n_special; s++) {
             const char *st = t->text[t->special[s]];
@@ -479,6 +551,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
         }
         if (hit < 0) { i++; continue; }
         encode_plain(t, text + start, i - start, start == 0, &out);
+        if (out.err) break;
         ids_push(&out, hit);
         i += strlen(t->text[hit]);
         start = i;

@@ -33,9 +33,18 @@ bool tokenizer_is_eog(const struct tokenizer *t, int id);
 bool tokenizer_is_special(const struct tokenizer *t, int id);
 
 /* Encode len bytes of text. *ids is malloc'd (caller frees), *n its length. No BOS is
- * added here. */
+ * added here. Linear in len: the text's UTF-8 is checked once (an invalid byte becomes a
+ * piece of its own; the HTTP layer refuses such text before it gets here). cancel (may be
+ * NULL) is polled every few hundred pieces: nonzero stops with TIDE_ECANCELED. */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
-                     int **ids, int *n);
+                     const volatile int *cancel, int **ids, int *n);
+
+/* Work counters over every tokenizer in the process (tests check tokenising stays linear). */
+struct tokenizer_counters {
+    uint64_t utf8_bytes_checked;  /* bytes whose UTF-8 validity was checked, by us or PCRE2 */
+    uint64_t match_calls;         /* pre-tokenizer regex matches run */
+};
+void tokenizer_get_counters(struct tokenizer_counters *c);
 /* The raw bytes token id stands for (byte-level mapping undone, U+2581 -> space,
  * <0xNN> -> that byte; a special token gives its text). Returns the length, or a
  * negative code; writes at most cap bytes. */

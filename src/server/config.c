@@ -31,6 +31,8 @@ void config_defaults(struct config *c)
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
     c->drain_timeout_s = 30;
+    c->request_memory_mib = 2048;
+    c->json_max_elements = 100000;
     c->devices_auto = true;
     c->vram_elastic = true;
     c->vram_reserve_mib[0] = 0;
@@ -291,6 +293,12 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
         else if (strcmp(k, "drain_timeout_s") == 0) {
             rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds)", &n, err, errlen);
             if (!rc) c->drain_timeout_s = (int)n;
+        } else if (strcmp(k, "request_memory_mib") == 0) {
+            rc = get_int(f, k, 0, 1 << 30, "a non-negative integer (MiB, 0 = no bound)", &n, err, errlen);
+            if (!rc) c->request_memory_mib = n;
+        } else if (strcmp(k, "json_max_elements") == 0) {
+            rc = get_int(f, k, 100, 1 << 30, "an integer of at least 100", &n, err, errlen);
+            if (!rc) c->json_max_elements = n;
         } else if (strcmp(k, "devices") == 0) rc = parse_devices(c, f, err, errlen);
         else if (strcmp(k, "layer_split") == 0) {
             if (cJSON_IsNull(f)) { c->n_layer_split = 0; continue; }

@@ -52,6 +52,8 @@ struct config {
     int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
     int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
+    long request_memory_mib; /* bodies, parse trees, images, decodes of requests in flight; 0 = no bound */
+    long json_max_elements;  /* JSON values in a request body; beyond: 413 */
     bool devices_auto;
     struct device_config devices[CONFIG_MAX_DEVICES];
     int n_devices;

@@ -39,6 +39,7 @@ struct job {
     pthread_cond_t cv;
     char *buf;
     size_t len, cap, rd;      /* rd: bytes already taken by the reader */
+    size_t held_peak;         /* most bytes buf ever held unread or unsent (tests, issue 27) */
     bool started;             /* the engine picked it up */
     bool control;             /* a control job (POST /v1/vram): jumps the queue */
     bool done;
@@ -63,6 +64,9 @@ void job_start(struct job *j);
 /* HTTP side: wait up to timeout_s for output or completion; copies up to max bytes.
  * Returns bytes copied (>0), 0 on timeout with nothing new, -1 when done and drained. */
 long job_read(struct job *j, char *out, size_t max, double timeout_s);
+/* With j->mu held and j->rd < j->len: copy up to max unread bytes out and drop them from
+ * the buffer (streams: memory stays bounded by what the reader has not taken yet). */
+size_t job_take_locked(struct job *j, char *out, size_t max);
 /* Wait until done (or timeout); returns true when done. */
 bool job_wait_done(struct job *j, double timeout_s);
 

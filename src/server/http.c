@@ -14,6 +14,7 @@
 #include "server/http_guard.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "memory/host_budget.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -48,10 +49,11 @@ struct http_server {
 /* Per-request state (MHD's con_cls). */
 struct req_state {
     char *body;
-    size_t len, cap;
+    size_t len, cap;          /* cap bytes are charged to request_budget */
     bool too_big;
     uint64_t seen;            /* body bytes received, kept or not */
     bool close;               /* answer with Connection: close (bad framing) */
+    bool over_budget;         /* request_budget had no room for the body: 503 */
     const char *endpoint;     /* for metrics */
     struct job *job;          /* stream or wait: cancelled when the connection ends badly */
     struct MHD_Connection *conn;
@@ -87,6 +89,15 @@ bool http_client_gone(const struct http_request *rq)
     struct pollfd p = { .fd = ci->connect_fd, .events = POLLRDHUP };
     if (poll(&p, 1, 0) <= 0) return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+/* Free the request body and give its memory back to the request budget. */
+static void body_drop(struct req_state *st)
+{
+    free(st->body);
+    host_budget_release(&request_budget, st->cap);
+    st->body = NULL;
+    st->len = st->cap = 0;
 }
 
 static enum MHD_Result send_resp(struct MHD_Connection *c, struct req_state *st,
@@ -179,11 +190,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         st->tmo_sent = true;
         r = n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
     } else if (j->rd < j->len) {
-        size_t n = j->len - j->rd;
-        if (n > max) n = max;
-        memcpy(buf, j->buf + j->rd, n);
-        j->rd += n;
-        r = (ssize_t)n;
+        r = (ssize_t)job_take_locked(j, buf, max);
     } else if (!st->shut_sent && atomic_load(&st->srv->quiesced) &&
                (j->done ? j->status == 499 || j->status == 503 : job_cancelled(j))) {
         /* Cut short by the shutdown (a finished or failed job wrote its own end): say so. */
@@ -334,30 +341,41 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (!st->too_big && st->len + *upload_size > HTTP_MAX_BODY) {
             st->too_big = true;
-            free(st->body);
-            st->body = NULL;
-            st->len = st->cap = 0;
+            body_drop(st);
         }
-        if (st->too_big) {
-            *upload_size = 0;
-            return MHD_YES;
+        if (!st->too_big && !st->over_budget) {
+            if (st->len + *upload_size + 1 > st->cap) {
+                size_t nc = st->cap ? st->cap : 65536;
+                while (nc < st->len + *upload_size + 1) nc *= 2;
+                /* the body is charged to the request budget before it is allocated */
+                if (!host_budget_charge(&request_budget, nc - st->cap)) {
+                    st->over_budget = true;
+                    body_drop(st);
+                    *upload_size = 0;
+                    return MHD_YES;
+                }
+                char *nb = realloc(st->body, nc);
+                if (!nb) { host_budget_release(&request_budget, nc - st->cap); return MHD_NO; }
+                st->body = nb;
+                st->cap = nc;
+            }
+            memcpy(st->body + st->len, upload, *upload_size);
+            st->len += *upload_size;
+            st->body[st->len] = 0;
         }
-        if (st->len + *upload_size + 1 > st->cap) {
-            size_t nc = st->cap ? st->cap : 65536;
-            while (nc < st->len + *upload_size + 1) nc *= 2;
-            char *nb = realloc(st->body, nc);
-            if (!nb) return MHD_NO;
-            st->body = nb;
-            st->cap = nc;
-        }
-        memcpy(st->body + st->len, upload, *upload_size);
-        st->len += *upload_size;
-        st->body[st->len] = 0;
         *upload_size = 0;
         return MHD_YES;
     }
     if (st->too_big) {
         send_error(c, st, 413, "invalid_request_error", "request body is larger than 32 MiB", NULL);
+        return MHD_YES;
+    }
+    if (st->over_budget) {
+        struct http_response rs = { 0 };
+        http_error(&rs, 503, "server_error", "server is out of request memory (request_memory_mib), retry later",
+                   NULL, NULL);
+        rs.retry_after = 1;
+        send_resp(c, st, &rs, NULL);
         return MHD_YES;
     }
     const struct http_route *route = NULL;
@@ -399,6 +417,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct http_request rq = { method, url, st->body ? st->body : "", st->len, c };
     struct http_response rs = { .status = 200 };
     route->fn(s->app, &rq, &rs);
+    body_drop(st);   /* handlers keep what they need (parsed): not held while queued */
     if (rs.wait) {
         st->done = rs.done;
         attach(st, rs.wait);
@@ -428,7 +447,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) job_cancel(st->job);
         job_unref(st->job);
     }
-    free(st->body);
+    body_drop(st);
     free(st);
     *con_cls = NULL;
 }

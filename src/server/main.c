@@ -16,6 +16,7 @@
 #include "server/runtime.h"
 #include "server/ui.h"
 #include "server/vram_api.h"
+#include "memory/host_budget.h"
 #include "vision/vision.h"
 
 #include <cjson/cJSON.h>
@@ -121,9 +122,15 @@ static void generate(struct app *a, const struct http_request *rq, struct http_r
     const char *param = NULL;
     struct oai_req *req;
     int rc = openai_parse(rq->body, rq->body_len, chat, a->model_id, &req, msg, sizeof msg, &param);
+    if (rc == TIDE_EFULL) {
+        /* request_budget has no room for it now (issue 27): come back later */
+        http_error(rs, 503, "server_error", msg, param, NULL);
+        rs->retry_after = 1;
+        return;
+    }
     if (rc) {
-        http_error(rs, rc == TIDE_ENOMEM ? 500 : 400, rc == TIDE_ENOMEM ? "server_error" : "invalid_request_error",
-                   msg, param, NULL);
+        http_error(rs, rc == TIDE_ENOMEM ? 500 : rc == TIDE_ERANGE ? 413 : 400,
+                   rc == TIDE_ENOMEM ? "server_error" : "invalid_request_error", msg, param, NULL);
         return;
     }
     bool stream = openai_req_stream(req);
@@ -243,6 +250,8 @@ int main(int argc, char **argv)
     metrics_init();
     struct openai_image_limits il = {a->cfg.vision.max_images, (size_t)20 << 20, 50000000};
     openai_set_image_limits(&il);
+    openai_set_json_max_elements(a->cfg.json_max_elements);
+    atomic_store(&request_budget.limit, (size_t)a->cfg.request_memory_mib << 20);
     a->created = (long)time(NULL);
     const char *base = strrchr(a->cfg.model, '/');
     snprintf(a->model_id, sizeof a->model_id, "%s", base ? base + 1 : a->cfg.model);

@@ -10,6 +10,7 @@
  * waits on the engine and the engine never waits on a scrape for longer than a memcpy.
  * Names, units and buckets are documented in docs/METRICS.md. */
 #include "server/metrics.h"
+#include "memory/host_budget.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -372,6 +373,31 @@ static void render_vision(struct sb *b)
     sb_printf(b, "tide_vision_embed_cache_misses_total %llu\n", atomic_load(&embed_misses));
 }
 
+/* ---- request memory (request_budget, config request_memory_mib) ------------------------ */
+
+static atomic_size_t output_peak;
+
+void metrics_output_held(size_t bytes)
+{
+    size_t cur = atomic_load(&output_peak);
+    while (bytes > cur && !atomic_compare_exchange_weak(&output_peak, &cur, bytes)) {}
+}
+
+static void render_request_memory(struct sb *b)
+{
+    family(b, "tide_output_buffer_peak_bytes", "gauge",
+           "Most bytes one job's output channel has held unsent at once since start.");
+    sb_printf(b, "tide_output_buffer_peak_bytes %zu\n", atomic_load(&output_peak));
+    family(b, "tide_request_memory_bytes", "gauge",
+           "Host memory held for requests in flight (bodies, parse trees, images, decodes).");
+    sb_printf(b, "tide_request_memory_bytes %zu\n", atomic_load(&request_budget.used));
+    family(b, "tide_request_memory_limit_bytes", "gauge", "request_memory_mib in bytes; 0 = no bound.");
+    sb_printf(b, "tide_request_memory_limit_bytes %zu\n", atomic_load(&request_budget.limit));
+    family(b, "tide_request_memory_refused_total", "counter",
+           "Allocations refused for want of request memory (each answered 503).");
+    sb_printf(b, "tide_request_memory_refused_total %zu\n", atomic_load(&request_budget.refused));
+}
+
 /* ---- init and render ------------------------------------------------------------------- */
 
 void metrics_init(void)
@@ -466,6 +492,7 @@ char *metrics_render(void)
     for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
     render_devices(&b);
     render_vision(&b);
+    render_request_memory(&b);
 
     if (b.oom) { free(b.p); return NULL; }
     return b.p;

@@ -63,6 +63,8 @@ void metrics_vision_state(const char *state);
 void metrics_vision_last_image(double unix_time);   /* tide_vision_last_image_timestamp_seconds */
 void metrics_vision_event(bool load);               /* tide_vision_loads_total / _unloads_total */
 void metrics_vision_embed_cache(bool hit);          /* tide_vision_embed_cache_{hits,misses}_total */
+/* A job's output channel holds this many unsent bytes (tide_output_buffer_peak_bytes: max). */
+void metrics_output_held(size_t bytes);
 
 /* The daemon's instance name (config `name`): tide_instance_info{instance_name="..."} 1.
  * Call before serving; copied. */

@@ -4,6 +4,8 @@
 #include "server/openai.h"
 #include "server/metrics.h"
 #include "server/recent.h"
+#include "server/json_text.h"
+#include "memory/host_budget.h"
 #include "engine/session.h"
 #include "server/runtime.h"
 #include "vision/image.h"
@@ -35,11 +37,13 @@ struct oai_req {
     long created;
     char model[256];
     struct choice_out ch[16];
+    size_t charged;       /* bytes charged to request_budget: released by openai_req_free */
     struct job *job;      /* back pointer while running */
     double t_tok;         /* when choice 0 got its last token (0: none yet), for TTFT and ITL */
     struct engine *eng;
     struct runtime *rt;
-    /* images, decoded on the HTTP thread; embedded on the engine thread */
+    /* images: decoded on the HTTP thread to check them, then only the compressed bytes are
+     * kept while queued (img[] stays empty: vision_embed decodes again on a cache miss) */
     int n_images;
     uint8_t *img_bytes[64];
     size_t img_len[64];
@@ -49,8 +53,18 @@ struct oai_req {
 };
 
 static struct openai_image_limits img_limits = {8, (size_t)20 << 20, 50000000};
+static long json_max_elements = OPENAI_JSON_MAX_ELEMENTS;
 
 void openai_set_image_limits(const struct openai_image_limits *l) { img_limits = *l; }
+void openai_set_json_max_elements(long n) { json_max_elements = n; }
+
+/* Charge n bytes of this request to the daemon's request budget. */
+static bool charge(struct oai_req *r, size_t n)
+{
+    if (!host_budget_charge(&request_budget, n)) return false;
+    r->charged += n;
+    return true;
+}
 
 bool openai_req_stream(const struct oai_req *r) { return r->stream; }
 
@@ -71,6 +85,7 @@ void openai_req_free(void *p)
     struct oai_req *r = p;
     if (!r) return;
     cJSON_Delete(r->root);
+    host_budget_release(&request_budget, r->charged);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
@@ -166,12 +181,31 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
                         FAIL("messages", "too many images: at most %d per request", img_limits.max_images);
                     int k = r->n_images;
                     char e2[200] = "";
-                    int irc = image_parse_url(url->valuestring, strlen(url->valuestring), img_limits.max_bytes,
-                                              &r->img_bytes[k], &r->img_len[k], e2, sizeof e2);
+                    size_t ul = strlen(url->valuestring);
+                    int irc = charge(r, ul / 4 * 3 + 3) ? 0 : TIDE_EFULL;   /* the bytes kept while queued */
+                    if (irc == 0)
+                        irc = image_parse_url(url->valuestring, ul, img_limits.max_bytes, &r->img_bytes[k],
+                                              &r->img_len[k], e2, sizeof e2);
                     if (irc == 0) {
-                        struct image_limits lim = {img_limits.max_bytes, img_limits.max_pixels};
+                        /* Decoded here only to refuse a bad image with a 400 before queueing;
+                         * the pixels are not kept (issue 27: three queued requests held
+                         * 3.44 GiB of them). The decode is charged to the request budget. */
+                        struct image_limits lim = {img_limits.max_bytes, img_limits.max_pixels, &request_budget};
                         irc = image_decode(r->img_bytes[k], r->img_len[k], &lim, &r->img[k], e2, sizeof e2);
                         if (irc) { free(r->img_bytes[k]); r->img_bytes[k] = NULL; }
+                        else {
+                            host_budget_release(&request_budget, (size_t)r->img[k].w * r->img[k].h * 3);
+                            image_u8_free(&r->img[k]);
+                            /* the base64 text is not needed again either */
+                            free(((cJSON *)url)->valuestring);
+                            ((cJSON *)url)->valuestring = NULL;
+                        }
+                    }
+                    if (irc == TIDE_EFULL) {
+                        snprintf(msg, msglen, "messages[%d]: image %d: %s", i, k,
+                                 e2[0] ? e2 : "no request memory left for it now (request_memory_mib), retry later");
+                        *param = "messages";
+                        return TIDE_EFULL;
                     }
                     if (irc) FAIL("messages", "messages[%d]: image %d: %s", i, k, e2[0] ? e2 : tide_strerror(irc));
                     r->n_images++;
@@ -216,45 +250,32 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
     return 0;
 }
 
-/* cJSON accepts what RFC 8259 forbids and then answers wrong: invalid UTF-8 passes
- * through to the tokenizer, and a raw control byte or a \u0000 escape inside a string
- * silently cuts the C string short. One pass over the raw body before parsing rejects all
- * three. Outside strings valid JSON has no backslash, so tracking escapes is exact. */
-static const char *body_check(const unsigned char *s, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = s[i];
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "request body contains a raw control character";
-        if (c == '\\' && i + 1 < len) {
-            if (len - i >= 6 && memcmp(s + i + 1, "u0000", 5) == 0)
-                return "strings must not contain NUL characters (\\u0000)";
-            i++;                      /* skip the escaped byte: it may be a quote */
-            continue;
-        }
-        if (c < 0x80) continue;
-        /* UTF-8: shortest form only, no surrogates, nothing above U+10FFFF. */
-        int n = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
-        if (n < 0 || len - i <= (size_t)n) return "request body is not valid UTF-8";
-        unsigned char c1 = s[i + 1];
-        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
-            (c == 0xF4 && c1 > 0x8F))
-            return "request body is not valid UTF-8";
-        for (int k = 1; k <= n; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return "request body is not valid UTF-8";
-        i += (size_t)n;
-    }
-    return NULL;
-}
-
 int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param)
 {
     *param = NULL;
-    const char *bad = body_check((const unsigned char *)body, len);
-    if (bad) { snprintf(msg, msglen, "%s", bad); return TIDE_EINVAL; }
+    long elements = 0;
+    const char *field = NULL;
+    const char *bad = json_body_check(body, len, &elements, &field);
+    if (bad) {
+        if (field) snprintf(msg, msglen, "'%s' %s", field, bad);
+        else snprintf(msg, msglen, "request body %s", bad);
+        *param = field;
+        return TIDE_EINVAL;
+    }
+    if (json_max_elements > 0 && elements > json_max_elements) {
+        snprintf(msg, msglen, "request body has more than %ld JSON values (json_max_elements)", json_max_elements);
+        return TIDE_ERANGE;
+    }
     struct oai_req *r = calloc(1, sizeof *r);
     if (!r) { snprintf(msg, msglen, "out of memory"); return TIDE_ENOMEM; }
     r->chat = chat;
+    /* the tree cJSON is about to build: its items and (at most) the body's text */
+    if (!charge(r, (size_t)elements * sizeof(cJSON) + len)) {
+        free(r);
+        snprintf(msg, msglen, "server is out of request memory (request_memory_mib), retry later");
+        return TIDE_EFULL;
+    }
     const char *end = NULL;
     r->root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     int rc = TIDE_EINVAL;
@@ -276,7 +297,7 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
     snprintf(r->model, sizeof r->model, "%s", model_id);
     if (chat) {
         if ((rc = parse_messages(r, cJSON_GetObjectItemCaseSensitive(root, "messages"), msg, msglen, param)))
-            goto fail;
+            goto fail;   /* TIDE_EFULL passes through: 503 */
         g->messages = r->msgs;
         g->n_messages = r->n_msgs;
         const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
@@ -411,8 +432,9 @@ static cJSON *logprob_entry(struct oai_req *r, int id, float lp)
     if (n < 0) n = 0;
     buf[n] = 0;
     cJSON *e = cJSON_CreateObject();
-    /* token as text; invalid UTF-8 pieces still show their exact bytes in "bytes" */
-    cJSON_AddStringToObject(e, "token", buf);
+    /* token as text (with its length: a 0x00 byte token is "\u0000"); a piece that is not
+     * valid UTF-8 shows U+FFFD there and its exact bytes in "bytes" */
+    json_add_string_n(e, "token", buf, (size_t)n);
     cJSON_AddNumberToObject(e, "logprob", lp);
     cJSON *b = cJSON_AddArrayToObject(e, "bytes");
     for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
@@ -428,6 +450,44 @@ static cJSON *logprob_json(struct oai_req *r, const struct token_logprob *lp)
     return e;
 }
 
+/* The legacy top_logprobs object, token -> logprob, built as raw JSON: its keys are token
+ * literals that may hold \u0000, which a cJSON key cannot. Two ids can print the same:
+ * the first wins. */
+static cJSON *top_object(const cJSON *entries)
+{
+    size_t cap = 64, len = 1;
+    char *o = malloc(cap);
+    if (!o) return cJSON_CreateObject();
+    o[0] = '{';
+    const cJSON *t;
+    cJSON_ArrayForEach(t, entries) {
+        const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
+        size_t kl = strlen(k);
+        bool dup = false;
+        for (const cJSON *u = entries->child; u != t && !dup; u = u->next)
+            dup = strcmp(cJSON_GetObjectItem(u, "token")->valuestring, k) == 0;
+        if (dup) continue;
+        cJSON *num = cJSON_CreateNumber(cJSON_GetObjectItem(t, "logprob")->valuedouble);
+        char *v = cJSON_PrintUnformatted(num);
+        cJSON_Delete(num);
+        if (!v) continue;
+        size_t need = len + kl + strlen(v) + 4;
+        if (need > cap) {
+            while (cap < need) cap *= 2;
+            char *no = realloc(o, cap);
+            if (!no) { free(v); break; }
+            o = no;
+        }
+        len += (size_t)sprintf(o + len, "%s%s:%s", len > 1 ? "," : "", k, v);
+        free(v);
+    }
+    o[len++] = '}';
+    o[len] = 0;
+    cJSON *r = cJSON_CreateRaw(o);
+    free(o);
+    return r;
+}
+
 /* The legacy /v1/completions shape of a run of chat-style entries: parallel arrays tokens,
  * token_logprobs, top_logprobs (token -> logprob objects) and text_offset (bytes into the
  * completion; *offset carries on across stream chunks). */
@@ -438,17 +498,11 @@ static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
     const cJSON *e;
     cJSON_ArrayForEach(e, entries) {
+        /* "token" items are raw JSON literals (json_text.h): copied as such */
         const char *tok = cJSON_GetObjectItem(e, "token")->valuestring;
-        cJSON_AddItemToArray(tokens, cJSON_CreateString(tok));
+        cJSON_AddItemToArray(tokens, cJSON_CreateRaw(tok));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
-        cJSON *top = cJSON_CreateObject();
-        const cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItem(e, "top_logprobs")) {
-            const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
-            if (!cJSON_HasObjectItem(top, k)) /* two ids can print the same */
-                cJSON_AddNumberToObject(top, k, cJSON_GetObjectItem(t, "logprob")->valuedouble);
-        }
-        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(tops, top_object(cJSON_GetObjectItem(e, "top_logprobs")));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
         *offset += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes"));
     }
@@ -475,7 +529,6 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(chs, ch);
         cJSON_AddNumberToObject(ch, "index", choice);
-        char *t = strndup(text, len);
         if (r->chat) {
             if (!c->role_sent) {
                 /* OpenAI sends the role alone in the first delta. */
@@ -488,7 +541,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 send_sse(r, o0);
                 c->role_sent = true;
             }
-            cJSON_AddStringToObject(cJSON_AddObjectToObject(ch, "delta"), "content", t ? t : "");
+            json_add_string_n(cJSON_AddObjectToObject(ch, "delta"), "content", text, len);
             if (lp) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), logprob_json(r, lp));
@@ -496,7 +549,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         } else {
-            cJSON_AddStringToObject(ch, "text", t ? t : "");
+            json_add_string_n(ch, "text", text, len);
             if (lp) {
                 cJSON *one = cJSON_CreateArray();
                 cJSON_AddItemToArray(one, logprob_json(r, lp));
@@ -506,7 +559,6 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         }
-        free(t);
         cJSON_AddNullToObject(ch, "finish_reason");
         send_sse(r, o);
     } else {
@@ -627,11 +679,13 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(chs, ch);
         cJSON_AddNumberToObject(ch, "index", i);
+        /* with its length: generated text may hold NUL bytes (issue 27 item 8) */
         const char *text = r->ch[i].text ? r->ch[i].text : "";
+        size_t text_len = r->ch[i].len;
         if (r->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            json_add_string_n(m, "content", text, text_len);
             if (r->ch[i].logprobs) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToObject(l, "content", r->ch[i].logprobs);
@@ -642,7 +696,7 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         } else {
-            cJSON_AddStringToObject(ch, "text", text);
+            json_add_string_n(ch, "text", text, text_len);
             if (r->gj.sp.logprobs) {
                 cJSON *none = cJSON_CreateArray();
                 size_t off = 0;

@@ -16,9 +16,14 @@ struct openai_image_limits {
     uint64_t max_pixels;
 };
 void openai_set_image_limits(const struct openai_image_limits *l);
+/* The parse-tree bound (config json_max_elements): a body with more JSON values is refused
+ * before parsing (TIDE_ERANGE: 413). <= 0: none. Nesting is always bounded (JSON_MAX_DEPTH). */
+#define OPENAI_JSON_MAX_ELEMENTS 100000
+void openai_set_json_max_elements(long n);
 
 /* Parse and validate. On error returns a negative code, msg says what is wrong and
- * *param names the offending field (or NULL). */
+ * *param names the offending field (or NULL): TIDE_EINVAL (400), TIDE_ERANGE (413: too many
+ * JSON values), TIDE_EFULL (503: request_budget has no room now), TIDE_ENOMEM (500). */
 int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
                  struct oai_req **out, char *msg, size_t msglen, const char **param);
 void openai_req_free(void *r);

@@ -1,6 +1,7 @@
 /* image.c - data URLs, base64, stb_image decoding, EXIF orientation, resize, normalise.
  * See image.h for the contract. */
 #include "image.h"
+#include "memory/host_budget.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -20,6 +21,69 @@
 #define STBI_ONLY_BMP
 #define STBI_ONLY_GIF
 #define STBI_MAX_DIMENSIONS (1 << 16)
+
+/* Every allocation stb makes goes through stb_mem_*: while image_decode runs they are capped
+ * at what the header's width x height can need (stb's PNG reader inflates the whole IDAT
+ * stream into a buffer it doubles without bound, so a 1x1 image with 2 MB of IDAT became
+ * 2 GiB: issue 27 item 3), and charged to the caller's budget. Per thread: HTTP threads
+ * decode at the same time. */
+static _Thread_local struct {
+    size_t live, peak, cap;         /* cap 0: none */
+    struct host_budget *budget;     /* NULL: none */
+    bool over_cap, over_budget;
+} stb_mem;
+#define STB_MEM_HDR 16              /* the size, before the block; keeps 16-byte alignment */
+
+static bool stb_mem_take(size_t n)
+{
+    if (stb_mem.cap && (n > stb_mem.cap || stb_mem.live > stb_mem.cap - n)) { stb_mem.over_cap = true; return false; }
+    if (stb_mem.budget && !host_budget_charge(stb_mem.budget, n)) { stb_mem.over_budget = true; return false; }
+    stb_mem.live += n;
+    if (stb_mem.live > stb_mem.peak) stb_mem.peak = stb_mem.live;
+    return true;
+}
+
+static void stb_mem_give(size_t n)
+{
+    stb_mem.live -= n;
+    if (stb_mem.budget) host_budget_release(stb_mem.budget, n);
+}
+
+static void *stb_mem_malloc(size_t n)
+{
+    if (n > SIZE_MAX - STB_MEM_HDR || !stb_mem_take(n)) return NULL;
+    char *p = malloc(n + STB_MEM_HDR);
+    if (!p) { stb_mem_give(n); return NULL; }
+    memcpy(p, &n, sizeof n);
+    return p + STB_MEM_HDR;
+}
+
+static void stb_mem_free(void *q)
+{
+    if (!q) return;
+    char *p = (char *)q - STB_MEM_HDR;
+    size_t n;
+    memcpy(&n, p, sizeof n);
+    stb_mem_give(n);
+    free(p);
+}
+
+static void *stb_mem_realloc(void *q, size_t n)
+{
+    if (!q) return stb_mem_malloc(n);
+    char *p = (char *)q - STB_MEM_HDR;
+    size_t old;
+    memcpy(&old, p, sizeof old);
+    if (n > SIZE_MAX - STB_MEM_HDR || (n > old && !stb_mem_take(n - old))) return NULL;
+    char *np = realloc(p, n + STB_MEM_HDR);
+    if (!np) { if (n > old) stb_mem_give(n - old); return NULL; }
+    if (n < old) stb_mem_give(old - n);
+    memcpy(np, &n, sizeof n);
+    return np + STB_MEM_HDR;
+}
+#define STBI_MALLOC(sz) stb_mem_malloc(sz)
+#define STBI_REALLOC(p, sz) stb_mem_realloc(p, sz)
+#define STBI_FREE(p) stb_mem_free(p)
 /* Declared-but-unused stb functions are reported at the end of the file, so this one
  * stays off for the whole file. */
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -242,6 +306,31 @@ static const char *sniff(const uint8_t *b, size_t n)
     return NULL;
 }
 
+/* A PNG's IDAT chunks hold the zlib stream of its rows: for the size in its header, every
+ * encoder writes at most about the raw size (stored blocks, or fixed Huffman codes at 9 bits
+ * a byte). Far more than that is a decompression bomb: refuse it before inflating a byte.
+ * Returns false with *idat (bytes found) and *raw (the rows' size) set. */
+static bool png_idat_plausible(const uint8_t *b, size_t n, size_t *idat, uint64_t *raw)
+{
+    *idat = 0;
+    *raw = 0;
+    if (n < 33 || memcmp(b + 12, "IHDR", 4)) return true;   /* stb says what is wrong */
+    uint64_t w = (uint64_t)b[16] << 24 | b[17] << 16 | b[18] << 8 | b[19];
+    uint64_t h = (uint64_t)b[20] << 24 | b[21] << 16 | b[22] << 8 | b[23];
+    unsigned depth = b[24], type = b[25];
+    unsigned ch = type == 2 ? 3 : type == 4 ? 2 : type == 6 ? 4 : 1;
+    if (w > (1u << 16) || h > (1u << 16)) return true;     /* stb refuses those itself */
+    /* rows of filter byte + pixels; Adam7 interlacing adds at most a row per pass */
+    *raw = (h + 7) * (1 + (w * ch * depth + 7) / 8 + 7);
+    for (size_t i = 8; i + 12 <= n;) {
+        size_t len = (size_t)b[i] << 24 | (size_t)b[i + 1] << 16 | (size_t)b[i + 2] << 8 | b[i + 3];
+        if (!memcmp(b + i + 4, "IDAT", 4)) *idat += len;
+        if (len > n - i - 12) break;
+        i += 12 + len;
+    }
+    return *idat <= 2 * *raw + 65536;
+}
+
 /* Debian's stb_image 2.27 trusts a DHT segment's 16 symbol counts: a table of more than 256
  * symbols runs past its size[257] and values[256] arrays (found by fuzz/fuzz_image.c under
  * UBSan; stb 2.28 added the check). stb reads DHT segments from stbi_info on, so before it
@@ -286,27 +375,60 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
     if (fmt[0] == 'J' && !jpeg_tables_ok(bytes, n))
         return fail(TIDE_EFORMAT, err, errlen, "cannot decode JPEG image: a Huffman table has more than 256 symbols");
     int w, h, comp;
+    size_t idat;
+    uint64_t raw;
+    if (fmt[0] == 'P' && !png_idat_plausible(bytes, n, &idat, &raw))
+        return fail(TIDE_EFORMAT, err, errlen, "PNG image data is %zu bytes compressed, more than the %llu bytes "
+                    "of rows its header declares can need (a decompression bomb?)", idat, (unsigned long long)raw);
+    struct host_budget *budget = lim ? lim->budget : NULL;
+    memset(&stb_mem, 0, sizeof stb_mem);
+    stb_mem.budget = budget;
     /* Header only first: refuse a decompression bomb before allocating its pixels. */
     if (!stbi_info_from_memory(bytes, (int)n, &w, &h, &comp))
-        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
-                    stbi_failure_reason());
+        return fail(stb_mem.over_budget ? TIDE_EFULL : TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
+                    stb_mem.over_budget ? "no request memory left for it now, retry later" : stbi_failure_reason());
     if (w <= 0 || h <= 0)   /* stb takes a BMP with height 0 */
         return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: it is %dx%d", fmt, w, h);
     if (lim && lim->max_pixels && (uint64_t)w * (uint64_t)h > lim->max_pixels)
         return fail(TIDE_ERANGE, err, errlen, "image is %dx%d = %llu pixels, over the %llu limit",
                     w, h, (unsigned long long)w * h, (unsigned long long)lim->max_pixels);
+    /* What decoding a w x h image can take, the worst format (16-bit RGBA PNG: inflated rows,
+     * the image, its 8-bit and RGB conversions; JPEG's planes and coefficients; GIF's three
+     * frames) with room to spare: the inflated bytes can never run far past the header. */
+    stb_mem.cap = n + (size_t)w * h * 32 + ((size_t)w + h) * 64 + ((size_t)1 << 20);
     uint8_t *px = stbi_load_from_memory(bytes, (int)n, &w, &h, &comp, 3);
-    if (!px)
-        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
-                    stbi_failure_reason());
-    /* Copy into malloc memory so callers free with free()/image_u8_free like the rest. */
-    out->rgb = malloc((size_t)w * h * 3);
-    if (!out->rgb) {
+    size_t peak = stb_mem.peak;
+    if (!px) {
+        bool over_cap = stb_mem.over_cap, over_budget = stb_mem.over_budget;
+        memset(&stb_mem, 0, sizeof stb_mem);
+        stb_mem.peak = peak;
+        if (over_cap)
+            return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: its data inflates past what a %dx%d "
+                        "image can need (a decompression bomb?)", fmt, w, h);
+        if (over_budget)
+            return fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
+        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt, stbi_failure_reason());
+    }
+    /* Copy into malloc memory so callers free with free()/image_u8_free like the rest; with a
+     * budget the copy is charged before it is made, and stays charged (image.h). */
+    size_t bytes_rgb = (size_t)w * h * 3;
+    if (budget && !host_budget_charge(budget, bytes_rgb)) {
         stbi_image_free(px);
+        memset(&stb_mem, 0, sizeof stb_mem);
+        stb_mem.peak = peak;
+        return fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
+    }
+    out->rgb = malloc(bytes_rgb);
+    if (!out->rgb) {
+        if (budget) host_budget_release(budget, bytes_rgb);
+        stbi_image_free(px);
+        memset(&stb_mem, 0, sizeof stb_mem);
         return fail(TIDE_ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
     }
-    memcpy(out->rgb, px, (size_t)w * h * 3);
+    memcpy(out->rgb, px, bytes_rgb);
     stbi_image_free(px);
+    memset(&stb_mem, 0, sizeof stb_mem);
+    stb_mem.peak = peak;
     out->w = w;
     out->h = h;
     if (fmt[0] == 'J') {
@@ -318,6 +440,8 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
     }
     return 0;
 }
+
+size_t image_last_decode_peak(void) { return stb_mem.peak; }
 
 /* ---- fit-and-scale, resize, normalise ---- */
 

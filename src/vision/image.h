@@ -26,9 +26,13 @@ struct image_f32 {
     float *data;   /* (3, h, w) CHW, owned, malloc */
 };
 
+struct host_budget;
 struct image_limits {
     size_t max_bytes;     /* encoded bytes (after base64); 0 = no limit */
     uint64_t max_pixels;  /* w * h of the decoded image; 0 = no limit */
+    /* NULL: none. Else the decoder's working memory is charged to it while it runs, and
+     * the returned pixels (w * h * 3 bytes) stay charged: the caller releases them. */
+    struct host_budget *budget;
 };
 
 /* Strict RFC 4648 base64: alphabet A-Z a-z 0-9 + /, length a multiple of 4, '=' only as
@@ -43,9 +47,15 @@ int image_base64_decode(const char *in, size_t len, uint8_t **out, size_t *out_l
 int image_parse_url(const char *url, size_t len, size_t max_bytes, uint8_t **bytes,
                     size_t *n, char *err, size_t errlen);
 
-/* Decode an encoded image into RGB8, EXIF orientation applied. lim may be NULL. */
+/* Decode an encoded image into RGB8, EXIF orientation applied. lim may be NULL.
+ * Decompression bombs are refused (TIDE_EFORMAT): a PNG whose IDAT is far bigger than its
+ * header's rows can need, before any inflating; and any image whose decoding would allocate
+ * more than its width x height can need, when it gets there. TIDE_EFULL: lim->budget had no
+ * room (retry later). */
 int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
                  struct image_u8 *out, char *err, size_t errlen);
+/* Most bytes the decoder held at once during this thread's last image_decode (tests). */
+size_t image_last_decode_peak(void);
 
 /* EXIF orientation (1..8) of a JPEG, 1 when the file has none or is not a JPEG. Only the
  * APP1 "Exif" segment's IFD0 tag 0x0112 is read; every offset is bounds-checked. */

@@ -1,5 +1,6 @@
 /* vision.c - the lazy lifecycle and the image-embedding cache. Engine thread only. */
 #include "vision/vision.h"
+#include "vision/content_hash.h"
 #include "engine/backend_cuda.h"
 
 #include <stdio.h>
@@ -12,7 +13,7 @@ static const char *const state_names[] = {"unloaded", "handback", "loading", "re
 const char *vision_state_name(enum vision_state s) { return state_names[s]; }
 
 struct embed_entry {
-    uint64_t hash;
+    uint8_t key[CONTENT_HASH_SIZE]; /* SHA-256 of the image bytes */
     size_t n_bytes;           /* image bytes, part of the key */
     int n_tokens;
     float *embd;              /* (n_tokens, n_embd_text) */
@@ -314,21 +315,12 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
     return 0;
 }
 
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 static struct embed_entry *cache_find(struct vision_lifecycle *v, const uint8_t *bytes, size_t n)
 {
-    uint64_t h = fnv1a(bytes, n);
+    uint8_t key[CONTENT_HASH_SIZE];
+    content_hash(bytes, n, key);
     for (struct embed_entry *e = v->cache_head; e; e = e->next)
-        if (e->hash == h && e->n_bytes == n) {
+        if (e->n_bytes == n && memcmp(e->key, key, sizeof key) == 0) {
             if (e != v->cache_head) { /* move to front: most recently used */
                 e->prev->next = e->next;
                 if (e->next) e->next->prev = e->prev;
@@ -392,11 +384,20 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
     }
     int rc = vision_ensure_ready(v, err, errlen);
     if (rc < 0) return rc;
+    /* Queued requests keep only the compressed bytes (checked when they arrived): decode
+     * them now, one image at a time, and drop the pixels once preprocessed. */
+    struct image_u8 decoded = {0};
+    if (!img || !img->rgb) {
+        rc = image_decode(bytes, n_bytes, NULL, &decoded, err, errlen);
+        if (rc < 0) return rc;
+        img = &decoded;
+    }
     struct image_f32 pre;
     memset(&pre, 0, sizeof pre);
     rc = clip_preprocess(v->clip, img, &pre, err, errlen);
-    if (rc < 0) return rc;
     int nt = clip_n_tokens(v->clip, img->w, img->h);
+    image_u8_free(&decoded);
+    if (rc < 0) return rc;
     float *emb = malloc((size_t)nt * row);
     if (!emb) {
         image_f32_free(&pre);
@@ -436,7 +437,7 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
         float *copy = ne ? malloc(b) : NULL;
         if (ne && copy) {
             memcpy(copy, emb, b);
-            ne->hash = fnv1a(bytes, n_bytes);
+            content_hash(bytes, n_bytes, ne->key);
             ne->n_bytes = n_bytes;
             ne->n_tokens = nt;
             ne->embd = copy;

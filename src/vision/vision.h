@@ -79,8 +79,9 @@ void vision_lifecycle_extra(const struct vision_lifecycle *v, size_t *extra);
 /* Engine thread: make the encoder ready (hand-back + load when needed). On failure the caches
  * are back and err says why. */
 int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen);
-/* Engine thread: embeddings for one decoded image (n_tokens, n_embd_text), malloc'd into *out.
- * Looks in the embedding cache first (a hit needs no encoder and does not wake it). */
+/* Engine thread: embeddings for one image (n_tokens, n_embd_text), malloc'd into *out.
+ * Looks in the embedding cache first, keyed by the SHA-256 of bytes (a hit needs no encoder
+ * and does not wake it). img: the decoded bytes, or NULL / no pixels: decoded here on a miss. */
 int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes, const struct image_u8 *img,
                  float **out, int *n_tokens, char *err, size_t errlen);
 /* Token count an image will take (without encoding). */

@@ -262,15 +262,16 @@ BAD(response_format_string, WITH("\"response_format\":\"json_object\""), "respon
 BAD(response_format_no_type, WITH("\"response_format\":{}"), "response_format")
 BAD(response_format_unknown, WITH("\"response_format\":{\"type\":\"yaml\"}"), "response_format")
 
-/* ---- bytes JSON forbids, which cJSON alone would let through truncated ---- */
-BAD(invalid_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfe" "b\"}]}", NULL)
-BAD(overlong_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xc0\xaf" "b\"}]}", NULL)
-BAD(utf8_surrogate, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xed\xa0\x80" "b\"}]}", NULL)
-BAD(truncated_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xe2\x82\"}]}", NULL)
+/* ---- bytes JSON forbids, which cJSON alone would let through truncated (param: the
+ * top-level field they are in, issue 27) ---- */
+BAD(invalid_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfe" "b\"}]}", "messages")
+BAD(overlong_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xc0\xaf" "b\"}]}", "messages")
+BAD(utf8_surrogate, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xed\xa0\x80" "b\"}]}", "messages")
+BAD(truncated_utf8, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xe2\x82\"}]}", "messages")
 BAD(lone_surrogate_escape, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\ud800b\"}]}", NULL)
-BAD(raw_nul_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\0b\"}]}", NULL)
-BAD(nul_escape_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", NULL)
-BAD(raw_control_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\x01" "b\"}]}", NULL)
+BAD(raw_nul_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\0b\"}]}", "messages")
+BAD(nul_escape_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", "messages")
+BAD(raw_control_in_content, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\x01" "b\"}]}", "messages")
 
 /* ---- legacy /v1/completions ---- */
 static void completions_bad(const char *json, const char *param)
@@ -283,8 +284,12 @@ Test(bad, completions_prompt_missing) { completions_bad("{\"max_tokens\":1}", "p
 Test(bad, completions_prompt_number) { completions_bad("{\"prompt\":5}", "prompt"); }
 Test(bad, completions_echo) { completions_bad("{\"prompt\":\"a\",\"echo\":true}", "echo"); }
 Test(bad, completions_logprobs_too_high) { completions_bad("{\"prompt\":\"a\",\"logprobs\":6}", "logprobs"); }
+/* invalid UTF-8 is refused at the door, naming its field (issue 27) */
+Test(bad, completions_prompt_invalid_utf8) { completions_bad("{\"max_tokens\":1,\"prompt\":\"ab\xc3(\"}", "prompt"); }
+Test(bad, completions_stop_invalid_utf8) { completions_bad("{\"prompt\":\"a\",\"stop\":[\"x\",\"\xff\"]}", "stop"); }
 
-/* 100000 '[' must fail in cJSON's nesting limit (1000), not on the connection thread's stack. */
+/* 100000 '[' must fail at the nesting limit (128, counted before cJSON parses), not on the
+ * connection thread's stack. */
 Test(bad, deep_nesting_array)
 {
     size_t n = 100000;

@@ -47,7 +47,7 @@ static char *detok(const int *ids, int n)
 static void round_trip(const char *s)
 {
     int *ids, n;
-    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, NULL, &ids, &n), 0);
     char *back = detok(ids, n);
     cr_assert_str_eq(back, s, "round trip of '%s'", s);
     free(back);
@@ -69,7 +69,7 @@ Test(tokenizer, merges_make_common_words_short)
 {
     int *ids, n;
     const char *s = " the the the";
-    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, NULL, &ids, &n), 0);
     cr_assert_lt(n, (int)strlen(s), "BPE merges did not apply: %d tokens for %zu bytes", n, strlen(s));
     cr_assert_eq(ids[0], ids[1]);
     free(ids);
@@ -81,13 +81,13 @@ Test(tokenizer, special_tokens_only_when_asked)
     int *ids, n;
     int start = tokenizer_find(tok, "<|im_start|>"), end = tokenizer_find(tok, "<|im_end|>");
     cr_assert_geq(start, 0);
-    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), true, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), true, NULL, &ids, &n), 0);
     cr_assert_eq(ids[0], start);
     cr_assert_eq(ids[n - 1], end);
     cr_assert(tokenizer_is_eog(tok, end));
     cr_assert(!tokenizer_is_eog(tok, ids[1]));
     free(ids);
-    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(tok, s, strlen(s), false, NULL, &ids, &n), 0);
     for (int i = 0; i < n; i++) cr_assert_neq(ids[i], start);
     char *back = detok(ids, n);
     cr_assert_str_eq(back, s);
@@ -111,6 +111,62 @@ Test(utf8_stream, never_splits_a_character)
     cr_assert_eq(utf8_stream_flush(&u, out), 3);
 }
 
+/* Issue 27: a 1 MiB prompt of "a " took 256 s because every regex call re-checked the UTF-8
+ * of the rest of the text. Now the text is checked once: the work is linear, counted. */
+Test(tokenizer, long_prompt_is_linear)
+{
+    size_t len = (size_t)1 << 20;
+    char *s = malloc(len);
+    for (size_t i = 0; i < len; i += 2) { s[i] = 'a'; s[i + 1] = ' '; }
+    struct tokenizer_counters c0, c1;
+    tokenizer_get_counters(&c0);
+    int *ids, n;
+    cr_assert_eq(tokenizer_encode(tok, s, len, true, NULL, &ids, &n), 0);
+    tokenizer_get_counters(&c1);
+    uint64_t checked = c1.utf8_bytes_checked - c0.utf8_bytes_checked;
+    uint64_t calls = c1.match_calls - c0.match_calls;
+    /* one pass over the text (the quadratic form checked ~len^2/4 = 2.7e11 bytes) */
+    cr_assert_leq(checked, 2 * len, "UTF-8 checked over %llu bytes for a %zu-byte prompt", (unsigned long long)checked, len);
+    cr_assert_leq(calls, len / 2 + 1, "%llu regex calls", (unsigned long long)calls);
+    cr_assert_geq(n, 1);
+    char *back = detok(ids, n);
+    cr_assert_eq(strlen(back), len);
+    cr_assert_eq(memcmp(back, s, len), 0, "the long prompt round-trips");
+    free(back);
+    free(ids);
+    free(s);
+}
+
+/* A set cancel flag stops the encode (the engine passes the job's flag); a clear one does not. */
+Test(tokenizer, cancel_flag_stops_encoding)
+{
+    size_t len = (size_t)64 << 10;
+    char *s = malloc(len);
+    for (size_t i = 0; i < len; i += 2) { s[i] = 'b'; s[i + 1] = ' '; }
+    int *ids = NULL, n = 0;
+    volatile int cancel = 0;
+    cr_assert_eq(tokenizer_encode(tok, s, len, true, &cancel, &ids, &n), 0);
+    free(ids);
+    ids = NULL;
+    cancel = 1;
+    cr_assert_eq(tokenizer_encode(tok, s, len, true, &cancel, &ids, &n), TIDE_ECANCELED);
+    cr_assert_null(ids);
+    free(s);
+}
+
+/* Text that is not UTF-8 (the daemon refuses it at the door; a library caller may not):
+ * the bad byte is a piece of its own and the rest is tokenized as usual, bytes intact. */
+Test(tokenizer, invalid_utf8_round_trips)
+{
+    const char s[] = "caf\xC3\xA9 \xFF\xC3 ok \xED\xA0\x80 end \xF0\x9F\x8E";
+    int *ids, n;
+    cr_assert_eq(tokenizer_encode(tok, s, sizeof s - 1, false, NULL, &ids, &n), 0);
+    char *back = detok(ids, n);
+    cr_assert_eq(memcmp(back, s, sizeof s - 1), 0);
+    free(back);
+    free(ids);
+}
+
 Test(tokenizer_spm, scores_and_byte_fallback)
 {
     const char *toks[260] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi"};
@@ -126,13 +182,13 @@ Test(tokenizer_spm, scores_and_byte_fallback)
     struct tokenizer *t;
     cr_assert_eq(tokenizer_create(&t, "llama", NULL, toks, scores, types, 260, NULL, 0), 0);
     int *ids, n;
-    cr_assert_eq(tokenizer_encode(t, "hi hi", 5, false, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(t, "hi hi", 5, false, NULL, &ids, &n), 0);
     cr_assert_eq(n, 2);
     cr_assert_eq(ids[0], 7);
     cr_assert_eq(ids[1], 7);
     free(ids);
     /* 'z' is not in the vocabulary: it falls back to its byte token */
-    cr_assert_eq(tokenizer_encode(t, "z", 1, false, &ids, &n), 0);
+    cr_assert_eq(tokenizer_encode(t, "z", 1, false, NULL, &ids, &n), 0);
     char buf[16];
     int len = 0;
     for (int i = 0; i < n; i++) len += tokenizer_token_bytes(t, ids[i], buf + len, 8);
