@@ -30,7 +30,6 @@ struct running {
     struct gen_job *gj;
     struct engine_seq *q;
     bool image;              /* holds the vision encoder busy (vision_begin) */
-    int cancel;              /* gen_job.cancel points here: set from the job's flag each step */
 };
 
 struct scheduler {
@@ -218,7 +217,9 @@ static bool admit(struct scheduler *S)
             memset(r, 0, sizeof *r);
             continue;
         }
-        r->gj->cancel = &r->cancel;
+        /* the job's own flag (an atomic int, read as a plain one): the tokenizer and every step
+         * see a hang-up or a shutdown as soon as it is set */
+        r->gj->cancel = (const volatile int *)&j->cancel;
         int rc = 0;
         struct req_images im;
         openai_req_images(j->ud, &im);
@@ -247,10 +248,8 @@ static void step(struct scheduler *S)
 {
     struct runtime *rt = S->rt;
     struct engine_seq *qs[FORWARD_MAX_SEQ];
-    for (int i = 0; i < S->n; i++) {
-        S->order[i]->cancel = job_cancelled(S->order[i]->j);
+    for (int i = 0; i < S->n; i++)
         qs[i] = S->order[i]->q;
-    }
     int rows = rt->cfg->max_batch_tokens;
     int cap = forward_step_rows(&rt->eng.fw);
     engine_step(&rt->eng, qs, S->n, rows < cap ? rows : cap);
