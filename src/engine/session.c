@@ -148,6 +148,13 @@ static int append_text(struct engine *e, const char *text, size_t len, int **ids
  * first position of image i. */
 static int job_tokens(struct engine *e, const struct gen_job *job, int **ids_out, int *n_out, int *img_at)
 {
+    if (!job->messages && job->prompt_ids) {
+        *ids_out = malloc(sizeof(int) * (size_t)(job->n_prompt_ids + 1));
+        if (!*ids_out) return TIDE_ENOMEM;
+        memcpy(*ids_out, job->prompt_ids, sizeof(int) * (size_t)job->n_prompt_ids);
+        *n_out = job->n_prompt_ids;
+        return 0;
+    }
     char *text;
     if (job->messages) {
         text = template_apply(e->tmpl, job->messages, job->n_messages, true);
@@ -258,33 +265,6 @@ static long stop_find(const char *buf, size_t len, const char *const *stops, int
 }
 
 /* One choice: sample from the prompt's logits onward. */
-/* JSON mode: every token whose bytes would stop the reply being the start of a JSON object
- * gets -inf; end-of-generation is allowed only once the object is complete, and then nothing
- * else is. Costs one pass over the vocabulary per token. */
-static void json_mask(const struct tokenizer *tok, const struct json_guard *g, float *logits, uint32_t n_vocab)
-{
-    bool done = json_guard_complete(g);
-    uint32_t allowed = 0;
-    char piece[256];
-    for (uint32_t id = 0; id < n_vocab; id++) {
-        bool ok;
-        if (tokenizer_is_eog(tok, (int)id)) {
-            ok = done;
-        } else if (done || tokenizer_is_special(tok, (int)id)) {
-            ok = false;
-        } else {
-            int n = tokenizer_token_bytes(tok, (int)id, piece, sizeof piece);
-            struct json_guard t = *g;
-            ok = n > 0 && n <= (int)sizeof piece && json_guard_feed(&t, piece, (size_t)n);
-        }
-        if (ok) allowed++;
-        else logits[id] = -INFINITY;
-    }
-    int eos = tokenizer_eos(tok);
-    if (!allowed && eos >= 0 && (uint32_t)eos < n_vocab)
-        logits[eos] = 0.0f; /* nothing can follow: end here rather than sample from nothing */
-}
-
 static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_prompt,
                       const float *prompt_logits, int max_new, const char *const *stops,
                       int n_stop, char *err, size_t errlen)
@@ -294,6 +274,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
     int rc = sampler_init(&smp, &job->sp, n_vocab);
     if (rc < 0) return rc;
     sampler_reset(&smp, job->sp.seed + (uint64_t)choice);
+    sampler_note_prompt(&smp, e->tokens, n_prompt);
     float *logits = malloc(sizeof(float) * n_vocab);
     size_t cap = 4096;
     char *held = malloc(cap);  /* decoded text not yet given to the callback */
@@ -306,25 +287,23 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
     struct utf8_stream u8 = {0};
     struct token_logprob lp;
     struct json_guard jg;
-    json_guard_init(&jg);
+    json_guard_init(&jg, job->sp.grammar);
     enum finish_reason fin = FINISH_LENGTH;
     int pos = n_prompt;
     e->n_tokens = n_prompt;
-    /* Greedy with nothing that needs the logits themselves (penalties, logprobs, JSON mode):
+    /* Greedy with nothing that needs the logits themselves (penalties, logprobs, a grammar...):
      * each decode step leaves only its pick (forward_eval_greedy, on the device where it can),
      * the sampler's own greedy choice by the same rule. TIDE_HOST_ARGMAX=1 turns it off. */
     const struct sampling_params *sp = &job->sp;
     const char *ha = getenv("TIDE_HOST_ARGMAX");
-    bool pick_only = sp->temperature <= 0.0f && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
-                     !sp->logprobs && !sp->json_object && !(ha && ha[0] == '1');
+    bool pick_only = sp->temperature <= 0.0f && !sampler_needs_logits(sp) && !(ha && ha[0] == '1');
     int next = -1; /* the last step's pick, when pick_only */
     for (int t = 0; t < max_new; t++) {
         if (job->cancel && *job->cancel) {
             rc = TIDE_ECANCELED;
             goto out;
         }
-        if (job->sp.json_object)
-            json_mask(e->tok, &jg, logits, n_vocab);
+        sampler_constrain(&smp, &jg, e->tok, t, logits);
         int id = next >= 0 ? next : sampler_sample(&smp, logits, job->sp.logprobs ? &lp : NULL);
         sampler_accept(&smp, id);
         job->completion_tokens++;
@@ -349,7 +328,7 @@ static int run_choice(struct engine *e, struct gen_job *job, int choice, int n_p
             json_guard_feed(&jg, piece, (size_t)plen); /* json_mask let only valid ones through */
         n_held += utf8_stream_feed(&u8, piece, (size_t)plen, held + n_held);
         if (eog) n_held += utf8_stream_flush(&u8, held + n_held);
-        long at = stop_find(held, n_held, stops, n_stop);
+        long at = t + 1 >= job->sp.min_tokens ? stop_find(held, n_held, stops, n_stop) : -1;
         size_t emit = n_held;
         if (at >= 0) emit = (size_t)at;
         else if (!eog) emit = n_held - stop_holdback(held, n_held, stops, n_stop);
