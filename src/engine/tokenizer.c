@@ -83,8 +83,7 @@ struct tokenizer {
     int bos, eos, eot;
     bool add_bos;
     int byte_id[256];   /* SPM <0xNN> tokens, or gpt2 single-byte tokens; -1 when absent */
-    pcre2_code *re;
-    pcre2_match_data *md;
+    pcre2_code *re;     /* read-only once compiled: match data is per call (thread safety) */
     uint16_t byte_cp[256];  /* GPT-2 byte -> code point */
     int16_t cp_byte[512];   /* code point (< 512) -> byte, -1 when not a mapped one */
 };
@@ -191,8 +190,6 @@ int tokenizer_create(struct tokenizer **out, const char *model, const char *pre,
             goto fail;
         }
         pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
-        t->md = pcre2_match_data_create_from_pattern(t->re, NULL);
-        if (!t->md) goto fail;
     }
     *out = t;
     return 0;
@@ -212,7 +209,6 @@ void tokenizer_free(struct tokenizer *t)
     free(t->special);
     map_free(&t->ids);
     map_free(&t->ranks);
-    if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
     free(t);
 }
@@ -438,17 +434,20 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
         return;
     }
     PCRE2_SIZE off = 0;
+    /* Match data of its own: the HTTP threads (POST /tokenize, prompt validation) encode while
+     * the engine thread does, and nothing else in the tokenizer is written after load. */
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
     char *mapped = malloc(4096 * 2 + 8);
-    if (!mapped) { out->err = TIDE_ENOMEM; return; }
+    if (!mapped || !md) { free(mapped); pcre2_match_data_free(md); out->err = TIDE_ENOMEM; return; }
     while (off < len && !out->err) {
-        int rc = pcre2_match(t->re, (PCRE2_SPTR)text, len, off, 0, t->md, NULL);
+        int rc = pcre2_match(t->re, (PCRE2_SPTR)text, len, off, 0, md, NULL);
         size_t a, b;
         if (rc < 0) {
             /* invalid UTF-8 or no match: take the rest byte by byte */
             a = off;
             b = off + 1;
         } else {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             a = ov[0];
             b = ov[1];
             if (a > off) b = a, a = off;  /* bytes the regex skipped */
@@ -463,6 +462,7 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
         off = b;
     }
     free(mapped);
+    pcre2_match_data_free(md);
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool parse_special,

@@ -10,6 +10,7 @@
 #include "common.h"
 
 #define CONFIG_MAX_DEVICES 16
+#define CONFIG_MAX_CORS_ORIGINS 32
 
 enum device_backend { DEVICE_CPU, DEVICE_CUDA };
 
@@ -51,6 +52,8 @@ struct config {
     int n_vram_reserve;
     struct vision_config vision;
     long segment_mib;   /* expert_cache.segment_mib; 0 = automatic */
+    char *cors_origins[CONFIG_MAX_CORS_ORIGINS]; /* browser origins allowed cross-origin; "*" = any */
+    int n_cors_origins; /* 0 (default): no CORS headers, preflights refused */
     bool help, version; /* --help / --version seen: main prints and returns */
 };
 

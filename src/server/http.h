@@ -44,6 +44,9 @@ int http_start(struct http_server **out, const char *host, int port, const struc
 /* Bounded waits: a job still queued after queue_s, or not done run_s after it was queued,
  * is cancelled and answered 503 (a stream ends with an error event). 0 = no bound. */
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s);
+/* CORS: the browser origins allowed to call (copied; "*" allows any). Call before requests
+ * come (right after http_start); with none, no CORS header is sent and preflights get 403. */
+int http_set_cors(struct http_server *s, char *const *origins, int n);
 /* Stop accepting new connections (SIGTERM, first step). */
 void http_quiesce(struct http_server *s);
 /* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */

@@ -2,6 +2,7 @@
  * engine-thread side that turns generated text into response JSON / SSE chunks. */
 #include "server/openai.h"
 #include "server/metrics.h"
+#include "server/oai_fields.h"
 #include "server/recent.h"
 #include "engine/session.h"
 #include "server/runtime.h"
@@ -31,6 +32,7 @@ struct oai_req {
     char **owned;         /* joined text parts */
     int n_owned;
     struct gen_job gj;
+    struct oai_extras x;  /* grammar, logit_bias, token prompt, echo text */
     char id[48];
     long created;
     char model[256];
@@ -71,6 +73,7 @@ void openai_req_free(void *p)
     struct oai_req *r = p;
     if (!r) return;
     cJSON_Delete(r->root);
+    oai_extras_free(&r->x);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
@@ -268,13 +271,8 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             goto fail;
         g->messages = r->msgs;
         g->n_messages = r->n_msgs;
-    } else {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-        if (!p) { snprintf(msg, msglen, "'prompt' is required"); *param = "prompt"; rc = TIDE_EINVAL; goto fail; }
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
-            p = cJSON_GetArrayItem(p, 0);
-        if (!cJSON_IsString(p)) { snprintf(msg, msglen, "'prompt' must be a string"); *param = "prompt"; rc = TIDE_EINVAL; goto fail; }
-        g->prompt = p->valuestring;
+    } else if ((rc = oai_parse_prompt(root, g, &r->x, msg, msglen, param))) {
+        goto fail;
     }
     rc = TIDE_EINVAL;
     if (bool_field(root, "stream", &r->stream, msg, msglen, param)) goto fail;
@@ -332,16 +330,6 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             snprintf(msg, msglen, "'top_logprobs' requires 'logprobs' to be true"); *param = "top_logprobs"; goto fail;
         }
         g->sp.top_logprobs = (int)ll;
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-        if (rf && !cJSON_IsNull(rf)) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-            if (!cJSON_IsObject(rf) || !cJSON_IsString(t) ||
-                (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object"))) {
-                snprintf(msg, msglen, "'response_format.type' must be \"text\" or \"json_object\"");
-                *param = "response_format"; goto fail;
-            }
-            g->sp.json_object = strcmp(t->valuestring, "json_object") == 0;
-        }
     } else {
         /* Legacy: logprobs is an integer count of alternatives. */
         ll = -1; if (int_field(root, "logprobs", 0, 5, &ll, msg, msglen, param)) goto fail;
@@ -349,9 +337,8 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             g->sp.logprobs = true;
             g->sp.top_logprobs = (int)ll;
         }
-        const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
-        if (cJSON_IsTrue(echo)) { snprintf(msg, msglen, "'echo' is not supported"); *param = "echo"; goto fail; }
     }
+    if ((rc = oai_parse_sampling(root, g, &r->x, msg, msglen, param))) goto fail;
     static unsigned long counter;
     snprintf(r->id, sizeof r->id, "%s-%lx%08lx", chat ? "chatcmpl" : "cmpl", (unsigned long)time(NULL),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
@@ -437,6 +424,40 @@ static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
     return o;
 }
 
+static int append_text(struct choice_out *c, const char *text, size_t len)
+{
+    if (c->len + len + 1 > c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 256;
+        while (nc < c->len + len + 1) nc *= 2;
+        char *nb = realloc(c->text, nc);
+        if (!nb) return TIDE_ENOMEM;
+        c->text = nb;
+        c->cap = nc;
+    }
+    memcpy(c->text + c->len, text, len);
+    c->len += len;
+    c->text[c->len] = 0;
+    return 0;
+}
+
+/* echo (/v1/completions): the prompt text leads every choice's text, or its first chunk. */
+static void echo_prompt(struct oai_req *r)
+{
+    for (int i = 0; i < r->gj.n && i < 16; i++) {
+        if (!r->stream) {
+            append_text(&r->ch[i], r->x.echo_text, strlen(r->x.echo_text));
+            continue;
+        }
+        cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(chs, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        cJSON_AddStringToObject(ch, "text", r->x.echo_text);
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+        send_sse(r, o);
+    }
+}
+
 static int on_text(void *ud, int choice, const char *text, size_t len, const struct token_logprob *lp)
 {
     struct oai_req *r = ud;
@@ -492,17 +513,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         cJSON_AddNullToObject(ch, "finish_reason");
         send_sse(r, o);
     } else {
-        if (c->len + len + 1 > c->cap) {
-            size_t nc = c->cap ? c->cap * 2 : 256;
-            while (nc < c->len + len + 1) nc *= 2;
-            char *nb = realloc(c->text, nc);
-            if (!nb) return 1;
-            c->text = nb;
-            c->cap = nc;
-        }
-        memcpy(c->text + c->len, text, len);
-        c->len += len;
-        c->text[c->len] = 0;
+        if (append_text(c, text, len)) return 1;
         if (lp) {
             if (!c->logprobs) c->logprobs = cJSON_CreateArray();
             cJSON_AddItemToArray(c->logprobs, logprob_json(r, lp));
@@ -573,6 +584,7 @@ void openai_run(struct job *j, void *engine_ctx)
         rc = embed_images(r, err, sizeof err);
         runtime_publish(r->rt); /* the vision state a client reads next is this one */
     }
+    if (rc == 0 && r->x.echo) echo_prompt(r);
     if (rc == 0)
         rc = engine_run(r->eng, &r->gj, err, sizeof err);
     if (r->n_images && r->rt->vision) {

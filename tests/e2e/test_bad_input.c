@@ -281,7 +281,7 @@ static void completions_bad(const char *json, const char *param)
 }
 Test(bad, completions_prompt_missing) { completions_bad("{\"max_tokens\":1}", "prompt"); }
 Test(bad, completions_prompt_number) { completions_bad("{\"prompt\":5}", "prompt"); }
-Test(bad, completions_echo) { completions_bad("{\"prompt\":\"a\",\"echo\":true}", "echo"); }
+Test(bad, completions_echo) { completions_bad("{\"prompt\":\"a\",\"echo\":\"yes\"}", "echo"); }
 Test(bad, completions_logprobs_too_high) { completions_bad("{\"prompt\":\"a\",\"logprobs\":6}", "logprobs"); }
 
 /* 100000 '[' must fail in cJSON's nesting limit (1000), not on the connection thread's stack. */
