@@ -192,7 +192,7 @@ int oai_parse_prompt(const cJSON *root, struct gen_job *g, struct oai_extras *x,
         if (!cJSON_IsString(suffix)) FAIL("suffix", "'suffix' must be a string");
         if (suffix->valuestring[0]) {
             int f = 0;
-            while (f < 3 && (tokenizer_find(vocab, FIM[f][0]) < 0 || tokenizer_find(vocab, FIM[f][1]) < 0 ||
+            while (f < 3 && (!vocab || tokenizer_find(vocab, FIM[f][0]) < 0 || tokenizer_find(vocab, FIM[f][1]) < 0 ||
                              tokenizer_find(vocab, FIM[f][2]) < 0))
                 f++;
             if (f == 3) FAIL("suffix", "'suffix' needs fill-in-the-middle tokens, and this model's vocabulary has none");
