@@ -1,9 +1,11 @@
 /* sample.c - the sampler: logits -> next token, in the order sample.h documents.
  *
- * penalties -> (temperature 0: greedy) -> top_k -> softmax(T) -> top_p -> min_p -> draw.
+ * logit_bias -> repetition -> penalties -> (temperature 0: greedy) -> top_k -> softmax(T) -> top_p -> min_p -> draw.
  * Logprobs are always taken from the raw logits (before any of the above) so that the
  * numbers reported to clients describe the model, not the sampling settings. */
 #include "sample.h"
+#include "json_guard.h"
+#include "tokenizer.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -42,6 +44,7 @@ void sampling_params_default(struct sampling_params *p)
     p->top_p = 1.0f;
     p->min_p = 0.0f;
     p->top_k = 0;
+    p->repetition_penalty = 1.0f;
 }
 
 void sampler_reset(struct sampler *s, uint64_t seed)
@@ -50,6 +53,8 @@ void sampler_reset(struct sampler *s, uint64_t seed)
     s->rng = seed ? seed : SEED_ZERO_REPLACEMENT;
     if (s->counts)
         memset(s->counts, 0, sizeof(int) * s->n_vocab);
+    if (s->seen)
+        memset(s->seen, 0, s->n_vocab);
 }
 
 int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_vocab)
@@ -63,7 +68,8 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
     s->idx = malloc(sizeof(int) * n_vocab);
     s->cand = malloc(sizeof(struct vi) * n_vocab);
     s->expo = malloc(sizeof(float) * n_vocab);
-    if (!s->counts || !s->idx || !s->cand || !s->expo) {
+    s->seen = calloc(n_vocab, 1);
+    if (!s->counts || !s->idx || !s->cand || !s->expo || !s->seen) {
         sampler_free(s);
         return TIDE_ENOMEM;
     }
@@ -77,6 +83,8 @@ void sampler_free(struct sampler *s)
     free(s->idx);
     free(s->cand);
     free(s->expo);
+    free(s->seen);
+    s->seen = NULL;
     s->cand = NULL;
     s->expo = NULL;
     s->counts = NULL;
@@ -85,8 +93,38 @@ void sampler_free(struct sampler *s)
 
 void sampler_accept(struct sampler *s, int id)
 {
-    if (id >= 0 && (uint32_t)id < s->n_vocab)
+    if (id >= 0 && (uint32_t)id < s->n_vocab) {
         s->counts[id]++;
+        s->seen[id] = 1;
+    }
+}
+
+void sampler_note_prompt(struct sampler *s, const int *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && (uint32_t)ids[i] < s->n_vocab)
+            s->seen[ids[i]] = 1;
+}
+
+bool sampler_needs_logits(const struct sampling_params *p)
+{
+    return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f || p->logprobs || p->json_object ||
+           p->n_logit_bias > 0 || p->repetition_penalty != 1.0f || p->min_tokens > 0 || p->ignore_eos;
+}
+
+void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
+                       int n_generated, float *logits)
+{
+    const struct sampling_params *p = &s->p;
+    bool eog_ok = !p->ignore_eos && n_generated >= p->min_tokens;
+    if (p->json_object) {
+        json_guard_mask(g, tok, eog_ok, logits, s->n_vocab);
+        return;
+    }
+    if (!eog_ok)
+        for (uint32_t id = 0; id < s->n_vocab; id++)
+            if (tokenizer_is_eog(tok, (int)id))
+                logits[id] = -INFINITY;
 }
 
 int sampler_argmax(const float *v, int n)
@@ -249,7 +287,21 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
         if (raw) memcpy(raw, logits, sizeof(float) * n);
     }
 
-    /* 1. penalties over the generated tokens */
+    /* 1. logit_bias; -100 bans (a finite -100 could still win when everything else is
+     * masked, which is not what a client banning a token means) */
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int id = p->logit_bias[i].id;
+        if (id < 0 || id >= n) continue;
+        logits[id] = p->logit_bias[i].bias <= -100.0f ? -INFINITY : logits[id] + p->logit_bias[i].bias;
+    }
+    /* repetition_penalty (llama.cpp / vLLM): a token of the prompt or the reply has a positive
+     * logit divided by it and a negative one multiplied, so it always moves down when > 1 */
+    if (p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f) {
+        for (int i = 0; i < n; i++)
+            if (s->seen[i])
+                logits[i] = logits[i] > 0.0f ? logits[i] / p->repetition_penalty : logits[i] * p->repetition_penalty;
+    }
+    /* penalties over the generated tokens */
     if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
         for (int i = 0; i < n; i++) {
             int c = s->counts[i];

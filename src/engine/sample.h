@@ -1,6 +1,10 @@
 /* sample.h - turn logits into the next token.
  *
- * Order: penalties (presence/frequency over generated tokens) -> temperature 0 means
+ * Before sampler_sample the engine calls sampler_constrain: the grammar mask (JSON mode,
+ * json_schema) and the end-of-generation ban (ignore_eos, min_tokens) set logits to -inf.
+ *
+ * Order: logit_bias -> repetition_penalty (prompt and generated tokens) -> presence/frequency
+ * penalties (generated tokens) -> temperature 0 means
  * greedy (argmax, ties to the lowest id) -> top_k -> softmax with temperature -> top_p ->
  * min_p -> draw with a seeded xorshift RNG (same seed, same output). */
 #ifndef TIDE_SAMPLE_H
@@ -20,7 +24,18 @@ struct sampling_params {
     float frequency_penalty;  /* -2..2 */
     bool logprobs;
     int top_logprobs;         /* 0..20 */
-    bool json_object;         /* JSON mode: only tokens that keep the reply a JSON object prefix */
+    bool json_object;         /* a grammar constrains the reply: grammar, or any JSON object */
+    const struct grammar *grammar; /* json_schema's (json_object is then true); NULL: any object */
+    const struct logit_bias *logit_bias; /* added to the logits; <= -100 bans the token */
+    int n_logit_bias;
+    float repetition_penalty; /* 1 = off; > 1 makes tokens of the prompt and reply less likely */
+    int min_tokens;           /* end-of-generation (and stop strings) refused before this many */
+    bool ignore_eos;          /* end-of-generation refused: only max_tokens or a stop ends */
+};
+
+struct logit_bias {
+    int id;
+    float bias;               /* -100..100 */
 };
 
 struct token_logprob {
@@ -41,6 +56,7 @@ struct sampler {
     int *idx;                 /* (n_vocab) scratch */
     struct vi *cand;          /* (n_vocab) candidates (value, id, probability), sample.c's */
     float *expo;              /* (n_vocab) scratch: the softmax's exponentials by id */
+    uint8_t *seen;            /* (n_vocab) in the prompt or generated: repetition_penalty */
 };
 
 void sampling_params_default(struct sampling_params *p);
@@ -55,5 +71,19 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp);
 int sampler_argmax(const float *v, int n);
 /* Tell the sampler a token was emitted (for penalties). */
 void sampler_accept(struct sampler *s, int id);
+/* The prompt's tokens, for repetition_penalty (negative ids, image positions, are skipped).
+ * Call after sampler_reset. */
+void sampler_note_prompt(struct sampler *s, const int *ids, int n);
+/* Whether sampling needs the logits themselves (anything but plain greedy): a device-side
+ * argmax is the same as the sampler's choice only when this is false. */
+bool sampler_needs_logits(const struct sampling_params *p);
+
+struct json_guard;
+struct tokenizer;
+/* The mask before each sampler_sample: the grammar's (g, when p.json_object) and the
+ * end-of-generation ban while ignore_eos or fewer than min_tokens tokens (n_generated) have
+ * been generated. Does nothing when neither applies. */
+void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
+                       int n_generated, float *logits);
 
 #endif

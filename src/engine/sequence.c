@@ -89,8 +89,7 @@ static int pick_slot(struct engine *e, const int *ids, int n, int *keep)
 static bool wants_logits(const struct sampling_params *sp)
 {
     const char *ha = getenv("TIDE_HOST_ARGMAX");
-    return sp->temperature > 0.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f || sp->logprobs ||
-           sp->json_object || (ha && ha[0] == '1');
+    return sp->temperature > 0.0f || sampler_needs_logits(sp) || (ha && ha[0] == '1');
 }
 
 /* Set up choice c: its sampler seeded seed + c, empty text. */
@@ -104,7 +103,8 @@ static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
         return rc;
     q->smp_ok = true;
     sampler_reset(&q->smp, q->job->sp.seed + (uint64_t)q->choice);
-    json_guard_init(&q->jg);
+    sampler_note_prompt(&q->smp, q->ids, q->n_prompt); /* repetition_penalty counts the prompt too */
+    json_guard_init(&q->jg, q->job->sp.grammar);
     memset(&q->u8, 0, sizeof q->u8);
     q->n_held = 0;
     q->t = 0;
@@ -251,35 +251,6 @@ static long stop_find(const char *buf, size_t len, const char *const *stops, int
     return best;
 }
 
-/* JSON mode: every token whose bytes would stop the reply being the start of a JSON object
- * gets -inf; end-of-generation is allowed only once the object is complete, and then nothing
- * else is. Costs one pass over the vocabulary per token. */
-static void json_mask(const struct tokenizer *tok, const struct json_guard *g, float *logits, uint32_t n_vocab)
-{
-    bool done = json_guard_complete(g);
-    uint32_t allowed = 0;
-    char piece[256];
-    for (uint32_t id = 0; id < n_vocab; id++) {
-        bool ok;
-        if (tokenizer_is_eog(tok, (int)id)) {
-            ok = done;
-        } else if (done || tokenizer_is_special(tok, (int)id)) {
-            ok = false;
-        } else {
-            int n = tokenizer_token_bytes(tok, (int)id, piece, sizeof piece);
-            struct json_guard t = *g;
-            ok = n > 0 && n <= (int)sizeof piece && json_guard_feed(&t, piece, (size_t)n);
-        }
-        if (ok)
-            allowed++;
-        else
-            logits[id] = -INFINITY;
-    }
-    int eos = tokenizer_eos(tok);
-    if (!allowed && eos >= 0 && (uint32_t)eos < n_vocab)
-        logits[eos] = 0.0f; /* nothing can follow: end here rather than sample from nothing */
-}
-
 /* Choice q->choice ended with fin: record it, and start the next choice from the prompt's
  * logits (returns true: sample again now) or finish the sequence. */
 static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reason fin)
@@ -307,8 +278,8 @@ static void take_token(struct engine *e, struct engine_seq *q, float *logits, in
     uint32_t n_vocab = e->model.cfg.n_vocab;
     for (;;) {
         struct token_logprob lp;
-        if (job->sp.json_object)
-            json_mask(e->tok, &q->jg, logits, n_vocab);
+        if (logits) /* the grammar mask (json_object, json_schema) and the end-of-text ban */
+            sampler_constrain(&q->smp, &q->jg, e->tok, q->t, logits);
         int id = pick >= 0 ? pick : sampler_sample(&q->smp, logits, job->sp.logprobs ? &lp : NULL);
         pick = -1;
         sampler_accept(&q->smp, id);
@@ -339,7 +310,7 @@ static void take_token(struct engine *e, struct engine_seq *q, float *logits, in
         q->n_held += utf8_stream_feed(&q->u8, piece, (size_t)plen, q->held + q->n_held);
         if (eog)
             q->n_held += utf8_stream_flush(&q->u8, q->held + q->n_held);
-        long at = stop_find(q->held, q->n_held, q->stops, q->n_stop);
+        long at = q->t >= job->sp.min_tokens ? stop_find(q->held, q->n_held, q->stops, q->n_stop) : -1;
         size_t emit = q->n_held;
         if (at >= 0)
             emit = (size_t)at;

@@ -163,6 +163,20 @@ static int append_text(struct engine *e, const char *text, size_t len, const vol
 
 int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids_out, int *n_out, int *img_at)
 {
+    if (!job->messages && job->prompt_ids) { /* token ids as given, no BOS added */
+        *ids_out = malloc(sizeof(int) * (size_t)(job->n_prompt_ids + 1));
+        if (!*ids_out) return TIDE_ENOMEM;
+        memcpy(*ids_out, job->prompt_ids, sizeof(int) * (size_t)job->n_prompt_ids);
+        *n_out = job->n_prompt_ids;
+        return 0;
+    }
+    if (!job->messages && job->prompt_ids) {
+        *ids_out = malloc(sizeof(int) * (size_t)(job->n_prompt_ids + 1));
+        if (!*ids_out) return TIDE_ENOMEM;
+        memcpy(*ids_out, job->prompt_ids, sizeof(int) * (size_t)job->n_prompt_ids);
+        *n_out = job->n_prompt_ids;
+        return 0;
+    }
     char *text;
     if (job->messages) {
         int trc = chat_template_render(&e->chat, job->messages, job->n_messages, job->tools_json, &text);

@@ -67,6 +67,8 @@ struct gen_job {
     int n_messages;
     const char *prompt;
     const char *tools_json;   /* chat: the request's tools array as JSON text for the template, or NULL */
+    const int *prompt_ids;  /* set: the raw prompt as token ids, used as given (no BOS added) */
+    int n_prompt_ids;
     struct sampling_params sp;
     int max_tokens;     /* -1: until the context is full */
     const char *stop[JOB_MAX_STOP];

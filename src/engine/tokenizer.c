@@ -84,8 +84,7 @@ struct tokenizer {
     int bos, eos, eot;
     bool add_bos;
     int byte_id[256];   /* SPM <0xNN> tokens, or gpt2 single-byte tokens; -1 when absent */
-    pcre2_code *re;
-    pcre2_match_data *md;
+    pcre2_code *re;     /* read-only once compiled: match data is per call (thread safety) */
     uint16_t byte_cp[256];  /* GPT-2 byte -> code point */
     int16_t cp_byte[512];   /* code point (< 512) -> byte, -1 when not a mapped one */
 };
@@ -196,8 +195,6 @@ int tokenizer_create(struct tokenizer **out, const char *model, const char *pre,
             goto fail;
         }
         pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
-        t->md = pcre2_match_data_create_from_pattern(t->re, NULL);
-        if (!t->md) goto fail;
     }
     *out = t;
     return 0;
@@ -217,7 +214,6 @@ void tokenizer_free(struct tokenizer *t)
     free(t->special);
     map_free(&t->ids);
     map_free(&t->ranks);
-    if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
     free(t);
 }
@@ -493,8 +489,11 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
      * a long prompt cost the square of its length (issue 27). The regex only ever sees a
      * valid run; a byte that cannot start one is a piece of its own. */
     size_t off = 0, valid_end = 0;
+    /* Match data of its own: the HTTP threads (POST /tokenize, prompt validation) encode while
+     * the engine thread does, and nothing else in the tokenizer is written after load. */
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
     char *mapped = malloc(4096 * 2 + 8);
-    if (!mapped) { out->err = TIDE_ENOMEM; return; }
+    if (!mapped || !md) { free(mapped); pcre2_match_data_free(md); out->err = TIDE_ENOMEM; return; }
     uint64_t checked = 0, calls = 0;
     while (off < len && !out->err) {
         size_t a, b;
@@ -508,13 +507,13 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
             b = off + 1;
             valid_end = 0;
         } else {
-            int rc = pcre2_match(t->re, (PCRE2_SPTR)text, valid_end, off, PCRE2_NO_UTF_CHECK, t->md, NULL);
+            int rc = pcre2_match(t->re, (PCRE2_SPTR)text, valid_end, off, PCRE2_NO_UTF_CHECK, md, NULL);
             calls++;
             if (rc < 0) {
                 a = off;        /* no match: one character */
                 b = off;
             } else {
-                PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+                PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
                 a = ov[0];
                 b = ov[1];
                 if (a > off) b = a, a = off;  /* bytes the regex skipped */
@@ -530,9 +529,10 @@ static void encode_plain(const struct tokenizer *t, const char *text, size_t len
         }
         off = b;
     }
-    n_utf8_checked += checked;
-    n_match_calls += calls;
+    __atomic_add_fetch(&n_utf8_checked, checked, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&n_match_calls, calls, __ATOMIC_RELAXED);
     free(mapped);
+    pcre2_match_data_free(md);
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool parse_special,

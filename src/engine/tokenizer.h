@@ -4,7 +4,11 @@
  * mapping, ranked merges, the pre-tokenizer regex named by tokenizer.ggml.pre, PCRE2)
  * and SentencePiece-style "llama" (scores, U+2581 for space, <0xNN> byte fallback).
  * Special/control tokens (token_type 3 or 4) are matched whole in the text when
- * parse_special is true. */
+ * parse_special is true.
+ *
+ * Thread safety: nothing in a loaded tokenizer is written again (the regex's match data is
+ * made per call), so any number of threads may encode and decode with it at once: the engine
+ * thread, and the HTTP threads for POST /tokenize, /detokenize and request validation. */
 #ifndef TIDE_TOKENIZER_H
 #define TIDE_TOKENIZER_H
 

@@ -61,6 +61,7 @@ void config_free(struct config *c)
     free(c->api_key);
     free(c->name);
     free_hosts(&c->http);
+    for (int i = 0; i < c->n_cors_origins; i++) free(c->cors_origins[i]);
     memset(c, 0, sizeof *c);
 }
 
@@ -331,6 +332,22 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
                 c->vram_reserve_mib[i++] = n;
             }
             c->n_vram_reserve = i;
+        } else if (strcmp(k, "cors_origins") == 0) {
+            if (!cJSON_IsArray(f) || cJSON_GetArraySize(f) > CONFIG_MAX_CORS_ORIGINS)
+                return bad(err, errlen, k, "a list of up to 32 origins (\"https://host:port\", or \"*\")", f);
+            for (int i = 0; i < c->n_cors_origins; i++) free(c->cors_origins[i]);
+            c->n_cors_origins = 0;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, f) {
+                char p[48];
+                snprintf(p, sizeof p, "cors_origins[%d]", c->n_cors_origins);
+                /* An origin is scheme://host[:port]: no path, and so no '/' after the "//" */
+                const char *o = cJSON_IsString(x) ? x->valuestring : NULL, *h = o ? strstr(o, "://") : NULL;
+                if (!o || (strcmp(o, "*") && (!h || h == o || !h[3] || strchr(h + 3, '/'))))
+                    return bad(err, errlen, p, "an origin like \"https://example.com\" (no path) or \"*\"", x);
+                if (!(c->cors_origins[c->n_cors_origins] = strdup(o))) return TIDE_ENOMEM;
+                c->n_cors_origins++;
+            }
         } else if (strcmp(k, "vision") == 0) rc = parse_vision(c, f, err, errlen);
         else if (strcmp(k, "http") == 0) rc = parse_http(c, f, err, errlen);
         else if (strcmp(k, "expert_cache") == 0) {

@@ -10,6 +10,7 @@
 #include "common.h"
 
 #define CONFIG_MAX_DEVICES 16
+#define CONFIG_MAX_CORS_ORIGINS 32
 
 enum device_backend { DEVICE_CPU, DEVICE_CUDA };
 
@@ -67,6 +68,8 @@ struct config {
     char *name;         /* instance identity (/v1/vram, /metrics); NULL: host:port */
     int drain_timeout_s; /* SIGTERM: finish running + queued work up to this long */
     struct http_config http;
+    char *cors_origins[CONFIG_MAX_CORS_ORIGINS]; /* browser origins allowed cross-origin; "*" = any */
+    int n_cors_origins; /* 0 (default): no CORS headers, preflights refused */
     bool help, version; /* --help / --version seen: main prints and returns */
 };
 

@@ -37,6 +37,8 @@ struct http_server {
     char **hosts;             /* http_options.allowed_hosts, copied */
     int n_hosts;
     bool check_host;          /* listening on loopback, or hosts given */
+    char **cors;              /* allowed browser origins ("*": any); none: no CORS at all */
+    atomic_int n_cors;        /* published last: set after http_start, read by the pollers */
     double queue_s, run_s;    /* bounded waits; 0 = none */
     pthread_mutex_t mu;       /* guards the list; taken before any job's mu */
     struct req_state *head;   /* requests attached to a job */
@@ -100,6 +102,26 @@ static void body_drop(struct req_state *st)
     st->len = st->cap = 0;
 }
 
+/* The request's Origin when the config allows it cross-origin, else NULL. */
+static const char *cors_origin(const struct http_server *s, struct MHD_Connection *c)
+{
+    const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    int n = atomic_load(&s->n_cors);
+    for (int i = 0; o && i < n; i++)
+        if (!strcmp(s->cors[i], "*") || !strcmp(s->cors[i], o)) return o;
+    return NULL;
+}
+
+/* Access-Control-Allow-Origin on every answer to an allowed origin (the browser then lets the
+ * page read it); Vary, since the header depends on the Origin sent. */
+static void add_cors(const struct http_server *s, struct MHD_Connection *c, struct MHD_Response *r)
+{
+    const char *o = cors_origin(s, c);
+    if (!o) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", o);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static enum MHD_Result send_resp(struct MHD_Connection *c, struct req_state *st,
                                  struct http_response *rs, const char *allow)
 {
@@ -113,6 +135,7 @@ static enum MHD_Result send_resp(struct MHD_Connection *c, struct req_state *st,
     if (allow) MHD_add_response_header(r, "Allow", allow);
     if (st->srv->instance) MHD_add_response_header(r, "X-Tide-Instance", st->srv->instance);
     if (st->close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    add_cors(st->srv, c, r);
     if (rs->retry_after > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", rs->retry_after);
@@ -270,6 +293,29 @@ static enum MHD_Result finish_wait(struct http_server *s, struct MHD_Connection 
     return send_resp(c, st, &rs, NULL);
 }
 
+/* A CORS preflight (OPTIONS on a known path): 204 with the Allow-* headers for an allowed
+ * origin, 403 and no CORS header for any other. It needs no API key: browsers send none. */
+static void preflight(struct MHD_Connection *c, struct req_state *st, const char *allow)
+{
+    if (!cors_origin(st->srv, c)) {
+        send_error(c, st, 403, "invalid_request_error",
+                   "cross-origin requests from this Origin are not allowed (config: cors_origins)", NULL);
+        return;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return;
+    char methods[80];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    const char *hdrs = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    add_cors(st->srv, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", hdrs && hdrs[0] ? hdrs : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    metrics_request(st->endpoint, 204);
+    MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+}
+
 static bool key_ok(const char *want, const char *auth)
 {
     /* The scheme name is case-insensitive (RFC 9110 11.1); the key itself is not. */
@@ -386,6 +432,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t l = strlen(allow);
         snprintf(allow + l, sizeof allow - l, "%s%s", l ? ", " : "", s->routes[i].method);
     }
+    if (strcmp(method, "OPTIONS") == 0 && allow[0]) {
+        preflight(c, st, allow);
+        return MHD_YES;
+    }
     if (!route && allow[0]) {
         char m[128];
         snprintf(m, sizeof m, "method %s is not allowed on %s", method, url);
@@ -430,6 +480,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     if (s->instance) MHD_add_response_header(r, "X-Tide-Instance", s->instance);
+    add_cors(s, c, r);
     metrics_request(st->endpoint, 200);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
@@ -464,6 +515,8 @@ static void free_server(struct http_server *s)
     free(s->hosts);
     free(s->api_key);
     free(s->instance);
+    for (char **o = s->cors; o && *o; o++) free(*o);
+    free(s->cors);
     free(s);
 }
 
@@ -545,6 +598,16 @@ int http_start(struct http_server **out, const char *host, int port, const struc
 int http_add_connection(struct http_server *s, int fd, const struct sockaddr *addr, unsigned addrlen)
 {
     return MHD_add_connection(s->d, fd, addr, (socklen_t)addrlen) == MHD_YES ? 0 : TIDE_EIO;
+}
+
+int http_set_cors(struct http_server *s, char *const *origins, int n)
+{
+    s->cors = calloc((size_t)n + 1, sizeof *s->cors); /* NULL-terminated */
+    if (!s->cors) return TIDE_ENOMEM;
+    for (int i = 0; i < n; i++)
+        if (!(s->cors[i] = strdup(origins[i]))) return TIDE_ENOMEM; /* http_stop frees them */
+    atomic_store(&s->n_cors, n);
+    return 0;
 }
 
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s)

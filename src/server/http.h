@@ -62,6 +62,9 @@ int http_add_connection(struct http_server *s, int fd, const struct sockaddr *ad
 void http_set_timeouts(struct http_server *s, double queue_s, double run_s);
 /* Every response carries `X-Tide-Instance: name` (which daemon of a fleet answered). */
 void http_set_instance(struct http_server *s, const char *name);
+/* CORS: the browser origins allowed to call (copied; "*" allows any). Call before requests
+ * come (right after http_start); with none, no CORS header is sent and preflights get 403. */
+int http_set_cors(struct http_server *s, char *const *origins, int n);
 /* Stop accepting new connections (SIGTERM, first step). */
 void http_quiesce(struct http_server *s);
 /* Close everything; in-flight handlers must have been woken (jobs cancelled) first. */

@@ -11,9 +11,11 @@
 #include "server/fifo.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/oai_fields.h"
 #include "server/openai.h"
 #include "server/recent.h"
 #include "server/runtime.h"
+#include "server/tokenize_api.h"
 #include "server/ui.h"
 #include "server/vram_api.h"
 #include "memory/host_budget.h"
@@ -179,6 +181,21 @@ static void h_vram_post(void *ap, const struct http_request *rq, struct http_res
     vram_post(&a->rt, rq, rs);
 }
 
+/* The tokenizer is read-only once loaded: these answer on the HTTP thread (tokenize_api.h). */
+static void h_tokenize(void *ap, const struct http_request *rq, struct http_response *rs)
+{
+    struct app *a = ap;
+    if (!atomic_load(&a->fifo)) { http_error(rs, 503, "server_error", "model is loading", NULL, NULL); rs->retry_after = 1; return; }
+    tokenize_handle(a->rt.eng.tok, rq, rs);
+}
+
+static void h_detokenize(void *ap, const struct http_request *rq, struct http_response *rs)
+{
+    struct app *a = ap;
+    if (!atomic_load(&a->fifo)) { http_error(rs, 503, "server_error", "model is loading", NULL, NULL); rs->retry_after = 1; return; }
+    detokenize_handle(a->rt.eng.tok, rq, rs);
+}
+
 static void h_chat(void *ap, const struct http_request *rq, struct http_response *rs) { generate(ap, rq, rs, true); }
 static void h_completions(void *ap, const struct http_request *rq, struct http_response *rs) { generate(ap, rq, rs, false); }
 
@@ -193,6 +210,8 @@ static const struct http_route routes[] = {
     { "GET", "/v1/vram", h_vram_get },
     { "GET", "/v1/requests", recent_handle },
     { "POST", "/v1/vram", h_vram_post },
+    { "POST", "/tokenize", h_tokenize },
+    { "POST", "/detokenize", h_detokenize },
 };
 
 static void plan_from_config(const struct config *c, struct plan_options *po)
@@ -279,6 +298,12 @@ int main(int argc, char **argv)
     http_set_instance(http, instance);
     metrics_set_instance(instance);
     vram_set_instance(instance);
+    if (http_set_cors(http, a->cfg.cors_origins, a->cfg.n_cors_origins)) {
+        tide_log("out of memory");
+        http_stop(http);
+        config_free(&a->cfg);
+        return 1;
+    }
 
     tide_log("loading model %s (context %d, threads %d)", a->cfg.model, a->cfg.context, a->cfg.threads);
     double t0 = tide_now();
@@ -348,6 +373,7 @@ int main(int argc, char **argv)
                  ec->n_seg, ec->seg_bytes / 1048576.0, device_free_bytes(d) / 1048576.0);
     }
     runtime_publish(rt);
+    openai_set_tokenizer(rt->eng.tok);
     struct fifo *f = NULL;
     rc = fifo_create(&f, a->cfg.queue_max);
     if (!rc) {

@@ -3,6 +3,7 @@
  * engine thread through openai_gen). */
 #include "server/openai.h"
 #include "server/metrics.h"
+#include "server/oai_fields.h"
 #include "server/recent.h"
 #include "server/json_text.h"
 #include "memory/host_budget.h"
@@ -33,6 +34,7 @@ struct oai_req {
     char **owned;         /* joined text parts, tool_calls and tools as JSON text */
     int n_owned;
     struct gen_job gj;
+    struct oai_extras x;  /* grammar, logit_bias, token prompt, echo text */
     char id[48];
     long created;
     char model[256];
@@ -86,6 +88,7 @@ void openai_req_free(void *p)
     if (!r) return;
     cJSON_Delete(r->root);
     host_budget_release(&request_budget, r->charged);
+    oai_extras_free(&r->x);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
@@ -307,13 +310,8 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             r->owned[r->n_owned++] = j;
             g->tools_json = j;
         }
-    } else {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-        if (!p) { snprintf(msg, msglen, "'prompt' is required"); *param = "prompt"; rc = TIDE_EINVAL; goto fail; }
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
-            p = cJSON_GetArrayItem(p, 0);
-        if (!cJSON_IsString(p)) { snprintf(msg, msglen, "'prompt' must be a string"); *param = "prompt"; rc = TIDE_EINVAL; goto fail; }
-        g->prompt = p->valuestring;
+    } else if ((rc = oai_parse_prompt(root, g, &r->x, msg, msglen, param))) {
+        goto fail;
     }
     rc = TIDE_EINVAL;
     if (bool_field(root, "stream", &r->stream, msg, msglen, param)) goto fail;
@@ -371,16 +369,6 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             snprintf(msg, msglen, "'top_logprobs' requires 'logprobs' to be true"); *param = "top_logprobs"; goto fail;
         }
         g->sp.top_logprobs = (int)ll;
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-        if (rf && !cJSON_IsNull(rf)) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-            if (!cJSON_IsObject(rf) || !cJSON_IsString(t) ||
-                (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object"))) {
-                snprintf(msg, msglen, "'response_format.type' must be \"text\" or \"json_object\"");
-                *param = "response_format"; goto fail;
-            }
-            g->sp.json_object = strcmp(t->valuestring, "json_object") == 0;
-        }
     } else {
         /* Legacy: logprobs is an integer count of alternatives. */
         ll = -1; if (int_field(root, "logprobs", 0, 5, &ll, msg, msglen, param)) goto fail;
@@ -388,9 +376,8 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
             g->sp.logprobs = true;
             g->sp.top_logprobs = (int)ll;
         }
-        const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
-        if (cJSON_IsTrue(echo)) { snprintf(msg, msglen, "'echo' is not supported"); *param = "echo"; goto fail; }
     }
+    if ((rc = oai_parse_sampling(root, g, &r->x, msg, msglen, param))) goto fail;
     static unsigned long counter;
     snprintf(r->id, sizeof r->id, "%s-%lx%08lx", chat ? "chatcmpl" : "cmpl", (unsigned long)time(NULL),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
@@ -509,6 +496,40 @@ static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
     return o;
 }
 
+static int append_text(struct choice_out *c, const char *text, size_t len)
+{
+    if (c->len + len + 1 > c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 256;
+        while (nc < c->len + len + 1) nc *= 2;
+        char *nb = realloc(c->text, nc);
+        if (!nb) return TIDE_ENOMEM;
+        c->text = nb;
+        c->cap = nc;
+    }
+    memcpy(c->text + c->len, text, len);
+    c->len += len;
+    c->text[c->len] = 0;
+    return 0;
+}
+
+/* echo (/v1/completions): the prompt text leads every choice's text, or its first chunk. */
+static void echo_prompt(struct oai_req *r)
+{
+    for (int i = 0; i < r->gj.n && i < 16; i++) {
+        if (!r->stream) {
+            append_text(&r->ch[i], r->x.echo_text, strlen(r->x.echo_text));
+            continue;
+        }
+        cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(chs, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        cJSON_AddStringToObject(ch, "text", r->x.echo_text);
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+        send_sse(r, o);
+    }
+}
+
 static int on_text(void *ud, int choice, const char *text, size_t len, const struct token_logprob *lp)
 {
     struct oai_req *r = ud;
@@ -562,17 +583,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         cJSON_AddNullToObject(ch, "finish_reason");
         send_sse(r, o);
     } else {
-        if (c->len + len + 1 > c->cap) {
-            size_t nc = c->cap ? c->cap * 2 : 256;
-            while (nc < c->len + len + 1) nc *= 2;
-            char *nb = realloc(c->text, nc);
-            if (!nb) return 1;
-            c->text = nb;
-            c->cap = nc;
-        }
-        memcpy(c->text + c->len, text, len);
-        c->len += len;
-        c->text[c->len] = 0;
+        if (append_text(c, text, len)) return 1;
         if (lp) {
             if (!c->logprobs) c->logprobs = cJSON_CreateArray();
             cJSON_AddItemToArray(c->logprobs, logprob_json(r, lp));
@@ -610,6 +621,8 @@ static struct gen_job *openai_begin(struct job *j, void *engine_ctx)
     r->eng = &r->rt->eng;
     r->gj.on_text = on_text;
     r->gj.ud = r;
+    if (r->x.echo)
+        echo_prompt(r);
     return &r->gj;
 }
 

@@ -282,7 +282,7 @@ static void completions_bad(const char *json, const char *param)
 }
 Test(bad, completions_prompt_missing) { completions_bad("{\"max_tokens\":1}", "prompt"); }
 Test(bad, completions_prompt_number) { completions_bad("{\"prompt\":5}", "prompt"); }
-Test(bad, completions_echo) { completions_bad("{\"prompt\":\"a\",\"echo\":true}", "echo"); }
+Test(bad, completions_echo) { completions_bad("{\"prompt\":\"a\",\"echo\":\"yes\"}", "echo"); }
 Test(bad, completions_logprobs_too_high) { completions_bad("{\"prompt\":\"a\",\"logprobs\":6}", "logprobs"); }
 /* invalid UTF-8 is refused at the door, naming its field (issue 27) */
 Test(bad, completions_prompt_invalid_utf8) { completions_bad("{\"max_tokens\":1,\"prompt\":\"ab\xc3(\"}", "prompt"); }

@@ -116,3 +116,47 @@ try {
 const after = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16 });
 assert.equal(after.choices[0].message.content, text, "the reply after an aborted stream changed");
 ok("aborted stream: next request answered, same text");
+
+// Structured outputs: chat.completions.parse with a strict JSON schema (response_format
+// json_schema) returns message.parsed, an object that validates against the schema.
+const shapeSchema = {
+  type: "object", additionalProperties: false, required: ["shape", "count", "filled", "colour"],
+  properties: {
+    shape: { enum: ["square", "circle", "triangle"] }, count: { type: "integer" }, filled: { type: "boolean" },
+    colour: { anyOf: [{ type: "null" }, { $ref: "#/$defs/colour" }] },
+  },
+  $defs: { colour: { type: "string", enum: ["red", "blue", "green"] } },
+};
+for (const temperature of [0, 1]) {
+  const r = await client.chat.completions.parse({ model, temperature, seed: 7, max_tokens: 200,
+    messages: [{ role: "user", content: "Describe a red square as JSON." }],
+    response_format: { type: "json_schema", json_schema: { name: "shape", strict: true, schema: shapeSchema } } });
+  const p = r.choices[0].message.parsed;
+  assert.equal(r.choices[0].finish_reason, "stop", `cut short: ${r.choices[0].message.content}`);
+  assert.ok(p && typeof p === "object", "no parsed object");
+  assert.deepEqual(Object.keys(p), ["shape", "count", "filled", "colour"]);
+  assert.ok(["square", "circle", "triangle"].includes(p.shape), `shape ${p.shape}`);
+  assert.ok(Number.isInteger(p.count), `count ${p.count}`);
+  assert.equal(typeof p.filled, "boolean");
+  assert.ok(p.colour === null || ["red", "blue", "green"].includes(p.colour), `colour ${p.colour}`);
+  ok(`chat.completions.parse (temperature ${temperature}): ${JSON.stringify(p)}`);
+}
+try {
+  await client.chat.completions.create({ model, messages, response_format: { type: "json_schema",
+    json_schema: { name: "x", schema: { type: "string", pattern: "^a" } } } });
+  assert.fail("a schema with pattern was accepted");
+} catch (e) {
+  assert.ok(e instanceof OpenAI.BadRequestError && e.param === "response_format" && /pattern/.test(e.message), `${e}`);
+  ok(`json_schema outside the subset: 400, param response_format: ${e.message}`);
+}
+
+// logit_bias -100 on the token greedy decoding picks first: the reply starts otherwise.
+const first = await client.completions.create({ model, prompt: "The red square and the blue circle are",
+  max_tokens: 1, temperature: 0 });
+const tok = await (await fetch(baseURL + "/tokenize", { method: "POST", headers: { "Content-Type": "application/json" },
+  body: JSON.stringify({ content: first.choices[0].text }) })).json();
+assert.equal(tok.tokens.length, 1, `greedy's first token ${JSON.stringify(first.choices[0].text)} re-tokenizes to ${tok.tokens}`);
+const banned = await client.completions.create({ model, prompt: "The red square and the blue circle are",
+  max_tokens: 1, temperature: 0, logit_bias: { [tok.tokens[0]]: -100 } });
+assert.notEqual(banned.choices[0].text, first.choices[0].text, "logit_bias -100 did not remove the token");
+ok(`logit_bias: token ${tok.tokens[0]} ${JSON.stringify(first.choices[0].text)} banned, got ${JSON.stringify(banned.choices[0].text)}`);

@@ -88,6 +88,23 @@ Test(config, errors_name_the_key)
     expect_err("{\"vision\":{\"lazy\":\"yes\"}}", "config: vision.lazy:");
     expect_err("{\"vision\":{\"zoom\":1}}", "config: vision.zoom: unknown key");
     expect_err("{\"model\":", "config:");
+    expect_err("{\"cors_origins\":\"*\"}", "config: cors_origins:");
+    expect_err("{\"cors_origins\":[\"https://a.example/path\"]}", "config: cors_origins[0]:");
+    expect_err("{\"cors_origins\":[\"*\",\"a.example\"]}", "config: cors_origins[1]:");
+}
+
+Test(config, cors_origins)
+{
+    struct config c;
+    char err[256] = "";
+    cr_assert_eq(parse("{}", &c, err), 0);
+    cr_expect_eq(c.n_cors_origins, 0, "none allowed by default");
+    config_free(&c);
+    cr_assert_eq(parse("{\"cors_origins\":[\"https://app.example:8443\",\"*\"]}", &c, err), 0, "%s", err);
+    cr_expect_eq(c.n_cors_origins, 2);
+    cr_expect_str_eq(c.cors_origins[0], "https://app.example:8443");
+    cr_expect_str_eq(c.cors_origins[1], "*");
+    config_free(&c);
 }
 
 Test(config, flags_override)

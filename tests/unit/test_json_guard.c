@@ -10,7 +10,7 @@
 /* Feeds s one byte at a time; returns the offset of the first refused byte, or -1. */
 static long first_refusal(const char *s, struct json_guard *g)
 {
-    json_guard_init(g);
+    json_guard_init(g, NULL);
     for (size_t i = 0; s[i]; i++)
         if (!json_guard_feed(g, s + i, 1))
             return (long)i;
@@ -20,7 +20,7 @@ static long first_refusal(const char *s, struct json_guard *g)
 Test(json_guard, valid_objects_are_complete)
 {
     const char *ok[] = {
-        "{}", " \n{ }\t", "{\"a\":1}", "{\"a\":-0.5e+10,\"b\":[1,2,{\"c\":null}],\"d\":true,\"e\":false}",
+        "{}", "{ }", "{\n \"a\": 1\n}", "{\"a\":1}", "{\"a\":-0.5e+10,\"b\":[1,2,{\"c\":null}],\"d\":true,\"e\":false}",
         "{\"s\":\"esc \\\" \\\\ \\/ \\b\\f\\n\\r\\t \\u00e9\"}", "{\"utf8\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"}",
         "{\"n\":[0,10,1.25,-3,2E5,7e-2]}", "{\"deep\":[[[[{\"x\":[]}]]]]}",
     };
@@ -36,7 +36,7 @@ Test(json_guard, valid_objects_are_complete)
 
 Test(json_guard, prefixes_are_accepted_but_not_complete)
 {
-    const char *pre[] = {"", " ", "{", "{\"a", "{\"a\"", "{\"a\":", "{\"a\":[", "{\"a\":1", "{\"a\":1.",
+    const char *pre[] = {"", "{", "{\"a", "{\"a\"", "{\"a\":", "{\"a\":[", "{\"a\":1", "{\"a\":1.",
                          "{\"a\":\"\\u00", "{\"a\":tr", "{\"a\":{\"b\":[]", "{\"a\":\"\xe2\x82"};
     for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
         struct json_guard g;
@@ -50,7 +50,7 @@ Test(json_guard, wrong_bytes_are_refused_where_they_appear)
     struct { const char *s; long at; } bad[] = {
         {"[1]", 0}, {"\"x\"", 0}, {"1", 0}, {"{a:1}", 1}, {"{\"a\" 1}", 5}, {"{\"a\":01}", 6},
         {"{\"a\":1,}", 7}, {"{\"a\":[1,]}", 8}, {"{\"a\":tru}", 8}, {"{\"a\":\"\\x\"}", 7},
-        {"{\"a\":\"\x01\"}", 6}, {"{\"a\":1]", 6}, {"{}}", 2}, {"{} x", 3}, {"{\"a\":-}", 6},
+        {"{\"a\":\"\x01\"}", 6}, {"{\"a\":1]", 6}, {"{}}", 2}, {"{} x", 2}, {" {}", 0}, {"{   }", 3}, {"{\"a\":1   ,\"b\":2}", 8}, {"{\"a\":1234567890123456}", 20}, {"{\"a\":-}", 6},
         {"{\"a\":1.e5}", 7}, {"{\"a\":\"\xc0\xaf\"}", 6}, {"{\"a\":\"\xe2\x28\"}", 7}, {"{\"a\":\"\\u12g4\"}", 10},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

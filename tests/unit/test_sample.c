@@ -344,3 +344,70 @@ Test(sample, partitioned_draw_is_the_sorted_draw, .timeout = 60)
     }
     free(l); free(work); free(pr); free(c);
 }
+
+/* logit_bias: -100 bans the greedy pick (even when it is the only finite one left), +x adds. */
+Test(sample, logit_bias_bans_and_adds)
+{
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    struct logit_bias ban[] = {{7, -100.0f}}, lift[] = {{3, 10.0f}};
+    p.logit_bias = ban;
+    p.n_logit_bias = 1;
+    int id = sample_once(&p);
+    cr_expect_neq(id, 7, "banned token chosen");
+    p.logit_bias = lift;
+    cr_expect_eq(sample_once(&p), 3, "+10 makes id 3 (logit %.1f) the best", (double)((3 * 37) % NV) * 0.1);
+    p.temperature = 1; /* sampled: a banned token never comes */
+    p.logit_bias = ban;
+    for (uint64_t seed = 1; seed < 200; seed++) {
+        p.seed = seed;
+        cr_assert_neq(sample_once(&p), 7);
+    }
+}
+
+/* repetition_penalty (llama.cpp / vLLM): a seen token's positive logit is divided, a negative
+ * one multiplied; prompt tokens count, and a fresh sampler_reset forgets them. */
+Test(sample, repetition_penalty_divides_and_multiplies)
+{
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    p.repetition_penalty = 2.0f;
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 4), 0);
+    float l[4] = {3.0f, 2.0f, -1.0f, -1.5f};
+    int prompt[] = {0, 2, -1};   /* -1: an image position, skipped */
+    sampler_note_prompt(&s, prompt, 3);
+    cr_expect_eq(sampler_sample(&s, l, NULL), 1, "3/2 = 1.5 < 2: id 1 wins");
+    cr_expect_float_eq(l[0], 1.5f, 1e-6, "positive divided");
+    cr_expect_float_eq(l[2], -2.0f, 1e-6, "negative multiplied");
+    cr_expect_float_eq(l[3], -1.5f, 1e-6, "unseen untouched");
+    sampler_accept(&s, 1); /* generated tokens count too */
+    float m[4] = {3.0f, 2.0f, -1.0f, -1.5f};
+    sampler_sample(&s, m, NULL);
+    cr_expect_float_eq(m[1], 1.0f, 1e-6);
+    sampler_reset(&s, 1);
+    float k[4] = {3.0f, 2.0f, -1.0f, -1.5f};
+    cr_expect_eq(sampler_sample(&s, k, NULL), 0, "reset forgets the prompt");
+    sampler_free(&s);
+}
+
+/* What makes the device-side argmax shortcut invalid: every setting that reads the logits. */
+Test(sample, needs_logits)
+{
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    cr_expect(!sampler_needs_logits(&p));
+    struct sampling_params q = p;
+    q.repetition_penalty = 1.1f;
+    cr_expect(sampler_needs_logits(&q));
+    q = p, q.min_tokens = 1;
+    cr_expect(sampler_needs_logits(&q));
+    q = p, q.ignore_eos = true;
+    cr_expect(sampler_needs_logits(&q));
+    struct logit_bias b = {1, 1.0f};
+    q = p, q.logit_bias = &b, q.n_logit_bias = 1;
+    cr_expect(sampler_needs_logits(&q));
+}
