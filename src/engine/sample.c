@@ -127,14 +127,6 @@ void sampler_constrain(struct sampler *s, const struct json_guard *g, const stru
                 logits[id] = -INFINITY;
 }
 
-int sampler_argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) /* strict: ties keep the lowest id */
-            best = i;
-    return best;
-}
 
 
 static int cmp_vi_desc(const void *a, const void *b)

@@ -60,7 +60,7 @@ void tokenize_handle(const struct tokenizer *tok, const struct http_request *rq,
     } else if (flag(o, "add_special", false, &add_special, rs) && flag(o, "parse_special", true, &parse_special, rs) &&
                flag(o, "with_pieces", false, &with_pieces, rs)) {
         int *ids = NULL, n = 0;
-        int rc = tokenizer_encode(tok, content->valuestring, strlen(content->valuestring), parse_special, &ids, &n);
+        int rc = tokenizer_encode(tok, content->valuestring, strlen(content->valuestring), parse_special, NULL, &ids, &n);
         if (rc < 0) {
             http_error(rs, 500, "server_error", tide_strerror(rc), NULL, NULL);
         } else {
