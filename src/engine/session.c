@@ -44,10 +44,9 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         e->fail_step = atol(step);
         tide_log("fault injection armed: forward step #%ld fails", e->fail_step);
     }
-    /* k-quants have CPU kernels only: a CUDA device would multiply by nothing */
+    /* k-quants, q5_0/q5_1, iq4_xs and MXFP4 have CPU kernels only: a CUDA device would multiply by nothing */
     for (int i = 0; i < e->mem.n_dev; i++) {
-        uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_type_of(&e->model, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
-                                                       : UINT32_MAX;
+        uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "
                      "(set \"devices\" to cpu, or use a q8_0/f16/bf16 GGUF)", i, ggml_type_name(t));
