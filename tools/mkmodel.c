@@ -2,6 +2,7 @@
  * (src/engine/modelgen.c) and of the mmproj generator (src/vision/mmprojgen.c,
  * `--preset mmproj`). Writes a deterministic GGUF for a named preset. */
 #include "engine/modelgen.h"
+#include "engine/quant_mix.h"
 #include "vision/mmprojgen.h"
 
 #include <stdio.h>
@@ -12,7 +13,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|big|qwen3-30b-a3b --out FILE [--seed N]\n"
-            "       [--type f32|f16|bf16|q8_0|q4_K|q6_K] [--layers N] [--embd N] [--heads N]\n"
+            "       [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_K|q5_K|q6_K|iq4_xs|mxfp4]\n"
+            "       [--mix Q4_K_M|Q5_K_M|Q6_K] [--layers N] [--embd N] [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
             "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
             "       its matrices are made by --threads threads, default all CPUs)\n"
@@ -44,13 +46,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--text-embd")) text_embd = u;
         else if (!strcmp(a, "--threads")) o.threads = (int)u;
         else if (!strcmp(a, "--type")) {
-            if (!strcmp(v, "f32")) o.type = GGML_TYPE_F32;
-            else if (!strcmp(v, "f16")) o.type = GGML_TYPE_F16;
-            else if (!strcmp(v, "bf16")) o.type = GGML_TYPE_BF16;
-            else if (!strcmp(v, "q8_0")) o.type = GGML_TYPE_Q8_0;
-            else if (!strcmp(v, "q4_K")) o.type = GGML_TYPE_Q4_K;
-            else if (!strcmp(v, "q6_K")) o.type = GGML_TYPE_Q6_K;
-            else { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
+            static const uint32_t known[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+                                             GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,
+                                             GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
+            o.type = -1;
+            for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+                if (!strcmp(v, ggml_type_name(known[k]))) o.type = (int)known[k];
+            if (o.type < 0) { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
+        } else if (!strcmp(a, "--mix")) {
+            if ((o.mix = quant_mix_parse(v)) < 0) { fprintf(stderr, "tide-mkmodel: unknown mix %s\n", v); return 2; }
         } else { fprintf(stderr, "tide-mkmodel: unknown option %s\n", a); usage(); return 2; }
     }
     if (!o.preset || !o.out) { usage(); return 2; }

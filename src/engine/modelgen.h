@@ -11,6 +11,9 @@ struct modelgen_options {
     const char *out;      /* output path */
     uint64_t seed;        /* PRNG seed; same options -> byte-identical file */
     int type;             /* ggml type of the big matrices, or -1 for the preset's */
+    int mix;              /* enum quant_mix: a llama-quantize recipe over the types (0: none) */
+    bool mix_as_f32;      /* store the mix's values (quantised, then dequantised) as f32: the
+                           * same weights for a reference run (tests) */
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
     int threads;          /* threads for the write-time matrices (0: all CPUs) */

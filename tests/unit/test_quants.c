@@ -218,3 +218,112 @@ Test(quants, matmul_rows_do_not_depend_on_the_batch_or_threads)
         free(data); free(x); free(y1); free(yn);
     }
 }
+
+/* ---- whole models: a llama-quantize mix against the same weights in f32 ---- */
+#include "engine/forward.h"
+#include "engine/modelgen.h"
+#include "engine/quant_mix.h"
+
+static void make_model(const char *path, int type, int mix, bool as_f32)
+{
+    /* 256 wide everywhere, so the k-quants (not their 32-value fallbacks) are what runs */
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 5, .type = type, .mix = mix,
+                                 .n_embd = 256, .n_ff = 256, .n_layer = 4, .n_head = 4, .n_head_kv = 2,
+                                 .mix_as_f32 = as_f32};
+    char err[256] = "";
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy tokens and step-0 logits of each mix against the same weights as f32 (the mix's
+ * values dequantised at write time): what differs is tide's int8 compute. (Against the
+ * unquantised f32 model this random 8-expert model is chaotic: q8_0 weights alone move the
+ * logits 2.7%, and 4-5 bit weights flip the top-2 routing, 35%.) Relative error is the
+ * largest logit difference over the largest logit. */
+Test(quants, mixed_models_follow_the_f32_model)
+{
+    char ref_path[64], mix_path[64];
+    snprintf(ref_path, sizeof ref_path, "/tmp/tide-mix-f32-%d.gguf", (int)getpid());
+    snprintf(mix_path, sizeof mix_path, "/tmp/tide-mix-q-%d.gguf", (int)getpid());
+    const int mixes[] = {QUANT_MIX_Q4_K_M, QUANT_MIX_Q5_K_M, QUANT_MIX_Q6_K};
+    for (int mi = 0; mi < 3; mi++) {
+        make_model(ref_path, GGML_TYPE_F32, mixes[mi], true);
+        make_model(mix_path, GGML_TYPE_F32, mixes[mi], false);
+        struct model m[2];
+        char err[256];
+        cr_assert_eq(model_load(&m[0], ref_path, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_load(&m[1], mix_path, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_first_type_of(&m[1], GGML_TYPE_Q6_K, GGML_TYPE_Q6_K), GGML_TYPE_Q6_K);
+        struct backend be;
+        cr_assert_eq(backend_cpu_init(&be, 2), 0);
+        struct forward_state f[2];
+        int V = (int)m[0].cfg.n_vocab, prompt[5] = {11, 250, 37, 400, 99}, tok[2];
+        for (int k = 0; k < 2; k++) {
+            cr_assert_eq(forward_init(&f[k], &m[k], be, 64), 0);
+            cr_assert_eq(forward_eval(&f[k], prompt, 5, 0), 0);
+        }
+        double md = 0, mx = 0;
+        for (int i = 0; i < V; i++) {
+            md = fmax(md, fabs(f[0].logits[i] - f[1].logits[i]));
+            mx = fmax(mx, fabs(f[0].logits[i]));
+        }
+        cr_log_info("%s: step-0 logits rel err %g", quant_mix_name(mixes[mi]), md / mx);
+        cr_assert_lt(md / mx, 0.05, "%s: step-0 logits rel err %g", quant_mix_name(mixes[mi]), md / mx);
+        for (int step = 0; step < 6; step++) {
+            for (int k = 0; k < 2; k++) tok[k] = argmax(f[k].logits, V);
+            cr_assert_eq(tok[0], tok[1], "%s: greedy token %d differs", quant_mix_name(mixes[mi]), step);
+            for (int k = 0; k < 2; k++) cr_assert_eq(forward_eval(&f[k], &tok[k], 1, 5 + step), 0);
+        }
+        for (int k = 0; k < 2; k++) {
+            forward_free(&f[k]);
+            model_free(&m[k]);
+        }
+        backend_cpu_free(&be);
+    }
+    unlink(ref_path);
+    unlink(mix_path);
+}
+
+/* llama-quantize's choices (src/llama-quant.cpp) for a dense 32-layer model and an 8-expert one */
+Test(quants, mix_rules_follow_llama_quantize)
+{
+    const uint32_t K4 = GGML_TYPE_Q4_K, K5 = GGML_TYPE_Q5_K, K6 = GGML_TYPE_Q6_K, Q8 = GGML_TYPE_Q8_0;
+    enum quant_mix m4 = QUANT_MIX_Q4_K_M, m5 = QUANT_MIX_Q5_K_M, m6 = QUANT_MIX_Q6_K;
+    /* dense, 32 layers: more bits on layers 0-3, 28-31 and 6, 9, ... */
+    cr_assert_eq(quant_mix_type(m4, "token_embd.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "output.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.0.attn_v.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.5.attn_v.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.6.attn_v.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.29.ffn_down.weight", 2, 14336, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.10.ffn_down.weight", 2, 14336, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.10.attn_output.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m5, "blk.10.attn_q.weight", 2, 4096, 32, 0, 0), K5);
+    cr_assert_eq(quant_mix_type(m5, "blk.9.ffn_down.weight", 2, 14336, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m6, "blk.9.ffn_up.weight", 2, 4096, 32, 0, 0), K6);
+    /* not quantised */
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_norm.weight", 1, 4096, 32, 0, GGML_TYPE_F32), GGML_TYPE_F32);
+    cr_assert_eq(quant_mix_type(m4, "blk.1.ffn_gate_inp.weight", 2, 4096, 32, 8, GGML_TYPE_F32), GGML_TYPE_F32);
+    /* 8 experts: k and v q8_0 in every mix, attn_output q5_K in Q4_K_M */
+    cr_assert_eq(quant_mix_type(m4, "blk.7.attn_k.weight", 2, 4096, 32, 8, 0), Q8);
+    cr_assert_eq(quant_mix_type(m6, "blk.7.attn_v.weight", 2, 4096, 32, 8, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "blk.7.attn_output.weight", 2, 4096, 32, 8, 0), K5);
+    cr_assert_eq(quant_mix_type(m5, "blk.7.attn_output.weight", 2, 4096, 32, 8, 0), K5);
+    cr_assert_eq(quant_mix_type(m4, "blk.8.ffn_down_exps.weight", 3, 14336, 32, 8, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.9.ffn_down_exps.weight", 3, 14336, 32, 8, 0), K6);
+    /* rows not whole super-blocks fall back */
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), GGML_TYPE_Q5_0);
+    cr_assert_eq(quant_mix_type(m5, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), GGML_TYPE_Q5_1);
+    cr_assert_eq(quant_mix_type(m6, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "output.weight", 2, 128, 4, 0, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_q.weight", 2, 48, 4, 0, 0), GGML_TYPE_F16);
+    cr_assert_eq(quant_mix_parse("q4_k_m"), QUANT_MIX_Q4_K_M);
+    cr_assert_eq(quant_mix_parse("Q3_K_M"), -1);
+}
