@@ -319,10 +319,12 @@ static void mm_worker(void *p, int ith, int nth)
         default:
             /* the row stays in L1 while it is dotted with every vector; each dot is one
              * fixed-order call, so a row's bits do not depend on n or the thread split */
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = cpu_quant_has(w->type)
-                    ? cpu_quant_dot(w->type, row, j->c->xq + (size_t)t * act_bytes, cols, CPU_ISA_BEST)
-                    : 0.0f;
+            if (cpu_quant_has(w->type))
+                cpu_quant_dot_many(w->type, row, j->c->xq, act_bytes, j->n, cols, j->y + r, (size_t)rows,
+                                   CPU_ISA_BEST);
+            else
+                for (int t = 0; t < j->n; t++)
+                    j->y[(size_t)t * rows + r] = 0.0f;
         }
     }
 }

@@ -21,8 +21,15 @@
 #include <pthread.h>
 #include <string.h>
 
+/* no fused multiply-adds: every path must round the float combine the same way (gcc keeps
+ * fp-contract off under -std=c11; clang needs telling) */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #define QB 32        /* values per 32-value block */
 #define ISUM_CHUNK 64 /* blocks whose integer sums are made before they are combined */
+#define UNPACK_CHUNK 64 /* super-blocks unpacked at once for many vectors */
 
 /* Activations for 32-value weight blocks: as ggml's q8_0 block (f16 scale, 32 codes). */
 struct act32 { uint16_t d; int8_t q[QB]; };
@@ -261,6 +268,71 @@ static void isums_scalar(uint32_t type, const uint8_t *w, const void *act, int n
     }
 }
 
+/* A super-block unpacked once for many activation vectors (prefill): its 256 codes as bytes
+ * (unsigned, or signed for iq4_xs) and each 16 values' integer scale, repeated as the int16
+ * lanes a 32-value product is weighted with. The integers it gives are the kernels' above. */
+struct unpacked256 {
+    uint8_t codes[QK_K];
+    int16_t scalev[8][16]; /* [k][lane]: lanes 0-7 scale values 32k..32k+15, lanes 8-15 the rest */
+    int16_t offw[16];      /* weights of the activations' 16-value sums: q4_K/q5_K mins, q6_K scales */
+    float d, dmin;         /* the block's float scales, as combine() reads them */
+    bool is_signed;
+};
+
+static void unpack256(uint32_t type, const uint8_t *w, struct unpacked256 *u)
+{
+    int16_t sc16[16];
+    u->is_signed = type == GGML_TYPE_IQ4_XS;
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+        bool five = type == GGML_TYPE_Q5_K;
+        const uint8_t *qh = w + 16, *q = w + (five ? 48 : 16);
+        for (int c = 0; c < 4; c++) {
+            for (int h = 0; h < 2; h++) {
+                int sc, m;
+                q4k_scale_min(w + 4, 2 * c + h, &sc, &m);
+                sc16[2 * (2 * c + h)] = sc16[2 * (2 * c + h) + 1] = (int16_t)sc;
+                u->offw[2 * (2 * c + h)] = u->offw[2 * (2 * c + h) + 1] = (int16_t)m;
+            }
+            for (int l = 0; l < 32; l++) {
+                int v0 = q[32 * c + l] & 0x0f, v1 = q[32 * c + l] >> 4;
+                if (five) {
+                    v0 |= ((qh[l] >> (2 * c)) & 1) << 4;
+                    v1 |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                }
+                u->codes[64 * c + l] = (uint8_t)v0;
+                u->codes[64 * c + 32 + l] = (uint8_t)v1;
+            }
+        }
+    } else if (type == GGML_TYPE_Q6_K) {
+        for (int j = 0; j < 16; j++) sc16[j] = u->offw[j] = ((const int8_t *)(w + 192))[j];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    int lo = k & 1 ? ql[l + 32] : ql[l];
+                    u->codes[128 * h + 32 * k + l] =
+                        (uint8_t)((k & 2 ? lo >> 4 : lo & 0x0f) | (((qh[l] >> (2 * k)) & 3) << 4));
+                }
+        }
+    } else { /* iq4_xs */
+        for (int j = 0; j < 8; j++) {
+            sc16[2 * j] = sc16[2 * j + 1] = (int16_t)iq4xs_scale(w, j);
+            const uint8_t *q = w + 8 + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                u->codes[32 * j + l] = (uint8_t)iq4nl_values[q[l] & 0x0f];
+                u->codes[32 * j + 16 + l] = (uint8_t)iq4nl_values[q[l] >> 4];
+            }
+        }
+    }
+    if (type == GGML_TYPE_IQ4_XS)
+        memset(u->offw, 0, sizeof u->offw);
+    for (int k = 0; k < 8; k++)
+        for (int lane = 0; lane < 16; lane++)
+            u->scalev[k][lane] = sc16[2 * k + lane / 8];
+    u->d = f16_table[rd16(type == GGML_TYPE_Q6_K ? w + 208 : w)];
+    u->dmin = f16_table[rd16(w + 2)];
+}
+
 /* ---------------- AVX2 integer kernels: the same integers, 32 codes an instruction ----------------
  * Products are byte pairs summed to int16 (_mm256_maddubs_epi16, unsigned x signed): the
  * weights' codes are made unsigned, or for signed codes the sign is moved onto the
@@ -453,6 +525,24 @@ AVX2 static void avx2_iq4_xs(const uint8_t *w, const struct act256 *x, int nb, i
     }
 }
 
+/* One activation vector against an unpacked super-block: the codes' sum (returned) and the
+ * 16-value sums weighted by offw (*off). */
+AVX2 static int32_t dot_unpacked_avx2(const struct unpacked256 *u, const struct act256 *xa, int32_t *off)
+{
+    const int8_t *x = xa->q;
+    *off = hsum8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xa->bsum),
+                                   _mm256_loadu_si256((const __m256i *)u->offw)));
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(u->codes + 32 * k));
+        __m256i y = _mm256_loadu_si256((const __m256i *)(x + 32 * k));
+        __m256i p = u->is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(y, w))
+                                 : _mm256_maddubs_epi16(w, y);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_loadu_si256((const __m256i *)u->scalev[k])));
+    }
+    return hsum8(acc);
+}
+
 AVX2 static void isums_avx2(uint32_t type, const uint8_t *w, const void *act, int nb, int32_t *out)
 {
     switch (type) {
@@ -542,4 +632,44 @@ float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, e
         s = combine(type, wc, bb, xc, n, is, s);
     }
     return s;
+}
+
+void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t act_stride, int n, int cols,
+                        float *y, size_t y_stride, enum cpu_isa isa)
+{
+    pthread_once(&init_once, cpu_quant_init);
+    if (isa == CPU_ISA_BEST)
+        isa = have_avx2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+#if CPU_QUANT_AVX2
+    if (n > 1 && isa == CPU_ISA_AVX2 && have_avx2 && super_block(type)) {
+        size_t bb = ggml_row_size(type, QK_K);
+        int nb = cols / QK_K;
+        static _Thread_local struct unpacked256 u[UNPACK_CHUNK]; /* ~37 KB: not the stack */
+        const uint8_t *w = row, *x = act;
+        for (int b0 = 0; b0 < nb; b0 += UNPACK_CHUNK) {
+            int nc = nb - b0 < UNPACK_CHUNK ? nb - b0 : UNPACK_CHUNK;
+            for (int b = 0; b < nc; b++)
+                unpack256(type, w + (size_t)(b0 + b) * bb, &u[b]);
+            /* vector by vector, so each sum stays in a register over the chunk's blocks */
+            for (int t = 0; t < n; t++) {
+                const struct act256 *xa = (const struct act256 *)(x + (size_t)t * act_stride) + b0;
+                float s = b0 ? y[(size_t)t * y_stride] : 0.0f;
+                for (int b = 0; b < nc; b++) {
+                    int32_t off, a = dot_unpacked_avx2(&u[b], &xa[b], &off);
+                    /* combine()'s float expression for this block, on the same integers */
+                    if (type == GGML_TYPE_Q6_K)
+                        s += xa[b].d * u[b].d * (float)(a - 32 * off);
+                    else if (type == GGML_TYPE_IQ4_XS)
+                        s += xa[b].d * u[b].d * (float)a;
+                    else
+                        s += xa[b].d * (u[b].d * (float)a - u[b].dmin * (float)off);
+                }
+                y[(size_t)t * y_stride] = s;
+            }
+        }
+        return;
+    }
+#endif
+    for (int t = 0; t < n; t++)
+        y[(size_t)t * y_stride] = cpu_quant_dot(type, row, (const uint8_t *)act + (size_t)t * act_stride, cols, isa);
 }

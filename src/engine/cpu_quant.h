@@ -33,5 +33,9 @@ size_t cpu_quant_act_bytes(uint32_t type, int cols);
 void cpu_quant_act(uint32_t type, const float *x, int cols, void *out);
 /* The dot product of one weight row (cols values of type) with quantised activations. */
 float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, enum cpu_isa isa);
+/* The same for n vectors (act_stride bytes apart), results y[t * y_stride]: each exactly
+ * what cpu_quant_dot gives; the row's blocks are unpacked once for all n (prefill). */
+void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t act_stride, int n, int cols,
+                        float *y, size_t y_stride, enum cpu_isa isa);
 
 #endif

@@ -179,6 +179,22 @@ Test(quants, simd_kernels_equal_the_scalar_one_bit_for_bit)
             float b = cpu_quant_dot(type, row, act, cols, CPU_ISA_AVX2);
             cr_assert(memcmp(&a, &b, 4) == 0, "%s trial %d: scalar %a avx2 %a", ggml_type_name(type), trial, a, b);
         }
+        /* the many-vector form (prefill: blocks unpacked once) gives each vector's bits */
+        enum { NV = 18 };
+        size_t ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *acts = malloc(ab * NV);
+        float many[NV];
+        for (int v = 0; v < NV; v++) {
+            for (int i = 0; i < cols; i++) x[i] = frand() * (float)(1 + v);
+            cpu_quant_act(type, x, cols, acts + v * ab);
+        }
+        cpu_quant_dot_many(type, row, acts, ab, NV, cols, many, 1, CPU_ISA_AVX2);
+        for (int v = 0; v < NV; v++) {
+            float one = cpu_quant_dot(type, row, acts + v * ab, cols, CPU_ISA_SCALAR);
+            cr_assert(memcmp(&one, &many[v], 4) == 0, "%s vector %d: many %a one %a", ggml_type_name(type), v,
+                      many[v], one);
+        }
+        free(acts);
         free(row); free(act); free(x);
     }
 }
@@ -187,7 +203,7 @@ Test(quants, simd_kernels_equal_the_scalar_one_bit_for_bit)
  * row's product must not depend on n or on the thread split. */
 Test(quants, matmul_rows_do_not_depend_on_the_batch_or_threads)
 {
-    enum { ROWS = 37, N = 5 };
+    enum { ROWS = 37, N = 19 }; /* past one 16-vector group of cpu_quant_dot_many */
     for (size_t t = 0; t < N_TYPES; t++) {
         uint32_t type = types[t];
         int cols = ggml_block_size(type) == QK_K ? 512 : 96;
