@@ -57,6 +57,18 @@ static uint32_t rd32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* A q4_K/q5_K block's eight 6-bit scales and mins (the layout q4k_scale_min reads one by
+ * one), all at once and without branches: the kernels' hot path. */
+static inline void k_scales_mins(const uint8_t *sc, int16_t s[8], int16_t m[8])
+{
+    for (int j = 0; j < 4; j++) {
+        s[j] = sc[j] & 63;
+        m[j] = sc[j + 4] & 63;
+        s[j + 4] = (int16_t)((sc[j + 8] & 0x0f) | ((sc[j] >> 6) << 4));
+        m[j + 4] = (int16_t)((sc[j + 8] >> 4) | ((sc[j + 4] >> 6) << 4));
+    }
+}
+
 bool cpu_quant_has(uint32_t type)
 {
     switch (type) {
@@ -183,18 +195,20 @@ static void isum_mxfp4(const uint8_t *w, const struct act32 *x, int nb, int32_t 
     }
 }
 
-/* q4_K / q5_K: sum over sub-blocks of scale * (codes . x); the mins are the combine's. */
+/* q4_K / q5_K: out[2b] the sum over sub-blocks of scale * (codes . x), out[2b + 1] that of
+ * min * (sum of x). */
 static void isum_q45_k(const uint8_t *w, const struct act256 *x, int nb, int32_t *out, bool five)
 {
     size_t bb = five ? Q5_K_BYTES : Q4_K_BYTES;
     for (int b = 0; b < nb; b++, w += bb) {
         const uint8_t *qh = w + 16, *q = w + (five ? 48 : 16);
         const int8_t *y = x[b].q;
-        int32_t a = 0;
+        int32_t a = 0, mins = 0;
         for (int c = 0; c < 4; c++, q += 32, y += 64) {
             int s0, m0, s1, m1;
             q4k_scale_min(w + 4, 2 * c, &s0, &m0);
             q4k_scale_min(w + 4, 2 * c + 1, &s1, &m1);
+            mins += m0 * (x[b].bsum[4 * c] + x[b].bsum[4 * c + 1]) + m1 * (x[b].bsum[4 * c + 2] + x[b].bsum[4 * c + 3]);
             int32_t a0 = 0, a1 = 0;
             for (int l = 0; l < 32; l++) {
                 int v0 = q[l] & 0x0f, v1 = q[l] >> 4;
@@ -207,7 +221,8 @@ static void isum_q45_k(const uint8_t *w, const struct act256 *x, int nb, int32_t
             }
             a += s0 * a0 + s1 * a1;
         }
-        out[b] = a;
+        out[2 * b] = a;
+        out[2 * b + 1] = mins;
     }
 }
 
@@ -463,10 +478,13 @@ AVX2 static void avx2_q45_k(const uint8_t *w, const struct act256 *x, int nb, in
         const uint8_t *q = w + (five ? 48 : 16);
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
         __m256i acc = _mm256_setzero_si256();
+        int16_t sc[8], mn[8], mn16[16];
+        k_scales_mins(w + 4, sc, mn);
+        for (int j = 0; j < 16; j++) mn16[j] = mn[j / 2];
+        out[2 * b + 1] = hsum8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[b].bsum),
+                                                 _mm256_loadu_si256((const __m256i *)mn16)));
         for (int c = 0; c < 4; c++) {
-            int s0, m0, s1, m1;
-            q4k_scale_min(w + 4, 2 * c, &s0, &m0);
-            q4k_scale_min(w + 4, 2 * c + 1, &s1, &m1);
+            int s0 = sc[2 * c], s1 = sc[2 * c + 1];
             __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             if (five) {
@@ -479,7 +497,7 @@ AVX2 static void avx2_q45_k(const uint8_t *w, const struct act256 *x, int nb, in
             acc = _mm256_add_epi32(acc, dot_us_scaled(lo, _mm256_loadu_si256(y), _mm256_set1_epi16((short)s0)));
             acc = _mm256_add_epi32(acc, dot_us_scaled(hi, _mm256_loadu_si256(y + 1), _mm256_set1_epi16((short)s1)));
         }
-        out[b] = hsum8(acc);
+        out[2 * b] = hsum8(acc);
     }
 }
 
@@ -581,16 +599,9 @@ __attribute__((noinline)) static float combine(uint32_t type, const uint8_t *w, 
         case GGML_TYPE_MXFP4:
             s += mxfp4_scale(w[0]) * f16_table[x32[b].d] * (float)is[b];
             break;
-        case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
-            int32_t mins = 0;
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                q4k_scale_min(w + 4, j, &sc, &m);
-                mins += m * (x256[b].bsum[2 * j] + x256[b].bsum[2 * j + 1]);
-            }
-            s += x256[b].d * (f16_table[rd16(w)] * (float)is[b] - f16_table[rd16(w + 2)] * (float)mins);
+        case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+            s += x256[b].d * (f16_table[rd16(w)] * (float)is[2 * b] - f16_table[rd16(w + 2)] * (float)is[2 * b + 1]);
             break;
-        }
         case GGML_TYPE_Q6_K: {
             const int8_t *sc = (const int8_t *)(w + 192);
             int32_t off = 0;
