@@ -329,6 +329,17 @@ static void mm_worker(void *p, int ith, int nth)
     }
 }
 
+/* Quantise the matmul's input vectors for cpu_quant (each vector's bytes are the same
+ * whichever thread makes them). */
+static void act_worker(void *p, int ith, int nth)
+{
+    struct mm_job *j = p;
+    int cols = (int)j->w->ne[0];
+    size_t per = cpu_quant_act_bytes(j->w->type, cols);
+    for (int t = ith; t < j->n; t += nth)
+        cpu_quant_act(j->w->type, j->x + (size_t)t * cols, cols, j->c->xq + (size_t)t * per);
+}
+
 static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
 {
     struct cpu_ctx *c = ctx;
@@ -342,10 +353,10 @@ static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float 
             if (!c->xq)
                 return;
         }
-        for (int t = 0; t < n; t++)
-            cpu_quant_act(w->type, x + (size_t)t * cols, cols, c->xq + (size_t)t * per);
     }
     struct mm_job j = {c, w, x, y, n};
+    if (cpu_quant_has(w->type)) /* a prefill's hundreds of vectors are worth the pool */
+        n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);
