@@ -4,12 +4,14 @@
 # Skeleton: builds the model with tide-mkmodel, then times a prefill and a short decode
 # through a tiny C driver compiled against libtide (no server in the loop, so the numbers
 # are the engine's alone). Usage: scripts/bench-cpu.sh [threads]
+# MODEL=path picks the file (default /tmp/tide-big.gguf, made if absent); MKMODEL_ARGS adds
+# options when it is made, e.g. MODEL=/tmp/big-q4km.gguf MKMODEL_ARGS='--mix Q4_K_M'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS="${1:-0}"
-MODEL=/tmp/tide-big.gguf
+MODEL="${MODEL:-/tmp/tide-big.gguf}"
 make -s build/libtide.a build/tide-mkmodel
-[ -f "$MODEL" ] || build/tide-mkmodel --preset big --out "$MODEL"
+[ -f "$MODEL" ] || build/tide-mkmodel --preset big ${MKMODEL_ARGS:-} --out "$MODEL"
 
 DRV=$(mktemp -d)/bench.c
 cat > "$DRV" <<'C'

@@ -2,6 +2,7 @@
  * (src/engine/modelgen.c) and of the mmproj generator (src/vision/mmprojgen.c,
  * `--preset mmproj`). Writes a deterministic GGUF for a named preset. */
 #include "engine/modelgen.h"
+#include "engine/quant_mix.h"
 #include "vision/mmprojgen.h"
 
 #include <stdio.h>
@@ -12,8 +13,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|big|qwen3-30b-a3b --out FILE [--seed N]\n"
-            "       [--type f32|f16|bf16|q8_0|q4_K|q5_K|q6_K] [--down-type T] [--layers N] [--embd N]\n"
-            "       [--heads N]\n"
+            "       [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_K|q5_K|q6_K|iq4_xs|mxfp4] [--down-type T]\n"
+            "       [--mix Q4_K_M|Q5_K_M|Q6_K] [--layers N] [--embd N] [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
             "       (--down-type: ffn_down and output.weight in T, e.g. q4_K with q6_K as in Q4_K_M)\n"
             "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
@@ -21,19 +22,6 @@ static void usage(void)
             "       tide-mkmodel --preset mmproj --out FILE [--text-embd N] [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
             "       (a LLaVA-style vision tower; --text-embd is the text model's n_embd)\n");
-}
-
-/* a ggml type by its GGUF name, or -1 */
-static int parse_type(const char *v)
-{
-    static const struct { const char *name; int type; } types[] = {
-        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0},
-        {"q4_K", GGML_TYPE_Q4_K}, {"q5_K", GGML_TYPE_Q5_K}, {"q6_K", GGML_TYPE_Q6_K},
-    };
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!strcmp(v, types[i].name))
-            return types[i].type;
-    return -1;
 }
 
 int main(int argc, char **argv)
@@ -59,10 +47,17 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--text-embd")) text_embd = u;
         else if (!strcmp(a, "--threads")) o.threads = (int)u;
         else if (!strcmp(a, "--type") || !strcmp(a, "--down-type")) {
-            int t = parse_type(v);
+            static const uint32_t known[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+                                             GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,
+                                             GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
+            int t = -1;
+            for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+                if (!strcmp(v, ggml_type_name(known[k]))) t = (int)known[k];
             if (t < 0) { fprintf(stderr, "tide-mkmodel: unknown type %s\n", v); return 2; }
             if (!strcmp(a, "--type")) o.type = t;
             else o.type_down = t;
+        } else if (!strcmp(a, "--mix")) {
+            if ((o.mix = quant_mix_parse(v)) < 0) { fprintf(stderr, "tide-mkmodel: unknown mix %s\n", v); return 2; }
         } else { fprintf(stderr, "tide-mkmodel: unknown option %s\n", a); usage(); return 2; }
     }
     if (!o.preset || !o.out) { usage(); return 2; }

@@ -1,14 +1,16 @@
 /* backend_cpu.c - the CPU backend: every forward op in plain C, matmul on a thread pool.
  *
  * Matmul splits the output rows across a persistent pool of pthreads (created once, so a
- * decode step does not pay thread start-up). For q8_0/q4_0 weights x is quantised to q8
- * blocks once per call and rows are int8 dot products, as llama.cpp does; f16/bf16 rows
- * are widened into a per-thread float buffer then dotted. Each weight row is loaded once
+ * decode step does not pay thread start-up). For quantised weights (q8_0, q4_0, q5_0, q5_1,
+ * MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks once per call and rows are int8
+ * dot products (cpu_quant.c); f16/bf16 rows are widened into a per-thread float buffer then
+ * dotted. Each weight row is loaded once
  * and dotted with all n input vectors, which is what makes batched prefill fast. */
 #include "backend.h"
 #include "route.h"
 #include "sample.h"
 #include "backend_cpu_vision.h"
+#include "cpu_quant.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -25,11 +27,6 @@
 #define KERNEL
 #endif
 
-#define QK 32 /* elements per q8_0 / q4_0 block */
-
-struct blk_q8 { uint16_t d; int8_t q[QK]; };      /* 34 bytes, as in ggml */
-struct blk_q4 { uint16_t d; uint8_t q[QK / 2]; }; /* 18 bytes */
-
 typedef void (*job_fn)(void *arg, int ith, int nth);
 
 struct cpu_ctx {
@@ -44,8 +41,8 @@ struct cpu_ctx {
     void *arg;
     float **scratch;         /* (n_threads) per-thread row buffers */
     size_t *scratch_n;
-    struct blk_q8 *xq;       /* quantised input (n * cols/QK blocks) */
-    size_t xq_n;
+    uint8_t *xq;             /* quantised input (cpu_quant_act_bytes per vector) */
+    size_t xq_n;             /* its bytes */
     float *sum;              /* the fused-add slots' result before it is added (sum_n floats) */
     size_t sum_n;
     pthread_mutex_t maps_mu; /* big_maps is used by alloc/free from any thread */
@@ -307,47 +304,6 @@ KERNEL static void widen_bf16(const uint16_t *src, float *dst, int n)
     }
 }
 
-static void quantize_q8(const float *x, struct blk_q8 *out, int n)
-{
-    for (int b = 0; b < n / QK; b++) {
-        const float *v = x + b * QK;
-        float amax = 0;
-        for (int j = 0; j < QK; j++)
-            amax = fmaxf(amax, fabsf(v[j]));
-        float d = amax / 127.0f;
-        float id = d ? 1.0f / d : 0.0f;
-        out[b].d = tide_f32_to_f16(d);
-        for (int j = 0; j < QK; j++)
-            out[b].q[j] = (int8_t)lrintf(v[j] * id);
-    }
-}
-
-KERNEL static float dot_q8_q8(const struct blk_q8 *w, const struct blk_q8 *x, int nb)
-{
-    float s = 0;
-    for (int b = 0; b < nb; b++) {
-        int32_t acc = 0;
-        for (int j = 0; j < QK; j++)
-            acc += (int32_t)w[b].q[j] * (int32_t)x[b].q[j];
-        s += f16_table[w[b].d] * f16_table[x[b].d] * (float)acc;
-    }
-    return s;
-}
-
-KERNEL static float dot_q4_q8(const struct blk_q4 *w, const struct blk_q8 *x, int nb)
-{
-    float s = 0;
-    for (int b = 0; b < nb; b++) {
-        int32_t acc = 0;
-        for (int j = 0; j < QK / 2; j++) {
-            acc += ((int32_t)(w[b].q[j] & 0x0F) - 8) * x[b].q[j];
-            acc += ((int32_t)(w[b].q[j] >> 4) - 8) * x[b].q[j + QK / 2];
-        }
-        s += f16_table[w[b].d] * f16_table[x[b].d] * (float)acc;
-    }
-    return s;
-}
-
 /* ---- matmul ---- */
 
 struct mm_job {
@@ -368,14 +324,13 @@ static void mm_worker(void *p, int ith, int nth)
     int r0 = ith * per, r1 = r0 + per < rows ? r0 + per : rows;
     const uint8_t *base = w->data;
     float *buf = NULL;
-    bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16 || w->type == GGML_TYPE_Q4_K ||
-                 w->type == GGML_TYPE_Q5_K || w->type == GGML_TYPE_Q6_K;
+    bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
     if (widen) {
         buf = thread_scratch(j->c, ith, (size_t)cols);
         if (!buf)
             return;
     }
-    int nb = cols / QK;
+    size_t act_bytes = cpu_quant_act_bytes(w->type, cols);
     for (int r = r0; r < r1; r++) {
         const void *row = base + (size_t)r * w->row_bytes;
         switch (w->type) {
@@ -404,46 +359,47 @@ static void mm_worker(void *p, int ith, int nth)
                 widen_bf16(row, buf, cols);
             dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
             break;
-        case GGML_TYPE_Q8_0:
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = dot_q8_q8(row, j->c->xq + (size_t)t * nb, nb);
-            break;
-        case GGML_TYPE_Q4_0:
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = dot_q4_q8(row, j->c->xq + (size_t)t * nb, nb);
-            break;
-        case GGML_TYPE_Q4_K:
-        case GGML_TYPE_Q5_K:
-        case GGML_TYPE_Q6_K:
-            /* dequantise the row once, then the f32 dot for every token: correct, not yet
-             * the fused integer dot that q8_0 gets */
-            ggml_dequantize(w->type, row, buf, (uint64_t)cols);
-            dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
-            break;
         default:
-            for (int t = 0; t < j->n; t++)
-                j->y[(size_t)t * rows + r] = 0.0f;
+            /* the row stays in L1 while it is dotted with every vector; each dot is one
+             * fixed-order call, so a row's bits do not depend on n or the thread split */
+            if (cpu_quant_has(w->type))
+                cpu_quant_dot_many(w->type, row, j->c->xq, act_bytes, j->n, cols, j->y + r, (size_t)rows,
+                                   CPU_ISA_BEST);
+            else
+                for (int t = 0; t < j->n; t++)
+                    j->y[(size_t)t * rows + r] = 0.0f;
         }
     }
+}
+
+/* Quantise the matmul's input vectors for cpu_quant (each vector's bytes are the same
+ * whichever thread makes them). */
+static void act_worker(void *p, int ith, int nth)
+{
+    struct mm_job *j = p;
+    int cols = (int)j->w->ne[0];
+    size_t per = cpu_quant_act_bytes(j->w->type, cols);
+    for (int t = ith; t < j->n; t += nth)
+        cpu_quant_act(j->w->type, j->x + (size_t)t * cols, cols, j->c->xq + (size_t)t * per);
 }
 
 static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
 {
     struct cpu_ctx *c = ctx;
     int cols = (int)w->ne[0];
-    if (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_0) {
-        size_t need = (size_t)n * (cols / QK);
+    if (cpu_quant_has(w->type)) {
+        size_t per = cpu_quant_act_bytes(w->type, cols), need = (size_t)n * per;
         if (c->xq_n < need) {
             free(c->xq);
-            c->xq = malloc(need * sizeof(struct blk_q8));
+            c->xq = malloc(need);
             c->xq_n = c->xq ? need : 0;
             if (!c->xq)
                 return;
         }
-        for (int t = 0; t < n; t++)
-            quantize_q8(x + (size_t)t * cols, c->xq + (size_t)t * (cols / QK), cols);
     }
     struct mm_job j = {c, w, x, y, n};
+    if (cpu_quant_has(w->type)) /* a prefill's hundreds of vectors are worth the pool */
+        n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);

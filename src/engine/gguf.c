@@ -1,6 +1,6 @@
 /* gguf.c - GGUF v2/v3 reader (mmap or memory), plus ggml type helpers
- * (f16/bf16 conversion, q8_0/q4_0/q4_K/q5_K/q6_K (de)quantisation). The writer is
- * gguf_write.c.
+ * (f16/bf16 conversion, block sizes and names). The blocks' (de)quantisers are
+ * quants.c; the writer is gguf_write.c.
  *
  * The reader treats the file as hostile: every read goes through a bounds-checked
  * cursor, counts are compared against the bytes left before anything is allocated,
@@ -96,8 +96,9 @@ uint32_t ggml_block_size(uint32_t type)
 {
     switch (type) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: return 1;
-    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: return 32;
-    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return QK_K;
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+    case GGML_TYPE_MXFP4: return 32;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: case GGML_TYPE_IQ4_XS: return QK_K;
     default: return 0;
     }
 }
@@ -109,9 +110,13 @@ static size_t type_block_bytes(uint32_t type)
     case GGML_TYPE_F16: case GGML_TYPE_BF16: return 2;
     case GGML_TYPE_Q8_0: return 34;
     case GGML_TYPE_Q4_0: return 18;
+    case GGML_TYPE_Q5_0: return Q5_0_BYTES;
+    case GGML_TYPE_Q5_1: return Q5_1_BYTES;
+    case GGML_TYPE_MXFP4: return MXFP4_BYTES;
     case GGML_TYPE_Q4_K: return Q4_K_BYTES;
     case GGML_TYPE_Q5_K: return Q5_K_BYTES;
     case GGML_TYPE_Q6_K: return Q6_K_BYTES;
+    case GGML_TYPE_IQ4_XS: return IQ4_XS_BYTES;
     default: return 0;
     }
 }
@@ -132,243 +137,18 @@ const char *ggml_type_name(uint32_t type)
     case GGML_TYPE_BF16: return "bf16";
     case GGML_TYPE_Q8_0: return "q8_0";
     case GGML_TYPE_Q4_0: return "q4_0";
+    case GGML_TYPE_Q5_0: return "q5_0";
+    case GGML_TYPE_Q5_1: return "q5_1";
+    case GGML_TYPE_MXFP4: return "mxfp4";
     case GGML_TYPE_Q4_K: return "q4_K";
     case GGML_TYPE_Q5_K: return "q5_K";
     case GGML_TYPE_Q6_K: return "q6_K";
+    case GGML_TYPE_IQ4_XS: return "iq4_xs";
     default: return "unknown";
     }
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
-/* ---- k-quants: super-blocks of 256 values ----
- * q4_K (144 bytes): f16 d, f16 dmin, 12 bytes holding eight 6-bit scales and eight 6-bit mins
- * (one pair per 32 values), 128 bytes of 4-bit values; x = d*scale*q - dmin*min.
- * q5_K (176 bytes): q4_K's d, dmin and scales, then 32 bytes whose bit j is the fifth bit of
- * sub-block j's values, then the 128 bytes of low nibbles; x = d*scale*q - dmin*min, q < 32.
- * q6_K (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 scales (one
- * per 16 values), f16 d; x = d*scale*(q - 32). The byte layout is the GGUF one, so files from
- * other tools load as they are. */
-
-/* Sub-block j's 6-bit scale and min of a q4_K block: the first four pairs sit in the low six
- * bits of bytes 0-7; the last four are split over bytes 8-11 and the top bits of bytes 0-7. */
-static void q4k_scale_min(const uint8_t *sc, int j, int *scale, int *min)
-{
-    if (j < 4) {
-        *scale = sc[j] & 63;
-        *min = sc[j + 4] & 63;
-    } else {
-        *scale = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
-        *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-
-/* q4_K (five = false) or q5_K */
-static void dequant_q45_k(const uint8_t *b, float *y, bool five)
-{
-    float d = tide_f16_to_f32(rd16(b)), dmin = tide_f16_to_f32(rd16(b + 2));
-    const uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16);
-    for (int c = 0; c < 4; c++, q += 32, y += 64) { /* 64 values: low nibbles, then high */
-        int s0, m0, s1, m1;
-        q4k_scale_min(sc, 2 * c, &s0, &m0);
-        q4k_scale_min(sc, 2 * c + 1, &s1, &m1);
-        for (int l = 0; l < 32; l++) {
-            int h0 = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0, h1 = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
-            y[l] = d * (float)s0 * (float)((q[l] & 0x0f) | h0) - dmin * (float)m0;
-            y[l + 32] = d * (float)s1 * (float)((q[l] >> 4) | h1) - dmin * (float)m1;
-        }
-    }
-}
-
-static void dequant_q6_k(const uint8_t *b, float *y)
-{
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = tide_f16_to_f32(rd16(b + 208));
-    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * (float)sc[is] * (float)q1;
-            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-        }
-    }
-}
-
-static void wr16(uint8_t *p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
-
-/* A plain (not error-searching) q4_K / q5_K (five) quantiser: per 32 values min and range,
- * then the scales and mins themselves quantised to 6 bits against the block's largest. Good
- * enough for test models; files made by other tools keep their own, better, choices. */
-static void quant_q45_k(const float *x, uint8_t *b, bool five)
-{
-    const int top = five ? 31 : 15;
-    float scale[8], mn[8], smax = 0, mmax = 0;
-    for (int j = 0; j < 8; j++) {
-        float lo = x[32 * j], hi = x[32 * j];
-        for (int l = 1; l < 32; l++) {
-            lo = fminf(lo, x[32 * j + l]);
-            hi = fmaxf(hi, x[32 * j + l]);
-        }
-        if (lo > 0) lo = 0;
-        scale[j] = (hi - lo) / (float)top;
-        mn[j] = -lo;
-        smax = fmaxf(smax, scale[j]);
-        mmax = fmaxf(mmax, mn[j]);
-    }
-    float d = smax / 63.0f, dmin = mmax / 63.0f;
-    wr16(b, tide_f32_to_f16(d));
-    wr16(b + 2, tide_f32_to_f16(dmin));
-    d = tide_f16_to_f32(rd16(b));
-    dmin = tide_f16_to_f32(rd16(b + 2));
-    uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16);
-    int is[8], im[8];
-    if (five)
-        memset(qh, 0, 32);
-    for (int j = 0; j < 8; j++) {
-        is[j] = d > 0 ? (int)lroundf(scale[j] / d) : 0;
-        im[j] = dmin > 0 ? (int)lroundf(mn[j] / dmin) : 0;
-        is[j] = is[j] > 63 ? 63 : is[j];
-        im[j] = im[j] > 63 ? 63 : im[j];
-    }
-    memset(sc, 0, 12);
-    for (int j = 0; j < 4; j++) {
-        sc[j] = (uint8_t)(is[j] | ((is[j + 4] >> 4) << 6));
-        sc[j + 4] = (uint8_t)(im[j] | ((im[j + 4] >> 4) << 6));
-        sc[j + 8] = (uint8_t)((is[j + 4] & 0x0f) | ((im[j + 4] & 0x0f) << 4));
-    }
-    for (int c = 0; c < 4; c++) {
-        for (int h = 0; h < 2; h++) {
-            int j = 2 * c + h;
-            float ds = d * (float)is[j], dm = dmin * (float)im[j];
-            for (int l = 0; l < 32; l++) {
-                int v = ds > 0 ? (int)lroundf((x[32 * j + l] + dm) / ds) : 0;
-                v = v < 0 ? 0 : v > top ? top : v;
-                if (five)
-                    qh[l] |= (uint8_t)((v >> 4) << j);
-                if (h == 0) q[32 * c + l] = (uint8_t)(v & 15);
-                else q[32 * c + l] |= (uint8_t)((v & 15) << 4);
-            }
-        }
-    }
-}
-
-static void quant_q6_k(const float *x, uint8_t *b)
-{
-    float scale[16], amax_all = 0;
-    for (int j = 0; j < 16; j++) {
-        float amax = 0;
-        for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * j + l]));
-        scale[j] = amax / 31.0f;
-        amax_all = fmaxf(amax_all, scale[j]);
-    }
-    float d = amax_all / 127.0f;
-    wr16(b + 208, tide_f32_to_f16(d));
-    d = tide_f16_to_f32(rd16(b + 208));
-    int8_t *sc = (int8_t *)(b + 192);
-    for (int j = 0; j < 16; j++) {
-        int v = d > 0 ? (int)lroundf(scale[j] / d) : 0;
-        sc[j] = (int8_t)(v > 127 ? 127 : v);
-    }
-    uint8_t qv[256];
-    for (int i = 0; i < 256; i++) {
-        float ds = d * (float)sc[i / 16];
-        int v = ds > 0 ? (int)lroundf(x[i] / ds) : 0;
-        v = v < -32 ? -32 : v > 31 ? 31 : v;
-        qv[i] = (uint8_t)(v + 32);
-    }
-    uint8_t *ql = b, *qh = b + 128;
-    memset(qh, 0, 64);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *v = qv + 128 * h;
-        for (int l = 0; l < 32; l++) {
-            ql[64 * h + l] = (uint8_t)((v[l] & 0x0f) | ((v[l + 64] & 0x0f) << 4));
-            ql[64 * h + l + 32] = (uint8_t)((v[l + 32] & 0x0f) | ((v[l + 96] & 0x0f) << 4));
-            qh[32 * h + l] = (uint8_t)((v[l] >> 4) | ((v[l + 32] >> 4) << 2) | ((v[l + 64] >> 4) << 4) |
-                                       ((v[l + 96] >> 4) << 6));
-        }
-    }
-}
-
-void ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n)
-{
-    const uint8_t *s = src;
-    switch (type) {
-    case GGML_TYPE_F32: memcpy(dst, src, n * 4); break;
-    case GGML_TYPE_F16: for (uint64_t i = 0; i < n; i++) dst[i] = tide_f16_to_f32(rd16(s + 2 * i)); break;
-    case GGML_TYPE_BF16: for (uint64_t i = 0; i < n; i++) dst[i] = tide_bf16_to_f32(rd16(s + 2 * i)); break;
-    case GGML_TYPE_Q8_0:
-        for (uint64_t b = 0; b < n / 32; b++, s += 34) {
-            float d = tide_f16_to_f32(rd16(s));
-            for (int j = 0; j < 32; j++) dst[b * 32 + j] = d * (float)(int8_t)s[2 + j];
-        }
-        break;
-    case GGML_TYPE_Q4_0:
-        for (uint64_t b = 0; b < n / 32; b++, s += 18) {
-            float d = tide_f16_to_f32(rd16(s));
-            for (int j = 0; j < 16; j++) {
-                dst[b * 32 + j] = d * (float)((s[2 + j] & 0x0f) - 8);
-                dst[b * 32 + 16 + j] = d * (float)((s[2 + j] >> 4) - 8);
-            }
-        }
-        break;
-    case GGML_TYPE_Q4_K:
-        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q45_k(s + b * Q4_K_BYTES, dst + b * QK_K, false);
-        break;
-    case GGML_TYPE_Q5_K:
-        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q45_k(s + b * Q5_K_BYTES, dst + b * QK_K, true);
-        break;
-    case GGML_TYPE_Q6_K:
-        for (uint64_t b = 0; b < n / QK_K; b++) dequant_q6_k(s + b * Q6_K_BYTES, dst + b * QK_K);
-        break;
-    default: memset(dst, 0, n * 4); break;
-    }
-}
-
-size_t ggml_quantize(uint32_t type, const float *src, void *dst, uint64_t n)
-{
-    uint8_t *d8 = dst;
-    switch (type) {
-    case GGML_TYPE_F32: memcpy(dst, src, n * 4); return n * 4;
-    case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = type == GGML_TYPE_F16 ? tide_f32_to_f16(src[i]) : tide_f32_to_bf16(src[i]);
-            d8[2 * i] = h & 0xff;
-            d8[2 * i + 1] = h >> 8;
-        }
-        return n * 2;
-    case GGML_TYPE_Q8_0:
-        if (n % 32) return 0;
-        for (uint64_t b = 0; b < n / 32; b++, d8 += 34) {
-            float amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(src[b * 32 + j]));
-            float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-            uint16_t h = tide_f32_to_f16(d);
-            d8[0] = h & 0xff;
-            d8[1] = h >> 8;
-            for (int j = 0; j < 32; j++) d8[2 + j] = (uint8_t)(int8_t)lroundf(src[b * 32 + j] * id);
-        }
-        return n / 32 * 34;
-    case GGML_TYPE_Q4_K:
-        if (n % QK_K) return 0;
-        for (uint64_t b = 0; b < n / QK_K; b++) quant_q45_k(src + b * QK_K, d8 + b * Q4_K_BYTES, false);
-        return n / QK_K * Q4_K_BYTES;
-    case GGML_TYPE_Q5_K:
-        if (n % QK_K) return 0;
-        for (uint64_t b = 0; b < n / QK_K; b++) quant_q45_k(src + b * QK_K, d8 + b * Q5_K_BYTES, true);
-        return n / QK_K * Q5_K_BYTES;
-    case GGML_TYPE_Q6_K:
-        if (n % QK_K) return 0;
-        for (uint64_t b = 0; b < n / QK_K; b++) quant_q6_k(src + b * QK_K, d8 + b * Q6_K_BYTES);
-        return n / QK_K * Q6_K_BYTES;
-    default: return 0;
-    }
-}
 
 /* ---------------- reader ---------------- */
 

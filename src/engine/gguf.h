@@ -16,15 +16,20 @@ enum gguf_value_type {
     GGUF_TYPE_FLOAT64 = 12,
 };
 
-/* ggml tensor types (numbering as in ggml). */
+/* ggml tensor types (numbering as in ggml, so files and other tools agree). */
 enum ggml_type {
-    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13, GGML_TYPE_Q6_K = 14, GGML_TYPE_BF16 = 30,
+    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7, GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14, GGML_TYPE_IQ4_XS = 23, GGML_TYPE_BF16 = 30, GGML_TYPE_MXFP4 = 39,
 };
 #define QK_K 256        /* values per k-quant super-block */
 #define Q4_K_BYTES 144  /* f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles */
-#define Q5_K_BYTES 176  /* q4_K's header and scales, 32 bytes of fifth bits, 128 bytes of nibbles */
+#define Q5_K_BYTES 176  /* as q4_K, then 32 bytes of fifth bits before the 128 bytes of nibbles */
 #define Q6_K_BYTES 210  /* 128 low nibbles, 64 high 2-bit pairs, 16 int8 scales, f16 d */
+#define IQ4_XS_BYTES 136 /* f16 d, u16 high scale bits, 4 bytes low scale bits, 128 bytes of nibbles */
+#define Q5_0_BYTES 22   /* f16 d, u32 fifth bits, 16 bytes of nibbles (32 values) */
+#define Q5_1_BYTES 24   /* f16 d, f16 m, u32 fifth bits, 16 bytes of nibbles */
+#define MXFP4_BYTES 17  /* e8m0 shared exponent, 16 bytes of fp4 (e2m1) nibbles */
 
 struct gguf_str {
     uint64_t len;
@@ -97,9 +102,10 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *g, const char
 size_t ggml_row_size(uint32_t type, uint64_t n);
 uint32_t ggml_block_size(uint32_t type);
 const char *ggml_type_name(uint32_t type);
-/* Dequantise n elements (multiple of the block size) into dst. */
+/* Dequantise n elements (multiple of the block size) into dst (quants.c). */
 void ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
-/* Quantise n floats into dst (f32, f16, bf16, q8_0). Returns bytes written. */
+/* Quantise n floats into dst (any type above; quants.c). Returns bytes written, 0 for an
+ * unknown type or n not a multiple of the block size. */
 size_t ggml_quantize(uint32_t type, const float *src, void *dst, uint64_t n);
 float tide_f16_to_f32(uint16_t h);
 uint16_t tide_f32_to_f16(float f);

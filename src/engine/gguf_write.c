@@ -151,7 +151,7 @@ static struct wtensor *add_tensor(struct gguf_writer *w, const char *name, uint3
                                   uint32_t n_dims, const uint64_t *ne)
 {
     uint64_t nel = 1;
-    if (n_dims < 1 || n_dims > 4 || !ggml_block_size(type) || type == GGML_TYPE_Q4_0 ||
+    if (n_dims < 1 || n_dims > 4 || !ggml_block_size(type) ||
         ne[0] % ggml_block_size(type)) {
         w->bad = true;
         return NULL;

@@ -33,8 +33,9 @@ const char *model_arch_name(enum model_arch a)
 static bool type_ok(uint32_t t)
 {
     return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 ||
-           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K ||
-           t == GGML_TYPE_Q6_K;
+           t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q5_0 || t == GGML_TYPE_Q5_1 ||
+           t == GGML_TYPE_MXFP4 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K ||
+           t == GGML_TYPE_IQ4_XS;
 }
 
 /* Find NAME and check it is (ne0, ne1) (ne1 = 1 for vectors). required=false lets an
@@ -364,4 +365,15 @@ size_t model_expert_bytes(const struct model *m, uint32_t l)
     return ggml_row_size(L->gate_exps->type, L->gate_exps->ne[0]) * L->gate_exps->ne[1] +
            ggml_row_size(L->up_exps->type, L->up_exps->ne[0]) * L->up_exps->ne[1] +
            ggml_row_size(L->down_exps->type, L->down_exps->ne[0]) * L->down_exps->ne[1];
+}
+
+uint32_t model_first_cpu_only_type(const struct model *m)
+{
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
+        uint32_t t = m->gguf.tensors[i].type;
+        if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && t != GGML_TYPE_Q8_0 &&
+            t != GGML_TYPE_Q4_0 && t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q5_K && t != GGML_TYPE_Q6_K)
+            return t; /* the CUDA backend's types (k-quants: cuda/kquant.cu) */
+    }
+    return UINT32_MAX;
 }

@@ -5,6 +5,7 @@
  * model's size and has its matrices made at write time, uniform with the same std, by
  * several threads (gguf_w_tensor_fill), so it is written in seconds, not held in RAM. */
 #include "modelgen.h"
+#include "quant_mix.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -290,6 +291,9 @@ struct gen {
     float *buf;
     uint64_t params;
     bool fill;
+    int mix;                 /* enum quant_mix, 0 for none */
+    bool mix_as_f32;
+    uint32_t n_layer, n_expert;
 };
 
 /* Filled tensors: base + uniform values of standard deviation std from a counter hash of
@@ -332,7 +336,9 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
                    uint64_t a, uint64_t b, uint64_t c, float std, int norm)
 {
     uint64_t ne[3] = {a, b, c}, n = a * b * c;
-    if ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K) && a % QK_K)
+    if (g->mix)
+        type = quant_mix_type(g->mix, name, nd, a, g->n_layer, g->n_expert, type);
+    else if (a % ggml_block_size(type))
         type = GGML_TYPE_Q8_0; /* rows that are not whole super-blocks, as other tools do */
     if (g->fill && n >= FILL_MIN) {
         struct fill_ctx f = {rnext(&g->r), norm ? 1.0f : 0.0f, std * 1.7320508f};
@@ -345,6 +351,15 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
     }
     for (uint64_t i = 0; i < n; i++)
         g->buf[i] = (norm ? 1.0f : 0.0f) + std * rnorm(&g->r);
+    if (g->mix_as_f32 && type != GGML_TYPE_F32) { /* the values the mix stores, kept as f32 */
+        void *tmp = malloc(ggml_row_size(GGML_TYPE_F32, n));
+        if (tmp) {
+            ggml_quantize(type, g->buf, tmp, n);
+            ggml_dequantize(type, tmp, g->buf, n);
+            free(tmp);
+        }
+        type = GGML_TYPE_F32;
+    }
     gguf_w_tensor(g->w, name, type, nd, ne, g->buf);
     g->params += n;
 }
@@ -376,12 +391,12 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         c.n_ff % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
         return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");
     uint32_t TD = o->type_down > 0 ? (uint32_t)o->type_down : (uint32_t)c.type;
-    for (int i = 0; i < 2; i++) {
-        uint32_t t = i ? TD : (uint32_t)c.type;
-        if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && t != GGML_TYPE_Q8_0 &&
-            t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q5_K && t != GGML_TYPE_Q6_K)
-            return efail(err, errlen, TIDE_EINVAL, "type must be f32, f16, bf16, q8_0, q4_K, q5_K or q6_K");
-    }
+    if (!ggml_block_size((uint32_t)c.type))
+        return efail(err, errlen, TIDE_EINVAL, "unknown weight type");
+    if (o->mix < 0 || o->mix > QUANT_MIX_Q6_K)
+        return efail(err, errlen, TIDE_EINVAL, "unknown mix (Q4_K_M, Q5_K_M, Q6_K)");
+    if (o->type_down > 0 && !ggml_block_size((uint32_t)o->type_down))
+        return efail(err, errlen, TIDE_EINVAL, "unknown down type");
 
     struct vocab v;
     if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
@@ -391,6 +406,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     g.r.s = o->seed * 0x2545f4914f6cdd1dull + 12345;
     g.w = gguf_writer_new();
     g.fill = c.fill;
+    g.mix = o->mix;
+    g.mix_as_f32 = o->mix_as_f32;
+    g.n_layer = c.n_layer;
+    g.n_expert = c.n_expert;
     if (g.w) gguf_writer_set_threads(g.w, o->threads);
     uint64_t E = c.n_embd, V = v.n, Q = (uint64_t)c.n_head * hd, KV = (uint64_t)c.n_head_kv * hd;
     uint64_t F = c.n_ff, X = c.n_expert ? c.n_expert : 1;

@@ -13,6 +13,9 @@ struct modelgen_options {
     int type;             /* ggml type of the big matrices, or -1 for the preset's */
     int type_down;        /* > 0: ggml type of ffn_down(_exps) and output.weight instead (a
                            * Q4_K_M-like mix is type q4_K, type_down q6_K); 0: type */
+    int mix;              /* enum quant_mix: a llama-quantize recipe over the types (0: none) */
+    bool mix_as_f32;      /* store the mix's values (quantised, then dequantised) as f32: the
+                           * same weights for a reference run (tests) */
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
     int threads;          /* threads for the write-time matrices (0: all CPUs) */

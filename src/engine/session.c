@@ -58,6 +58,16 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         e->fail_step = atol(step);
         tide_log("fault injection armed: forward step #%ld fails", e->fail_step);
     }
+    /* q5_0/q5_1, iq4_xs and MXFP4 have CPU kernels only: a CUDA device would multiply by nothing */
+    for (int i = 0; i < e->mem.n_dev; i++) {
+        uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
+        if (t != UINT32_MAX) {
+            snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "
+                     "(set \"devices\" to cpu, or use a q8_0/f16/bf16 GGUF)", i, ggml_type_name(t));
+            rc = TIDE_EINVAL;
+            goto fail_mem;
+        }
+    }
     rc = forward_init_stages(&e->fw, &e->model, e->n_ctx, e->mem.n_seq, e->mem.max_batch, e->mem.spec, e->mem.n_dev);
     if (rc < 0) {
         snprintf(err, errlen, "forward state for %d tokens: %s", e->n_ctx,

@@ -369,21 +369,41 @@ Test(forward, llama_q8_0)
 Test(forward, mixtral_q4_K)
 {
     /* k-quant rows are whole 256-value super-blocks: every matrix here is 256 wide. The
-     * reference multiplies by the dequantised weights, as the engine does, so the bound is tight. */
+     * reference multiplies by the dequantised weights; the engine also quantises the
+     * activations to int8 (cpu_quant.c), so the bound is q8_0's. */
     struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q4_K};
-    run_case(&s, 1e-4);
-}
-
-Test(forward, mixtral_q6_K)
-{
-    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q6_K};
-    run_case(&s, 1e-4);
+    run_case(&s, 3e-2);
 }
 
 Test(forward, mixtral_q5_K)
 {
     struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q5_K};
-    run_case(&s, 1e-4);
+    run_case(&s, 3e-2);
+}
+
+Test(forward, mixtral_q6_K)
+{
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q6_K};
+    run_case(&s, 3e-2);
+}
+
+Test(forward, mixtral_iq4_xs)
+{
+    /* measured 0.047 at prefill: this random model's iq4_xs weights (a coarse non-linear
+     * 4-bit grid from our plain quantiser) amplify the activation rounding more than the
+     * k-quants' do; its dot products alone are as close as q4_K's (test_quants.c) */
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_IQ4_XS};
+    run_case(&s, 8e-2);
+}
+
+/* the 32-value block types on the q8_0 case's shape */
+Test(forward, llama_q5_0_q5_1_q4_0_mxfp4)
+{
+    uint32_t t[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_0, GGML_TYPE_MXFP4};
+    for (int i = 0; i < 4; i++) {
+        struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 8, 2, 64, false, false, true, t[i]};
+        run_case(&s, 3e-2);
+    }
 }
 
 Test(forward, bad_shape_is_eformat)

@@ -1,0 +1,345 @@
+/* test_quants.c - the weight block formats (quants.c) and the CPU's int8 dot products over
+ * them (cpu_quant.c): dequantisation bit for bit against tests/quant/ref_dequant.py (our
+ * numpy reference, written from the format spec), each dot product against a double-precision
+ * reference within the error the activation quantisation allows, the SIMD kernels against the
+ * scalar one bit for bit, and a matmul row's bits independent of the batch and thread count. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/cpu_quant.h"
+#include "engine/gguf.h"
+
+static const uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+                                 GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+                                 GGML_TYPE_IQ4_XS};
+#define N_TYPES (sizeof types / sizeof types[0])
+
+static uint64_t rng = 88172645463325252ULL;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
+
+static void put_f16(uint8_t *p, float f)
+{
+    uint16_t h = tide_f32_to_f16(f);
+    p[0] = h & 0xff;
+    p[1] = h >> 8;
+}
+
+/* n values of random blocks of type: every code bit random, the float scales finite and of
+ * both signs (file scales need not be positive). wide_exp: MXFP4 exponents over all 256. */
+static void random_blocks(uint32_t type, uint8_t *dst, uint64_t n, bool wide_exp)
+{
+    uint32_t bs = ggml_block_size(type);
+    size_t bb = ggml_row_size(type, bs);
+    for (uint64_t b = 0; b < n / bs; b++) {
+        uint8_t *p = dst + b * bb;
+        for (size_t i = 0; i < bb; i++) p[i] = (uint8_t)rnd();
+        switch (type) {
+        case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+            put_f16(p + 2, frand() * 0.01f);
+            /* fall through */
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_IQ4_XS:
+            put_f16(p, frand() * 0.01f);
+            break;
+        case GGML_TYPE_Q6_K: put_f16(p + 208, frand() * 0.01f); break;
+        case GGML_TYPE_MXFP4: p[0] = wide_exp ? p[0] : (uint8_t)(118 + rnd() % 8); break;
+        }
+    }
+}
+
+Test(quants, dequantise_matches_the_numpy_reference)
+{
+    if (access("/usr/bin/python3", X_OK) != 0 || access("tests/quant/ref_dequant.py", R_OK) != 0)
+        cr_skip_test("needs /usr/bin/python3 and the repository root as the working directory");
+    char path[] = "/tmp/tide-quants-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "wb");
+    cr_assert(f);
+    for (size_t t = 0; t < N_TYPES; t++) {
+        for (int pass = 0; pass < 2; pass++) { /* random codes, then a quantised ramp */
+            uint32_t n = 256 * 12;
+            size_t nbytes = ggml_row_size(types[t], n);
+            uint8_t *raw = malloc(nbytes);
+            float *out = malloc(n * sizeof(float)), *x = malloc(n * sizeof(float));
+            if (pass == 0) {
+                random_blocks(types[t], raw, n, true);
+            } else {
+                for (uint32_t i = 0; i < n; i++) x[i] = sinf((float)i * 0.37f) * (1.0f + (float)(i % 97));
+                cr_assert_eq(ggml_quantize(types[t], x, raw, n), nbytes, "%s", ggml_type_name(types[t]));
+            }
+            ggml_dequantize(types[t], raw, out, n);
+            uint64_t nb64 = nbytes;
+            fwrite(&types[t], 4, 1, f);
+            fwrite(&n, 4, 1, f);
+            fwrite(&nb64, 8, 1, f);
+            fwrite(raw, 1, nbytes, f);
+            fwrite(out, 4, n, f);
+            free(raw);
+            free(out);
+            free(x);
+        }
+    }
+    cr_assert_eq(fclose(f), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/quant/ref_dequant.py %s", path);
+    int rc = system(cmd);
+    unlink(path);
+    cr_assert_eq(rc, 0, "ref_dequant.py found differences (its output is above)");
+}
+
+/* Quantising then dequantising keeps each value near the original: the writer's quantisers
+ * are what the test models are made with. */
+Test(quants, quantise_round_trip_is_close)
+{
+    enum { N = 1024 };
+    float x[N], y[N];
+    uint8_t q[N * 2];
+    for (int i = 0; i < N; i++) x[i] = frand();
+    for (size_t t = 0; t < N_TYPES; t++) {
+        cr_assert_gt(ggml_quantize(types[t], x, q, N), 0);
+        ggml_dequantize(types[t], q, y, N);
+        double err = 0, ref = 0;
+        for (int i = 0; i < N; i++) {
+            err += (double)(x[i] - y[i]) * (x[i] - y[i]);
+            ref += (double)x[i] * x[i];
+        }
+        double rel = sqrt(err / ref);
+        /* 8-bit: ~1%; 4-bit non-linear and fp4: ~10-15% */
+        cr_assert_lt(rel, types[t] == GGML_TYPE_Q8_0 ? 0.01 : 0.2, "%s: relative rms error %g",
+                     ggml_type_name(types[t]), rel);
+    }
+}
+
+/* cols for a type: a block count past one integer-sum chunk (64) with a tail past a multiple
+ * of eight, so every loop of the kernels runs. */
+static int test_cols(uint32_t type) { return ggml_block_size(type) == QK_K ? 256 * 70 : 32 * 75; }
+
+Test(quants, dot_products_match_a_double_reference)
+{
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = test_cols(type);
+        size_t rb = ggml_row_size(type, (uint64_t)cols);
+        uint8_t *row = malloc(rb), *act = malloc(cpu_quant_act_bytes(type, cols));
+        float *w = malloc(cols * sizeof(float)), *x = malloc(cols * sizeof(float));
+        for (int trial = 0; trial < 4; trial++) {
+            random_blocks(type, row, (uint64_t)cols, false);
+            ggml_dequantize(type, row, w, (uint64_t)cols);
+            for (int i = 0; i < cols; i++) x[i] = frand() * (trial == 3 ? 100.0f : 1.0f) * (i % 7 ? 1.0f : 5.0f);
+            cpu_quant_act(type, x, cols, act);
+            float got = cpu_quant_dot(type, row, act, cols, CPU_ISA_SCALAR);
+            /* the activations are rounded to steps of amax/127 per block (the 32-value form
+             * also rounds that step to f16): each product errs by at most |w| * 0.57 step */
+            int ab = ggml_block_size(type) == QK_K ? QK_K : 32;
+            double ref = 0, bound = 0, mag = 0;
+            for (int b = 0; b < cols / ab; b++) {
+                double amax = 0;
+                for (int i = b * ab; i < (b + 1) * ab; i++) amax = fmax(amax, fabs(x[i]));
+                for (int i = b * ab; i < (b + 1) * ab; i++) {
+                    ref += (double)w[i] * x[i];
+                    bound += fabs(w[i]) * 0.57 * amax / 127.0;
+                    mag += fabs((double)w[i] * x[i]);
+                }
+            }
+            cr_assert_leq(fabs(got - ref), bound + 1e-5 * mag, "%s trial %d: %g vs %g (bound %g)",
+                          ggml_type_name(type), trial, got, ref, bound);
+            cr_assert_gt(fabs(ref), 0);
+        }
+        free(row); free(act); free(w); free(x);
+    }
+}
+
+Test(quants, simd_kernels_equal_the_scalar_one_bit_for_bit)
+{
+    if (!cpu_quant_isa_available(CPU_ISA_AVX2))
+        cr_skip_test("this CPU has no AVX2");
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = test_cols(type);
+        uint8_t *row = malloc(ggml_row_size(type, (uint64_t)cols)), *act = malloc(cpu_quant_act_bytes(type, cols));
+        float *x = malloc(cols * sizeof(float));
+        for (int trial = 0; trial < 8; trial++) {
+            random_blocks(type, row, (uint64_t)cols, trial & 1);
+            for (int i = 0; i < cols; i++) x[i] = frand() * (float)(1 + trial);
+            cpu_quant_act(type, x, cols, act);
+            float a = cpu_quant_dot(type, row, act, cols, CPU_ISA_SCALAR);
+            float b = cpu_quant_dot(type, row, act, cols, CPU_ISA_AVX2);
+            cr_assert(memcmp(&a, &b, 4) == 0, "%s trial %d: scalar %a avx2 %a", ggml_type_name(type), trial, a, b);
+        }
+        /* the many-vector form (prefill: blocks unpacked once) gives each vector's bits */
+        enum { NV = 18 };
+        size_t ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *acts = malloc(ab * NV);
+        float many[NV];
+        for (int v = 0; v < NV; v++) {
+            for (int i = 0; i < cols; i++) x[i] = frand() * (float)(1 + v);
+            cpu_quant_act(type, x, cols, acts + v * ab);
+        }
+        cpu_quant_dot_many(type, row, acts, ab, NV, cols, many, 1, CPU_ISA_AVX2);
+        for (int v = 0; v < NV; v++) {
+            float one = cpu_quant_dot(type, row, acts + v * ab, cols, CPU_ISA_SCALAR);
+            cr_assert(memcmp(&one, &many[v], 4) == 0, "%s vector %d: many %a one %a", ggml_type_name(type), v,
+                      many[v], one);
+        }
+        free(acts);
+        free(row); free(act); free(x);
+    }
+}
+
+/* Continuous batching runs a sequence's row in whatever batch it lands in: the bits of a
+ * row's product must not depend on n or on the thread split. */
+Test(quants, matmul_rows_do_not_depend_on_the_batch_or_threads)
+{
+    enum { ROWS = 37, N = 19 }; /* past one 16-vector group of cpu_quant_dot_many */
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = ggml_block_size(type) == QK_K ? 512 : 96;
+        size_t rb = ggml_row_size(type, (uint64_t)cols);
+        uint8_t *data = malloc(rb * ROWS);
+        random_blocks(type, data, (uint64_t)cols * ROWS, false);
+        struct tensor w = {.type = type, .ne = {(uint64_t)cols, ROWS}, .data = data, .row_bytes = rb};
+        float *x = malloc(sizeof(float) * cols * N), *y1 = malloc(sizeof(float) * ROWS), *yn = malloc(sizeof(float) * ROWS * N);
+        for (int i = 0; i < cols * N; i++) x[i] = frand();
+        for (int threads = 1; threads <= 3; threads++) {
+            struct backend be;
+            cr_assert_eq(backend_cpu_init(&be, threads), 0);
+            be.i->matmul(be.ctx, &w, x, yn, N);
+            for (int k = 0; k < N; k++) {
+                be.i->matmul(be.ctx, &w, x + (size_t)k * cols, y1, 1);
+                cr_assert(memcmp(y1, yn + (size_t)k * ROWS, sizeof(float) * ROWS) == 0,
+                          "%s, %d threads: vector %d alone differs from it in a batch of %d",
+                          ggml_type_name(type), threads, k, N);
+                for (int r = 0; r < ROWS; r++) { /* and it is the kernel's own result */
+                    uint8_t act[8192];
+                    cpu_quant_act(type, x + (size_t)k * cols, cols, act);
+                    float d = cpu_quant_dot(type, data + r * rb, act, cols, CPU_ISA_SCALAR);
+                    cr_assert(memcmp(&d, &y1[r], 4) == 0);
+                }
+            }
+            backend_cpu_free(&be);
+        }
+        free(data); free(x); free(y1); free(yn);
+    }
+}
+
+/* ---- whole models: a llama-quantize mix against the same weights in f32 ---- */
+#include "engine/forward.h"
+#include "engine/modelgen.h"
+#include "engine/quant_mix.h"
+
+static void make_model(const char *path, int type, int mix, bool as_f32)
+{
+    /* 256 wide everywhere, so the k-quants (not their 32-value fallbacks) are what runs */
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 5, .type = type, .mix = mix,
+                                 .n_embd = 256, .n_ff = 256, .n_layer = 4, .n_head = 4, .n_head_kv = 2,
+                                 .mix_as_f32 = as_f32};
+    char err[256] = "";
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy tokens and step-0 logits of each mix against the same weights as f32 (the mix's
+ * values dequantised at write time): what differs is tide's int8 compute. (Against the
+ * unquantised f32 model this random 8-expert model is chaotic: q8_0 weights alone move the
+ * logits 2.7%, and 4-5 bit weights flip the top-2 routing, 35%.) Relative error is the
+ * largest logit difference over the largest logit. */
+Test(quants, mixed_models_follow_the_f32_model)
+{
+    char ref_path[64], mix_path[64];
+    snprintf(ref_path, sizeof ref_path, "/tmp/tide-mix-f32-%d.gguf", (int)getpid());
+    snprintf(mix_path, sizeof mix_path, "/tmp/tide-mix-q-%d.gguf", (int)getpid());
+    const int mixes[] = {QUANT_MIX_Q4_K_M, QUANT_MIX_Q5_K_M, QUANT_MIX_Q6_K};
+    for (int mi = 0; mi < 3; mi++) {
+        make_model(ref_path, GGML_TYPE_F32, mixes[mi], true);
+        make_model(mix_path, GGML_TYPE_F32, mixes[mi], false);
+        struct model m[2];
+        char err[256];
+        cr_assert_eq(model_load(&m[0], ref_path, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_load(&m[1], mix_path, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_first_type_of(&m[1], GGML_TYPE_Q6_K, GGML_TYPE_Q6_K), GGML_TYPE_Q6_K);
+        struct backend be;
+        cr_assert_eq(backend_cpu_init(&be, 2), 0);
+        struct forward_state f[2];
+        int V = (int)m[0].cfg.n_vocab, prompt[5] = {11, 250, 37, 400, 99}, tok[2];
+        for (int k = 0; k < 2; k++) {
+            cr_assert_eq(forward_init(&f[k], &m[k], be, 64), 0);
+            cr_assert_eq(forward_eval(&f[k], prompt, 5, 0), 0);
+        }
+        double md = 0, mx = 0;
+        for (int i = 0; i < V; i++) {
+            md = fmax(md, fabs(f[0].logits[i] - f[1].logits[i]));
+            mx = fmax(mx, fabs(f[0].logits[i]));
+        }
+        cr_log_info("%s: step-0 logits rel err %g", quant_mix_name(mixes[mi]), md / mx);
+        cr_assert_lt(md / mx, 0.05, "%s: step-0 logits rel err %g", quant_mix_name(mixes[mi]), md / mx);
+        for (int step = 0; step < 6; step++) {
+            for (int k = 0; k < 2; k++) tok[k] = argmax(f[k].logits, V);
+            cr_assert_eq(tok[0], tok[1], "%s: greedy token %d differs", quant_mix_name(mixes[mi]), step);
+            for (int k = 0; k < 2; k++) cr_assert_eq(forward_eval(&f[k], &tok[k], 1, 5 + step), 0);
+        }
+        for (int k = 0; k < 2; k++) {
+            forward_free(&f[k]);
+            model_free(&m[k]);
+        }
+        backend_cpu_free(&be);
+    }
+    unlink(ref_path);
+    unlink(mix_path);
+}
+
+/* llama-quantize's choices (src/llama-quant.cpp) for a dense 32-layer model and an 8-expert one */
+Test(quants, mix_rules_follow_llama_quantize)
+{
+    const uint32_t K4 = GGML_TYPE_Q4_K, K5 = GGML_TYPE_Q5_K, K6 = GGML_TYPE_Q6_K, Q8 = GGML_TYPE_Q8_0;
+    enum quant_mix m4 = QUANT_MIX_Q4_K_M, m5 = QUANT_MIX_Q5_K_M, m6 = QUANT_MIX_Q6_K;
+    /* dense, 32 layers: more bits on layers 0-3, 28-31 and 6, 9, ... */
+    cr_assert_eq(quant_mix_type(m4, "token_embd.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "output.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.0.attn_v.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.5.attn_v.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.6.attn_v.weight", 2, 4096, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.29.ffn_down.weight", 2, 14336, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m4, "blk.10.ffn_down.weight", 2, 14336, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.10.attn_output.weight", 2, 4096, 32, 0, 0), K4);
+    cr_assert_eq(quant_mix_type(m5, "blk.10.attn_q.weight", 2, 4096, 32, 0, 0), K5);
+    cr_assert_eq(quant_mix_type(m5, "blk.9.ffn_down.weight", 2, 14336, 32, 0, 0), K6);
+    cr_assert_eq(quant_mix_type(m6, "blk.9.ffn_up.weight", 2, 4096, 32, 0, 0), K6);
+    /* not quantised */
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_norm.weight", 1, 4096, 32, 0, GGML_TYPE_F32), GGML_TYPE_F32);
+    cr_assert_eq(quant_mix_type(m4, "blk.1.ffn_gate_inp.weight", 2, 4096, 32, 8, GGML_TYPE_F32), GGML_TYPE_F32);
+    /* 8 experts: k and v q8_0 in every mix, attn_output q5_K in Q4_K_M */
+    cr_assert_eq(quant_mix_type(m4, "blk.7.attn_k.weight", 2, 4096, 32, 8, 0), Q8);
+    cr_assert_eq(quant_mix_type(m6, "blk.7.attn_v.weight", 2, 4096, 32, 8, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "blk.7.attn_output.weight", 2, 4096, 32, 8, 0), K5);
+    cr_assert_eq(quant_mix_type(m5, "blk.7.attn_output.weight", 2, 4096, 32, 8, 0), K5);
+    cr_assert_eq(quant_mix_type(m4, "blk.8.ffn_down_exps.weight", 3, 14336, 32, 8, 0), K4);
+    cr_assert_eq(quant_mix_type(m4, "blk.9.ffn_down_exps.weight", 3, 14336, 32, 8, 0), K6);
+    /* rows not whole super-blocks fall back */
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), GGML_TYPE_Q5_0);
+    cr_assert_eq(quant_mix_type(m5, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), GGML_TYPE_Q5_1);
+    cr_assert_eq(quant_mix_type(m6, "blk.1.attn_q.weight", 2, 128, 4, 0, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "output.weight", 2, 128, 4, 0, 0), Q8);
+    cr_assert_eq(quant_mix_type(m4, "blk.1.attn_q.weight", 2, 48, 4, 0, 0), GGML_TYPE_F16);
+    cr_assert_eq(quant_mix_parse("q4_k_m"), QUANT_MIX_Q4_K_M);
+    cr_assert_eq(quant_mix_parse("Q3_K_M"), -1);
+}
