@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench-serve.py - N concurrent clients against an OpenAI-compatible server (tide or llama-server).
 
-Each client sends one streamed chat request of MAX_TOKENS tokens (ignore_eos where the server
-knows it; tide's random-weight models rarely stop early), with a distinct prompt, or with a shared
+Each client sends one streamed chat request of up to MAX_TOKENS tokens (no ignore_eos: in tide
+it makes every step bring the logits to the host), with a distinct prompt, or with a shared
 system prompt of about SHARED words in front (--shared). Reports, per run:
   aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
   reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the
@@ -74,7 +74,7 @@ def main():
         msgs = ([{"role": "system", "content": system}] if system else []) + \
                [{"role": "user", "content": "%d: %s" % (i, prompt(i, 12))}]
         bodies.append({"messages": msgs, "max_tokens": a.max_tokens, "temperature": a.temperature, "seed": i,
-                       "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True})
+                       "stream": True, "stream_options": {"include_usage": True}})
     out = [None] * a.n
     th = [threading.Thread(target=one, args=(a.url, bodies[i], out, i)) for i in range(a.n)]
     t0 = time.perf_counter()
