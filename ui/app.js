@@ -61,6 +61,10 @@ function renderDevices(v) {
   if (vi.state === 'ready' && vi.last_image_s_ago != null && vi.idle_s != null)
     s += `, unloads in <span id="vision-countdown">${Math.max(0, Math.round(vi.idle_s - vi.last_image_s_ago))}</span> s`;
   $('vision').innerHTML = s;
+  const sq = v.sequences || {};
+  $('seqs').innerHTML = `sequences: <b id="seq-running">${sq.running ?? 0}</b> running of ` +
+    `<span id="seq-slots">${sq.slots ?? 0}</span> KV slots, <span id="seq-cached">${sq.cached ?? 0}</span> idle slots ` +
+    `holding a reusable prefix`;
 }
 
 async function postReserve(i, mib) {

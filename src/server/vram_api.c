@@ -72,6 +72,12 @@ char *vram_render(const struct vram_snapshot *s, const char *status, const size_
                                          "expert_slots_full", "vision_mib", "workspace_mib"};
     for (int k = 0; k < 11; k++)
         cJSON_AddNumberToObject(tot, tnames[k], t[k]);
+    /* the engine's KV slots: sequences running now, at most, and idle slots holding rows a
+     * later prompt with the same prefix reuses (cached_tokens) */
+    cJSON *sq = cJSON_AddObjectToObject(o, "sequences");
+    cJSON_AddNumberToObject(sq, "running", s->seq_running);
+    cJSON_AddNumberToObject(sq, "slots", s->seq_slots);
+    cJSON_AddNumberToObject(sq, "cached", s->kv_cached_slots);
     cJSON *vis = cJSON_AddObjectToObject(o, "vision");
     cJSON_AddStringToObject(vis, "state", s->vision_state ? s->vision_state : "unloaded");
     cJSON_AddBoolToObject(vis, "lazy", s->vision_lazy);

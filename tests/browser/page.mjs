@@ -103,6 +103,17 @@ try {
     const c = document.getElementById('chart');
     return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((x, i) => i % 4 === 3 && x > 0);
   }), 'the time series is blank');
+  // KV slots beside the bars; during a load of concurrent streams the page shows them running
+  assert.equal(Number(await page.locator('#seq-slots').textContent()), v.sequences.slots);
+  const load = [0, 1, 2].map((i) => fetch(base + '/v1/chat/completions', {
+    method: 'POST', headers: { ...auth.headers, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: `stream ${i}` }], max_tokens: 300, temperature: 0, stream: true }),
+  }).then((r) => r.text()));
+  await page.waitForFunction(() => Number(document.getElementById('seq-running').textContent) >= 2, null, { timeout: 20000 });
+  const seen = Number(await page.locator('#seq-running').textContent());
+  await Promise.all(load);
+  step(`page showed ${seen} sequences running at once of ${v.sequences.slots} KV slots`);
+
   await page.screenshot({ path: `${out}/dashboard.png` });
 
   // a reserve on device 0 through the page's button (POST /v1/vram from the page's own Origin)

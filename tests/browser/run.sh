@@ -37,7 +37,8 @@ cat >"$TMP/tide.json" <<JSON
 JSON
 KEY=browser-test-key
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-"$TIDE_BIN" --config "$TMP/tide.json" --host 127.0.0.1 --port "$PORT" --api-key "$KEY" >"$TMP/tide.log" 2>&1 &
+# every step at least 4 ms (the fault hook), so the page's 1 s poll sees the concurrent streams run
+TIDE_FAULT_SLOW_TOKEN_MS=4 "$TIDE_BIN" --config "$TMP/tide.json" --host 127.0.0.1 --port "$PORT" --api-key "$KEY" >"$TMP/tide.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
