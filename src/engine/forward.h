@@ -107,6 +107,13 @@ struct forward_state {
     void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
     void *logits_ctx;
     uint64_t n_expert_calls;
+    /* A backend that failed keeps failing (a CUDA error is sticky: every later op and copy does
+     * nothing): after each step every stage's backend is asked, and the first failure is kept
+     * here; every later step returns TIDE_EINTERNAL at once. */
+    bool backend_failed;
+    char backend_err[256];
+    long fault_backend_steps;   /* test hook TIDE_FAULT_BACKEND_ERROR: steps until the backend
+                                   "fails" as a sticky CUDA error would; 0 = off */
 };
 
 /* Memory one stage needs, by ledger kind, before any expert cache. workspace holds the

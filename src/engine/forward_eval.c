@@ -12,10 +12,12 @@
 #include "forward.h"
 #include "forward_internal.h"
 #include "sample.h"
+#include "backend_cuda.h"
 #include "memory/device.h"
 #include "memory/expert_cache.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -521,8 +523,29 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     return 0;
 }
 
+/* After a step: has a stage's backend failed (a sticky CUDA error, or the test hook)? The
+ * first failure is kept: the step's results are garbage and every later step fails at once. */
+static int check_backends(struct forward_state *s)
+{
+    if (s->fault_backend_steps > 0 && --s->fault_backend_steps == 0) {
+        s->backend_failed = true;
+        snprintf(s->backend_err, sizeof s->backend_err, "injected backend failure (TIDE_FAULT_BACKEND_ERROR)");
+    }
+    for (int i = 0; i < s->n_stage && !s->backend_failed; i++) {
+        const struct forward_stage *st = &s->stage[i];
+        char msg[200] = "";
+        if (st->dev && st->dev->kind == DEVICE_KIND_CUDA && backend_cuda_error(&st->be, msg, sizeof msg) != 0) {
+            s->backend_failed = true;
+            snprintf(s->backend_err, sizeof s->backend_err, "device %d: %s", i, msg[0] ? msg : "CUDA error");
+        }
+    }
+    return s->backend_failed ? TIDE_EINTERNAL : 0;
+}
+
 int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_seq)
 {
+    if (s->backend_failed)
+        return TIDE_EINTERNAL;
     if (n_seq <= 0 || n_seq > s->n_seq || n_seq > FORWARD_MAX_SEQ)
         return TIDE_EINVAL;
     int total = 0;
@@ -564,6 +587,8 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
         }
         rc = eval_runs(s, rn, nr, n, seqs);
         forward_unbind_buffers(s);
+        if (rc == 0)
+            rc = check_backends(s);
         left -= n;
     }
     return rc;

@@ -45,7 +45,7 @@ struct engine_seq {
     int next;                /* the token the next step feeds (at pos), -1 while prefilling */
     bool done;
     int rc;
-    char err[256];
+    char err[400];
 };
 
 static bool step_fault(struct engine *e)
@@ -410,12 +410,15 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         usleep(e->slow_token_us); /* test hook, see engine_init */
     int rc = step_fault(e) ? TIDE_EINTERNAL : forward_eval_batch(&e->fw, fs, nf);
     if (rc < 0) {
+        const char *be = e->fw.backend_failed ? e->fw.backend_err : NULL;
         for (int i = 0; i < nf; i++) {
-            char why[128];
+            char why[400];
             if (in[i]->pos < in[i]->n_prompt)
-                snprintf(why, sizeof why, "prefill: %s", tide_strerror(rc));
+                snprintf(why, sizeof why, "prefill: %s%s%s", tide_strerror(rc), be ? ": the backend failed: " : "",
+                         be ? be : "");
             else
-                snprintf(why, sizeof why, "forward at position %d: %s", in[i]->pos, tide_strerror(rc));
+                snprintf(why, sizeof why, "forward at position %d: %s%s%s", in[i]->pos, tide_strerror(rc),
+                         be ? ": the backend failed: " : "", be ? be : "");
             seq_fail(e, in[i], rc, why);
         }
         return rc;

@@ -53,6 +53,13 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     }
     /* Test hook: TIDE_FAULT_ENGINE_STEP=n makes the n-th forward step fail once (a prompt's
      * prefill is one step, each generated token one), as a backend failure would. */
+    /* Test hook: TIDE_FAULT_BACKEND_ERROR=n makes the backend "fail" after the n-th forward step
+     * as a sticky CUDA error does: that step and every later one fail, the daemon turns
+     * unhealthy (issue 27 item 7). */
+    const char *berr = getenv("TIDE_FAULT_BACKEND_ERROR");
+    long fault_backend = berr && atol(berr) > 0 ? atol(berr) : 0;
+    if (fault_backend)
+        tide_log("fault injection armed: the backend fails after forward step #%ld", fault_backend);
     const char *step = getenv("TIDE_FAULT_ENGINE_STEP");
     if (step && atol(step) > 0) {
         e->fail_step = atol(step);
@@ -77,6 +84,7 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     e->img_open = tokenizer_find(e->tok, "<|vision_start|>");
     e->img_close = tokenizer_find(e->tok, "<|vision_end|>");
     if (e->img_open < 0 || e->img_close < 0) e->img_open = e->img_close = -1;
+    e->fw.fault_backend_steps = fault_backend;
     e->n_slots = e->fw.n_seq;
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     for (int i = 0; e->slots && i < e->n_slots; i++)

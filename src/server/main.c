@@ -42,12 +42,30 @@ struct app {
 
 static char *dup_str(const char *s) { return s ? strdup(s) : NULL; }
 
+/* A backend that failed (a sticky CUDA error): nothing it runs can be trusted until a restart. */
+static bool backend_failed(struct app *a, char *why, size_t whylen)
+{
+    struct vram_snapshot s;
+    runtime_snapshot(&a->rt, &s);
+    if (s.backend_failed)
+        snprintf(why, whylen, "the backend failed (%s): this daemon needs a restart", s.backend_err);
+    return s.backend_failed;
+}
+
 static void h_health(void *ap, const struct http_request *rq, struct http_response *rs)
 {
     struct app *a = ap;
+    char why[400];
     if (!atomic_load(&a->fifo)) {
         rs->status = 503;
         rs->body = dup_str("{\"status\":\"loading\"}");
+    } else if (backend_failed(a, why, sizeof why)) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", "error");
+        cJSON_AddStringToObject(o, "reason", why);
+        rs->status = 503;
+        rs->body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
     } else {
         rs->body = dup_str("{\"status\":\"ok\"}");
     }
@@ -61,7 +79,9 @@ static void h_ready(void *ap, const struct http_request *rq, struct http_respons
     struct app *a = ap;
     struct fifo *f = atomic_load(&a->fifo);
     const char *state = "ready", *reason = NULL;
+    char why[400];
     if (!f) state = "loading", reason = "the model is loading";
+    else if (backend_failed(a, why, sizeof why)) state = "error", reason = why;
     else if (atomic_load(&a->draining) || atomic_load(&a->stopping))
         state = "draining", reason = "the server is shutting down: finishing the requests it has";
     else if (fifo_waiting(f) >= a->cfg.queue_max)
@@ -117,6 +137,12 @@ static void generate(struct app *a, const struct http_request *rq, struct http_r
     struct fifo *f = atomic_load(&a->fifo);
     if (!f || atomic_load(&a->stopping) || atomic_load(&a->draining)) {
         http_error(rs, 503, "server_error", f ? "server is shutting down" : "model is loading", NULL, NULL);
+        rs->retry_after = 1;
+        return;
+    }
+    char why[400];
+    if (backend_failed(a, why, sizeof why)) { /* another daemon of the fleet can answer */
+        http_error(rs, 503, "server_error", why, NULL, "backend_failed");
         rs->retry_after = 1;
         return;
     }

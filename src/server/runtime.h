@@ -36,6 +36,8 @@ struct vram_snapshot {
     size_t host_total, host_free, host_experts;
     int seq_running, seq_slots; /* sequences running now, and at most (KV slots) */
     int kv_cached_slots;        /* free slots whose rows a later prompt may reuse */
+    bool backend_failed;        /* a device's backend failed (sticky): the daemon is unhealthy */
+    char backend_err[256];
 };
 
 struct vision_lifecycle;

@@ -84,6 +84,8 @@ void runtime_publish(struct runtime *rt)
     s.seq_running = rt->eng.n_slots - engine_free_slots(&rt->eng);
     for (int i = 0; i < rt->eng.n_slots; i++)
         s.kv_cached_slots += !rt->eng.slots[i].busy && rt->eng.slots[i].n_tokens > 0;
+    s.backend_failed = rt->eng.fw.backend_failed;
+    snprintf(s.backend_err, sizeof s.backend_err, "%s", rt->eng.fw.backend_err);
     pthread_mutex_lock(&rt->snap_mu);
     s.vision_state = rt->vision ? vision_state_name(rt->vision->state) : "unloaded";
     s.vision_lazy = rt->snap.vision_lazy;
@@ -231,6 +233,11 @@ static bool admit(struct scheduler *S)
             rc = embed_images(rt, j, r->gj, err, sizeof err);
             runtime_publish(rt); /* the vision state a client reads next is this one */
         }
+        if (rc == 0 && rt->eng.fw.backend_failed) { /* nothing can run: say why, at once */
+            snprintf(err, sizeof err, "the backend failed earlier (%s): this daemon needs a restart",
+                     rt->eng.fw.backend_err);
+            rc = TIDE_EINTERNAL;
+        }
         if (rc == 0)
             rc = engine_seq_start(&rt->eng, r->gj, &r->q, err, sizeof err);
         if (rc < 0) {
@@ -252,7 +259,11 @@ static void step(struct scheduler *S)
         qs[i] = S->order[i]->q;
     int rows = rt->cfg->max_batch_tokens;
     int cap = forward_step_rows(&rt->eng.fw);
-    engine_step(&rt->eng, qs, S->n, rows < cap ? rows : cap);
+    if (engine_step(&rt->eng, qs, S->n, rows < cap ? rows : cap) < 0 && rt->eng.fw.backend_failed) {
+        tide_log("the backend failed: %s; the daemon reports itself unhealthy (GET /health 503) until restarted",
+                 rt->eng.fw.backend_err);
+        runtime_publish(rt);
+    }
     int k = 0;
     bool ended = false;
     for (int i = 0; i < S->n; i++) {

@@ -359,6 +359,68 @@ Test(faults, kv_and_workspace_allocation_failure_at_start_up, .timeout = 60)
     }
 }
 
+/* A backend that fails for good (a CUDA error is sticky: every later op does nothing) in the
+ * middle of a reply: that reply is a 500 error object naming it, not a 200 made of stale logits;
+ * GET /health and /ready turn 503 with the reason, and later requests get 503 (the balancer
+ * sends them elsewhere) instead of garbage (issue 27 item 7). TIDE_FAULT_BACKEND_ERROR=n makes
+ * the backend fail after the n-th forward step, on any device kind. */
+Test(faults, sticky_backend_failure_turns_the_daemon_unhealthy, .timeout = 60)
+{
+    start(DEV64, "TIDE_FAULT_BACKEND_ERROR=4");
+    char *b;
+    cr_assert_eq(req("GET", "/health", NULL, &b), 200, "%s", b);
+    free(b);
+    cr_assert_eq(req("POST", "/v1/chat/completions", TEXT, &b), 500, "%s", b);
+    expect_error(b, NULL, "the backend failed");
+    free(b);
+    cr_assert_eq(req("GET", "/health", NULL, &b), 503, "%s", b);
+    cr_assert(strstr(b, "\"status\":\"error\"") && strstr(b, "injected backend failure"), "%s", b);
+    free(b);
+    cr_assert_eq(req("GET", "/ready", NULL, &b), 503, "%s", b);
+    cr_assert(strstr(b, "\"status\":\"error\""), "%s", b);
+    free(b);
+    cr_assert_eq(req("POST", "/v1/chat/completions", TEXT, &b), 503, "%s", b);
+    expect_error(b, "backend_failed", "needs a restart");
+    free(b);
+    stop();
+}
+
+/* A client that hangs up during a long prefill does not hold the engine (issue 27 item 4): the
+ * prompt runs in chunks, one a step, and the job's cancel flag is checked before every step. One
+ * sequence at a time and every step at least 20 ms (the slow-step hook), so the ~8,000-token
+ * prompt's ~125 chunks would hold the engine 2.5 s or more; the client leaves after 0.3 s and the
+ * next request, queued behind it, must be answered well before that. */
+Test(faults, hang_up_during_a_long_prefill_frees_the_engine, .timeout = 60)
+{
+    start("\"context\":16384,\"parallel\":1", "TIDE_FAULT_SLOW_TOKEN_MS=20");
+    size_t words = 6000, cap = words * 8 + 256;
+    char *body = malloc(cap);
+    size_t n = (size_t)snprintf(body, cap, "{\"prompt\":\"");
+    for (size_t i = 0; i < words; i++)
+        n += (size_t)snprintf(body + n, cap - n, "%s ", i % 3 ? "river" : "stone");
+    n += (size_t)snprintf(body + n, cap - n, "\",\"max_tokens\":4,\"stream\":true}");
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", n);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(write(fd, head, (size_t)hl), hl);
+    cr_assert_eq(write(fd, body, n), (ssize_t)n);
+    usleep(300000);
+    close(fd); /* gone in the middle of the prefill */
+    double t0 = mono();
+    char *b;
+    cr_assert_eq(req("POST", "/v1/completions", "{\"prompt\":\"Hello\",\"max_tokens\":2}", &b), 200, "%s", b);
+    double dt = mono() - t0;
+    free(b);
+    free(body);
+    cr_expect_lt(dt, 1.5, "the next request waited %.2f s behind a prefill whose client left", dt);
+    stop();
+}
+
 /* A forward step fails (as a backend failure would): the prompt's prefill, then a decode step
  * in the middle of a stream. */
 Test(faults, failing_engine_step, .timeout = 60)
