@@ -1,4 +1,4 @@
-/* req_harness.c - see harness.h. */
+/* req_harness.c - see req_harness.h. */
 #include "req_harness.h"
 
 #include <criterion/criterion.h>
@@ -49,16 +49,26 @@ static size_t sink(char *d, size_t sz, size_t nm, void *ud)
 
 struct harness_reply harness_req(const char *method, const char *path, const char *const *hdrs, const char *body)
 {
+    return harness_req_len(method, path, hdrs, body, body ? strlen(body) : 0);
+}
+
+struct harness_reply harness_req_len(const char *method, const char *path, const char *const *hdrs, const char *body,
+                                     size_t body_len)
+{
     CURL *c = curl_easy_init();
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
     struct buf b = { calloc(1, 1), 0 }, h = { calloc(1, 1), 0 };
     struct curl_slist *hl = NULL;
     if (!strcmp(method, "POST")) hl = curl_slist_append(hl, "Content-Type: application/json");
+    hl = curl_slist_append(hl, "Expect:"); /* no 100-continue round trip for large bodies */
     for (int i = 0; hdrs && hdrs[i]; i++) hl = curl_slist_append(hl, hdrs[i]);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
@@ -68,6 +78,7 @@ struct harness_reply harness_req(const char *method, const char *path, const cha
     struct harness_reply r = { 0 };
     if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
     r.body = b.p; /* after the transfer: sink reallocs them */
+    r.len = b.n;
     r.headers = h.p;
     curl_slist_free_all(hl);
     curl_easy_cleanup(c);
@@ -144,4 +155,54 @@ void harness_stop(void)
     }
     unlink(cfg_path);
     pid = 0;
+}
+
+static int hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+char *harness_json_string(const char *from, const char *key, size_t *len, const char **end)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(from, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    char *out = malloc(strlen(p) + 1);
+    size_t n = 0;
+    while (*p && *p != '"') {
+        if (*p != '\\') { out[n++] = *p++; continue; }
+        p++;
+        char c = *p++;
+        if (c == 'u') {
+            int cp = hex4(p);
+            p += 4;
+            if (cp >= 0xD800 && cp < 0xDC00 && p[0] == '\\' && p[1] == 'u') {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(p + 2) - 0xDC00);
+                p += 6;
+            }
+            if (cp < 0x80) out[n++] = (char)cp;
+            else if (cp < 0x800) { out[n++] = (char)(0xC0 | cp >> 6); out[n++] = (char)(0x80 | (cp & 63)); }
+            else if (cp < 0x10000) {
+                out[n++] = (char)(0xE0 | cp >> 12); out[n++] = (char)(0x80 | (cp >> 6 & 63)); out[n++] = (char)(0x80 | (cp & 63));
+            } else {
+                out[n++] = (char)(0xF0 | cp >> 18); out[n++] = (char)(0x80 | (cp >> 12 & 63));
+                out[n++] = (char)(0x80 | (cp >> 6 & 63)); out[n++] = (char)(0x80 | (cp & 63));
+            }
+        } else {
+            out[n++] = c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c == 'b' ? '\b' : c == 'f' ? '\f' : c;
+        }
+    }
+    out[n] = 0;
+    *len = n;
+    if (end) *end = *p ? p + 1 : p;
+    return out;
 }

@@ -14,12 +14,19 @@ void harness_stop(void);
 struct harness_reply {
     long status;
     char *body;      /* NUL-terminated */
+    size_t len;      /* body bytes (a body may hold NUL bytes) */
     char *headers;   /* the response's header lines as received */
 };
 /* One request; hdrs: extra header lines (NULL-terminated list) or NULL. Frees nothing of the
  * caller's; harness_reply_free frees the reply. A POST gets Content-Type: application/json. */
 struct harness_reply harness_req(const char *method, const char *path, const char *const *hdrs, const char *body);
+/* The same with an explicit body length (a body with NUL bytes, or a large one). */
+struct harness_reply harness_req_len(const char *method, const char *path, const char *const *hdrs, const char *body,
+                                     size_t body_len);
 void harness_reply_free(struct harness_reply *r);
+/* The value of the first "key":"..." after from, unescaped into a malloc'd buffer with its
+ * length (cJSON would stop at a \u0000); NULL when there is none. *end: just past it. */
+char *harness_json_string(const char *from, const char *key, size_t *len, const char **end);
 /* The body parsed (asserts it is JSON); caller deletes. */
 cJSON *harness_json(const struct harness_reply *r);
 /* The value of a response header (case-insensitive name), malloc'd, or NULL. */
