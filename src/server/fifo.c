@@ -305,7 +305,7 @@ bool fifo_wait_idle(struct fifo *f, double timeout_s)
     return idle;
 }
 
-void fifo_free(struct fifo *f)
+void fifo_drop_queued(struct fifo *f)
 {
     if (!f) return;
     pthread_mutex_lock(&f->mu);
@@ -328,6 +328,12 @@ void fifo_free(struct fifo *f)
         job_unref(ctl);
         ctl = nx;
     }
+}
+
+void fifo_free(struct fifo *f)
+{
+    if (!f) return;
+    fifo_drop_queued(f); /* nothing, after fifo_drop_queued */
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     pthread_cond_destroy(&f->idle_cv);

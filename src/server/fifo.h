@@ -87,13 +87,16 @@ bool fifo_wait(struct fifo *f, double timeout_s);
 bool fifo_closed(struct fifo *f);
 /* Refuse new jobs and wake the engine thread (which then cancels what runs and returns). */
 void fifo_close(struct fifo *f);
-/* After the engine thread returned: finish what is still queued with 503, then free. */
 /* Live generation jobs: pushed and not yet finished (queued + running). The drain on
  * SIGTERM waits for this to reach 0; it counts at the queue's edges (fifo_push, job_finish)
  * so it holds whatever the engine thread does between them. */
 int fifo_live(struct fifo *f);
 /* Wait until fifo_live is 0, at most timeout_s; true when it is. */
 bool fifo_wait_idle(struct fifo *f, double timeout_s);
+/* After the engine thread returned: finish what is still queued with 503 (the queue stays
+ * closed: pushes are refused). */
+void fifo_drop_queued(struct fifo *f);
+/* Free, once no HTTP thread can reach the queue any more (after http_stop). */
 void fifo_free(struct fifo *f);
 
 #endif

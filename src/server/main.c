@@ -423,9 +423,9 @@ int main(int argc, char **argv)
     if (sig == SIGTERM) drain(a, f, &sigs);
     atomic_store(&a->stopping, true);
     http_quiesce(http);
-    scheduler_stop(rt); /* cancels in-flight work; waiting handlers wake up */
-    fifo_free(f);       /* what was still queued: 503 */
+    scheduler_stop(rt); /* cancels in-flight work, what was still queued gets 503 */
     http_stop(http);    /* wakes suspended connections, joins the polling and watch threads */
+    fifo_free(f);       /* no HTTP thread can reach the queue now */
     if (rt->vision) vision_free(rt->vision);
     engine_free(&rt->eng);
     config_free(&a->cfg);

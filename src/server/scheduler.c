@@ -333,6 +333,7 @@ void scheduler_stop(struct runtime *rt)
         return;
     fifo_close(rt->fifo);
     pthread_join(S->thread, NULL);
+    fifo_drop_queued(rt->fifo); /* never ran: 503, so their readers wake before http_stop */
     free(S);
     rt->sched = NULL;
 }
