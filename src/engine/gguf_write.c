@@ -338,14 +338,27 @@ int gguf_writer_to_memory(struct gguf_writer *w, void **out, size_t *size)
     return 0;
 }
 
+/* Written beside the target, then renamed over it: a daemon that has the old file mapped keeps
+ * its pages (the old inode lives on until unmapped) instead of dying of SIGBUS when the file is
+ * truncated under it, as `make` rewriting the default models next to a running daemon did. */
 int gguf_writer_write(struct gguf_writer *w, const char *path)
 {
     if (w->bad) return TIDE_EINVAL;
     if (w->kv.oom || w->info.oom || w->data.oom) return TIDE_ENOMEM;
-    FILE *f = fopen(path, "wb");
-    if (!f) return TIDE_EIO;
+    size_t pl = strlen(path) + 32;
+    char *tmp = malloc(pl);
+    if (!tmp) return TIDE_ENOMEM;
+    snprintf(tmp, pl, "%s.part-%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        free(tmp);
+        return TIDE_EIO;
+    }
     struct sink s = {.f = f, .ok = true};
     int rc = emit(w, &s);
     if (fclose(f) != 0 && !rc) rc = TIDE_EIO;
+    if (!rc && rename(tmp, path) != 0) rc = TIDE_EIO;
+    if (rc) unlink(tmp);
+    free(tmp);
     return rc;
 }

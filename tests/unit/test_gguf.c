@@ -553,3 +553,30 @@ Test(gguf, modelgen_qwen3_30b_preset)
     gguf_close(&g);
     unlink(path);
 }
+
+/* Rewriting a model file that a process has mapped (make regenerating the default models beside
+ * a running daemon) must not pull the pages from under it: the writer renames a new file over
+ * the old one, so the old mapping keeps its bytes. Before, the file was truncated in place and
+ * touching the mapping afterwards was SIGBUS (this test then crashes). */
+Test(gguf, rewriting_a_mapped_model_leaves_the_mapping_whole)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-remap-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 3, .type = -1, .threads = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    unsigned sum0 = 0, sum1 = 0;
+    for (size_t i = 0; i < g.size; i++)
+        sum0 += ((const uint8_t *)g.map)[i];
+    o.seed = 4; /* other bytes, same size */
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    for (size_t i = 0; i < g.size; i++)
+        sum1 += ((const uint8_t *)g.map)[i];
+    cr_expect_eq(sum0, sum1, "the mapped bytes changed under the reader");
+    gguf_close(&g);
+    char part[96];
+    snprintf(part, sizeof part, "%s.part-%d", path, (int)getpid());
+    cr_expect_neq(access(part, F_OK), 0, "a .part file was left behind");
+    unlink(path);
+}
