@@ -306,7 +306,7 @@ static void take_token(struct engine *e, struct engine_seq *q, float *logits, in
             q->cap = nc;
         }
         if (job->sp.json_object && !eog)
-            json_guard_feed(&q->jg, piece, (size_t)plen); /* json_mask let only valid ones through */
+            json_guard_feed(&q->jg, piece, (size_t)plen); /* sampler_constrain let only valid ones through */
         q->n_held += utf8_stream_feed(&q->u8, piece, (size_t)plen, q->held + q->n_held);
         if (eog)
             q->n_held += utf8_stream_flush(&q->u8, q->held + q->n_held);
