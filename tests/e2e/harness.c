@@ -22,7 +22,7 @@ double e2e_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int free_port(void)
+int e2e_free_port(void)
 {
     int s = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -94,7 +94,7 @@ void e2e_start(struct daemon *d, const char *extra_cfg, const char *const *argv_
 {
     const char *bin = getenv("TIDE_BIN") ? getenv("TIDE_BIN") : "build/tide";
     const char *model = getenv("TIDE_MODEL") ? getenv("TIDE_MODEL") : "models/tide-moe.gguf";
-    d->port = free_port();
+    d->port = e2e_free_port();
     snprintf(d->cfg_path, sizeof d->cfg_path, "/tmp/tide-e2e-%d-%d.json", (int)getpid(), d->port);
     FILE *f = fopen(d->cfg_path, "w");
     cr_assert(f, "cannot write %s", d->cfg_path);

@@ -34,5 +34,7 @@ char *e2e_raw(const struct daemon *d, const char *from, const void *bytes, size_
 int e2e_status(const char *resp);
 /* Seconds on the monotonic clock. */
 double e2e_now(void);
+/* A loopback port free right now (bound, read, closed). */
+int e2e_free_port(void);
 
 #endif

@@ -1,5 +1,6 @@
 /* req_harness.c - see req_harness.h. */
 #include "req_harness.h"
+#include "harness.h" /* e2e_now, e2e_free_port */
 
 #include <criterion/criterion.h>
 #include <curl/curl.h>
@@ -17,24 +18,6 @@
 static pid_t pid;
 static int port;
 static char cfg_path[64];
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(s, (struct sockaddr *)&a, &l);
-    close(s);
-    return ntohs(a.sin_port);
-}
 
 struct buf { char *p; size_t n; };
 static size_t sink(char *d, size_t sz, size_t nm, void *ud)
@@ -119,7 +102,7 @@ void harness_start(const char *extra_cfg)
 {
     const char *bin = getenv("TIDE_BIN") ? getenv("TIDE_BIN") : "build/tide";
     const char *model = getenv("TIDE_MODEL") ? getenv("TIDE_MODEL") : "models/tide-moe.gguf";
-    port = free_port();
+    port = e2e_free_port();
     snprintf(cfg_path, sizeof cfg_path, "/tmp/tide-e2e-h%d.json", (int)getpid());
     FILE *f = fopen(cfg_path, "w");
     fprintf(f, "{\"model\":\"%s\",\"context\":1024%s%s}", model, extra_cfg ? "," : "", extra_cfg ? extra_cfg : "");
@@ -146,9 +129,9 @@ void harness_stop(void)
     if (pid > 0) {
         kill(pid, SIGTERM);
         int st;
-        double t0 = now();
+        double t0 = e2e_now();
         while (waitpid(pid, &st, WNOHANG) == 0) {
-            if (now() - t0 > 10) { kill(pid, SIGKILL); waitpid(pid, &st, 0); cr_assert_fail("no exit after SIGTERM"); }
+            if (e2e_now() - t0 > 10) { kill(pid, SIGKILL); waitpid(pid, &st, 0); cr_assert_fail("no exit after SIGTERM"); }
             usleep(50000);
         }
         cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon exit status");

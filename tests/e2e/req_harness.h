@@ -2,8 +2,8 @@
  * or $TIDE_BIN) on a free port with a temporary config (model models/tide-moe.gguf, or
  * $TIDE_MODEL), talk HTTP to it with libcurl (headers in and out), stop it with SIGTERM and
  * check it exits 0. */
-#ifndef TIDE_E2E_HARNESS_H
-#define TIDE_E2E_HARNESS_H
+#ifndef TIDE_E2E_REQ_HARNESS_H
+#define TIDE_E2E_REQ_HARNESS_H
 
 #include <cjson/cJSON.h>
 
