@@ -182,6 +182,21 @@ static void feed_container(const struct grammar *g, struct jg_alt *a, unsigned c
     }
 }
 
+/* A string frame keeps the \u escape it is reading in lo (the digits so far) and, after a high
+ * surrogate, pos = 1: then only the escape of a low surrogate may follow. A lone or reversed
+ * surrogate is refused at the first digit that makes it one, so every accepted prefix can still
+ * be finished: JSON parsers such as cJSON and most languages' decoders reject lone surrogates. */
+static unsigned hex_value(unsigned c) { return is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10; }
+
+static bool unicode_digit_ok(const struct jg_frame *f, unsigned c)
+{
+    if (!is_hex(c)) return false;
+    unsigned v = (unsigned)f->lo << 4 | hex_value(c), at = 4 - f->aux; /* digits read, c included: at + 1 */
+    if (f->pos) /* after a high surrogate: DC00-DFFF */
+        return at == 0 ? v == 0xd : at == 1 ? v >= 0xdc : true;
+    return !(at == 1 && v >= 0xdc && v <= 0xdf); /* a low surrogate cannot come first */
+}
+
 static void feed_string(const struct grammar *g, struct jg_alt *a, unsigned c, struct json_guard *out)
 {
     struct jg_frame *f = &a->f[a->depth - 1];
@@ -191,6 +206,7 @@ static void feed_string(const struct grammar *g, struct jg_alt *a, unsigned c, s
         f->phase = S_BODY;
         break;
     case S_BODY:
+        if (f->pos && c != '\\') return; /* a high surrogate wants its low half */
         if (c == '"') complete(g, a);
         else if (c == '\\') f->phase = S_ESCAPE;
         else if (c < 0x20) return;
@@ -211,15 +227,21 @@ static void feed_string(const struct grammar *g, struct jg_alt *a, unsigned c, s
         if (c == 'u') {
             f->phase = S_UNICODE;
             f->aux = 4;
-        } else if (c && strchr("\"\\/bfnrt", (int)c)) {
+            f->lo = 0;
+        } else if (c && !f->pos && strchr("\"\\/bfnrt", (int)c)) {
             f->phase = S_BODY;
         } else {
             return;
         }
         break;
     case S_UNICODE:
-        if (!is_hex(c)) return;
-        if (--f->aux == 0) f->phase = S_BODY;
+        if (!unicode_digit_ok(f, c)) return;
+        f->lo = (uint16_t)(f->lo << 4 | hex_value(c));
+        if (--f->aux == 0) {
+            f->phase = S_BODY;
+            f->pos = f->lo >= 0xd800 && f->lo <= 0xdbff;
+            f->lo = 0;
+        }
         break;
     }
     consumed(a, out);
@@ -399,8 +421,10 @@ bool json_guard_accepts(const struct json_guard *g, const char *bytes, size_t n)
         const struct jg_alt *a = &g->alt[k];
         size_t i = 0;
         /* Inside a string, printable ASCII other than '"' and '\' changes nothing: most of the
-         * vocabulary is tried there, so those bytes are passed over without a copy. */
-        if (a->depth && g->g->node[a->f[a->depth - 1].node].kind == G_STRING && a->f[a->depth - 1].phase == S_BODY)
+         * vocabulary is tried there, so those bytes are passed over without a copy (not after a
+         * high surrogate, pos set: only its low half's escape may follow). */
+        if (a->depth && g->g->node[a->f[a->depth - 1].node].kind == G_STRING && a->f[a->depth - 1].phase == S_BODY &&
+            !a->f[a->depth - 1].pos)
             while (i < n && (unsigned char)bytes[i] >= 0x20 && (unsigned char)bytes[i] < 0x80 && bytes[i] != '"' &&
                    bytes[i] != '\\')
                 i++;

@@ -22,7 +22,7 @@ Test(json_guard, valid_objects_are_complete)
     const char *ok[] = {
         "{}", "{ }", "{\n \"a\": 1\n}", "{\"a\":1}", "{\"a\":-0.5e+10,\"b\":[1,2,{\"c\":null}],\"d\":true,\"e\":false}",
         "{\"s\":\"esc \\\" \\\\ \\/ \\b\\f\\n\\r\\t \\u00e9\"}", "{\"utf8\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"}",
-        "{\"n\":[0,10,1.25,-3,2E5,7e-2]}", "{\"deep\":[[[[{\"x\":[]}]]]]}",
+        "{\"n\":[0,10,1.25,-3,2E5,7e-2]}", "{\"pair\":\"\\ud83d\\ude00 \\uD7FF \\uE000\"}", "{\"deep\":[[[[{\"x\":[]}]]]]}",
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         struct json_guard g;
@@ -52,6 +52,10 @@ Test(json_guard, wrong_bytes_are_refused_where_they_appear)
         {"{\"a\":1,}", 7}, {"{\"a\":[1,]}", 8}, {"{\"a\":tru}", 8}, {"{\"a\":\"\\x\"}", 7},
         {"{\"a\":\"\x01\"}", 6}, {"{\"a\":1]", 6}, {"{}}", 2}, {"{} x", 2}, {" {}", 0}, {"{   }", 3}, {"{\"a\":1   ,\"b\":2}", 8}, {"{\"a\":1234567890123456}", 20}, {"{\"a\":-}", 6},
         {"{\"a\":1.e5}", 7}, {"{\"a\":\"\xc0\xaf\"}", 6}, {"{\"a\":\"\xe2\x28\"}", 7}, {"{\"a\":\"\\u12g4\"}", 10},
+        /* lone or reversed surrogates: cJSON and most decoders reject them */
+        {"{\"a\":\"\\udc00\"}", 9}, {"{\"a\":\"\\uDFFF\"}", 9}, {"{\"a\":\"\\ud800\"}", 12},
+        {"{\"a\":\"\\ud800x\"}", 12}, {"{\"a\":\"\\ud800\\n\"}", 13}, {"{\"a\":\"\\ud800\\u0041\"}", 14},
+        {"{\"a\":\"\\ud800\\ud800\"}", 15},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct json_guard g;
