@@ -115,12 +115,16 @@ struct backend_i {
      * has no such form. */
     int (*moe_ffn_table)(void *ctx, const struct expert_weights *shape, const void *const *table,
                          const int32_t *routed, int k, const float *x, float *y, bool add);
-    /* route() of one token's router logits (n_expert, backend memory) into routed (2k words),
-     * then moe_ffn_table from it, in one op: the same bits in routed and y as the two ops.
-     * Returns as moe_ffn_table (x NULL: a probe). NULL where the backend has no table form. */
+    /* route() of n tokens' router logits (n, n_expert; backend memory) into routed (n rows of
+     * 2k words: a row's k ids, then its k weights), then moe_ffn_table of each token from its
+     * row: x, y (n, n_embd). One token: the same bits in routed and y as the two ops. Several
+     * (a decode step of several sequences): the tokens are grouped by expert on the device, so
+     * each chosen expert's weights are read once a step, with nothing waiting for the host;
+     * routed is route()'s bits and y each token's moe_ffn up to summation order. Returns as
+     * moe_ffn_table (x NULL: a probe). NULL where the backend has no table form. */
     int (*moe_ffn_table_route)(void *ctx, const struct expert_weights *shape, const void *const *table,
-                               const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
-                               float *y, bool add);
+                               const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
+                               const float *x, float *y, bool add);
     /* Host memory that download fills at full speed (page-locked on a GPU), for the buffers a
      * step downloads every token; NULL on failure. NULL slots: plain malloc/free serve. */
     void *(*host_alloc)(void *ctx, size_t bytes);
@@ -138,19 +142,25 @@ struct backend_i {
      * op): free it and record again. */
     int (*graph_launch)(void *ctx, void *graph);
     void (*graph_free)(void *ctx, void *graph);
-    /* One-token ops whose position (or token id) is read from backend memory when they run,
+    /* Decode-row ops whose positions (or token id) are read from backend memory when they run,
      * not fixed when they are queued, so that one recorded decode step replays at every
-     * position. at points at an int32 in backend memory. Bit for bit the ops they stand for.
-     * qk_norm_rope_at: qk_norm_rope of q (n_head*head_dim) and of k = kv[0..kvd) at position
-     * *at, the rotated k stored to k_cache row *at and v = kv[kvd..2 kvd) to v_cache row *at
-     * (kvd = n_head_kv*head_dim; caches (n_ctx, kvd)). attention_at: attention of one query at
-     * position *at over k/v rows 0..*at; n_ctx bounds *at. get_row_at: get_row of row *at.
-     * NULL where positions are plain arguments only (the CPU). */
-    void (*qk_norm_rope_at)(void *ctx, float *q, const float *kv, float *k_cache, float *v_cache,
+     * position, and a step of n sequences (one new token each, each in its own KV slot) runs
+     * in one launch or two instead of a few per sequence. at (n int32) and slot (n int32, or
+     * NULL: all slot 0) are in backend memory; row r is at position at[r] in slot slot[r],
+     * whose caches start slot[r] * slot_floats floats into k_cache / v_cache (caches (n_ctx,
+     * kvd) a slot, kvd = n_head_kv*head_dim). One row: bit for bit the plain ops.
+     * qk_norm_rope_at: qk_norm_rope of q (n, n_head*head_dim) and of k_new (n, kvd), row r at
+     * position at[r], the rotated k rows stored to their slots' k_cache rows at[r] and v_new's
+     * rows to v_cache. attention_at: attention of row r's query over its slot's k/v rows
+     * 0..at[r] into out (n, n_head*head_dim); n_ctx bounds at[r]. get_row_at: get_row of row
+     * *at. NULL where positions are plain arguments only (the CPU). */
+    void (*qk_norm_rope_at)(void *ctx, float *q, const float *k_new, const float *v_new, float *k_cache,
+                            float *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
                             const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
-                            int head_dim, const int32_t *at, float theta, enum rope_kind kind, float eps);
-    void (*attention_at)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                         const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
+                            int head_dim, float theta, enum rope_kind kind, float eps);
+    void (*attention_at)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, int n,
+                         const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
+                         int n_head_kv, int head_dim);
     void (*get_row_at)(void *ctx, const struct tensor *t, const int32_t *at, float *out);
     /* One vector: xn = rmsnorm(x, norm, eps) (bit for bit the rmsnorm op) and y = W xn (the
      * matmul up to summation order), in one op: a decode layer's FFN norm and MoE router.

@@ -59,10 +59,10 @@ static size_t route_bytes(const struct model *m, int max_batch, int n_seq, uint3
     return ((size_t)max_batch + (size_t)n_layers * n_seq) * 2 * m->cfg.n_expert_used * sizeof(int32_t);
 }
 
-/* step_at and kv_new of a stage */
-static size_t step_bytes(const struct model *m)
+/* kv_new, step_at and rows_at of a stage */
+static size_t step_bytes(const struct model *m, int n_seq)
 {
-    return 2 * sizeof(int32_t) + 2 * sizeof(float) * m->cfg.n_head_kv * m->cfg.head_dim;
+    return 2 * sizeof(float) * m->cfg.n_head_kv * m->cfg.head_dim + (2 + 2 * (size_t)n_seq) * sizeof(int32_t);
 }
 
 /* Batch buffers for B tokens, in the order of struct stage_bufs. */
@@ -117,7 +117,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
     out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * (d.V + 1) * sizeof(float) : 0); /* logits, picks */
-    out->workspace += route_bytes(m, max_batch, n_seq, l1 - l0) + step_bytes(m);
+    out->workspace += route_bytes(m, max_batch, n_seq, l1 - l0) + step_bytes(m, n_seq);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->prefill += sizes[i];
@@ -219,11 +219,13 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     size_t rb = route_bytes(m, s->max_batch, s->n_seq, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))
         return TIDE_ERANGE;
-    uint8_t *sb = stage_alloc(st, MEM_WORKSPACE, step_bytes(m));
+    uint8_t *sb = stage_alloc(st, MEM_WORKSPACE, step_bytes(m, s->n_seq));
     if (!sb)
         return TIDE_ERANGE;
-    st->step_at = (int32_t *)sb;
-    st->kv_new = (float *)(sb + 2 * sizeof(int32_t));
+    size_t kvb = 2 * sizeof(float) * m->cfg.n_head_kv * m->cfg.head_dim;
+    st->kv_new = (float *)sb; /* first: as aligned as the block */
+    st->step_at = (int32_t *)(sb + kvb);
+    st->rows_at = st->step_at + 2;
     const struct backend_i *B = st->be.i;
     st->graph_off = !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
                     getenv("TIDE_NO_GRAPHS");
@@ -294,6 +296,11 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->n_seq = n_seq;
     s->max_batch = max_batch;
     s->n_stage = n_stage;
+    /* TIDE_DECODE_ROWS=1: a decode step's sequences share the rows' ops. Off by default until
+     * test-gpu's `rows` test and an A/B run of scripts/bench-serve.sh have passed on a GPU
+     * (written in a session without one; docs/DESIGN.md) */
+    const char *dr = getenv("TIDE_DECODE_ROWS");
+    s->decode_rows = dr && dr[0] == '1';
     struct buf_dims d = dims(m, n_ctx);
     size_t B = (size_t)max_batch, nu = m->cfg.n_expert_used ? m->cfg.n_expert_used : 1;
     s->host_x = malloc(B * d.E * sizeof(float));

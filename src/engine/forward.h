@@ -81,6 +81,10 @@ struct forward_stage {
      * token from step_at, so one recording of the stage's layers replays at every position. */
     int32_t *step_at;            /* (2) position, token id: uploaded before each such step */
     float *kv_new;               /* (2, n_head_kv*head_dim) the step's new k and v rows */
+    /* A decode step of several sequences (one token each): row r's position, then its slot,
+     * uploaded before the step, read by qk_norm_rope_at / attention_at for all rows at once. */
+    int32_t *rows_at;            /* (2, n_seq): positions, then slots */
+    bool rows;                   /* this step runs that way */
     void *graph;                 /* the recording, or NULL */
     int graph_slot;              /* the KV slot it was recorded for */
     bool graph_warm;             /* a step ran op by op since the workspaces last changed */
@@ -112,6 +116,7 @@ struct forward_state {
      * here; every later step returns TIDE_EINTERNAL at once. */
     bool backend_failed;
     char backend_err[256];
+    bool decode_rows;           /* a decode step's sequences share the rows' ops (TIDE_DECODE_ROWS=1) */
     long fault_backend_steps;   /* test hook TIDE_FAULT_BACKEND_ERROR: steps until the backend
                                    "fails" as a sticky CUDA error would; 0 = off */
 };

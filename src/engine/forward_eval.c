@@ -146,14 +146,22 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
         model_expert_host(s->m, l, 0, &shape);
         const void *const *tab = expert_cache_table(st->cache, l);
         size_t ne = c->n_expert, E2 = (size_t)E;
+        if (n > 1) { /* a step's tokens grouped by expert on the device: each expert read once */
+            int rc = B->moe_ffn_table_route(bc, &shape, tab, st->router, n, (int)c->n_expert,
+                                            c->expert_weights_norm, layer_route(s, st, l, 0), k, st->xb, st->x, true);
+            if (rc == 0)
+                s->n_expert_calls += (uint64_t)n * k;
+            if (rc != TIDE_EUNSUPPORTED)
+                return rc < 0 ? rc : 1;
+        }
         for (int i = 0; i < n; i++) {
             int32_t *routed = layer_route(s, st, l, i);
             const float *rl = st->router + i * ne, *xi = st->xb + i * E2;
             float *yi = st->x + i * E2;
             int rc = TIDE_EUNSUPPORTED;
             if (B->moe_ffn_table_route) /* the routing inside the MoE's first launch */
-                rc = B->moe_ffn_table_route(bc, &shape, tab, rl, (int)c->n_expert, c->expert_weights_norm, routed, k,
-                                            xi, yi, true);
+                rc = B->moe_ffn_table_route(bc, &shape, tab, rl, 1, (int)c->n_expert, c->expert_weights_norm, routed,
+                                            k, xi, yi, true);
             if (rc == TIDE_EUNSUPPORTED) {
                 B->route(bc, rl, 1, (int)c->n_expert, k, c->expert_weights_norm, routed);
                 rc = B->moe_ffn_table(bc, &shape, tab, routed, k, xi, yi, true);
@@ -267,7 +275,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
     int kvd = (int)c->n_head_kv * hd, qd = (int)c->n_head * hd;
-    bool one = nr == 1;
+    bool one = nr == 1, rows = !at && st->rows;
+    size_t slot_floats = (size_t)s->n_ctx * kvd;
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
@@ -290,11 +299,19 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
         const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
         if (at) {
             float *kc = slot_rows(s, st, st->k_cache, l, rn[0].slot), *vc = slot_rows(s, st, st->v_cache, l, rn[0].slot);
-            B->qk_norm_rope_at(bc, st->q, st->kv_new, kc, vc, qn, kn, (int)c->n_head, (int)c->n_head_kv, hd, at,
-                               c->rope_theta, c->rope, c->rms_eps);
-            B->attention_at(bc, st->q, kc, vc, st->att_out, at, s->n_ctx, (int)c->n_head, (int)c->n_head_kv, hd);
+            B->qk_norm_rope_at(bc, st->q, st->kv_new, st->kv_new + kvd, kc, vc, 1, at, NULL, 0, qn, kn, (int)c->n_head,
+                               (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+            B->attention_at(bc, st->q, kc, vc, st->att_out, 1, at, NULL, 0, s->n_ctx, (int)c->n_head, (int)c->n_head_kv,
+                            hd);
+        } else if (rows) { /* one token of each of n sequences: every row in one op each */
+            float *kc = slot_rows(s, st, st->k_cache, l, 0), *vc = slot_rows(s, st, st->v_cache, l, 0);
+            const int32_t *slots = st->rows_at + s->n_seq;
+            B->qk_norm_rope_at(bc, st->q, st->k_new, st->v_new, kc, vc, n, st->rows_at, slots, slot_floats, qn, kn,
+                               (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+            B->attention_at(bc, st->q, kc, vc, st->att_out, n, st->rows_at, slots, slot_floats, s->n_ctx,
+                            (int)c->n_head, (int)c->n_head_kv, hd);
         }
-        for (int r = 0; r < nr && !at; r++) {
+        for (int r = 0; r < nr && !at && !rows; r++) {
             const struct run *R = &rn[r];
             float *q = st->q + (size_t)R->t0 * qd;
             float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
@@ -471,10 +488,24 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     int E = (int)c->n_embd;
     struct forward_stage *st;
     bool decode1 = nr == 1 && n == 1;
+    /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
+     * moe_ffn_table_route of n tokens) run all of them at once (with TIDE_DECODE_ROWS=1) */
+    bool rows = nr > 1 && n == nr && s->decode_rows;
+    int32_t rows_at[2 * FORWARD_MAX_SEQ] = {0};
+    if (rows) {
+        for (int r = 0; r < nr; r++) {
+            rows_at[r] = rn[r].pos;
+            rows_at[s->n_seq + r] = rn[r].slot;
+        }
+    }
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         st->from_table = false;
-        if (decode1 && st->table_ok && expert_cache_complete(st->cache)) {
+        st->rows = rows && st->be.i->qk_norm_rope_at && st->be.i->attention_at;
+        if (st->rows)
+            st->be.i->upload(st->be.ctx, st->rows_at, rows_at, sizeof(int32_t) * 2 * (size_t)s->n_seq);
+        if ((decode1 || (st->rows && st->be.i->moe_ffn_table_route)) && st->table_ok &&
+            expert_cache_complete(st->cache)) {
             int rc = expert_cache_sync_table(st->cache);
             if (rc < 0)
                 return rc;
@@ -485,6 +516,11 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     /* stage 0's embedding inside its step: a recording either embeds a token or not, so input
      * embeddings (an image's last token) take the op-by-op path */
     bool step0 = decode1 && st->from_table && !st->graph_off && rn[0].tokens;
+    /* a decode step's tokens (rows r at row r) in one get_rows */
+    int ids[FORWARD_MAX_SEQ], n_ids = 0;
+    for (int r = 0; rows && st->be.i->get_rows && r < nr && rn[r].tokens; r++)
+        ids[n_ids++] = rn[r].tokens[0];
+    bool one_embed = n_ids == nr && rows;
     for (int r = 0; r < nr; r++) {
         const struct run *R = &rn[r];
         float *x = st->x + (size_t)R->t0 * E;
@@ -492,7 +528,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
             for (int t = 0; t < R->n; t++)
                 if (R->tokens[t] < 0 || (uint32_t)R->tokens[t] >= c->n_vocab)
                     return TIDE_EINVAL;
-            if (step0)
+            if (step0 || one_embed)
                 continue;
             if (st->be.i->get_rows)
                 st->be.i->get_rows(st->be.ctx, &st->tok_embd, R->tokens, R->n, x);
@@ -503,6 +539,8 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
             st->be.i->upload(st->be.ctx, x, R->embd, sizeof(float) * (size_t)R->n * E);
         }
     }
+    if (one_embed)
+        st->be.i->get_rows(st->be.ctx, &st->tok_embd, ids, nr, st->x);
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         if (i > 0) { /* hand the activations to the next device */

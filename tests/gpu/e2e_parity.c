@@ -178,10 +178,10 @@ static int full_moe_ffn_table(void *ctx, const struct expert_weights *shape, con
 }
 
 static int full_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
-                                    const float *logits, int n_expert, bool norm, int32_t *routed, int k,
+                                    const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
                                     const float *x, float *y, bool add)
 {
-    int rc = full_gpu.i->moe_ffn_table_route(ctx, shape, table, logits, n_expert, norm, routed, k, x, y, add);
+    int rc = full_gpu.i->moe_ffn_table_route(ctx, shape, table, logits, n, n_expert, norm, routed, k, x, y, add);
     if (x && rc == 0 && !full_recording)
         full_fused++;
     return rc;
@@ -320,7 +320,7 @@ static void sh_matmul(void *ctx, const struct tensor *w, const float *x, float *
     struct tensor th = *w;
     th.data = sh_get(w->data, w->row_bytes * rows);
     float *xh = sh_get(x, sizeof(float) * n * cols), *yc = malloc(sizeof(float) * n * rows), *xv = sh_view(w, xh, n);
-    sh_cpu.i->matmul(sh_cpu.ctx, &th, xv, yc, n);
+    kq_ref_product(sh_cpu, &th, xv, yc, n, false);
     sh_gpu.i->matmul(sh_gpu.ctx, w, x, y, n);
     float *yg = sh_get(y, sizeof(float) * n * rows);
     char what[96];
@@ -386,7 +386,7 @@ static void sh_matmul_add(void *ctx, const struct tensor *w, const float *x, flo
     struct tensor th = *w;
     th.data = sh_get(w->data, w->row_bytes * rows);
     float *xh = sh_get(x, sizeof(float) * n * cols), *yc = sh_get(y, sizeof(float) * n * rows), *xv = sh_view(w, xh, n);
-    sh_cpu.i->matmul_add(sh_cpu.ctx, &th, xv, yc, n);
+    kq_ref_product(sh_cpu, &th, xv, yc, n, true);
     sh_gpu.i->matmul_add(sh_gpu.ctx, w, x, y, n);
     float *yg = sh_get(y, sizeof(float) * n * rows);
     char what[96];
@@ -445,7 +445,7 @@ static void sh_matmul3(void *ctx, const struct tensor *const w[3], const float *
     if (sh_kq(w[0]) || sh_kq(w[1]) || sh_kq(w[2])) { /* each product from x as its kernel sees it */
         for (int m = 0; m < 3; m++) {
             float *xv = sh_view(w[m], in, n);
-            sh_cpu.i->matmul(sh_cpu.ctx, wh[m], xv, yh[m], n);
+            kq_ref_product(sh_cpu, wh[m], xv, yh[m], n, false);
             free(xv);
         }
     } else {

@@ -33,6 +33,7 @@ void test_qk_norm_rope(void); /* test_fuse.c: the fused decode ops vs the separa
 void test_matmul_add(void);
 void test_matmul3(void);
 void test_step_at(void);      /* the position-from-device ops of a recorded decode step */
+void test_rows(void);         /* test_rows.c: a decode step's rows in one op vs one row at a time */
 void test_norm_matmul(void);  /* the FFN rmsnorm + router product in one op */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
@@ -45,6 +46,8 @@ void test_moe_kq(void);
 void bench_kquant(void);
 /* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */
 void kq_view_of_x(const float *x, float *out, int n, int cols);
+/* y (+)= W xv: k-quant W decoded by be's get_row and dotted in double; other types be's matmul */
+void kq_ref_product(struct backend be, const struct tensor *w, const float *xv, float *y, int n, bool add);
 /* the fused MoE op's arithmetic for k-quant experts on backend be (x and h as the kernels see them) */
 void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y);
 void bench_prefill(void);

@@ -882,6 +882,7 @@ int main(int argc, char **argv)
     if (want(only, "rope")) test_rope();
     if (want(only, "qk_norm_rope")) test_qk_norm_rope();
     if (want(only, "step_at")) test_step_at();
+    if (want(only, "rows")) test_rows();
     if (want(only, "norm_matmul")) test_norm_matmul();
     if (want(only, "matmul_add")) test_matmul_add();
     if (want(only, "matmul3")) test_matmul3();

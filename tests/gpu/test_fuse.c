@@ -260,8 +260,9 @@ static bool step_at_case(int nh, int nkv, int hd, int n_ctx, int pos, bool norm)
     float *qb = dev_put(q, qd * 4), *kvb = dev_put(kv, 2 * kvd * 4), *kcb = dev_put(kc, cb), *vcb = dev_put(vc, cb),
           *ob = dev_put(NULL, qd * 4);
     dev_poison(ob, qd * 4); /* every output element must be written */
-    gpu.i->qk_norm_rope_at(gpu.ctx, qb, kvb, kcb, vcb, qn, kn, nh, nkv, hd, atd, 1e6f, ROPE_NEOX, 1e-6f);
-    gpu.i->attention_at(gpu.ctx, qb, kcb, vcb, ob, atd, n_ctx, nh, nkv, hd);
+    gpu.i->qk_norm_rope_at(gpu.ctx, qb, kvb, kvb + kvd, kcb, vcb, 1, atd, NULL, 0, qn, kn, nh, nkv, hd, 1e6f, ROPE_NEOX,
+                           1e-6f);
+    gpu.i->attention_at(gpu.ctx, qb, kcb, vcb, ob, 1, atd, NULL, 0, n_ctx, nh, nkv, hd);
     float *r[4] = {dev_get(qa, qd), dev_get(kca, (size_t)n_ctx * kvd), dev_get(vca, (size_t)n_ctx * kvd), dev_get(oa, qd)};
     float *g[4] = {dev_get(qb, qd), dev_get(kcb, (size_t)n_ctx * kvd), dev_get(vcb, (size_t)n_ctx * kvd), dev_get(ob, qd)};
     size_t len[4] = {qd, (size_t)n_ctx * kvd, (size_t)n_ctx * kvd, qd};

@@ -206,7 +206,7 @@ void test_moe_ffn_table(void)
         int32_t *rd2 = dev_put(NULL, sizeof(int32_t) * 2 * k);
         float *rc0 = rand_vec(E, 1.0f), *rcd = dev_put(rc0, sizeof(float) * E);
         dev_poison(rd2, sizeof(int32_t) * 2 * k);
-        int rc5 = gpu.i->moe_ffn_table_route(gpu.ctx, &ew[0], tab_d, ld, NE, true, rd2, k, xd, rcd, false);
+        int rc5 = gpu.i->moe_ffn_table_route(gpu.ctx, &ew[0], tab_d, ld, 1, NE, true, rd2, k, xd, rcd, false);
         int32_t *rh2 = (int32_t *)dev_get(rd2, 2 * (size_t)k);
         float *hc = dev_get(rcd, E);
         bool same_route = rc5 == 0 && !memcmp(rh, rh2, sizeof(int32_t) * 2 * k) && !memcmp(hc, h1, sizeof(float) * E);
@@ -382,7 +382,7 @@ again:
                 const void *const *tl = (const void *const *)tab_d + (size_t)l * NE * 3;
                 if (fuse_ops) {
                     if (DO(6))
-                        gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, NE, true, rl, K, xb, x, true);
+                        gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tl, rt, 1, NE, true, rl, K, xb, x, true);
                 } else {
                     gpu.i->route(gpu.ctx, rt, 1, NE, K, true, rl);
                     gpu.i->moe_ffn_table(gpu.ctx, &shape, tl, rl, K, xb, mo, false);

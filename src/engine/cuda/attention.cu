@@ -86,18 +86,33 @@ __host__ __device__ inline int att_smem_floats(int hd, int tk)
 
 /* HDB: head-dim bucket (hd <= HDB; the dot loops unroll to it). at (attention_at): the query's
  * position is *at, and n_keys, chunk, n_chunks are worked out here from it and want; the grid
- * is sized for the longest context and CTAs past n_chunks have nothing to do. vec: hd % 4 == 0
+ * is sized for the longest context and CTAs past n_chunks have nothing to do. attention_at's
+ * rows: grid.z is (row, group of heads), zgroups groups a row; row r is the query at q + r qd,
+ * at position at[r], over the caches of slot slot[r] (slot_floats apart; slot NULL: slot 0),
+ * its partials in its own part_o / part_ml rows (sized for the grid's chunks). vec: hd % 4 == 0
  * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). */
 template <int HDB>
 __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_CTAS)
 attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
                   float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
                   int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale,
-                  const int32_t *at, int want, bool vec)
+                  const int32_t *at, int want, bool vec, int zgroups, const int32_t *slot, size_t slot_floats)
 {
     constexpr int TK = att_tile(HDB);
+    int zg = blockIdx.z;
     if (at) {
-        n_keys = *at + 1;
+        int row = (int)blockIdx.z / zgroups;
+        zg -= row * zgroups;
+        size_t qd = (size_t)n_head_kv * group * hd, pr = (size_t)n_head_kv * group * gridDim.y;
+        q += row * qd;
+        out += row * qd;
+        part_o += row * pr * hd;
+        part_ml += row * pr * 2;
+        if (slot) {
+            kc += (size_t)slot[row] * slot_floats;
+            vc += (size_t)slot[row] * slot_floats;
+        }
+        n_keys = at[row] + 1;
         att_split(n_keys, want, &chunk, &n_chunks);
         if ((int)blockIdx.y >= n_chunks)
             return;
@@ -111,7 +126,7 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
     float *ps = kt + att_stage_floats(hd, TK);         /* (TK, ATT_G) the tile's probabilities */
     float *al = ps + TK * ATT_G;                       /* (ATT_G) rescale of the earlier tiles */
     float *ml = al + ATT_G;                            /* (ATT_G, 2) chunk max, chunk sum */
-    const int kvh = blockIdx.x, ci = blockIdx.y, g0 = blockIdx.z * ATT_G;
+    const int kvh = blockIdx.x, ci = blockIdx.y, g0 = zg * ATT_G;
     const int G = group - g0 < ATT_G ? group - g0 : ATT_G;
     const int h0 = kvh * group + g0;                   /* first query head of this CTA */
     const size_t kvd = (size_t)n_head_kv * hd;
@@ -291,17 +306,22 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
 template <int W>
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ part_ml, float *__restrict__ out,
-                  int hd, int n_chunks, const int32_t *at, int want)
+                  int hd, int n_chunks, const int32_t *at, int want, int n_head)
 {
+    int h = blockIdx.x;
     if (at) { /* attention_at: one chunk means the chunk kernel wrote out itself */
-        int chunk;
-        att_split(*at + 1, want, &chunk, &n_chunks);
+        int row = h / n_head, chunk;
+        h -= row * n_head;
+        part_o += (size_t)row * n_head * n_chunks * hd; /* the rows' partials as the chunk kernel laid them */
+        part_ml += (size_t)row * n_head * n_chunks * 2;
+        out += (size_t)row * n_head * hd;
+        att_split(at[row] + 1, want, &chunk, &n_chunks);
         if (n_chunks == 1)
             return;
     }
     __shared__ __align__(16) float so[MERGE_THREADS * W]; /* (ns, hd) slice outputs */
     __shared__ float smax[MERGE_THREADS], ssum[MERGE_THREADS]; /* (ns) slice max, sum */
-    const int h = blockIdx.x, nu = hd / W, u = threadIdx.x % nu, s = threadIdx.x / nu, ns = MERGE_THREADS / nu;
+    const int nu = hd / W, u = threadIdx.x % nu, s = threadIdx.x / nu, ns = MERGE_THREADS / nu;
     const float *ml = part_ml + (size_t)h * n_chunks * 2;
     const float *po = part_o + (size_t)h * n_chunks * hd + u * W;
     if (s < ns) {
@@ -372,11 +392,12 @@ attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ pa
     }
 }
 
-/* at NULL: the query at position pos. at set (attention_at): at *at, below n_ctx, read when
- * the kernels run; pos is then unused but for the shape check. */
+/* at NULL: the query at position pos. at set (attention_at): rows queries, row r at at[r], below
+ * n_ctx, read when the kernels run, over slot slot[r]'s caches; pos is then unused but for the
+ * shape check. */
 static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                           float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at = NULL,
-                          int n_ctx = 0)
+                          int n_ctx = 0, int rows = 1, const int32_t *slot = NULL, size_t slot_floats = 0)
 {
     if (c->err)
         return;
@@ -397,6 +418,8 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     int per_sm = ATT_MIN_CTAS;
     int per_chunk = n_head_kv * zgroups;
     int want = (per_sm * c->sm_count + per_chunk - 1) / per_chunk;
+    if (rows > 1) /* the rows fill the SMs too: fewer chunks each (one row cuts as before) */
+        want = (want + rows - 1) / rows;
     int chunk, n_chunks;
     if (at) {
         /* the largest chunk and chunk count any position below n_ctx can need (chunk grows
@@ -410,16 +433,16 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     }
     float *part_o = NULL, *part_ml = NULL;
     if (n_chunks > 1 || at) {
-        size_t po = (size_t)n_head * n_chunks * head_dim;
-        float *ws = (float *)cuda_scratch(c, (po + (size_t)n_head * n_chunks * 2) * sizeof(float));
+        size_t po = (size_t)rows * n_head * n_chunks * head_dim;
+        float *ws = (float *)cuda_scratch(c, (po + (size_t)rows * n_head * n_chunks * 2) * sizeof(float));
         if (!ws)
             return;
-        part_o = ws;            /* (n_head, n_chunks, head_dim) */
-        part_ml = ws + po;      /* (n_head, n_chunks, 2) */
+        part_o = ws;            /* (rows, n_head, n_chunks, head_dim) */
+        part_ml = ws + po;      /* (rows, n_head, n_chunks, 2) */
     }
     bool vec = head_dim % 4 == 0 && (((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
     float scale = 1.0f / sqrtf((float)head_dim);
-    dim3 grid((unsigned)n_head_kv, (unsigned)n_chunks, (unsigned)zgroups);
+    dim3 grid((unsigned)n_head_kv, (unsigned)n_chunks, (unsigned)(zgroups * rows));
 #define ATT_LAUNCH(D)                                                                                 \
     do {                                                                                              \
         if (smem > 48 * 1024 &&                                                                       \
@@ -429,7 +452,7 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
         attn_chunk_kernel<D><<<grid, ATT_THREADS, smem, c->st>>>(q, k_cache, v_cache, out, part_o,     \
                                                                  part_ml, n_keys, n_head_kv, group,     \
                                                                  head_dim, chunk, n_chunks, scale, at,  \
-                                                                 want, vec);                            \
+                                                                 want, vec, zgroups, slot, slot_floats); \
     } while (0)
     switch (hdb) {
     case 32: ATT_LAUNCH(32); break;
@@ -441,17 +464,21 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     if (!CU_LAUNCH(c, "attn_chunk_kernel") || (n_chunks == 1 && !at))
         return;
     if (head_dim % 4 == 0) /* part_o rows then start 16-byte aligned (the scratch is) */
-        attn_merge_kernel<4><<<n_head, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
+        attn_merge_kernel<4><<<n_head * rows, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at,
+                                                                        want, n_head);
     else
-        attn_merge_kernel<1><<<n_head, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at, want);
+        attn_merge_kernel<1><<<n_head * rows, MERGE_THREADS, 0, c->st>>>(part_o, part_ml, out, head_dim, n_chunks, at,
+                                                                        want, n_head);
     CU_LAUNCH(c, "attn_merge_kernel");
 }
 
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
-                       const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim)
+                       int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
+                       int n_head_kv, int head_dim)
 {
-    if (!c->err && n_ctx > 0)
-        attention_one(c, q, k_cache, v_cache, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx);
+    if (!c->err && n_ctx > 0 && n > 0)
+        attention_one(c, q, k_cache, v_cache, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx, n, slot,
+                      slot_floats);
 }
 
 /* A chunk of n tokens: the tiled kernel (attention_prefill.cu, one launch) or the split-K

@@ -170,25 +170,27 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const ui
     head_norm_rope(v, v, isq ? qtype : ktype, isq ? qw : kw, head_dim, pos + t, theta, neox, eps);
 }
 
-/* backend_i.qk_norm_rope_at: one token, grid n_head + n_head_kv; the position from *at. A k
- * head's CTA reads the new row from kv, writes it rotated to the cache row and copies the v
- * head beside it (kv: k (kvd) then v (kvd)). */
-__global__ void qk_norm_rope_at_kernel(float *q, const float *kv, float *kc, float *vc, uint32_t qtype,
+/* backend_i.qk_norm_rope_at: grid (n_head + n_head_kv, rows); row r's position from at[r] and
+ * its caches slot[r] * slot_floats on (slot NULL: slot 0). A k head's CTA reads the new row
+ * from k_new, writes it rotated to the cache row and copies the v head from v_new beside it. */
+__global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float *v_new, float *kc, float *vc,
+                                       const int32_t *slot, size_t slot_floats, uint32_t qtype,
                                        const uint8_t *__restrict__ qw, uint32_t ktype, const uint8_t *__restrict__ kw,
                                        int n_head, int n_head_kv, int head_dim, const int32_t *at, float theta,
                                        int neox, float eps)
 {
-    int h = blockIdx.x, pos = *at;
+    int h = blockIdx.x, r = blockIdx.y, pos = at[r];
     size_t kvd = (size_t)n_head_kv * head_dim;
     if (h < n_head) {
-        float *v = q + (size_t)h * head_dim;
+        float *v = q + ((size_t)r * n_head + h) * head_dim;
         head_norm_rope(v, v, qtype, qw, head_dim, pos, theta, neox, eps);
         return;
     }
-    size_t o = (size_t)(h - n_head) * head_dim;
+    size_t o = (size_t)(h - n_head) * head_dim, so = slot ? (size_t)slot[r] * slot_floats : 0;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        vc[(size_t)pos * kvd + o + i] = kv[kvd + o + i];
-    head_norm_rope(kv + o, kc + (size_t)pos * kvd + o, ktype, kw, head_dim, pos, theta, neox, eps);
+        vc[so + (size_t)pos * kvd + o + i] = v_new[(size_t)r * kvd + o + i];
+    head_norm_rope(k_new + (size_t)r * kvd + o, kc + so + (size_t)pos * kvd + o, ktype, kw, head_dim, pos, theta, neox,
+                   eps);
 }
 
 __global__ void swiglu_kernel(float *gate, const float *__restrict__ up, size_t n)
@@ -334,13 +336,13 @@ static int cu_moe_ffn_table(void *ctx, const struct expert_weights *shape, const
 }
 
 static int cu_moe_ffn_table_route(void *ctx, const struct expert_weights *shape, const void *const *table,
-                                  const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
-                                  float *y, bool add)
+                                  const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
+                                  const float *x, float *y, bool add)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!enter(c))
         return c->err;
-    return cuda_moe_ffn_table_route(c, shape, table, logits, n_expert, norm, routed, k, x, y, add);
+    return cuda_moe_ffn_table_route(c, shape, table, logits, n, n_expert, norm, routed, k, x, y, add);
 }
 
 static int cu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add)
@@ -404,26 +406,33 @@ static void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *
     CU_LAUNCH(c, "qk_norm_rope_kernel");
 }
 
-static void cu_qk_norm_rope_at(void *ctx, float *q, const float *kv, float *k_cache, float *v_cache,
+static void cu_qk_norm_rope_at(void *ctx, float *q, const float *k_new, const float *v_new, float *k_cache,
+                               float *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
                                const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
-                               int head_dim, const int32_t *at, float theta, enum rope_kind kind, float eps)
+                               int head_dim, float theta, enum rope_kind kind, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!enter(c) || head_dim <= 0 || n_head <= 0 || n_head_kv <= 0)
+    if (!enter(c) || head_dim <= 0 || n_head <= 0 || n_head_kv <= 0 || n <= 0)
         return;
-    qk_norm_rope_at_kernel<<<n_head + n_head_kv, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
-        q, kv, k_cache, v_cache, q_norm ? q_norm->type : 0, q_norm ? (const uint8_t *)q_norm->data : NULL,
-        k_norm ? k_norm->type : 0, k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at,
-        theta, kind == ROPE_NEOX, eps);
+    if (n > 65535) {
+        cuda_fail(c, cudaErrorInvalidValue, "qk_norm_rope_at (over 65535 rows in one call)", __FILE__, __LINE__);
+        return;
+    }
+    dim3 grid((unsigned)(n_head + n_head_kv), (unsigned)n);
+    qk_norm_rope_at_kernel<<<grid, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
+        q, k_new, v_new, k_cache, v_cache, slot, slot_floats, q_norm ? q_norm->type : 0,
+        q_norm ? (const uint8_t *)q_norm->data : NULL, k_norm ? k_norm->type : 0,
+        k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at, theta, kind == ROPE_NEOX, eps);
     CU_LAUNCH(c, "qk_norm_rope_at_kernel");
 }
 
-static void cu_attention_at(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                            const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim)
+static void cu_attention_at(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, int n,
+                            const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
+                            int n_head_kv, int head_dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (enter(c))
-        cuda_attention_at(c, q, k_cache, v_cache, out, at, n_ctx, n_head, n_head_kv, head_dim);
+        cuda_attention_at(c, q, k_cache, v_cache, out, n, at, slot, slot_floats, n_ctx, n_head, n_head_kv, head_dim);
 }
 
 static void cu_get_row_at(void *ctx, const struct tensor *t, const int32_t *at, float *out)

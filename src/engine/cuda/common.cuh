@@ -79,7 +79,8 @@ bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x
 void cuda_argmax(struct cuda_ctx *c, const float *x, int n, int32_t *out);
 /* backend_i.attention_at (attention.cu) */
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
-                       const int32_t *at, int n_ctx, int n_head, int n_head_kv, int head_dim);
+                       int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
+                       int n_head_kv, int head_dim);
 /* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
 void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
@@ -110,10 +111,13 @@ int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const floa
 int cuda_moe_ffn_table(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
                        const int32_t *routed, int k, const float *x, float *y, bool add);
 void cuda_route(struct cuda_ctx *c, const float *logits, int n, int n_expert, int k, bool norm, int32_t *out);
-/* moe.cu: backend_i.moe_ffn_table_route */
+/* moe.cu: backend_i.moe_ffn_table_route (n tokens; n > 1: moe_rows.cu's grouped kernels) */
 int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
-                             const float *logits, int n_expert, bool norm, int32_t *routed, int k, const float *x,
-                             float *y, bool add);
+                             const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
+                             const float *x, float *y, bool add);
+int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                            const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
+                            const float *x, float *y, bool add);
 /* gemm_f32.cu: y(rows, n) = W x (add: +=) for f32 W with rows ldw floats apart, one launch */
 void cuda_sgemm(struct cuda_ctx *c, const float *W, size_t ldw, int rows, int cols, const float *x, int n, float *y,
                 bool add);
