@@ -64,7 +64,8 @@ function renderDevices(v) {
   const sq = v.sequences || {};
   $('seqs').innerHTML = `sequences: <b id="seq-running">${sq.running ?? 0}</b> running of ` +
     `<span id="seq-slots">${sq.slots ?? 0}</span> KV slots, <span id="seq-cached">${sq.cached ?? 0}</span> idle slots ` +
-    `holding a reusable prefix`;
+    `holding a reusable prefix, <span id="seq-parked">${sq.parked ?? 0}</span> conversations parked in host RAM ` +
+    `(${(sq.parked_mib ?? 0).toFixed(1)} of ${sq.parked_budget_mib ?? 0} MiB)`;
 }
 
 async function postReserve(i, mib) {

@@ -428,3 +428,32 @@ void forward_unbind_buffers(struct forward_state *s)
         use_bufs(st, &st->dec);
     }
 }
+
+size_t forward_kv_row_bytes(const struct forward_state *s)
+{
+    return 2 * sizeof(float) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
+}
+
+int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int host_n, bool save)
+{
+    if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n)
+        return TIDE_EINVAL;
+    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim, part = (size_t)n * kvd;
+    size_t hpart = (size_t)host_n * kvd;
+    for (int i = 0; i < s->n_stage; i++) {
+        struct forward_stage *st = &s->stage[i];
+        for (uint32_t l = st->l0; l < st->l1 && n > 0; l++) {
+            size_t at = ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd;
+            float *kc = st->k_cache + at, *vc = st->v_cache + at, *hk = host + (size_t)l * 2 * hpart,
+                  *hv = hk + hpart;
+            if (save) {
+                st->be.i->download(st->be.ctx, hk, kc, sizeof(float) * part);
+                st->be.i->download(st->be.ctx, hv, vc, sizeof(float) * part);
+            } else {
+                st->be.i->upload(st->be.ctx, kc, hk, sizeof(float) * part);
+                st->be.i->upload(st->be.ctx, vc, hv, sizeof(float) * part);
+            }
+        }
+    }
+    return 0;
+}

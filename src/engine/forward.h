@@ -170,6 +170,13 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
 /* Rows a step may hold without being cut: n_seq always; max_batch where the prefill buffers
  * are bound (own, or borrowed when the cache can lend them). */
 int forward_step_rows(const struct forward_state *s);
+/* Bytes of KV one token position holds over every layer (K and V, f32). */
+size_t forward_kv_row_bytes(const struct forward_state *s);
+/* Slot `slot`'s KV rows 0..n-1, every layer, to host memory (save) or back from it: host holds
+ * host_n >= n positions (host_n * forward_kv_row_bytes bytes), layer by layer, each layer's K
+ * rows (host_n, kvd) then its V rows; rows 0..n-1 of each are copied. A save returns with the
+ * bytes on the host; a restore is ordered before the next step's ops. */
+int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int host_n, bool save);
 
 /* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
  * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides

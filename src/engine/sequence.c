@@ -155,6 +155,25 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         goto fail;
     }
     struct kv_slot *s = &e->slots[q->slot];
+    /* The slot's rows past the shared prefix are about to be overwritten: park them in host RAM
+     * first; and a parked conversation that shares more of this prompt comes back instead of
+     * being computed again (kv_park.h). A failed park or restore only costs the recompute. */
+    if (s->n_tokens > keep) {
+        rc = kv_park_save(&e->park, &e->fw, q->slot, s->tokens, s->n_tokens);
+        if (rc < 0)
+            tide_log("kv park: slot %d's %d rows not parked: %s", q->slot, s->n_tokens, tide_strerror(rc));
+    }
+    int plen = 0, pi = kv_park_find(&e->park, q->ids, n - 1, &plen);
+    if (pi >= 0 && plen > keep) {
+        rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);
+        if (rc == 0) {
+            memcpy(s->tokens, q->ids, sizeof(int) * (size_t)plen);
+            keep = plen;
+        } else {
+            tide_log("kv park: %d rows not restored: %s", plen, tide_strerror(rc));
+        }
+    }
+    rc = 0;
     s->busy = true;
     s->last_use = ++e->use_clock;
     s->n_tokens = keep;

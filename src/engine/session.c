@@ -85,6 +85,7 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     e->img_close = tokenizer_find(e->tok, "<|vision_end|>");
     if (e->img_open < 0 || e->img_close < 0) e->img_open = e->img_close = -1;
     e->fw.fault_backend_steps = fault_backend;
+    kv_park_init(&e->park, e->mem.kv_host_bytes, forward_kv_row_bytes(&e->fw));
     e->n_slots = e->fw.n_seq;
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     for (int i = 0; e->slots && i < e->n_slots; i++)
@@ -145,6 +146,7 @@ void engine_free(struct engine *e)
     for (int i = 0; e->slots && i < e->n_slots; i++)
         free(e->slots[i].tokens);
     free(e->slots);
+    kv_park_free(&e->park);
     forward_free(&e->fw);
     memory_plan_free(&e->mem);
     chat_template_free(&e->chat);

@@ -9,6 +9,7 @@
 #define TIDE_SESSION_H
 
 #include "forward.h"
+#include "kv_park.h"
 #include "memory/plan.h"
 #include "sample.h"
 #include "template.h"
@@ -42,6 +43,7 @@ struct engine {
     struct forward_state fw;
     int n_ctx;
     struct kv_slot *slots; /* (n_slots) */
+    struct kv_park park;   /* conversations parked in host RAM when their slot is taken */
     int n_slots;
     uint64_t use_clock;
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */

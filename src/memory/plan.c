@@ -89,6 +89,26 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
                  (double)p->host_expert_bytes / MIB, (double)host_total / MIB);
         return TIDE_ERANGE;
     }
+    /* Parked conversations (engine/kv_park.h) live in host RAM beside the experts, with a margin
+     * left free for everything else: an explicit budget the RAM cannot hold is refused. */
+    if (o->kv_host_mib != 0 && host_total) {
+        size_t margin = host_total / 16 > ((size_t)512 << 20) ? host_total / 16 : (size_t)512 << 20;
+        size_t room = host_total > p->host_expert_bytes + margin ? host_total - p->host_expert_bytes - margin : 0;
+        if (o->kv_host_mib < 0) {
+            p->kv_host_bytes = room < ((size_t)2048 << 20) ? room : (size_t)2048 << 20;
+        } else if ((size_t)o->kv_host_mib << 20 > room) {
+            snprintf(err, errlen,
+                     "kv_host_mib %ld MiB does not fit this host's %.0f MiB of RAM beside the model's experts "
+                     "(%.0f MiB) and a %.0f MiB margin: at most %.0f MiB (or 0 to turn parking off)",
+                     o->kv_host_mib, (double)host_total / MIB, (double)p->host_expert_bytes / MIB, (double)margin / MIB,
+                     (double)room / MIB);
+            return TIDE_ERANGE;
+        } else {
+            p->kv_host_bytes = (size_t)o->kv_host_mib << 20;
+        }
+    } else if (o->kv_host_mib > 0) {
+        p->kv_host_bytes = (size_t)o->kv_host_mib << 20; /* host RAM unknown: as asked */
+    }
     /* "auto": every CUDA GPU, else one CPU device (and the log says why) */
     struct plan_device_options autodev[PLAN_MAX_DEVICES];
     int n = o->n_devices;

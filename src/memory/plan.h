@@ -36,6 +36,8 @@ struct plan_options {
     int max_batch;           /* prefill chunk (0: FORWARD_CUDA_BATCH with a CUDA device, else
                                 FORWARD_DEFAULT_BATCH) */
     int n_seq;               /* KV slots: sequences that run at once (0: automatic, see plan.c) */
+    long kv_host_mib;        /* conversation parking in host RAM (engine/kv_park.h): MiB, 0 off,
+                                -1 automatic (what the host holds beside the experts, at most 2048) */
 };
 
 struct memory_plan {
@@ -45,6 +47,7 @@ struct memory_plan {
     uint32_t l0[PLAN_MAX_DEVICES], l1[PLAN_MAX_DEVICES];
     struct forward_stage_spec spec[PLAN_MAX_DEVICES];  /* for forward_init_stages */
     size_t host_expert_bytes;  /* every expert of the model, in host RAM */
+    size_t kv_host_bytes;      /* the parked conversations' budget in host RAM */
     struct model *pinned;      /* the model whose experts this plan pinned, or NULL */
     int max_batch;
     int n_seq;                 /* KV slots the devices hold (every device holds all of them) */

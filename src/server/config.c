@@ -28,6 +28,7 @@ void config_defaults(struct config *c)
     c->context = 4096;
     c->queue_max = 64;
     c->max_batch_tokens = 2048;
+    c->kv_host_mib = -1;
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
     c->drain_timeout_s = 30;
@@ -284,6 +285,11 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
             if (cJSON_IsNull(f)) { c->parallel = 0; continue; }
             rc = get_int(f, k, 1, 256, "null or an integer 1..256 (sequences running at once)", &n, err, errlen);
             if (!rc) c->parallel = (int)n;
+        } else if (strcmp(k, "kv_host_mib") == 0) {
+            if (cJSON_IsNull(f)) { c->kv_host_mib = -1; continue; }
+            rc = get_int(f, k, 0, 1 << 24, "null or a non-negative integer (MiB of host RAM for parked conversations; 0 = off)",
+                         &n, err, errlen);
+            if (!rc) c->kv_host_mib = (int)n;
         } else if (strcmp(k, "max_batch_tokens") == 0) {
             rc = get_int(f, k, 1, 1 << 20, "a positive integer (tokens one step may run)", &n, err, errlen);
             if (!rc) c->max_batch_tokens = (int)n;

@@ -93,6 +93,10 @@ static atomic_llong prompt_tokens, gen_tokens;
 static atomic_int running, waiting;
 static atomic_int kv_slots_used, kv_slots_total;
 static atomic_llong cached_tokens;
+/* conversation parking: the engine's counts as last published */
+static atomic_int kv_parked;
+static atomic_llong kv_parked_bytes, kv_parked_budget, kv_parked_total, kv_restored_total, kv_restored_tokens,
+    kv_park_evicted;
 static double start_unix;
 /* Set once at start-up, before the first scrape (metrics_set_instance). */
 static char instance_name[256];
@@ -126,6 +130,17 @@ void metrics_kv_slots(int used, int total)
 {
     atomic_store(&kv_slots_used, used);
     atomic_store(&kv_slots_total, total);
+}
+void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint64_t restored, uint64_t tokens,
+                       uint64_t evicted)
+{
+    atomic_store(&kv_parked, n);
+    atomic_store(&kv_parked_bytes, (long long)bytes);
+    atomic_store(&kv_parked_budget, (long long)budget);
+    atomic_store(&kv_parked_total, (long long)parked);
+    atomic_store(&kv_restored_total, (long long)restored);
+    atomic_store(&kv_restored_tokens, (long long)tokens);
+    atomic_store(&kv_park_evicted, (long long)evicted);
 }
 void metrics_cached_tokens(long n)
 {
@@ -413,6 +428,7 @@ void metrics_init(void)
     atomic_store(&kv_slots_used, 0);
     atomic_store(&kv_slots_total, 0);
     atomic_store(&cached_tokens, 0);
+    metrics_kv_parked(0, 0, 0, 0, 0, 0, 0);
     for (int h = 0; h < METRICS_HIST_COUNT; h++) {
         pthread_mutex_lock(&hists[h].mu);
         memset(hists[h].n, 0, sizeof hists[h].n);
@@ -488,6 +504,21 @@ char *metrics_render(void)
     sb_printf(&b, "tide_kv_slots %d\n", atomic_load(&kv_slots_total));
     family(&b, "tide_kv_slots_used", "gauge", "KV slots held by running sequences.");
     sb_printf(&b, "tide_kv_slots_used %d\n", atomic_load(&kv_slots_used));
+    family(&b, "tide_kv_parked_conversations", "gauge", "Conversations whose KV rows are parked in host RAM.");
+    sb_printf(&b, "tide_kv_parked_conversations %d\n", atomic_load(&kv_parked));
+    family(&b, "tide_kv_parked_bytes", "gauge", "Host RAM held by parked conversations.");
+    sb_printf(&b, "tide_kv_parked_bytes %lld\n", atomic_load(&kv_parked_bytes));
+    family(&b, "tide_kv_parked_budget_bytes", "gauge", "Host RAM parked conversations may hold (kv_host_mib).");
+    sb_printf(&b, "tide_kv_parked_budget_bytes %lld\n", atomic_load(&kv_parked_budget));
+    family(&b, "tide_kv_parked_total", "counter", "Conversations parked in host RAM when their KV slot was taken.");
+    sb_printf(&b, "tide_kv_parked_total %lld\n", atomic_load(&kv_parked_total));
+    family(&b, "tide_kv_restored_total", "counter", "Parked conversations copied back into a KV slot.");
+    sb_printf(&b, "tide_kv_restored_total %lld\n", atomic_load(&kv_restored_total));
+    family(&b, "tide_kv_restored_tokens_total", "counter",
+           "Prompt tokens whose KV rows came back from host RAM instead of being computed.");
+    sb_printf(&b, "tide_kv_restored_tokens_total %lld\n", atomic_load(&kv_restored_tokens));
+    family(&b, "tide_kv_park_evicted_total", "counter", "Parked conversations dropped to stay within the budget.");
+    sb_printf(&b, "tide_kv_park_evicted_total %lld\n", atomic_load(&kv_park_evicted));
 
     for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
     render_devices(&b);

@@ -21,6 +21,11 @@ void metrics_running_add(int d);
 void metrics_waiting_add(int d);
 /* KV slots (sequences at once) held now and in all: tide_kv_slots_used, tide_kv_slots. */
 void metrics_kv_slots(int used, int total);
+/* Conversations parked in host RAM (engine/kv_park.h): tide_kv_parked_conversations, tide_kv_parked_bytes,
+ * tide_kv_parked_budget_bytes, tide_kv_parked_total, tide_kv_restored_total,
+ * tide_kv_restored_tokens_total, tide_kv_park_evicted_total (the engine's counts, published). */
+void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint64_t restored, uint64_t tokens,
+                       uint64_t evicted);
 /* Prompt tokens served from the prefix cache: tide_prompt_tokens_cached_total. */
 void metrics_cached_tokens(long n);
 

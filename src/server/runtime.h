@@ -36,6 +36,9 @@ struct vram_snapshot {
     size_t host_total, host_free, host_experts;
     int seq_running, seq_slots; /* sequences running now, and at most (KV slots) */
     int kv_cached_slots;        /* free slots whose rows a later prompt may reuse */
+    int parked;                 /* conversations parked in host RAM (engine/kv_park.h) */
+    size_t parked_bytes, parked_budget;
+    uint64_t parked_total, restored_total, restored_tokens_total, park_evicted_total;
     bool backend_failed;        /* a device's backend failed (sticky): the daemon is unhealthy */
     char backend_err[256];
 };

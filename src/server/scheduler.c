@@ -84,6 +84,14 @@ void runtime_publish(struct runtime *rt)
     s.seq_running = rt->eng.n_slots - engine_free_slots(&rt->eng);
     for (int i = 0; i < rt->eng.n_slots; i++)
         s.kv_cached_slots += !rt->eng.slots[i].busy && rt->eng.slots[i].n_tokens > 0;
+    const struct kv_park *kp = &rt->eng.park;
+    s.parked = kp->n;
+    s.parked_bytes = kp->used;
+    s.parked_budget = kp->budget;
+    s.parked_total = kp->n_parked;
+    s.restored_total = kp->n_restored;
+    s.restored_tokens_total = kp->tokens_restored;
+    s.park_evicted_total = kp->n_evicted;
     s.backend_failed = rt->eng.fw.backend_failed;
     snprintf(s.backend_err, sizeof s.backend_err, "%s", rt->eng.fw.backend_err);
     pthread_mutex_lock(&rt->snap_mu);
@@ -95,6 +103,8 @@ void runtime_publish(struct runtime *rt)
     pthread_mutex_unlock(&rt->snap_mu);
     metrics_publish_devices(md, s.n);
     metrics_kv_slots(s.seq_running, s.seq_slots);
+    metrics_kv_parked(s.parked, s.parked_bytes, s.parked_budget, s.parked_total, s.restored_total,
+                      s.restored_tokens_total, s.park_evicted_total);
 }
 
 void runtime_vision_event(void *ud, const struct vision_lifecycle *v, enum vision_event ev)

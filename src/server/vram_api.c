@@ -78,6 +78,10 @@ char *vram_render(const struct vram_snapshot *s, const char *status, const size_
     cJSON_AddNumberToObject(sq, "running", s->seq_running);
     cJSON_AddNumberToObject(sq, "slots", s->seq_slots);
     cJSON_AddNumberToObject(sq, "cached", s->kv_cached_slots);
+    /* conversations parked in host RAM when their slot was taken (engine/kv_park.h) */
+    cJSON_AddNumberToObject(sq, "parked", s->parked);
+    cJSON_AddNumberToObject(sq, "parked_mib", round((double)s->parked_bytes / 1048576.0 * 10) / 10);
+    cJSON_AddNumberToObject(sq, "parked_budget_mib", round((double)s->parked_budget / 1048576.0 * 10) / 10);
     cJSON *vis = cJSON_AddObjectToObject(o, "vision");
     cJSON_AddStringToObject(vis, "state", s->vision_state ? s->vision_state : "unloaded");
     cJSON_AddBoolToObject(vis, "lazy", s->vision_lazy);

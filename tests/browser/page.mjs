@@ -113,6 +113,11 @@ try {
   const seen = Number(await page.locator('#seq-running').textContent());
   await Promise.all(load);
   step(`page showed ${seen} sequences running at once of ${v.sequences.slots} KV slots`);
+  // conversations parked in host RAM: the page shows /v1/vram's count once the load is over
+  const vp = await vram();
+  await page.waitForFunction((n) => Number(document.getElementById('seq-parked').textContent) === n, vp.sequences.parked,
+    { timeout: 10000 });
+  step(`page shows ${vp.sequences.parked} parked conversations (${vp.sequences.parked_mib} MiB)`);
 
   await page.screenshot({ path: `${out}/dashboard.png` });
 

@@ -10,7 +10,11 @@ what a client sees when requests run together:
     reply equals the reply the same request gets alone;
  3. prefix cache: a prompt sent again reports usage.prompt_tokens_details.cached_tokens > 0 (0 the
     first time), in plain and streamed replies, with the same text; /metrics counts reused tokens;
- 4. vision under load: an image request arrives while 8 text streams run on a CPU device with a
+ 4. conversation parking: with one KV slot, a conversation whose slot another prompt took comes back
+    from host RAM (cached_tokens, the same greedy text as its first reply; /metrics and /v1/vram
+    count it); without a budget (kv_host_mib 0) it is computed again; a budget the host cannot
+    hold stops start-up with the numbers;
+ 5. vision under load: an image request arrives while 8 text streams run on a CPU device with a
     memory budget (64 MiB: 38 free, the encoder's reserve 41): the caches hand slots back to the encoder at a step boundary and regrow to the
     same count after idle_s; the 8 streams' texts are unchanged, and none errs.
 Usage: tests/e2e/test_batching.py   (env: TIDE_BIN). Prints "N passed, N failed".
@@ -215,6 +219,50 @@ def prefix_cache(d):
           reused[0] if reused else "no tide_prompt_tokens_cached_total")
 
 
+def metric(d, name):
+    for ln in d.get("/metrics")[1].splitlines():
+        if ln.startswith(name + " "):
+            return float(ln.split()[1])
+    return None
+
+
+def parking():
+    story = "The harbour town keeps its boats painted in bright colours, and every spring the fishermen " * 8
+    a = chat_body(story + "What colour are the boats?", max_tokens=12)
+    other = chat_body("Count some shapes for me, please. " * 6, max_tokens=4)
+    for budget in (64, 0):
+        d = Daemon({"parallel": 1, "kv_host_mib": budget})
+        try:
+            first = d.post("/v1/chat/completions", a)
+            d.post("/v1/chat/completions", other)  # takes the only slot: the story is parked (or lost)
+            again = d.post("/v1/chat/completions", a)
+            pt = again["usage"]["prompt_tokens"]
+            cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            same = first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+            if budget:
+                v = d.vram()["sequences"]
+                check("parking: a conversation whose slot was taken comes back from host RAM, same text",
+                      cached == pt - 1 and same, "cached %d of %d, same text %s" % (cached, pt, same))
+                check("parking: /metrics and /v1/vram count it",
+                      metric(d, "tide_kv_restored_total") == 1 and metric(d, "tide_kv_restored_tokens_total") == pt - 1
+                      and metric(d, "tide_kv_parked_conversations") >= 1 and v["parked"] >= 1 and v["parked_budget_mib"] == 64,
+                      "restored %s tokens %s parked %s, vram %s" % (metric(d, "tide_kv_restored_total"),
+                                                                   metric(d, "tide_kv_restored_tokens_total"),
+                                                                   metric(d, "tide_kv_parked_conversations"), v))
+            else:
+                # only the template's head (shared with the other prompt) is still in the slot
+                check("parking off (kv_host_mib 0): recomputed, same text", cached < 16 and same
+                      and metric(d, "tide_kv_parked_total") == 0, "cached %d, same %s" % (cached, same))
+        finally:
+            check("daemon exits 0 on SIGTERM", d.stop() == 0)
+    try:
+        Daemon({"kv_host_mib": 1 << 24})
+        check("parking: a budget the host cannot hold is refused at start-up", False, "daemon started")
+    except RuntimeError as e:
+        check("parking: a budget the host cannot hold is refused at start-up, naming the numbers",
+              "kv_host_mib 16777216 MiB does not fit" in str(e) and "MiB of RAM" in str(e), str(e)[-300:])
+
+
 def slots(v):
     return v["totals"]["expert_slots"]
 
@@ -275,6 +323,7 @@ def main():
         mixed(d)
     finally:
         check("daemon exits 0 on SIGTERM", d.stop() == 0)
+    parking()
     vision_under_load()
     npass = sum(results)
     print("%d passed, %d failed" % (npass, len(results) - npass))

@@ -1,0 +1,125 @@
+/* kv_park.c - conversation parking in host RAM (kv_park.h). */
+#include "kv_park.h"
+#include "forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_PARK_MIN_TOKENS 16
+
+void kv_park_init(struct kv_park *p, size_t budget, size_t row_bytes)
+{
+    memset(p, 0, sizeof *p);
+    p->budget = row_bytes ? budget : 0;
+    p->row_bytes = row_bytes;
+    p->min_tokens = KV_PARK_MIN_TOKENS;
+}
+
+static void drop(struct kv_park *p, int i)
+{
+    p->used -= (size_t)p->e[i].n * p->row_bytes;
+    free(p->e[i].tokens);
+    free(p->e[i].rows);
+    p->e[i] = p->e[--p->n];
+}
+
+void kv_park_free(struct kv_park *p)
+{
+    while (p->n)
+        drop(p, p->n - 1);
+    free(p->e);
+    memset(p, 0, sizeof *p);
+}
+
+static int shared_prefix(const int *a, int na, const int *b, int nb)
+{
+    int k = 0;
+    while (k < na && k < nb && a[k] >= 0 && a[k] == b[k])
+        k++;
+    return k;
+}
+
+int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const int *tokens, int n)
+{
+    if (!p->budget)
+        return 0;
+    int m = 0;
+    while (m < n && tokens[m] >= 0) /* up to the first image row */
+        m++;
+    if ((size_t)m * p->row_bytes > p->budget)
+        m = (int)(p->budget / p->row_bytes); /* what the budget holds: the start of the conversation */
+    if (m < p->min_tokens)
+        return 0;
+    for (int i = 0; i < p->n; i++) {
+        int k = shared_prefix(p->e[i].tokens, p->e[i].n, tokens, m);
+        if (k == m) { /* already held, in full */
+            p->e[i].last_use = ++p->clock;
+            return 0;
+        }
+        if (k == p->e[i].n) /* this one extends entry i: i goes */
+            drop(p, i--);
+    }
+    size_t bytes = (size_t)m * p->row_bytes;
+    while (p->used + bytes > p->budget && p->n) { /* least recently used first */
+        int lru = 0;
+        for (int i = 1; i < p->n; i++)
+            if (p->e[i].last_use < p->e[lru].last_use)
+                lru = i;
+        drop(p, lru);
+        p->n_evicted++;
+    }
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 8;
+        struct kv_park_entry *ne = realloc(p->e, sizeof *ne * (size_t)cap);
+        if (!ne)
+            return TIDE_ENOMEM;
+        p->e = ne;
+        p->cap = cap;
+    }
+    struct kv_park_entry en = {.tokens = malloc(sizeof(int) * (size_t)m), .rows = malloc(bytes), .n = m};
+    if (!en.tokens || !en.rows) {
+        free(en.tokens);
+        free(en.rows);
+        return TIDE_ENOMEM;
+    }
+    memcpy(en.tokens, tokens, sizeof(int) * (size_t)m);
+    int rc = forward_kv_copy(fw, slot, m, en.rows, m, true);
+    if (rc < 0) {
+        free(en.tokens);
+        free(en.rows);
+        return rc;
+    }
+    en.last_use = ++p->clock;
+    p->e[p->n++] = en;
+    p->used += bytes;
+    p->n_parked++;
+    return 0;
+}
+
+int kv_park_find(const struct kv_park *p, const int *ids, int n, int *len)
+{
+    int best = -1, best_k = 0;
+    for (int i = 0; i < p->n; i++) {
+        int k = shared_prefix(p->e[i].tokens, p->e[i].n, ids, n);
+        if (k > best_k) {
+            best = i;
+            best_k = k;
+        }
+    }
+    *len = best_k;
+    return best;
+}
+
+int kv_park_restore(struct kv_park *p, struct forward_state *fw, int i, int slot, int len)
+{
+    if (i < 0 || i >= p->n || len < 0 || len > p->e[i].n)
+        return TIDE_EINVAL;
+    struct kv_park_entry *en = &p->e[i];
+    int rc = forward_kv_copy(fw, slot, len, en->rows, en->n, false);
+    if (rc < 0)
+        return rc;
+    en->last_use = ++p->clock;
+    p->n_restored++;
+    p->tokens_restored += (uint64_t)len;
+    return 0;
+}
