@@ -52,6 +52,13 @@ void tool_calls_free(struct tool_calls *tc)
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+/* What a function name written outside JSON may hold (mistral name[ARGS], gpt-oss to=functions.NAME). */
+static bool name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+           c == '.';
+}
+
 static size_t skip_ws(const char *t, size_t p, size_t len)
 {
     while (p < len && is_ws(t[p])) p++;
@@ -215,7 +222,7 @@ static int parse_mistral(const char *t, size_t len, struct tool_calls *tc, struc
             size_t ne = (size_t)(a - t);
             while (ne > p && is_ws(t[ne - 1])) ne--;
             for (size_t k = p; k < ne; k++)
-                if (is_ws(t[k]) || t[k] == '[' || t[k] == '{') return TIDE_EINVAL;
+                if (!name_char(t[k])) return TIDE_EINVAL;
             cJSON *o = json_at(t, skip_ws(t, (size_t)(a - t) + strlen(MISTRAL_ARGS), len), len, &end);
             char *args = cJSON_IsObject(o) ? cJSON_PrintUnformatted(o) : NULL;
             cJSON_Delete(o);
@@ -239,12 +246,6 @@ static size_t oss_header_start(const char *t, size_t at)
     const char *h1 = memmem(t + from, at - from, "<|start|>", 9), *h2 = memmem(t + from, at - from, "<|channel|>", 11);
     const char *h = h1 && (!h2 || h1 < h2) ? h1 : h2;
     return h ? (size_t)(h - t) : at;
-}
-
-static bool name_char(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-           c == '.';
 }
 
 static int parse_gpt_oss(const char *t, size_t len, struct tool_calls *tc, struct text_acc *acc)

@@ -66,6 +66,23 @@ static void expect_one_call(cJSON *reply, char *name, size_t nl, char *args, siz
     free(all);
 }
 
+static int prompt_tokens(const char *body)
+{
+    cJSON *r = harness_post_ok("/v1/chat/completions", body);
+    int n = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "prompt_tokens")->valueint;
+    cJSON_Delete(r);
+    return n;
+}
+
+/* How many prompt tokens a forced call's opening adds: hermes' "<tool_call>\n" is about 12 tokens of
+ * the tiny vocabulary, gpt-oss' "<|channel|>commentary to=functions.sides <|constrain|>json<|message|>"
+ * about 48 after the template's text (69 alone). */
+static int opening_tokens(void)
+{
+    return prompt_tokens("{" USER "," TOOLS "," NAMED("sides") ",\"max_tokens\":1}") -
+           prompt_tokens("{" USER "," TOOLS ",\"tool_choice\":\"none\",\"max_tokens\":1}");
+}
+
 Test(tools, required_returns_a_valid_call)
 {
     char name[64], args[256];
@@ -85,6 +102,8 @@ Test(tools, named_choice_calls_that_function)
     expect_one_call(r, name, sizeof name, args, sizeof args);
     cr_expect_str_eq(name, "sides");
     cJSON_Delete(r);
+    int n = opening_tokens();
+    cr_expect(n > 0 && n < 20, "the hermes opening added %d prompt tokens", n);
     r = harness_post_ok("/v1/chat/completions", "{" USER "," TOOLS "," NAMED("get_shape_count") ",\"max_tokens\":400,"
                         "\"parallel_tool_calls\":false,\"seed\":7}");
     expect_one_call(r, name, sizeof name, args, sizeof args);
@@ -256,6 +275,8 @@ Test(tools_oss, named_and_required_calls)
     expect_one_call(r, name, sizeof name, args, sizeof args);
     cr_expect_str_eq(name, "sides");
     cJSON_Delete(r);
+    int n = opening_tokens();   /* the template was recognised as gpt-oss: its opening went in */
+    cr_expect_geq(n, 30, "the gpt-oss opening added only %d prompt tokens", n);
     r = harness_post_ok("/v1/chat/completions", "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"max_tokens\":400,\"seed\":3}");
     expect_one_call(r, name, sizeof name, args, sizeof args);
     cJSON_Delete(r);

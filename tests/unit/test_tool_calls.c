@@ -142,6 +142,7 @@ Test(tool_calls, mistral_malformed_stays_content)
     expect_plain(TOOL_FMT_MISTRAL, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}");
     expect_plain(TOOL_FMT_MISTRAL, "[TOOL_CALLS]two words[ARGS]{}");
     expect_plain(TOOL_FMT_MISTRAL, "[TOOL_CALLS]a[ARGS][1]");
+    expect_plain(TOOL_FMT_MISTRAL, "[TOOL_CALLS]a\x01" "b[ARGS]{}");   /* a name of control bytes (fuzzer) */
 }
 
 Test(tool_calls, gpt_oss_commentary_call)
