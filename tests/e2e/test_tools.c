@@ -3,7 +3,8 @@
  * decoding, so they must come back as valid tool_calls (ids, names among the tools, arguments a
  * JSON string that validates against the function's schema), plain and streamed; a tool result
  * goes back in; with "auto" a stream loses no text to the call hold-back; bad tools are 400s.
- * Then a model whose template teaches gpt-oss calls: the named call's arguments alone. */
+ * Then a model whose template teaches gpt-oss calls (a named call's arguments alone), and one whose
+ * template teaches llama3 calls, where "auto" parses a JSON reply into a call, plain and streamed. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,5 +280,52 @@ Test(tools_oss, named_and_required_calls)
     cr_expect_geq(n, 30, "the gpt-oss opening added only %d prompt tokens", n);
     r = harness_post_ok("/v1/chat/completions", "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"max_tokens\":400,\"seed\":3}");
     expect_one_call(r, name, sizeof name, args, sizeof args);
+    cJSON_Delete(r);
+}
+
+/* ---- a model whose template teaches llama3 calls, where a reply that is the JSON
+ * {"name": .., "parameters": {..}} is a call. A json_schema response_format makes the tiny model
+ * write exactly that under tool_choice "auto": the reply parser (not a forced call) must turn it
+ * into tool_calls, plain and streamed (the stream holds the reply back from its '{'); with
+ * "none" the same text stays content. ---- */
+static char llama_model[64];
+static const char LLAMA_TEMPLATE[] =
+    "{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+#define CALL_FORMAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"call\",\"schema\":" \
+    "{\"type\":\"object\",\"additionalProperties\":false,\"required\":[\"name\",\"parameters\"],\"properties\":" \
+    "{\"name\":{\"const\":\"get_shape_count\"},\"parameters\":{\"type\":\"object\",\"additionalProperties\":false," \
+    "\"required\":[\"colour\"],\"properties\":{\"colour\":{\"enum\":[\"red\",\"green\",\"blue\"]}}}}}}}"
+
+static void start_llama(void)
+{
+    snprintf(llama_model, sizeof llama_model, "/tmp/tide-e2e-llama-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = llama_model, .seed = 1, .type = -1, .chat_template = LLAMA_TEMPLATE};
+    char err[256];
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    setenv("TIDE_MODEL", llama_model, 1);
+    harness_start(NULL);
+    unsetenv("TIDE_MODEL");
+}
+static void stop_llama(void) { harness_stop(); unlink(llama_model); }
+TestSuite(tools_llama3, .init = start_llama, .fini = stop_llama, .timeout = 120);
+
+Test(tools_llama3, auto_parses_a_json_reply_as_a_call)
+{
+    char name[64], args[256], id[64], sname[64], sargs[256], fin[32];
+    cJSON *r = harness_post_ok("/v1/chat/completions", "{" USER "," TOOLS "," CALL_FORMAT ",\"max_tokens\":400,\"temperature\":0}");
+    expect_one_call(r, name, sizeof name, args, sizeof args);
+    cr_expect_str_eq(name, "get_shape_count");
+    cJSON_Delete(r);
+    stream_call("{" USER "," TOOLS "," CALL_FORMAT ",\"max_tokens\":400,\"temperature\":0,\"stream\":true}", id, sname, sargs, fin);
+    cr_expect_str_eq(sname, name);
+    cr_expect_str_eq(sargs, args);
+    cr_expect_str_eq(fin, "tool_calls");
+    r = harness_post_ok("/v1/chat/completions", "{" USER "," TOOLS "," CALL_FORMAT ",\"tool_choice\":\"none\","
+                        "\"max_tokens\":400,\"temperature\":0}");
+    cJSON *m = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "message");
+    cJSON *c = cJSON_GetObjectItem(m, "content");
+    cr_expect(cJSON_IsString(c) && strstr(c->valuestring, "\"parameters\""), "none: the JSON is not the content");
+    cr_expect_null(cJSON_GetObjectItem(m, "tool_calls"));
     cJSON_Delete(r);
 }
