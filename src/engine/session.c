@@ -201,6 +201,13 @@ int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids_
     if (job->messages) {
         int trc = chat_template_render(&e->chat, job->messages, job->n_messages, job->tools_json, &text);
         if (trc < 0) return trc;
+        if (job->assistant_prefix && job->assistant_prefix[0]) {
+            size_t tl = strlen(text), pl = strlen(job->assistant_prefix);
+            char *t2 = realloc(text, tl + pl + 1);
+            if (!t2) { free(text); return TIDE_ENOMEM; }
+            memcpy(t2 + tl, job->assistant_prefix, pl + 1);
+            text = t2;
+        }
     } else {
         text = strdup(job->prompt ? job->prompt : "");
         if (!text) return TIDE_ENOMEM;

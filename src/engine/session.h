@@ -69,6 +69,8 @@ struct gen_job {
     int n_messages;
     const char *prompt;
     const char *tools_json;   /* chat: the request's tools array as JSON text for the template, or NULL */
+    const char *assistant_prefix; /* chat: text after the rendered prompt, the reply's forced opening
+                                     (a tool call's "<tool_call>\n"), or NULL */
     const int *prompt_ids;  /* set: the raw prompt as token ids, used as given (no BOS added) */
     int n_prompt_ids;
     struct sampling_params sp;

@@ -12,6 +12,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/oai_fields.h"
+#include "server/oai_tools.h"
 #include "server/openai.h"
 #include "server/recent.h"
 #include "server/runtime.h"
@@ -401,6 +402,10 @@ int main(int argc, char **argv)
     }
     runtime_publish(rt);
     openai_set_tokenizer(rt->eng.tok);
+    char *chat_template = gguf_dup_str(&rt->eng.model.gguf, "tokenizer.chat_template");
+    oai_tools_set_format(tool_format_detect(chat_template));   /* how the model writes tool calls */
+    tide_log("tool calls: parsed in the %s format", tool_format_name(tool_format_detect(chat_template)));
+    free(chat_template);
     struct fifo *f = NULL;
     rc = fifo_create(&f, a->cfg.queue_max);
     if (!rc) {

@@ -4,6 +4,7 @@
 #include "server/openai.h"
 #include "server/metrics.h"
 #include "server/oai_fields.h"
+#include "server/oai_tools.h"
 #include "server/recent.h"
 #include "server/json_text.h"
 #include "memory/host_budget.h"
@@ -24,6 +25,8 @@ struct choice_out {
     cJSON *logprobs;      /* array (non-stream, logprobs on) */
     bool role_sent;       /* stream: first delta with the role went out */
     size_t lp_offset;     /* stream, legacy logprobs: bytes of completion so far (text_offset) */
+    size_t sent;          /* stream with tools: bytes of text sent as content (the rest may be a call) */
+    bool call_started;    /* stream with tools: a call began at text[sent] */
 };
 
 struct oai_req {
@@ -35,6 +38,7 @@ struct oai_req {
     int n_owned;
     struct gen_job gj;
     struct oai_extras x;  /* grammar, logit_bias, token prompt, echo text */
+    struct oai_tools tools;   /* tools, tool_choice, parallel_tool_calls (chat) */
     char id[48];
     long created;
     char model[256];
@@ -89,6 +93,7 @@ void openai_req_free(void *p)
     cJSON_Delete(r->root);
     host_budget_release(&request_budget, r->charged);
     oai_extras_free(&r->x);
+    oai_tools_free(&r->tools);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
@@ -378,6 +383,7 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
         }
     }
     if ((rc = oai_parse_sampling(root, g, &r->x, msg, msglen, param))) goto fail;
+    if (chat && (rc = oai_parse_tools(root, g, &r->tools, msg, msglen, param))) goto fail;
     static unsigned long counter;
     snprintf(r->id, sizeof r->id, "%s-%lx%08lx", chat ? "chatcmpl" : "cmpl", (unsigned long)time(NULL),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
@@ -543,6 +549,18 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         r->t_tok = now;
     }
     struct choice_out *c = &r->ch[choice];
+    if (r->stream && r->tools.active) {
+        /* the whole reply is kept for the call parser; content goes out up to what may start a
+         * call (a forced call is all call) */
+        if (append_text(c, text, len)) return 1;
+        size_t safe = 0;
+        if (!c->call_started && !r->tools.forced)
+            safe = tool_calls_stream_safe(r->tools.fmt, c->text + c->sent, c->len - c->sent, c->sent == 0,
+                                          &c->call_started);
+        text = c->text + c->sent;
+        len = safe;
+        c->sent += safe;
+    }
     /* The engine calls once per token; an empty piece (text held back for a stop string)
      * needs no chunk unless it carries the token's logprob. */
     if (r->stream && len == 0 && !lp) return 0;
@@ -595,6 +613,29 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
 static const char *finish_name(enum finish_reason f)
 {
     return f == FINISH_LENGTH ? "length" : "stop";
+}
+
+/* Stream with tools, at the end of choice i: its calls as one delta.tool_calls chunk, or the
+ * text held back as content after all. Returns whether there were calls. */
+static bool stream_calls(struct oai_req *r, int i)
+{
+    struct choice_out *c = &r->ch[i];
+    struct tool_calls tc;
+    int n = oai_tools_reply(&r->tools, c->text ? c->text : "", c->len, &tc);
+    if (n <= 0 && c->sent == c->len) return false;
+    cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(chs, ch);
+    cJSON_AddNumberToObject(ch, "index", i);
+    cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+    if (!c->role_sent) cJSON_AddStringToObject(delta, "role", "assistant");
+    c->role_sent = true;
+    if (n > 0) cJSON_AddItemToObject(delta, "tool_calls", oai_tool_calls_json(&tc, true));
+    else json_add_string_n(delta, "content", c->text + c->sent, c->len - c->sent);
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    send_sse(r, o);
+    tool_calls_free(&tc);
+    return n > 0;
 }
 
 static cJSON *usage_json(struct oai_req *r)
@@ -659,6 +700,7 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
     }
     if (r->stream) {
         for (int i = 0; i < r->gj.n; i++) {
+            bool called = r->tools.active && stream_calls(r, i);
             cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
             cJSON_AddItemToArray(chs, ch);
             cJSON_AddNumberToObject(ch, "index", i);
@@ -669,7 +711,7 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
                 cJSON_AddStringToObject(ch, "text", "");
             }
             cJSON_AddNullToObject(ch, "logprobs");
-            cJSON_AddStringToObject(ch, "finish_reason", finish_name(r->gj.finish[i]));
+            cJSON_AddStringToObject(ch, "finish_reason", called ? "tool_calls" : finish_name(r->gj.finish[i]));
             send_sse(r, o);
         }
         if (r->include_usage) {
@@ -695,10 +737,18 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
         /* with its length: generated text may hold NUL bytes (issue 27 item 8) */
         const char *text = r->ch[i].text ? r->ch[i].text : "";
         size_t text_len = r->ch[i].len;
+        struct tool_calls tc = {0};
+        int n_calls = r->chat && r->tools.active ? oai_tools_reply(&r->tools, text, text_len, &tc) : 0;
         if (r->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            json_add_string_n(m, "content", text, text_len);
+            if (n_calls > 0) {   /* content: the text around the calls, or null */
+                if (tc.content) cJSON_AddStringToObject(m, "content", tc.content);
+                else cJSON_AddNullToObject(m, "content");
+                cJSON_AddItemToObject(m, "tool_calls", oai_tool_calls_json(&tc, false));
+            } else {
+                json_add_string_n(m, "content", text, text_len);
+            }
             if (r->ch[i].logprobs) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToObject(l, "content", r->ch[i].logprobs);
@@ -719,7 +769,8 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
                 cJSON_AddNullToObject(ch, "logprobs");
             }
         }
-        cJSON_AddStringToObject(ch, "finish_reason", finish_name(r->gj.finish[i]));
+        cJSON_AddStringToObject(ch, "finish_reason", n_calls > 0 ? "tool_calls" : finish_name(r->gj.finish[i]));
+        tool_calls_free(&tc);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     char *s = cJSON_PrintUnformatted(o);

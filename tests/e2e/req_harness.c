@@ -82,6 +82,27 @@ cJSON *harness_json(const struct harness_reply *r)
     return j;
 }
 
+cJSON *harness_post_ok(const char *path, const char *body)
+{
+    struct harness_reply r = harness_req("POST", path, NULL, body);
+    cr_assert_eq(r.status, 200, "%s %s: %ld %s", path, body, r.status, r.body);
+    cJSON *j = harness_json(&r);
+    harness_reply_free(&r);
+    return j;
+}
+
+void harness_expect_400(const char *path, const char *body, const char *param, const char *word)
+{
+    struct harness_reply r = harness_req("POST", path, NULL, body);
+    cr_expect_eq(r.status, 400, "%s: %ld %s", body, r.status, r.body);
+    cJSON *j = harness_json(&r), *e = cJSON_GetObjectItem(j, "error");
+    cJSON *p = cJSON_GetObjectItem(e, "param"), *m = cJSON_GetObjectItem(e, "message");
+    cr_expect(cJSON_IsString(p) && !strcmp(p->valuestring, param), "%s: param is not %s: %s", body, param, r.body);
+    if (word) cr_expect(cJSON_IsString(m) && strstr(m->valuestring, word), "%s: message does not name %s", body, word);
+    cJSON_Delete(j);
+    harness_reply_free(&r);
+}
+
 char *harness_header(const struct harness_reply *r, const char *name)
 {
     size_t nl = strlen(name);

@@ -29,6 +29,11 @@ void harness_reply_free(struct harness_reply *r);
 char *harness_json_string(const char *from, const char *key, size_t *len, const char **end);
 /* The body parsed (asserts it is JSON); caller deletes. */
 cJSON *harness_json(const struct harness_reply *r);
+/* POST body to path, assert 200 and return the reply parsed (caller deletes). */
+cJSON *harness_post_ok(const char *path, const char *body);
+/* POST body to path and expect a 400 in OpenAI's error shape whose param is param and whose
+ * message contains word (when not NULL). */
+void harness_expect_400(const char *path, const char *body, const char *param, const char *word);
 /* The value of a response header (case-insensitive name), malloc'd, or NULL. */
 char *harness_header(const struct harness_reply *r, const char *name);
 

@@ -12,33 +12,11 @@
 static void start_default(void) { harness_start(NULL); }
 TestSuite(fields, .init = start_default, .fini = harness_stop, .timeout = 120);
 
-static cJSON *post_ok(const char *path, const char *body)
-{
-    struct harness_reply r = harness_req("POST", path, NULL, body);
-    cr_assert_eq(r.status, 200, "%s %s: %ld %s", path, body, r.status, r.body);
-    cJSON *j = harness_json(&r);
-    harness_reply_free(&r);
-    return j;
-}
-
 static cJSON *choice0(cJSON *reply) { return cJSON_GetArrayItem(cJSON_GetObjectItem(reply, "choices"), 0); }
 static const char *content(cJSON *reply) { return cJSON_GetObjectItem(cJSON_GetObjectItem(choice0(reply), "message"), "content")->valuestring; }
 static const char *text(cJSON *reply) { return cJSON_GetObjectItem(choice0(reply), "text")->valuestring; }
 static const char *finish(cJSON *reply) { return cJSON_GetObjectItem(choice0(reply), "finish_reason")->valuestring; }
 static int completion_tokens(cJSON *reply) { return cJSON_GetObjectItem(cJSON_GetObjectItem(reply, "usage"), "completion_tokens")->valueint; }
-
-/* A 400 whose error names param (and, when given, whose message contains word). */
-static void expect_400(const char *path, const char *body, const char *param, const char *word)
-{
-    struct harness_reply r = harness_req("POST", path, NULL, body);
-    cr_expect_eq(r.status, 400, "%s: %ld %s", body, r.status, r.body);
-    cJSON *j = harness_json(&r), *e = cJSON_GetObjectItem(j, "error");
-    cJSON *p = cJSON_GetObjectItem(e, "param"), *m = cJSON_GetObjectItem(e, "message");
-    cr_expect(cJSON_IsString(p) && !strcmp(p->valuestring, param), "%s: param is not %s: %s", body, param, r.body);
-    if (word) cr_expect(cJSON_IsString(m) && strstr(m->valuestring, word), "%s: message does not name %s", body, word);
-    cJSON_Delete(j);
-    harness_reply_free(&r);
-}
 
 #define SCHEMA "{\"type\":\"object\",\"additionalProperties\":false,\"required\":[\"shape\",\"count\",\"filled\",\"colour\",\"size\"]," \
     "\"properties\":{\"shape\":{\"enum\":[\"square\",\"circle\",\"triangle\"]},\"count\":{\"type\":\"integer\"}," \
@@ -77,12 +55,12 @@ Test(fields, json_schema_replies_validate)
                  "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"shape\",\"strict\":true,\"schema\":" SCHEMA "}}}",
                  chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Describe a red square\"}]" : "\"prompt\":\"A red square:\"",
                  i == 0 || !chat ? 0 : 1, i);
-        cJSON *r = post_ok(chat ? "/v1/chat/completions" : "/v1/completions", body);
+        cJSON *r = harness_post_ok(chat ? "/v1/chat/completions" : "/v1/completions", body);
         cr_expect_str_eq(finish(r), "stop", "%s", chat ? content(r) : text(r));
         expect_valid(chat ? content(r) : text(r));
         cJSON_Delete(r);
     }
-    cJSON *plain = post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Describe a red square\"}],"
+    cJSON *plain = harness_post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Describe a red square\"}],"
                            "\"temperature\":0,\"max_tokens\":60}");
     cJSON *j = cJSON_Parse(content(plain));
     cr_expect(!cJSON_IsObject(j), "the model writes JSON unasked: the test shows nothing");
@@ -92,9 +70,9 @@ Test(fields, json_schema_replies_validate)
 
 Test(fields, json_schema_outside_the_subset_is_400)
 {
-    expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+    harness_expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
                "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}", "response_format", "'pattern'");
-    expect_400("/v1/completions", "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+    harness_expect_400("/v1/completions", "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
                "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}}",
                "response_format", "additionalProperties");
 }
@@ -104,7 +82,7 @@ static int token_of(const char *t)
 {
     char body[256];
     snprintf(body, sizeof body, "{\"content\":\"%s\"}", t);
-    cJSON *r = post_ok("/tokenize", body), *ids = cJSON_GetObjectItem(r, "tokens");
+    cJSON *r = harness_post_ok("/tokenize", body), *ids = cJSON_GetObjectItem(r, "tokens");
     cr_assert_eq(cJSON_GetArraySize(ids), 1, "'%s' is not one token", t);
     int id = cJSON_GetArrayItem(ids, 0)->valueint;
     cJSON_Delete(r);
@@ -113,22 +91,22 @@ static int token_of(const char *t)
 
 Test(fields, logit_bias_bans_and_forces)
 {
-    cJSON *g = post_ok("/v1/completions", "{\"prompt\":\"Hello there\",\"temperature\":0,\"max_tokens\":1}");
+    cJSON *g = harness_post_ok("/v1/completions", "{\"prompt\":\"Hello there\",\"temperature\":0,\"max_tokens\":1}");
     char first[64], body[256];
     snprintf(first, sizeof first, "%s", text(g));
     cJSON_Delete(g);
     int id = token_of(first);
     snprintf(body, sizeof body, "{\"prompt\":\"Hello there\",\"temperature\":0,\"max_tokens\":1,\"logit_bias\":{\"%d\":-100}}", id);
-    cJSON *b = post_ok("/v1/completions", body);
+    cJSON *b = harness_post_ok("/v1/completions", body);
     cr_expect_str_neq(text(b), first, "logit_bias -100 on greedy's token '%s' did not remove it", first);
     cJSON_Delete(b);
     int sq = token_of(" square");
     snprintf(body, sizeof body, "{\"prompt\":\"Hello there\",\"temperature\":1,\"seed\":5,\"max_tokens\":1,\"logit_bias\":{\"%d\":100}}", sq);
-    b = post_ok("/v1/completions", body);
+    b = harness_post_ok("/v1/completions", body);
     cr_expect_str_eq(text(b), " square");
     cJSON_Delete(b);
-    expect_400("/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999\":1}}", "logit_bias", NULL);
-    expect_400("/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", "logit_bias", NULL);
+    harness_expect_400("/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999\":1}}", "logit_bias", NULL);
+    harness_expect_400("/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", "logit_bias", NULL);
 }
 
 /* With end-of-text forced by logit_bias the reply stops at once; ignore_eos runs to max_tokens,
@@ -139,48 +117,48 @@ Test(fields, ignore_eos_and_min_tokens)
     int eos = token_of("<|im_end|>");
     const char *m = "\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}],\"temperature\":0,\"max_tokens\":10";
     snprintf(body, sizeof body, "{%s,\"logit_bias\":{\"%d\":100}}", m, eos);
-    cJSON *r = post_ok("/v1/chat/completions", body);
+    cJSON *r = harness_post_ok("/v1/chat/completions", body);
     cr_expect_str_eq(finish(r), "stop");
     cr_expect_eq(completion_tokens(r), 1);
     cJSON_Delete(r);
     snprintf(body, sizeof body, "{%s,\"logit_bias\":{\"%d\":100},\"ignore_eos\":true}", m, eos);
-    r = post_ok("/v1/chat/completions", body);
+    r = harness_post_ok("/v1/chat/completions", body);
     cr_expect_str_eq(finish(r), "length");
     cr_expect_eq(completion_tokens(r), 10);
     cJSON_Delete(r);
     snprintf(body, sizeof body, "{%s,\"logit_bias\":{\"%d\":100},\"min_tokens\":4}", m, eos);
-    r = post_ok("/v1/chat/completions", body);
+    r = harness_post_ok("/v1/chat/completions", body);
     cr_expect_str_eq(finish(r), "stop");
     cr_expect_eq(completion_tokens(r), 5, "4 tokens, then the end");
     cJSON_Delete(r);
-    expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,\"min_tokens\":3}", "min_tokens", NULL);
-    expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"ignore_eos\":1}", "ignore_eos", NULL);
-    expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":0}", "repetition_penalty", NULL);
+    harness_expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,\"min_tokens\":3}", "min_tokens", NULL);
+    harness_expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"ignore_eos\":1}", "ignore_eos", NULL);
+    harness_expect_400("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":0}", "repetition_penalty", NULL);
 }
 
 /* echo leads with the prompt; a token-id prompt is the same prompt as its text; the rest 400. */
 Test(fields, completions_prompt_forms_echo_and_refusals)
 {
-    cJSON *a = post_ok("/v1/completions", "{\"prompt\":\"Hello there\",\"temperature\":0,\"max_tokens\":4}");
-    cJSON *ids = post_ok("/tokenize", "{\"content\":\"Hello there\"}");
+    cJSON *a = harness_post_ok("/v1/completions", "{\"prompt\":\"Hello there\",\"temperature\":0,\"max_tokens\":4}");
+    cJSON *ids = harness_post_ok("/tokenize", "{\"content\":\"Hello there\"}");
     char *list = cJSON_PrintUnformatted(cJSON_GetObjectItem(ids, "tokens")), body[512];
     snprintf(body, sizeof body, "{\"prompt\":%s,\"temperature\":0,\"max_tokens\":4,\"echo\":true}", list);
-    cJSON *b = post_ok("/v1/completions", body);
+    cJSON *b = harness_post_ok("/v1/completions", body);
     char want[256];
     snprintf(want, sizeof want, "Hello there%s", text(a));
     cr_expect_str_eq(text(b), want, "echo + token-id prompt");
     snprintf(body, sizeof body, "{\"prompt\":[%s],\"temperature\":0,\"max_tokens\":4}", list);
-    cJSON *c = post_ok("/v1/completions", body);
+    cJSON *c = harness_post_ok("/v1/completions", body);
     cr_expect_str_eq(text(c), text(a), "[[ids]] is one prompt");
     free(list);
     cJSON_Delete(a);
     cJSON_Delete(b);
     cJSON_Delete(c);
     cJSON_Delete(ids);
-    expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", "prompt", "one prompt");
-    expect_400("/v1/completions", "{\"prompt\":[1,99999]}", "prompt", NULL);
-    expect_400("/v1/completions", "{\"prompt\":\"a\",\"suffix\":\"b\"}", "suffix", "fill-in-the-middle");
-    expect_400("/v1/completions", "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", "echo", NULL);
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", "prompt", "one prompt");
+    harness_expect_400("/v1/completions", "{\"prompt\":[1,99999]}", "prompt", NULL);
+    harness_expect_400("/v1/completions", "{\"prompt\":\"a\",\"suffix\":\"b\"}", "suffix", "fill-in-the-middle");
+    harness_expect_400("/v1/completions", "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", "echo", NULL);
 }
 
 Test(fields, tokenize_detokenize_round_trip)
@@ -188,7 +166,7 @@ Test(fields, tokenize_detokenize_round_trip)
     const char *s = "Hello there, red square! caf\\u00e9 <|im_end|>";
     char body[256];
     snprintf(body, sizeof body, "{\"content\":\"%s\",\"with_pieces\":true}", s);
-    cJSON *t = post_ok("/tokenize", body), *e;
+    cJSON *t = harness_post_ok("/tokenize", body), *e;
     char joined[256] = "";
     cJSON *ids = cJSON_CreateArray();
     cJSON_ArrayForEach(e, cJSON_GetObjectItem(t, "tokens")) {
@@ -205,7 +183,7 @@ Test(fields, tokenize_detokenize_round_trip)
     cr_expect_eq(cJSON_GetArrayItem(ids, cJSON_GetArraySize(ids) - 1)->valueint, token_of("<|im_end|>"), "special parsed");
     char *list = cJSON_PrintUnformatted(ids);
     snprintf(body, sizeof body, "{\"tokens\":%s}", list);
-    cJSON *d = post_ok("/detokenize", body);
+    cJSON *d = harness_post_ok("/detokenize", body);
     cr_expect_str_eq(cJSON_GetObjectItem(d, "content")->valuestring, "Hello there, red square! caf\xc3\xa9 <|im_end|>");
     free(list);
     cJSON_Delete(ids);

@@ -160,3 +160,82 @@ const banned = await client.completions.create({ model, prompt: "The red square 
   max_tokens: 1, temperature: 0, logit_bias: { [tok.tokens[0]]: -100 } });
 assert.notEqual(banned.choices[0].text, first.choices[0].text, "logit_bias -100 did not remove the token");
 ok(`logit_bias: token ${tok.tokens[0]} ${JSON.stringify(first.choices[0].text)} banned, got ${JSON.stringify(banned.choices[0].text)}`);
+
+// Tool calls: tool_choice "required" and a named function are enforced by constrained decoding,
+// so even the tiny random model answers with a valid call, plain and streamed; the call and the
+// tool's result then go back as the next turn.
+const countTool = { type: "function", function: { name: "get_shape_count", description: "Count the shapes of a colour",
+  strict: true, parameters: { type: "object", additionalProperties: false, required: ["colour"],
+    properties: { colour: { type: "string", enum: ["red", "green", "blue"] } } } } };
+const sidesTool = { type: "function", function: { name: "sides", strict: true,
+  parameters: { type: "object", additionalProperties: false, required: ["shape", "filled"],
+    properties: { shape: { enum: ["square", "triangle"] }, filled: { type: "boolean" } } } } };
+const tools = [countTool, sidesTool];
+const toolMessages = [{ role: "user", content: "How many red shapes are there?" }];
+const validCall = (c, where) => {
+  assert.equal(c.type, "function", where);
+  assert.match(c.id, /^call_/, where);
+  const a = JSON.parse(c.function.arguments);
+  if (c.function.name === "get_shape_count") {
+    assert.deepEqual(Object.keys(a), ["colour"], where);
+    assert.ok(["red", "green", "blue"].includes(a.colour), `${where}: colour ${a.colour}`);
+  } else {
+    assert.equal(c.function.name, "sides", where);
+    assert.deepEqual(Object.keys(a), ["shape", "filled"], where);
+    assert.ok(["square", "triangle"].includes(a.shape) && typeof a.filled === "boolean", `${where}: ${c.function.arguments}`);
+  }
+  return a;
+};
+const req = await client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: "required",
+  temperature: 0, max_tokens: 400 });
+assert.equal(req.choices[0].finish_reason, "tool_calls");
+assert.equal(req.choices[0].message.content, null);
+assert.equal(req.choices[0].message.tool_calls.length, 1);
+validCall(req.choices[0].message.tool_calls[0], "required");
+ok(`tool_choice required: ${JSON.stringify(req.choices[0].message.tool_calls[0].function)}`);
+
+const named = { type: "function", function: { name: "sides" } };
+const st = await client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: named,
+  temperature: 0, max_tokens: 400, stream: true });
+const acc = [];
+let stFinish = null;
+for await (const c of st) {
+  for (const ch of c.choices) {
+    assert.ok(!ch.delta?.content, `content in a forced call's stream: ${JSON.stringify(ch.delta)}`);
+    for (const d of ch.delta?.tool_calls ?? []) {
+      acc[d.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } };
+      if (d.id) acc[d.index].id = d.id;
+      acc[d.index].function.name += d.function?.name ?? "";
+      acc[d.index].function.arguments += d.function?.arguments ?? "";
+    }
+    if (ch.finish_reason) stFinish = ch.finish_reason;
+  }
+}
+assert.equal(stFinish, "tool_calls");
+assert.equal(acc.length, 1);
+assert.equal(acc[0].function.name, "sides");
+validCall(acc[0], "named, streamed");
+ok(`tool_choice named, streamed: ${JSON.stringify(acc[0].function)}`);
+
+// strict tools: the client's parse() turns the arguments into parsed_arguments itself
+const parsed = await client.chat.completions.parse({ model, messages: toolMessages, tools, temperature: 1, seed: 5,
+  tool_choice: { type: "function", function: { name: "get_shape_count" } }, max_tokens: 400 });
+const pc = parsed.choices[0].message.tool_calls[0];
+assert.deepEqual(pc.function.parsed_arguments, validCall(pc, "parse"));
+ok(`chat.completions.parse with a strict tool: parsed_arguments ${JSON.stringify(pc.function.parsed_arguments)}`);
+
+const call = req.choices[0].message.tool_calls[0];
+const trip = await client.chat.completions.create({ model, tools, temperature: 0, max_tokens: 8, messages: [
+  ...toolMessages, req.choices[0].message, { role: "tool", tool_call_id: call.id, content: "3" }] });
+assert.ok(trip.usage.prompt_tokens > req.usage.prompt_tokens, "the call and its result did not reach the prompt");
+assert.ok(typeof trip.choices[0].message.content === "string" || trip.choices[0].message.tool_calls);
+ok(`tool result round trip: ${trip.usage.prompt_tokens} prompt tokens, finish ${trip.choices[0].finish_reason}`);
+
+try {
+  await client.chat.completions.create({ model, messages: toolMessages, tools,
+    tool_choice: { type: "function", function: { name: "missing" } } });
+  assert.fail("a tool_choice naming no tool was accepted");
+} catch (e) {
+  assert.ok(e instanceof OpenAI.BadRequestError && e.param === "tool_choice", `${e}`);
+  ok(`tool_choice naming no tool: 400, param tool_choice: ${e.message}`);
+}
