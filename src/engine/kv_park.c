@@ -19,6 +19,7 @@ static void drop(struct kv_park *p, int i)
 {
     p->used -= (size_t)p->e[i].n * p->row_bytes;
     free(p->e[i].tokens);
+    free(p->e[i].img);
     free(p->e[i].rows);
     p->e[i] = p->e[--p->n];
 }
@@ -31,27 +32,26 @@ void kv_park_free(struct kv_park *p)
     memset(p, 0, sizeof *p);
 }
 
-static int shared_prefix(const int *a, int na, const int *b, int nb)
+struct prompt_rows kv_park_rows(const struct kv_park *p, int i)
 {
-    int k = 0;
-    while (k < na && k < nb && a[k] >= 0 && a[k] == b[k])
-        k++;
-    return k;
+    const struct kv_park_entry *en = &p->e[i];
+    return (struct prompt_rows){en->tokens, en->n, en->img, en->n_img};
 }
 
-int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const int *tokens, int n)
+int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const struct prompt_rows *r)
 {
     if (!p->budget)
         return 0;
-    int m = 0;
-    while (m < n && tokens[m] >= 0) /* up to the first image row */
-        m++;
+    int m = prompt_rows_known(r); /* up to the first image row without a key */
     if ((size_t)m * p->row_bytes > p->budget)
         m = (int)(p->budget / p->row_bytes); /* what the budget holds: the start of the conversation */
     if (m < p->min_tokens)
         return 0;
+    struct prompt_rows cut = *r;
+    cut.n = m;
     for (int i = 0; i < p->n; i++) {
-        int k = shared_prefix(p->e[i].tokens, p->e[i].n, tokens, m);
+        struct prompt_rows er = kv_park_rows(p, i);
+        int k = prompt_rows_shared(&er, &cut, m);
         if (k == m) { /* already held, in full */
             p->e[i].last_use = ++p->clock;
             return 0;
@@ -76,16 +76,20 @@ int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const in
         p->e = ne;
         p->cap = cap;
     }
-    struct kv_park_entry en = {.tokens = malloc(sizeof(int) * (size_t)m), .rows = malloc(bytes), .n = m};
-    if (!en.tokens || !en.rows) {
-        free(en.tokens);
-        free(en.rows);
-        return TIDE_ENOMEM;
+    int ni = 0;
+    while (ni < r->n_img && r->img[ni].at < m)
+        ni++;
+    struct kv_park_entry en = {.tokens = malloc(sizeof(int) * (size_t)m), .rows = malloc(bytes), .n = m,
+                               .img = malloc(sizeof(struct row_image) * (size_t)(ni ? ni : 1)), .n_img = ni};
+    int rc = en.tokens && en.rows && en.img ? 0 : TIDE_ENOMEM;
+    if (rc == 0) {
+        memcpy(en.tokens, r->ids, sizeof(int) * (size_t)m);
+        memcpy(en.img, r->img, sizeof(struct row_image) * (size_t)ni);
+        rc = forward_kv_copy(fw, slot, m, en.rows, m, true);
     }
-    memcpy(en.tokens, tokens, sizeof(int) * (size_t)m);
-    int rc = forward_kv_copy(fw, slot, m, en.rows, m, true);
     if (rc < 0) {
         free(en.tokens);
+        free(en.img);
         free(en.rows);
         return rc;
     }
@@ -96,11 +100,12 @@ int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const in
     return 0;
 }
 
-int kv_park_find(const struct kv_park *p, const int *ids, int n, int *len)
+int kv_park_find(const struct kv_park *p, const struct prompt_rows *q, int limit, int *len)
 {
     int best = -1, best_k = 0;
     for (int i = 0; i < p->n; i++) {
-        int k = shared_prefix(p->e[i].tokens, p->e[i].n, ids, n);
+        struct prompt_rows er = kv_park_rows(p, i);
+        int k = prompt_rows_shared(&er, q, limit);
         if (k > best_k) {
             best = i;
             best_k = k;

@@ -26,6 +26,7 @@ struct engine_seq {
     int *ids;                /* (n_prompt) prompt tokens; -1 for an image's rows */
     int n_prompt;
     int img_at[ENGINE_MAX_IMAGES]; /* first row of each image */
+    struct row_image rimg[ENGINE_MAX_IMAGES]; /* the images' rows with their keys (prompt_rows.h) */
     int pos;                 /* rows of the slot that hold this sequence (prefill progress, then tokens) */
     int max_new;
     int n_choices, choice;
@@ -64,19 +65,29 @@ int engine_free_slots(const struct engine *e)
     return n;
 }
 
-/* The free slot whose rows share the longest prefix with ids (ties: the least recently used);
- * *keep is that prefix, at most n - 1 so the last prompt token is evaluated again for fresh
- * logits. Image rows never match. */
-static int pick_slot(struct engine *e, const int *ids, int n, int *keep)
+static struct prompt_rows slot_rows(const struct kv_slot *s)
+{
+    return (struct prompt_rows){s->tokens, s->n_tokens, s->img, s->n_img};
+}
+
+static struct prompt_rows seq_rows(const struct engine_seq *q)
+{
+    return (struct prompt_rows){q->ids, q->n_prompt, q->rimg, q->job->n_images};
+}
+
+/* The free slot whose rows share the longest prefix with q's prompt (ties: the least recently
+ * used); *keep is that prefix, at most n - 1 so the last prompt token is evaluated again for
+ * fresh logits. Image rows match the same image at the same place (prompt_rows.h). */
+static int pick_slot(struct engine *e, const struct engine_seq *q, int *keep)
 {
     int best = -1, best_keep = -1;
+    struct prompt_rows qr = seq_rows(q);
     for (int i = 0; i < e->n_slots; i++) {
         struct kv_slot *s = &e->slots[i];
         if (s->busy)
             continue;
-        int k = 0;
-        while (k < s->n_tokens && k < n - 1 && ids[k] >= 0 && s->tokens[k] == ids[k])
-            k++;
+        struct prompt_rows sr = slot_rows(s);
+        int k = prompt_rows_shared(&sr, &qr, q->n_prompt - 1);
         if (k > best_keep || (k == best_keep && s->last_use < e->slots[best].last_use)) {
             best = i;
             best_keep = k;
@@ -147,8 +158,13 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         rc = TIDE_ERANGE;
         goto fail;
     }
+    for (int i = 0; i < job->n_images; i++)
+        q->rimg[i] = (struct row_image){.at = q->img_at[i], .n = job->images[i].n_tokens, .keyed = job->images[i].keyed};
+    for (int i = 0; i < job->n_images; i++)
+        if (job->images[i].keyed)
+            memcpy(q->rimg[i].key, job->images[i].key, ROW_IMAGE_KEY_BYTES);
     int keep = 0;
-    q->slot = pick_slot(e, q->ids, n, &keep);
+    q->slot = pick_slot(e, q, &keep);
     if (q->slot < 0) {
         snprintf(err, errlen, "no free sequence slot");
         rc = TIDE_EFULL;
@@ -159,11 +175,13 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
      * first; and a parked conversation that shares more of this prompt comes back instead of
      * being computed again (kv_park.h). A failed park or restore only costs the recompute. */
     if (s->n_tokens > keep) {
-        rc = kv_park_save(&e->park, &e->fw, q->slot, s->tokens, s->n_tokens);
+        struct prompt_rows sr = slot_rows(s);
+        rc = kv_park_save(&e->park, &e->fw, q->slot, &sr);
         if (rc < 0)
             tide_log("kv park: slot %d's %d rows not parked: %s", q->slot, s->n_tokens, tide_strerror(rc));
     }
-    int plen = 0, pi = kv_park_find(&e->park, q->ids, n - 1, &plen);
+    struct prompt_rows qr = seq_rows(q);
+    int plen = 0, pi = kv_park_find(&e->park, &qr, n - 1, &plen);
     if (pi >= 0 && plen > keep) {
         rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);
         if (rc == 0) {
@@ -174,6 +192,10 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         }
     }
     rc = 0;
+    /* the slot's images are the prompt's: those among the rows kept match them, and the steps
+     * write the rest */
+    s->n_img = job->n_images;
+    memcpy(s->img, q->rimg, sizeof(struct row_image) * (size_t)job->n_images);
     s->busy = true;
     s->last_use = ++e->use_clock;
     s->n_tokens = keep;

@@ -89,9 +89,12 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     e->n_slots = e->fw.n_seq;
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     for (int i = 0; e->slots && i < e->n_slots; i++)
-        if (!(e->slots[i].tokens = malloc(sizeof(int) * (size_t)e->n_ctx))) {
-            for (int j = 0; j < i; j++)
+        if (!(e->slots[i].tokens = malloc(sizeof(int) * (size_t)e->n_ctx)) ||
+            !(e->slots[i].img = malloc(sizeof(struct row_image) * ENGINE_MAX_IMAGES))) {
+            for (int j = 0; j <= i; j++) {
                 free(e->slots[j].tokens);
+                free(e->slots[j].img);
+            }
             free(e->slots);
             e->slots = NULL;
         }
@@ -143,8 +146,10 @@ int engine_size_caches(struct engine *e)
 
 void engine_free(struct engine *e)
 {
-    for (int i = 0; e->slots && i < e->n_slots; i++)
+    for (int i = 0; e->slots && i < e->n_slots; i++) {
         free(e->slots[i].tokens);
+        free(e->slots[i].img);
+    }
     free(e->slots);
     kv_park_free(&e->park);
     forward_free(&e->fw);
@@ -184,13 +189,6 @@ static int append_text(struct engine *e, const char *text, size_t len, const vol
 int engine_prompt_tokens(struct engine *e, const struct gen_job *job, int **ids_out, int *n_out, int *img_at)
 {
     if (!job->messages && job->prompt_ids) { /* token ids as given, no BOS added */
-        *ids_out = malloc(sizeof(int) * (size_t)(job->n_prompt_ids + 1));
-        if (!*ids_out) return TIDE_ENOMEM;
-        memcpy(*ids_out, job->prompt_ids, sizeof(int) * (size_t)job->n_prompt_ids);
-        *n_out = job->n_prompt_ids;
-        return 0;
-    }
-    if (!job->messages && job->prompt_ids) {
         *ids_out = malloc(sizeof(int) * (size_t)(job->n_prompt_ids + 1));
         if (!*ids_out) return TIDE_ENOMEM;
         memcpy(*ids_out, job->prompt_ids, sizeof(int) * (size_t)job->n_prompt_ids);

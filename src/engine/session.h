@@ -28,6 +28,8 @@ struct engine_options {
 struct kv_slot {
     int *tokens;        /* (n_ctx) token of each row held (-1: an image row) */
     int n_tokens;       /* rows held and known */
+    struct row_image *img; /* (ENGINE_MAX_IMAGES) the images among the rows, keyed (prompt_rows.h) */
+    int n_img;
     bool busy;          /* a running sequence owns it */
     uint64_t last_use;
 };
@@ -61,6 +63,8 @@ enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
 struct gen_image {
     const float *embd;  /* (n_tokens, n_embd) */
     int n_tokens;
+    bool keyed;         /* key set: the image's rows may be reused from a slot or host RAM */
+    uint8_t key[ROW_IMAGE_KEY_BYTES]; /* content hash of the image's bytes */
 };
 
 struct gen_job {

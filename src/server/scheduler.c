@@ -14,6 +14,7 @@
 #include "server/runtime.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "vision/content_hash.h"
 #include "vision/vision.h"
 
 #include <math.h>
@@ -154,6 +155,8 @@ static void run_controls(struct runtime *rt)
     }
 }
 
+_Static_assert(CONTENT_HASH_SIZE == ROW_IMAGE_KEY_BYTES, "an image row's key is the content hash");
+
 /* An admitted job's images: the encoder made ready (hand-back, load) unless every image is in
  * the embedding cache, then each one embedded. */
 static int embed_images(struct runtime *rt, struct job *j, struct gen_job *gj, char *err, size_t errlen)
@@ -172,7 +175,10 @@ static int embed_images(struct runtime *rt, struct job *j, struct gen_job *gj, c
         int rc = vision_embed(v, im.bytes[i], im.len[i], &im.img[i], &im.embd[i], &nt, err, errlen);
         if (rc < 0)
             return rc;
-        im.g[i] = (struct gen_image){im.embd[i], nt};
+        im.g[i] = (struct gen_image){.embd = im.embd[i], .n_tokens = nt, .keyed = true};
+        /* the image's rows are reused from a slot or host RAM only for the same bytes
+         * (prompt_rows.h); a SHA-256, as the embedding cache keys them */
+        content_hash(im.bytes[i], im.len[i], im.g[i].key);
     }
     vision_touch(v); /* the idle timer counts from the end of the encode */
     gj->images = im.g;

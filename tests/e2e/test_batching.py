@@ -14,7 +14,9 @@ what a client sees when requests run together:
     from host RAM (cached_tokens, the same greedy text as its first reply; /metrics and /v1/vram
     count it); without a budget (kv_host_mib 0) it is computed again; a budget the host cannot
     hold stops start-up with the numbers;
- 5. vision under load: an image request arrives while 8 text streams run on a CPU device with a
+ 5. image prefix: an image's rows are reused for the same image bytes at the same place (a second
+    ask, a follow-up turn), with the same text, and never for another image of the same size;
+ 6. vision under load: an image request arrives while 8 text streams run on a CPU device with a
     memory budget (64 MiB: 38 free, the encoder's reserve 41): the caches hand slots back to the encoder at a step boundary and regrow to the
     same count after idle_s; the 8 streams' texts are unchanged, and none errs.
 Usage: tests/e2e/test_batching.py   (env: TIDE_BIN). Prints "N passed, N failed".
@@ -263,6 +265,56 @@ def parking():
               "kv_host_mib 16777216 MiB does not fit" in str(e) and "MiB of RAM" in str(e), str(e)[-300:])
 
 
+def png_bytes(rgb, size=32):
+    """A solid-colour PNG (zlib and struct only)."""
+    import struct
+    import zlib
+    raw = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def image_prefix():
+    def ask(png, text, history=()):
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": text}]}] + list(history)
+        return {"messages": msgs, "max_tokens": 12, "temperature": 0}
+    red, blue = png_bytes((200, 30, 30)), png_bytes((30, 30, 200))
+    d = Daemon({"mmproj": MMPROJ, "parallel": 1, "kv_host_mib": 64})
+    try:
+        first = d.post("/v1/chat/completions", ask(red, "What colour is this?"))
+        again = d.post("/v1/chat/completions", ask(red, "What colour is this?"))
+        pt = again["usage"]["prompt_tokens"]
+        ca = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        same = first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+        check("image prefix: the same image again reuses its rows, same text", ca == pt - 1 and same,
+              "cached %d of %d, same %s" % (ca, pt, same))
+        other = d.post("/v1/chat/completions", ask(blue, "What colour is this?"))
+        co = other["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("image prefix: another image of the same size is not reused", co < pt // 2,
+              "cached %d of %d" % (co, other["usage"]["prompt_tokens"]))
+        reply = first["choices"][0]["message"]["content"]
+        turn = d.post("/v1/chat/completions", ask(red, "What colour is this?", [
+            {"role": "assistant", "content": reply}, {"role": "user", "content": "Are you sure?"}]))
+        ct = turn["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("image prefix: a follow-up turn about the same image reuses the first turn's rows (parked, restored)",
+              ct >= pt - 1, "cached %d, first turn's prompt %d" % (ct, pt))
+        fresh = Daemon({"mmproj": MMPROJ, "parallel": 1, "kv_host_mib": 0})
+        try:
+            solo = fresh.post("/v1/chat/completions", ask(red, "What colour is this?", [
+                {"role": "assistant", "content": reply}, {"role": "user", "content": "Are you sure?"}]))
+        finally:
+            fresh.stop()
+        check("image prefix: the follow-up's text equals a fresh daemon's",
+              solo["choices"][0]["message"]["content"] == turn["choices"][0]["message"]["content"]
+              and solo["usage"]["prompt_tokens_details"]["cached_tokens"] == 0)
+    finally:
+        check("daemon exits 0 on SIGTERM", d.stop() == 0)
+
+
 def slots(v):
     return v["totals"]["expert_slots"]
 
@@ -324,6 +376,7 @@ def main():
     finally:
         check("daemon exits 0 on SIGTERM", d.stop() == 0)
     parking()
+    image_prefix()
     vision_under_load()
     npass = sum(results)
     print("%d passed, %d failed" % (npass, len(results) - npass))

@@ -52,6 +52,19 @@ static void tokens(int *ids, int n, int seed)
         ids[i] = (int)((7u * (unsigned)seed + 11u * (unsigned)i + 1u) % m.cfg.n_vocab);
 }
 
+/* rows of token ids only (an -1 among them is an image row without a key) */
+static int save(struct kv_park *p, int slot, const int *ids, int n)
+{
+    struct prompt_rows r = {ids, n, NULL, 0};
+    return kv_park_save(p, &f, slot, &r);
+}
+
+static int find(const struct kv_park *p, const int *ids, int limit, int *len)
+{
+    struct prompt_rows q = {ids, limit, NULL, 0};
+    return kv_park_find(p, &q, limit, len);
+}
+
 TestSuite(kv_park, .init = setup, .fini = teardown);
 
 Test(kv_park, restored_rows_are_the_parked_bytes)
@@ -65,10 +78,10 @@ Test(kv_park, restored_rows_are_the_parked_bytes)
     fill(0, a, 40);
     float *want = malloc(40 * rb), *got = malloc(40 * rb);
     cr_assert_eq(forward_kv_copy(&f, 0, 40, want, 40, true), 0);
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 40), 0);
+    cr_assert_eq(save(&p, 0, a, 40), 0);
     cr_assert_eq(p.n, 1);
     fill(0, b, 40); /* the slot now holds another prompt */
-    int len, i = kv_park_find(&p, a, 39, &len);
+    int len, i = find(&p, a, 39, &len);
     cr_assert(i == 0 && len == 39, "found %d, %d rows", i, len);
     /* all 40 rows into slot 1: the same bytes */
     cr_assert_eq(kv_park_restore(&p, &f, 0, 1, 40), 0);
@@ -100,40 +113,61 @@ Test(kv_park, budget_lru_extension_and_limits)
     tokens(b, 40, 2);
     tokens(c, 40, 3);
     fill(0, a, 60);
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 30), 0); /* a's first 30 */
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 60), 0); /* extends it: replaces it */
+    cr_assert_eq(save(&p, 0, a, 30), 0); /* a's first 30 */
+    cr_assert_eq(save(&p, 0, a, 60), 0); /* extends it: replaces it */
     cr_assert_eq(p.n, 1);
     cr_assert_eq(p.used, 60 * rb);
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 50), 0); /* already held in full: nothing new */
+    cr_assert_eq(save(&p, 0, a, 50), 0); /* already held in full: nothing new */
     cr_assert_eq(p.n, 1);
     fill(1, b, 40);
-    cr_assert_eq(kv_park_save(&p, &f, 1, b, 40), 0); /* 100 positions: full */
+    cr_assert_eq(save(&p, 1, b, 40), 0); /* 100 positions: full */
     cr_assert_eq(p.n, 2);
     int len;
-    kv_park_find(&p, a, 59, &len); /* a is now the more recent: c evicts b */
+    find(&p, a, 59, &len); /* a is now the more recent: c evicts b */
     cr_assert_eq(kv_park_restore(&p, &f, 0, 2, len), 0);
     fill(1, c, 40);
-    cr_assert_eq(kv_park_save(&p, &f, 1, c, 40), 0);
+    cr_assert_eq(save(&p, 1, c, 40), 0);
     cr_assert_eq(p.n, 2);
     cr_assert_eq(p.n_evicted, 1);
-    cr_assert(kv_park_find(&p, b, 39, &len) < 0 || len == 0, "b should have been evicted (len %d)", len);
-    cr_assert(kv_park_find(&p, a, 59, &len) >= 0 && len == 59);
+    cr_assert(find(&p, b, 39, &len) < 0 || len == 0, "b should have been evicted (len %d)", len);
+    cr_assert(find(&p, a, 59, &len) >= 0 && len == 59);
     cr_assert(p.used <= p.budget);
     /* too few rows, or image rows from the start: not parked */
-    cr_assert_eq(kv_park_save(&p, &f, 1, c + 30, 10), 0);
+    cr_assert_eq(save(&p, 1, c + 30, 10), 0);
     memcpy(img, c, sizeof img);
     img[5] = -1;
-    kv_park_save(&p, &f, 1, img, 40); /* 5 rows before the image: under the minimum */
+    save(&p, 1, img, 40); /* 5 rows before the image: under the minimum */
     cr_assert_eq(p.n, 2);
     /* a conversation longer than the whole budget keeps its first positions, as many as fit */
     kv_park_free(&p);
     kv_park_init(&p, 20 * rb, rb);
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 60), 0);
+    cr_assert_eq(save(&p, 0, a, 60), 0);
     cr_assert(p.n == 1 && p.e[0].n == 20 && p.used == 20 * rb);
     kv_park_free(&p);
+    /* image rows with their key are parked, and match the same image at the same place only */
+    kv_park_free(&p);
+    kv_park_init(&p, 100 * rb, rb);
+    int v[40];
+    tokens(v, 40, 4);
+    for (int k = 10; k < 30; k++)
+        v[k] = -1;
+    struct row_image im = {.at = 10, .n = 20, .keyed = true};
+    memset(im.key, 7, sizeof im.key);
+    struct prompt_rows vr = {v, 40, &im, 1};
+    cr_assert_eq(kv_park_save(&p, &f, 0, &vr), 0);
+    cr_assert(p.n == 1 && p.e[0].n == 40 && p.e[0].n_img == 1);
+    cr_assert(kv_park_find(&p, &vr, 39, &len) == 0 && len == 39);
+    struct row_image other = im;
+    other.key[31] ^= 1; /* another image of the same size */
+    struct prompt_rows wr = {v, 40, &other, 1};
+    cr_assert(kv_park_find(&p, &wr, 39, &len) == 0 && len == 10, "len %d", len);
+    struct row_image moved = im;
+    moved.at = 11; /* the same image one row later: its rows are other rows */
+    struct prompt_rows mr = {v, 40, &moved, 1};
+    cr_assert(kv_park_find(&p, &mr, 39, &len) == 0 && len == 10, "len %d", len);
     /* budget 0: off */
     kv_park_init(&p, 0, rb);
-    cr_assert_eq(kv_park_save(&p, &f, 0, a, 60), 0);
+    cr_assert_eq(save(&p, 0, a, 60), 0);
     cr_assert_eq(p.n, 0);
     kv_park_free(&p);
 }
