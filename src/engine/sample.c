@@ -91,6 +91,11 @@ void sampler_free(struct sampler *s)
     s->idx = NULL;
 }
 
+double sampler_next_uniform(struct sampler *s)
+{
+    return rng_uniform(&s->rng);
+}
+
 void sampler_accept(struct sampler *s, int id)
 {
     if (id >= 0 && (uint32_t)id < s->n_vocab) {

@@ -69,6 +69,9 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp);
 /* The greedy choice: the index of the largest of v[0..n), ties to the lowest index (a NaN is
  * never chosen, unless at index 0, which nothing then replaces). backend_i.argmax matches it. */
 int sampler_argmax(const float *v, int n);
+/* The next uniform in [0, 1) of the sampler's seeded RNG, as sampler_sample takes one for each
+ * temperature draw: the u of a draw made elsewhere (backend_i.sample), so a seed still decides it. */
+double sampler_next_uniform(struct sampler *s);
 /* Tell the sampler a token was emitted (for penalties). */
 void sampler_accept(struct sampler *s, int id);
 /* The prompt's tokens, for repetition_penalty (negative ids, image positions, are skipped).
