@@ -1,8 +1,8 @@
 /* sample_rows.c - backend_i.sample on the host: a draw from each row of logits with its own
  * temperature, top_k, top_p, min_p and uniform u, by the definition in backend.h.
  *
- * This is the CPU backend's slot and the reference the CUDA form (cuda/sample.cu) is tested
- * against, so it follows the definition step by step rather than the fastest route: the
+ * This is the CPU backend's slot, the host sampler's temperature draw (sample.c) and the
+ * reference the CUDA form (cuda/sample.cu) is tested against, so it follows the definition step by step rather than the fastest route: the
  * candidates in id order, top_k's and top_p's thresholds found by a three-way quickselect on a
  * copy (linear on average, no sort), then one walk in id order. Weights are integers (units of
  * 2^-44 of the best token's), so every sum is exact and the order of the additions, which
@@ -33,10 +33,12 @@ static bool as_candidate(float v, float *x)
     return true;
 }
 
-/* The softmax numerator exp((x - m) / t) in units of 2^-44: m itself weighs exactly 2^44. */
+/* The softmax numerator exp((x - m) / t) in units of 2^-44: m itself weighs exactly 2^44. Below
+ * d = -32, exp(d) * 2^44 < 0.23 rounds to 0 whatever the last bit of exp(): no call. */
 static uint64_t weight(float x, float m, float t)
 {
-    return (uint64_t)rint(exp(((double)x - (double)m) / (double)t) * SAMPLE_W_ONE);
+    double d = ((double)x - (double)m) / (double)t;
+    return d < -32.0 ? 0 : (uint64_t)rint(exp(d) * SAMPLE_W_ONE);
 }
 
 static void swap_cand(struct cand *a, struct cand *b)
@@ -145,15 +147,26 @@ static int32_t sample_one(const float *l, int n_vocab, const struct sample_row *
     return c[n - 1].id; /* not reached: acc ends at s > r */
 }
 
+size_t sample_row_scratch_bytes(int n_vocab)
+{
+    return 2 * sizeof(struct cand) * (size_t)(n_vocab > 0 ? n_vocab : 1);
+}
+
+int32_t sample_row_draw(const float *logits, int n_vocab, const struct sample_row *p, void *scratch)
+{
+    struct cand *c = scratch;
+    return n_vocab > 0 ? sample_one(logits, n_vocab, p, c, c + n_vocab) : 0;
+}
+
 int sample_rows(const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out)
 {
     if (n <= 0 || n_vocab <= 0)
         return 0;
-    struct cand *c = malloc(2 * sizeof(*c) * (size_t)n_vocab);
-    if (!c)
+    void *scratch = malloc(sample_row_scratch_bytes(n_vocab));
+    if (!scratch)
         return TIDE_ENOMEM;
     for (int i = 0; i < n; i++)
-        out[i] = sample_one(logits + (size_t)i * n_vocab, n_vocab, &rows[i], c, c + n_vocab);
-    free(c);
+        out[i] = sample_row_draw(logits + (size_t)i * n_vocab, n_vocab, &rows[i], scratch);
+    free(scratch);
     return 0;
 }

@@ -48,11 +48,12 @@ __device__ __forceinline__ float key_value(uint32_t key)
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-/* sample_rows.c's weight(): the same double arithmetic, term by term */
+/* sample_rows.c's weight(): the same double arithmetic, term by term (below -32 the weight
+ * rounds to 0 whatever exp() gives) */
 __device__ __forceinline__ uint64_t weight(float x, float m, float t)
 {
     double d = ((double)x - (double)m) / (double)t;
-    return (uint64_t)rint(exp(d) * W_ONE);
+    return d < -32.0 ? 0 : (uint64_t)rint(exp(d) * W_ONE);
 }
 
 /* Block-wide sum / max, the result in every thread. sh: 33 words of shared memory. */
