@@ -4,11 +4,12 @@
  * text on its way out. engine_step runs one forward over every running sequence: each one's
  * decode token, then prompt chunks (chunked prefill) in admission order up to the step's row
  * budget, so a long prompt never stalls the streams. After the forward each sequence with
- * logits samples its next token and hands complete UTF-8 text to its job's callback, never past
- * a stop string: bytes that could still start a stop string are held back until they cannot.
+ * logits samples its next token (or takes the one its backend picked or drew: argmax,
+ * backend_i.sample) and hands complete UTF-8 text to its job's callback, never past a stop
+ * string: bytes that could still start a stop string are held back until they cannot.
  *
- * A sequence's rows do not depend on what else runs in its step (forward_eval_batch), so its
- * greedy output is the one it gets alone. */
+ * A sequence's rows do not depend on what else runs in its step (forward_eval_batch), nor does
+ * where its token is drawn, so its output for a seed is the one it gets alone. */
 #include "session.h"
 #include "json_guard.h"
 
