@@ -99,8 +99,9 @@ static bool wants_logits(const struct sampling_params *sp)
  * brings back one int a step instead of the logits): temperature sampling with nothing else that
  * reads the logits (no penalty, bias, mask, logprobs: sampler_needs_logits), one choice (the
  * later ones start from the prompt's logits on the host), and a backend with the slot. The
- * choice depends on the request and the backend only, never on what shares a step, so a seed
- * gives the same reply alone or batched. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
+ * host sampler draws by the same definition from the same u (sample_rows.c), so this decides
+ * where a token is drawn, not which; and it depends on the request and the backend only, never
+ * on what shares a step. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
 static bool draws_on_device(const struct engine *e, const struct sampling_params *sp, int n_choices)
 {
     const char *hs = getenv("TIDE_HOST_SAMPLE");
