@@ -9,6 +9,15 @@
 
 #include "model.h"
 
+/* One row's parameters for backend_i.sample (a host array, one entry per row). */
+struct sample_row {
+    float temperature;   /* > 0 (a row with !(temperature > 0) is drawn as at FLT_MIN: its top logits only) */
+    int top_k;           /* <= 0: off */
+    float top_p;         /* off unless 0 < top_p < 1 */
+    float min_p;         /* <= 0: off */
+    double u;            /* uniform in [0, 1), drawn by the host from the sequence's seeded RNG */
+};
+
 /* One layer's (token, choice) pairs of a prefill chunk, grouped by expert (backend_i.moe_ffn_batch):
  * n tokens of k choices each are n * k pairs, sorted by expert; group g (one expert, ex[g]) owns
  * pairs [off[g], off[g+1]) (at least one). Pair p is token tok[p] with weight w[p]; every token
@@ -204,6 +213,31 @@ struct backend_i {
      * (sampler_argmax: ties to the lowest index, NaN never chosen unless at index 0, where it
      * is never replaced), so a greedy step brings back one int instead of the logits. */
     void (*argmax)(void *ctx, const float *x, int n, int32_t *out);
+    /* A sampled draw from each of n rows of logits, on the device, so that a sampled decode step
+     * brings back one int a row: logits (n, n_vocab) and out (n int32) in backend memory, rows[n]
+     * a host array. The CPU form (sample_rows.c, also the reference) and the CUDA form
+     * (cuda/sample.cu) agree exactly on this definition, per row:
+     *  1. Candidates: every id whose logit is not NaN and not -inf (neither is ever drawn); +inf
+     *     reads as FLT_MAX and -0 as +0. No candidate: out = 0.
+     *  2. m = the largest candidate logit. Each candidate's weight is an integer,
+     *     W = (uint64_t)rint(exp(((double)x - (double)m) / (double)temperature) * 0x1p44)
+     *     (the softmax's numerator in units of 2^-44 of the largest, which has W = 2^44): every sum
+     *     below is an exact integer sum, the same in any order, and so the same on every backend
+     *     (a token of probability under ~2^-45 of the best's has W = 0 and is never drawn).
+     *  3. top_k (0 < top_k < candidates): keep logits >= the top_k-th largest candidate logit
+     *     (counted with repeats: every tie of the threshold is kept, so more than top_k may stay).
+     *  4. top_p (0 < top_p < 1), over the kept set K of mass S1 = sum of its W: keep logits >= the
+     *     largest kept logit v such that M(v) = the sum of W over kept logits >= v satisfies
+     *     (double)M(v) >= (double)top_p * (double)S1 (all ties of v kept).
+     *  5. min_p (> 0): keep only W with (double)W >= (double)min_p * 0x1p44 (p >= min_p * p_max).
+     *  6. The draw: S = the sum of W kept, r = (uint64_t)(u * (double)S) (u < 0 or NaN reads as 0;
+     *     r capped at S - 1); walking the kept ids in ascending id order adding W, the first id
+     *     whose running sum exceeds r.
+     * Reproducible: the same rows and u give the same ids on a backend (no atomics, no order
+     * that depends on timing); across backends only a libm exp() that differs in the last bit
+     * can move a W by one unit (draws near a boundary, about 1e-12 of them). n_vocab <= 2^19, so
+     * that S fits 63 bits. NULL: no such form. */
+    void (*sample)(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out);
 };
 
 /* attention_full's ws: four (P, head_dim) head buffers and the (P, P) score table, each

@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "route.h"
 #include "sample.h"
+#include "sample_rows.h"
 #include "backend_cpu_vision.h"
 #include "cpu_quant.h"
 
@@ -704,6 +705,18 @@ static void cpu_argmax(void *ctx, const float *x, int n, int32_t *out)
     out[0] = n > 0 ? sampler_argmax(x, n) : 0;
 }
 
+/* Out of memory for the candidates' scratch: each row's greedy token (a valid, likely one)
+ * rather than nothing, and a line in the log. */
+static void cpu_sample(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out)
+{
+    (void)ctx;
+    if (sample_rows(logits, n, n_vocab, rows, out) == 0)
+        return;
+    tide_log("sample: out of memory for %d rows of %d logits; the greedy token is taken", n, n_vocab);
+    for (int i = 0; i < n; i++)
+        out[i] = sampler_argmax(logits + (size_t)i * n_vocab, n_vocab);
+}
+
 static const struct backend_i cpu_iface = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -735,6 +748,7 @@ static const struct backend_i cpu_iface = {
     .attention_full = cpu_attention_full,
     .matmul_scratch = NULL, /* its quantised x is host memory */
     .argmax = cpu_argmax,
+    .sample = cpu_sample, /* sample_rows.c */
 };
 
 void backend_cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)

@@ -158,9 +158,12 @@ struct forward_seq {
     const float *embd;   /* (n, n_embd) input embeddings in host memory (an image's rows) */
     bool want_logits;    /* the logits of its last row are wanted */
     bool pick_only;      /* ... only their greedy choice: made on the device where it can be */
+    const struct sample_row *draw; /* ... only a draw with these parameters (u included), made by the
+                                      last stage's backend_i.sample: set only where it has that slot */
     /* out, when want_logits: */
     const float *logits; /* (n_vocab) host, valid until the next step; NULL when only pick was made */
-    int pick;            /* the greedy choice (sampler_argmax's rule) when pick_only, else -1 */
+    int pick;            /* the greedy choice (sampler_argmax's rule) when pick_only, the draw when draw,
+                            else -1 */
 };
 /* One step over n_seq sequences (distinct slots): every product runs once over all their rows,
  * attention per sequence over its own slot. Each row's result is what it would be in a step of

@@ -440,8 +440,11 @@ static int stage_step(struct forward_state *s, struct forward_stage *st, const s
     return rc;
 }
 
-/* The logits (or greedy picks) of the runs that want them: their last rows gathered, normed and
- * multiplied by the output head in one product, then downloaded (picks: one int a row). */
+/* The logits (or greedy picks, or draws) of the runs that want them: their last rows gathered,
+ * normed and multiplied by the output head in one product. A row with a draw is sampled on the
+ * backend (backend_i.sample, runs of such rows in one op each) whatever the other rows need, so
+ * that its token does not depend on what shares its step; greedy rows pick on the backend when
+ * no row needs its logits. Then one int a row comes back, and the logits only if a row needs them. */
 static void step_logits(struct forward_state *s, struct forward_stage *st, const struct run *rn, int nr,
                         struct forward_seq *seqs)
 {
@@ -450,12 +453,14 @@ static void step_logits(struct forward_state *s, struct forward_stage *st, const
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, V = (int)c->n_vocab;
     int rows[FORWARD_MAX_SEQ], who[FORWARD_MAX_SEQ], m = 0;
-    bool picks = B->argmax != NULL;
+    bool drawn[FORWARD_MAX_SEQ], host = false; /* host: a row needs its logits on the host */
     for (int r = 0; r < nr; r++)
         if (rn[r].out >= 0) {
+            const struct forward_seq *q = &seqs[rn[r].out];
             rows[m] = rn[r].t0 + rn[r].n - 1;
+            drawn[m] = q->draw && B->sample;
+            host = host || !(drawn[m] || (q->pick_only && B->argmax));
             who[m++] = rn[r].out;
-            picks = picks && seqs[rn[r].out].pick_only;
         }
     if (!m)
         return;
@@ -467,17 +472,32 @@ static void step_logits(struct forward_state *s, struct forward_stage *st, const
     B->rmsnorm(bc, xl, &st->output_norm, st->xb, E, m, c->rms_eps);
     B->matmul(bc, &st->output, st->xb, st->logits, m);
     int32_t *pick = (int32_t *)(st->logits + (size_t)s->n_seq * V), ids[FORWARD_MAX_SEQ];
-    if (picks) {
-        for (int i = 0; i < m; i++)
-            B->argmax(bc, st->logits + (size_t)i * V, V, pick + i);
-        B->download(bc, ids, pick, sizeof(int32_t) * (size_t)m);
-    } else {
-        B->download(bc, s->logits, st->logits, sizeof(float) * (size_t)m * V);
+    struct sample_row par[FORWARD_MAX_SEQ];
+    bool on_device = false; /* ids[] has something to bring back */
+    for (int i = 0; i < m;) {
+        if (!drawn[i]) {
+            if (!host && seqs[who[i]].pick_only) {
+                B->argmax(bc, st->logits + (size_t)i * V, V, pick + i);
+                on_device = true;
+            }
+            i++;
+            continue;
+        }
+        int j = i;
+        for (; j < m && drawn[j]; j++)
+            par[j] = *seqs[who[j]].draw;
+        B->sample(bc, st->logits + (size_t)i * V, j - i, V, par + i, pick + i);
+        on_device = true;
+        i = j;
     }
+    if (on_device)
+        B->download(bc, ids, pick, sizeof(int32_t) * (size_t)m);
+    if (host)
+        B->download(bc, s->logits, st->logits, sizeof(float) * (size_t)m * V);
     for (int i = 0; i < m; i++) {
         struct forward_seq *q = &seqs[who[i]];
-        q->logits = picks ? NULL : s->logits + (size_t)i * V;
-        q->pick = picks ? ids[i] : q->pick_only ? sampler_argmax(q->logits, V) : -1;
+        q->logits = host && !drawn[i] ? s->logits + (size_t)i * V : NULL;
+        q->pick = drawn[i] || (q->pick_only && !host) ? ids[i] : q->pick_only ? sampler_argmax(q->logits, V) : -1;
     }
 }
 

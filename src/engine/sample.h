@@ -4,9 +4,10 @@
  * json_schema) and the end-of-generation ban (ignore_eos, min_tokens) set logits to -inf.
  *
  * Order: logit_bias -> repetition_penalty (prompt and generated tokens) -> presence/frequency
- * penalties (generated tokens) -> temperature 0 means
- * greedy (argmax, ties to the lowest id) -> top_k -> softmax with temperature -> top_p ->
- * min_p -> draw with a seeded xorshift RNG (same seed, same output). */
+ * penalties (generated tokens) -> temperature 0 means greedy (argmax, ties to the lowest id);
+ * else the draw of backend_i.sample's definition (backend.h: top_k -> softmax with temperature
+ * -> top_p -> min_p -> a walk in id order) with u from a seeded xorshift RNG (same seed, same
+ * output), so a request draws the same token whether its backend or this sampler draws. */
 #ifndef TIDE_SAMPLE_H
 #define TIDE_SAMPLE_H
 
@@ -46,16 +47,12 @@ struct token_logprob {
     float top_logprobs[SAMPLE_MAX_TOP_LOGPROBS];
 };
 
-struct vi;
-
 struct sampler {
     struct sampling_params p;
     uint64_t rng;
     uint32_t n_vocab;
     int *counts;              /* (n_vocab) times each token was generated */
-    int *idx;                 /* (n_vocab) scratch */
-    struct vi *cand;          /* (n_vocab) candidates (value, id, probability), sample.c's */
-    float *expo;              /* (n_vocab) scratch: the softmax's exponentials by id */
+    void *draw_scratch;       /* sample_row_draw's (sample_rows.h) */
     uint8_t *seen;            /* (n_vocab) in the prompt or generated: repetition_penalty */
 };
 
@@ -69,6 +66,9 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp);
 /* The greedy choice: the index of the largest of v[0..n), ties to the lowest index (a NaN is
  * never chosen, unless at index 0, which nothing then replaces). backend_i.argmax matches it. */
 int sampler_argmax(const float *v, int n);
+/* The next uniform in [0, 1) of the sampler's seeded RNG, as sampler_sample takes one for each
+ * temperature draw: the u of a draw made elsewhere (backend_i.sample), so a seed still decides it. */
+double sampler_next_uniform(struct sampler *s);
 /* Tell the sampler a token was emitted (for penalties). */
 void sampler_accept(struct sampler *s, int id);
 /* The prompt's tokens, for repetition_penalty (negative ids, image positions, are skipped).

@@ -4,11 +4,12 @@
  * text on its way out. engine_step runs one forward over every running sequence: each one's
  * decode token, then prompt chunks (chunked prefill) in admission order up to the step's row
  * budget, so a long prompt never stalls the streams. After the forward each sequence with
- * logits samples its next token and hands complete UTF-8 text to its job's callback, never past
- * a stop string: bytes that could still start a stop string are held back until they cannot.
+ * logits samples its next token (or takes the one its backend picked or drew: argmax,
+ * backend_i.sample) and hands complete UTF-8 text to its job's callback, never past a stop
+ * string: bytes that could still start a stop string are held back until they cannot.
  *
- * A sequence's rows do not depend on what else runs in its step (forward_eval_batch), so its
- * greedy output is the one it gets alone. */
+ * A sequence's rows do not depend on what else runs in its step (forward_eval_batch), nor does
+ * where its token is drawn, so its output for a seed is the one it gets alone. */
 #include "session.h"
 #include "json_guard.h"
 
@@ -33,6 +34,8 @@ struct engine_seq {
     const char *stops[SEQ_MAX_STOPS];
     int n_stop;
     bool pick_only;          /* greedy with nothing that needs the logits: the pick is made on the device */
+    bool draw_on_device;     /* sampled with nothing else that needs the logits: drawn by backend_i.sample */
+    struct sample_row draw;  /* its parameters; u drawn from smp for each step that brings logits */
     float *prompt_logits;    /* (2, n_vocab) for the choices after the first (n > 1), else NULL: the
                                 prompt's logits, then a copy a choice's first draw may change */
     /* the choice being generated */
@@ -101,6 +104,24 @@ static bool wants_logits(const struct sampling_params *sp)
 {
     const char *ha = getenv("TIDE_HOST_ARGMAX");
     return sp->temperature > 0.0f || sampler_needs_logits(sp) || (ha && ha[0] == '1');
+}
+
+/* Whether a sequence's draws can be made by the last stage's backend (backend_i.sample, which
+ * brings back one int a step instead of the logits): temperature sampling with nothing else that
+ * reads the logits (no penalty, bias, mask, logprobs: sampler_needs_logits), one choice (the
+ * later ones start from the prompt's logits on the host), and a backend with the slot. The
+ * host sampler draws by the same definition from the same u (sample_rows.c), so this decides
+ * where a token is drawn, not which; and it depends on the request and the backend only, never
+ * on what shares a step. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
+static bool draws_on_device(const struct engine *e, const struct sampling_params *sp, int n_choices)
+{
+    const char *hs = getenv("TIDE_HOST_SAMPLE"), *ds = getenv("TIDE_DEVICE_SAMPLE");
+    const struct backend_i *B = e->fw.n_stage > 0 ? e->fw.stage[e->fw.n_stage - 1].be.i : NULL;
+    /* The CUDA form (cuda/sample.cu) was written without a GPU to run it on: until test-gpu's
+     * `sample` test has passed on one, it draws only with TIDE_DEVICE_SAMPLE=1 */
+    bool cuda_ok = B && (strcmp(B->name, "cuda") != 0 || (ds && ds[0] == '1'));
+    return sp->temperature > 0.0f && !sampler_needs_logits(sp) && n_choices == 1 && B && B->sample && cuda_ok &&
+           !(hs && hs[0] == '1');
 }
 
 /* Set up choice c: its sampler seeded seed + c, empty text. */
@@ -217,6 +238,9 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     }
     if (q->n_choices > 1)
         q->pick_only = false; /* the later choices start from the prompt's logits */
+    q->draw_on_device = draws_on_device(e, &job->sp, q->n_choices);
+    q->draw = (struct sample_row){.temperature = job->sp.temperature, .top_k = job->sp.top_k,
+                                  .top_p = job->sp.top_p, .min_p = job->sp.min_p};
     rc = begin_choice(q, e->model.cfg.n_vocab);
     if (rc < 0)
         goto fail;
@@ -440,6 +464,10 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
             if (q->done || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
                 continue;
             int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
+            if (k > 0 && fs[nf].want_logits && q->draw_on_device) { /* one u a draw, as the host sampler */
+                q->draw.u = sampler_next_uniform(&q->smp);
+                fs[nf].draw = &q->draw;
+            }
             if (k > 0) {
                 in[nf++] = q;
                 rows += k;

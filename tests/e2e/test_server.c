@@ -235,6 +235,26 @@ Test(server, seed_reproducible)
     cJSON_Delete(ja); cJSON_Delete(jb); free(a); free(b);
 }
 
+/* A sampled request is drawn on the backend (backend_i.sample) unless something needs the logits
+ * on the host, as logprobs do; both draw by one definition from the seed's stream, so asking for
+ * logprobs (or top_p / top_k / min_p cuts) does not change the text a seed gives. */
+Test(server, seed_text_same_with_logprobs)
+{
+    static const char *cuts[] = {"", ",\"top_p\":0.9", ",\"top_k\":20,\"min_p\":0.05"};
+    for (int c = 0; c < 3; c++) {
+        char plain[512], with_lp[512], *a, *b;
+        snprintf(plain, sizeof plain, "{" HELLO ",\"max_tokens\":24,\"temperature\":1,\"seed\":%d%s}", 11 + c, cuts[c]);
+        snprintf(with_lp, sizeof with_lp, "{" HELLO ",\"max_tokens\":24,\"temperature\":1,\"seed\":%d%s,\"logprobs\":true}",
+                 11 + c, cuts[c]);
+        chat(plain, &a);
+        chat(with_lp, &b);
+        cJSON *ja = parse(a), *jb = parse(b);
+        cr_expect_str_eq(content_of(ja), content_of(jb), "cuts %d: without logprobs %s, with %s", c, content_of(ja),
+                         content_of(jb));
+        cJSON_Delete(ja); cJSON_Delete(jb); free(a); free(b);
+    }
+}
+
 Test(server, completions_shape)
 {
     char *b;

@@ -5,7 +5,8 @@
  * several KV slots: prompt chunks of uneven sizes beside other sequences' decode rows, a step
  * larger than the buffers (cut by the forward), and decode steps of all three at once. Every
  * logits row the batch produces must equal the lone run's row bit for bit: this is what makes
- * a reply under load identical to the same request alone. */
+ * a reply under load identical to the same request alone. Rows whose draw the backend makes
+ * (forward_seq.draw, backend_i.sample) get the draw of their own logits, whatever shares the step. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "engine/forward.h"
 #include "engine/modelgen.h"
 #include "engine/sample.h"
+#include "engine/sample_rows.h"
 
 #define NSEQ 3
 #define NDEC 5
@@ -145,6 +147,63 @@ Test(batch, rejects_shared_slot_and_overflow)
     struct forward_seq noslot = {.slot = 2, .pos = 0, .n = 1, .tokens = &t};
     cr_assert_eq(forward_eval_batch(&f, &noslot, 1), TIDE_ERANGE, "a slot that does not exist");
     forward_free(&f);
+    backend_cpu_free(&be);
+    model_free(&m);
+    unlink(path);
+}
+
+/* A step of three prompts: one drawn by the backend, one greedy, one wanting its logits; then
+ * the drawn one beside a greedy one only (nothing comes back but ids). The draw is the host
+ * form's on the row's logits alone, and the greedy pick the argmax of its own. */
+Test(batch, backend_draws_are_the_rows_own)
+{
+    char path[96], err[256] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-draw.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 7, .type = -1, .threads = 1};
+    struct modelgen_summary sum;
+    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    int V = (int)m.cfg.n_vocab;
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    int ids[NSEQ][64];
+    float *alone = malloc(sizeof(float) * (size_t)V * NSEQ);
+    for (int s = 0; s < NSEQ; s++) {
+        struct forward_state f;
+        cr_assert_eq(forward_init(&f, &m, be, 64), 0);
+        for (int i = 0; i < plen[s]; i++)
+            ids[s][i] = prompt_tok(s, i, (uint32_t)V);
+        cr_assert_eq(forward_eval(&f, ids[s], plen[s], 0), 0);
+        memcpy(alone + (size_t)s * V, f.logits, sizeof(float) * (size_t)V);
+        forward_free(&f);
+    }
+    struct sample_row draw = {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f, .u = 0.37};
+    for (int round = 0; round < 2; round++) {
+        struct forward_state f;
+        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer};
+        cr_assert_eq(forward_init_stages(&f, &m, 64, NSEQ, 64, &sp, 1), 0);
+        cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
+        struct forward_seq q[NSEQ];
+        for (int s = 0; s < NSEQ; s++)
+            q[s] = (struct forward_seq){.slot = s, .pos = 0, .n = plen[s], .tokens = ids[s], .want_logits = true,
+                                        .pick_only = s == 1, .draw = s == 0 ? &draw : NULL};
+        int n = round == 0 ? NSEQ : 2; /* round 1: no row needs its logits on the host */
+        cr_assert_eq(forward_eval_batch(&f, q, n), 0);
+        int32_t want = -1;
+        cr_assert_eq(sample_rows(alone, 1, V, &draw, &want), 0);
+        cr_expect_eq(q[0].pick, want, "round %d: the backend drew %d, the host form %d", round, q[0].pick, want);
+        cr_expect_null(q[0].logits);
+        cr_expect_eq(q[1].pick, sampler_argmax(alone + V, V), "round %d: greedy pick", round);
+        if (n == NSEQ) {
+            cr_expect_eq(q[2].pick, -1);
+            cr_assert_not_null(q[2].logits);
+            cr_expect_eq(memcmp(q[2].logits, alone + 2 * (size_t)V, sizeof(float) * (size_t)V), 0);
+        }
+        forward_free(&f);
+        draw.u = 0.91;
+    }
+    free(alone);
     backend_cpu_free(&be);
     model_free(&m);
     unlink(path);

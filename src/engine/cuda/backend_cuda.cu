@@ -464,6 +464,13 @@ static void cu_argmax(void *ctx, const float *x, int n, int32_t *out)
         cuda_argmax(c, x, n, out);
 }
 
+static void cu_sample(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_sample(c, logits, n, n_vocab, rows, out);
+}
+
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
@@ -646,6 +653,7 @@ static const struct backend_i cuda_iface = {
     .attention_full = cu_attention_full,
     .matmul_scratch = cu_matmul_scratch,
     .argmax = cu_argmax,
+    .sample = cu_sample,
 };
 
 /* ---- public entry points ---- */

@@ -77,6 +77,9 @@ bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x
                       float eps, float *xn);
 /* backend_i.argmax (argmax.cu): out[0] (device memory) = the greedy choice among x[0..n) */
 void cuda_argmax(struct cuda_ctx *c, const float *x, int n, int32_t *out);
+/* backend_i.sample (sample.cu): out[0..n) (device memory) = a draw from each row of logits */
+void cuda_sample(struct cuda_ctx *c, const float *logits, int n, int n_vocab, const struct sample_row *rows,
+                 int32_t *out);
 /* backend_i.attention_at (attention.cu) */
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
                        int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,

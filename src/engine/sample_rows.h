@@ -1,0 +1,21 @@
+/* sample_rows.h - backend_i.sample on the host: the CPU backend's slot, and the reference the
+ * CUDA form is tested against. The semantics are backend_i.sample's (backend.h). */
+#ifndef TIDE_SAMPLE_ROWS_H
+#define TIDE_SAMPLE_ROWS_H
+
+#include "backend.h"
+
+/* The fixed-point scale of a weight: the largest candidate weighs 2^44. */
+#define SAMPLE_W_ONE 0x1p44
+
+/* Bytes of scratch sample_row_draw needs for a row of n_vocab ids. */
+size_t sample_row_scratch_bytes(int n_vocab);
+/* The draw from one row of n_vocab logits with p, in scratch of sample_row_scratch_bytes: the
+ * host sampler's temperature draw (sample.c) is this, so that a seed draws the same token
+ * whether the backend or the host samples. */
+int32_t sample_row_draw(const float *logits, int n_vocab, const struct sample_row *p, void *scratch);
+/* out[i] = the draw from row i of logits (n, n_vocab) with rows[i]. Returns 0, or TIDE_ENOMEM
+ * (scratch) with out untouched. */
+int sample_rows(const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out);
+
+#endif
