@@ -31,6 +31,9 @@ struct engine_seq {
     int pos;                 /* rows of the slot that hold this sequence (prefill progress, then tokens) */
     int max_new;
     int n_choices, choice;
+    int per;                 /* choices of each prompt (n_choices / prompts) */
+    int **pids, *pn;         /* several prompts (job->n_prompts > 1): each one's tokens; ids is one of them */
+    int n_prompts;
     const char *stops[SEQ_MAX_STOPS];
     int n_stop;
     bool pick_only;          /* greedy with nothing that needs the logits: the pick is made on the device */
@@ -124,6 +127,75 @@ static bool draws_on_device(const struct engine *e, const struct sampling_params
            !(hs && hs[0] == '1');
 }
 
+/* Checks that prompt n (of which the error names `which`, -1: the only one) fits the context with
+ * max_tokens. */
+static int prompt_fits(const struct engine *e, int n, int which, char *err, size_t errlen)
+{
+    char at[32] = "the prompt";
+    if (which >= 0)
+        snprintf(at, sizeof at, "prompt %d", which);
+    if (n == 0 || n >= e->n_ctx) {
+        snprintf(err, errlen, "%s is %d tokens; this server's context is %d tokens", at, n, e->n_ctx);
+        return TIDE_ERANGE;
+    }
+    return 0;
+}
+
+/* q's prompt tokens, all of them when the job has several prompts (q->ids is then the first's);
+ * job->prompt_tokens their sum. Each must fit the context with max_tokens. */
+static int tokenize_prompts(struct engine *e, struct engine_seq *q, char *err, size_t errlen)
+{
+    struct gen_job *job = q->job;
+    job->completion_tokens = 0;
+    job->cached_tokens = 0;
+    int k = job->n_prompts > 1 ? job->n_prompts : 1, sum = 0, rc = 0;
+    if (k > 1 && (!(q->pids = calloc((size_t)k, sizeof *q->pids)) || !(q->pn = calloc((size_t)k, sizeof *q->pn))))
+        return TIDE_ENOMEM;
+    q->n_prompts = k > 1 ? k : 0;
+    for (int p = 0; p < k && !rc; p++) {
+        int *ids = NULL, n = 0;
+        if (k > 1) { /* prompt p alone, as a one-prompt job */
+            struct gen_job one = *job;
+            one.prompts = NULL;
+            one.n_prompts = 0;
+            one.prompt = job->prompts[p].text;
+            one.prompt_ids = job->prompts[p].ids;
+            one.n_prompt_ids = job->prompts[p].n_ids;
+            rc = engine_prompt_tokens(e, &one, &ids, &n, q->img_at);
+        } else {
+            rc = engine_prompt_tokens(e, job, &ids, &n, q->img_at);
+        }
+        if (rc < 0) {
+            snprintf(err, errlen, "tokenize: %s", tide_strerror(rc));
+            break;
+        }
+        if (k > 1) {
+            q->pids[p] = ids;
+            q->pn[p] = n;
+        } else {
+            q->ids = ids;
+        }
+        rc = prompt_fits(e, n, k > 1 ? p : -1, err, errlen);
+        if (!rc && job->max_tokens > e->n_ctx - n) {
+            char at[32] = "prompt";
+            if (k > 1)
+                snprintf(at, sizeof at, "prompt %d", p);
+            snprintf(err, errlen, "%s (%d tokens) + max_tokens (%d) exceeds the context of %d tokens", at, n,
+                     job->max_tokens, e->n_ctx);
+            rc = TIDE_ERANGE;
+        }
+        sum += n;
+    }
+    if (k > 1 && !rc) {
+        q->ids = q->pids[0];
+        q->n_prompt = q->pn[0];
+    } else if (!rc) {
+        q->n_prompt = sum;
+    }
+    job->prompt_tokens = sum;
+    return rc;
+}
+
 /* Set up choice c: its sampler seeded seed + c, empty text. */
 static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
 {
@@ -157,28 +229,11 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         return TIDE_ENOMEM;
     q->job = job;
     q->slot = -1;
-    int rc = engine_prompt_tokens(e, job, &q->ids, &q->n_prompt, q->img_at);
-    if (rc < 0) {
-        snprintf(err, errlen, "tokenize: %s", tide_strerror(rc));
+    int rc = tokenize_prompts(e, q, err, errlen);
+    if (rc < 0)
         goto fail;
-    }
     int n = q->n_prompt;
-    job->prompt_tokens = n;
-    job->completion_tokens = 0;
-    job->cached_tokens = 0;
-    if (n == 0 || n >= e->n_ctx) {
-        snprintf(err, errlen, "the prompt is %d tokens; this server's context is %d tokens", n, e->n_ctx);
-        rc = TIDE_ERANGE;
-        goto fail;
-    }
-    int room = e->n_ctx - n;
-    q->max_new = job->max_tokens < 0 ? room : job->max_tokens;
-    if (q->max_new > room) {
-        snprintf(err, errlen, "prompt (%d tokens) + max_tokens (%d) exceeds the context of %d tokens", n,
-                 job->max_tokens, e->n_ctx);
-        rc = TIDE_ERANGE;
-        goto fail;
-    }
+    q->max_new = job->max_tokens < 0 ? e->n_ctx - n : job->max_tokens;
     for (int i = 0; i < job->n_images; i++)
         q->rimg[i] = (struct row_image){.at = q->img_at[i], .n = job->images[i].n_tokens, .keyed = job->images[i].keyed};
     for (int i = 0; i < job->n_images; i++)
@@ -223,6 +278,12 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     q->pos = keep;
     job->cached_tokens = keep;
     q->n_choices = job->n < 1 ? 1 : job->n > 16 ? 16 : job->n;
+    q->per = q->n_prompts > 1 ? q->n_choices / q->n_prompts : q->n_choices;
+    if (q->per < 1 || q->per * (q->n_prompts > 1 ? q->n_prompts : 1) != q->n_choices) {
+        snprintf(err, errlen, "%d choices do not divide among %d prompts", q->n_choices, q->n_prompts);
+        rc = TIDE_EINVAL;
+        goto fail;
+    }
     for (int i = 0; i < job->n_stop && i < JOB_MAX_STOP; i++)
         if (job->stop[i] && job->stop[i][0])
             q->stops[q->n_stop++] = job->stop[i];
@@ -232,13 +293,13 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     q->pick_only = !wants_logits(&job->sp);
     q->cap = 4096;
     q->held = malloc(q->cap);
-    if (!q->held || (q->n_choices > 1 && !(q->prompt_logits = malloc(2 * sizeof(float) * e->model.cfg.n_vocab)))) {
+    if (!q->held || (q->per > 1 && !(q->prompt_logits = malloc(2 * sizeof(float) * e->model.cfg.n_vocab)))) {
         rc = TIDE_ENOMEM;
         goto fail;
     }
-    if (q->n_choices > 1)
+    if (q->per > 1)
         q->pick_only = false; /* the later choices start from the prompt's logits */
-    q->draw_on_device = draws_on_device(e, &job->sp, q->n_choices);
+    q->draw_on_device = draws_on_device(e, &job->sp, q->per);
     q->draw = (struct sample_row){.temperature = job->sp.temperature, .top_k = job->sp.top_k,
                                   .top_p = job->sp.top_p, .min_p = job->sp.min_p};
     rc = begin_choice(q, e->model.cfg.n_vocab);
@@ -263,7 +324,14 @@ void engine_seq_free(struct engine *e, struct engine_seq *q)
     }
     if (q->smp_ok)
         sampler_free(&q->smp);
-    free(q->ids);
+    if (q->pids) {
+        for (int i = 0; i < q->n_prompts; i++)
+            free(q->pids[i]);
+        free(q->pids);
+        free(q->pn);
+    } else {
+        free(q->ids);
+    }
     free(q->prompt_logits);
     free(q->held);
     free(q);
@@ -324,6 +392,23 @@ static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reaso
     if (++q->choice >= q->n_choices) {
         q->done = true;
         return false;
+    }
+    if (q->n_prompts > 1 && q->choice % q->per == 0) { /* the next prompt: prefill it after what it shares */
+        int p = q->choice / q->per, n = q->pn[p];
+        struct kv_slot *s = &e->slots[q->slot];
+        int keep = 0;
+        while (keep < s->n_tokens && keep < n - 1 && s->tokens[keep] == q->pids[p][keep])
+            keep++;
+        q->ids = q->pids[p];
+        q->n_prompt = n;
+        q->pos = keep;
+        s->n_tokens = keep;
+        q->job->cached_tokens += keep;
+        q->max_new = q->job->max_tokens < 0 ? e->n_ctx - n : q->job->max_tokens;
+        int rc = begin_choice(q, e->model.cfg.n_vocab);
+        if (rc < 0)
+            seq_fail(e, q, rc, "sampler");
+        return false; /* the steps prefill it, then sample */
     }
     int rc = begin_choice(q, e->model.cfg.n_vocab);
     if (rc < 0) {
@@ -441,7 +526,7 @@ static int plan_rows(const struct engine *e, const struct engine_seq *q, int bud
     }
     f->n = end - p;
     f->want_logits = end == q->n_prompt;
-    f->pick_only = q->pick_only && q->n_choices == 1;
+    f->pick_only = q->pick_only && q->per == 1;
     return f->n;
 }
 

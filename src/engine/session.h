@@ -60,6 +60,12 @@ enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
 #define ENGINE_IMAGE_MARKER "\x01tide:image\x01"
 #define ENGINE_MAX_IMAGES 64
 
+struct gen_prompt {
+    const char *text;       /* or NULL: */
+    const int *ids;         /* token ids, used as given */
+    int n_ids;
+};
+
 struct gen_image {
     const float *embd;  /* (n_tokens, n_embd) */
     int n_tokens;
@@ -77,11 +83,16 @@ struct gen_job {
                                      (a tool call's "<tool_call>\n"), or NULL */
     const int *prompt_ids;  /* set: the raw prompt as token ids, used as given (no BOS added) */
     int n_prompt_ids;
+    /* /v1/completions with several prompts (n_prompts > 1; prompt and prompt_ids above are then
+     * unused): prompt p's choices are p * (n / n_prompts) .. (p + 1) * (n / n_prompts) - 1, the
+     * OpenAI order, run one prompt after another in the job's sequence. */
+    const struct gen_prompt *prompts;
+    int n_prompts;
     struct sampling_params sp;
     int max_tokens;     /* -1: until the context is full */
     const char *stop[JOB_MAX_STOP];
     int n_stop;
-    int n;              /* choices, run one after another in the job's sequence */
+    int n;              /* choices, run one after another in the job's sequence (over all prompts) */
     const struct gen_image *images;  /* one per ENGINE_IMAGE_MARKER, in order */
     int n_images;
     /* on_text(ud, choice, text, len, lp): lp is NULL unless sp.logprobs; the logprob

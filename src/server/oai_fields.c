@@ -21,6 +21,8 @@ void oai_extras_free(struct oai_extras *x)
     grammar_free(x->grammar);
     free(x->bias);
     free(x->prompt_ids);
+    for (int i = 0; i < OAI_MAX_PROMPTS; i++)
+        free(x->prompt_id_lists[i]);
     free(x->prompt_text);
     free(x->echo_text);
     memset(x, 0, sizeof *x);
@@ -124,23 +126,58 @@ static const char *const FIM[][3] = {
      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},         /* DeepSeek-Coder */
 };
 
-/* One prompt as token ids: every entry an integer id of the vocabulary. */
-static int token_prompt(const cJSON *arr, struct gen_job *g, struct oai_extras *x, char *msg, size_t msglen,
-                        const char **param)
+/* One prompt as token ids: every entry an integer id of the vocabulary; *ids (malloc'ed, the
+ * caller's to free) and *n. which: the prompt's index in a list, or -1. */
+static int token_ids(const cJSON *arr, int which, int **ids, int *n_out, char *msg, size_t msglen, const char **param)
 {
     int n = cJSON_GetArraySize(arr);
     uint32_t n_vocab = vocab ? tokenizer_n_vocab(vocab) : 0;
-    x->prompt_ids = malloc(sizeof(int) * (size_t)(n + 1));
-    if (!x->prompt_ids) { snprintf(msg, msglen, "out of memory"); return TIDE_ENOMEM; }
+    *ids = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!*ids) { snprintf(msg, msglen, "out of memory"); return TIDE_ENOMEM; }
     int k = 0;
     const cJSON *t;
+    char at[32] = "";
+    if (which >= 0) snprintf(at, sizeof at, " of prompt %d", which);
     cJSON_ArrayForEach(t, arr) {
         if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= n_vocab)
-            FAIL("prompt", "'prompt' token %d is not a token id of this model (0..%u)", k, n_vocab ? n_vocab - 1 : 0);
-        x->prompt_ids[k++] = (int)t->valuedouble;
+            FAIL("prompt", "'prompt' token %d%s is not a token id of this model (0..%u)", k, at, n_vocab ? n_vocab - 1 : 0);
+        (*ids)[k++] = (int)t->valuedouble;
     }
+    *n_out = k;
+    return 0;
+}
+
+static int token_prompt(const cJSON *arr, struct gen_job *g, struct oai_extras *x, char *msg, size_t msglen,
+                        const char **param)
+{
+    int rc = token_ids(arr, -1, &x->prompt_ids, &g->n_prompt_ids, msg, msglen, param);
     g->prompt_ids = x->prompt_ids;
-    g->n_prompt_ids = k;
+    return rc;
+}
+
+/* Several prompts: each a string or an array of token ids (OpenAI's list of prompts). */
+static int prompt_list(const cJSON *p, struct gen_job *g, struct oai_extras *x, char *msg, size_t msglen,
+                       const char **param)
+{
+    int k = cJSON_GetArraySize(p);
+    if (k > OAI_MAX_PROMPTS)
+        FAIL("prompt", "'prompt' holds %d prompts; at most %d a request", k, OAI_MAX_PROMPTS);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, p) {
+        int i = x->n_prompts;
+        if (cJSON_IsString(e)) {
+            x->prompts[i].text = e->valuestring;
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
+            int rc = token_ids(e, i, &x->prompt_id_lists[i], &x->prompts[i].n_ids, msg, msglen, param);
+            if (rc) return rc;
+            x->prompts[i].ids = x->prompt_id_lists[i];
+        } else {
+            FAIL("prompt", "prompt %d of 'prompt' must be a string or a non-empty array of token ids", i);
+        }
+        x->n_prompts++;
+    }
+    g->prompts = x->prompts;
+    g->n_prompts = x->n_prompts;
     return 0;
 }
 
@@ -173,13 +210,21 @@ int oai_parse_prompt(const cJSON *root, struct gen_job *g, struct oai_extras *x,
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) FAIL("prompt", "'prompt' is required");
-    /* [["text"]] or [[ids]] is one prompt; a list of numbers is one prompt of token ids */
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0)))
-        FAIL("prompt", "'prompt' holds %d prompts; this server takes one prompt per request (send one request each)",
-             cJSON_GetArraySize(p));
+    /* ["text"] or [[ids]] is one prompt; a list of numbers is one prompt of token ids; a list of
+     * several strings or id lists is several prompts (n choices each, one after another) */
+    int rc;
+    bool several = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0)))
         p = cJSON_GetArrayItem(p, 0);
-    int rc;
+    if (several) {
+        if ((rc = prompt_list(p, g, x, msg, msglen, param))) return rc;
+        const cJSON *sx = cJSON_GetObjectItemCaseSensitive(root, "suffix"), *ec = cJSON_GetObjectItemCaseSensitive(root, "echo");
+        if (sx && !cJSON_IsNull(sx) && !(cJSON_IsString(sx) && !sx->valuestring[0]))
+            FAIL("suffix", "'suffix' takes one prompt; send one request per prompt");
+        if (cJSON_IsTrue(ec))
+            FAIL("echo", "'echo' takes one prompt; send one request per prompt");
+        return 0;
+    }
     if (cJSON_IsString(p)) {
         g->prompt = p->valuestring;
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0) {

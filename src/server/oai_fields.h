@@ -11,10 +11,15 @@
 
 #include <cjson/cJSON.h>
 
+#define OAI_MAX_PROMPTS 16 /* prompts x n: 16 choices at most */
+
 struct oai_extras {
     struct grammar *grammar;   /* json_schema's compiled grammar */
     struct logit_bias *bias;
     int *prompt_ids;           /* a token-id prompt */
+    struct gen_prompt prompts[OAI_MAX_PROMPTS]; /* several prompts (n_prompts > 1) */
+    int *prompt_id_lists[OAI_MAX_PROMPTS];      /* their token ids, when given as ids */
+    int n_prompts;
     char *prompt_text;         /* the fill-in-the-middle prompt built around suffix */
     bool echo;
     char *echo_text;           /* echo: the prompt as the client sent it (ids as text) */

@@ -352,6 +352,15 @@ int openai_parse(const char *body, size_t len, bool chat, const char *model_id,
         g->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)r << 16) ^ (uint64_t)(tide_now() * 1e6);
     }
     ll = 1; if (int_field(root, "n", 1, 16, &ll, msg, msglen, param)) goto fail; g->n = (int)ll;
+    if (g->n_prompts > 1) { /* the choices of every prompt: n each, prompt by prompt */
+        if (g->n * g->n_prompts > 16) {
+            snprintf(msg, msglen, "%d prompts x n %d is %d choices; at most 16 a request", g->n_prompts, g->n,
+                     g->n * g->n_prompts);
+            *param = "n";
+            goto fail;
+        }
+        g->n *= g->n_prompts;
+    }
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (stop && !cJSON_IsNull(stop)) {
         if (cJSON_IsString(stop)) {

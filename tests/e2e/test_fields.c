@@ -155,10 +155,73 @@ Test(fields, completions_prompt_forms_echo_and_refusals)
     cJSON_Delete(b);
     cJSON_Delete(c);
     cJSON_Delete(ids);
-    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", "prompt", "one prompt");
     harness_expect_400("/v1/completions", "{\"prompt\":[1,99999]}", "prompt", NULL);
     harness_expect_400("/v1/completions", "{\"prompt\":\"a\",\"suffix\":\"b\"}", "suffix", "fill-in-the-middle");
     harness_expect_400("/v1/completions", "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", "echo", NULL);
+}
+
+/* Several prompts in one /v1/completions request (OpenAI's list form): prompt p's n choices are
+ * indices p * n .. p * n + n - 1, each the text that prompt gets alone (greedy), in plain and
+ * streamed replies; usage counts every prompt; the limits and the fields that take one prompt
+ * are 400s. */
+Test(fields, completions_several_prompts)
+{
+    const char *prompts[3] = {"Hello there", "Goodbye now", "[1, 2, 3]"};
+    char alone[3][256];
+    int prompt_sum = 0;
+    for (int p = 0; p < 3; p++) {
+        char body[256];
+        if (p < 2)
+            snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"temperature\":0,\"max_tokens\":5}", prompts[p]);
+        else
+            snprintf(body, sizeof body, "{\"prompt\":%s,\"temperature\":0,\"max_tokens\":5}", prompts[p]);
+        cJSON *a = harness_post_ok("/v1/completions", body);
+        snprintf(alone[p], sizeof alone[p], "%s", text(a));
+        prompt_sum += cJSON_GetObjectItem(cJSON_GetObjectItem(a, "usage"), "prompt_tokens")->valueint;
+        cJSON_Delete(a);
+    }
+    const char *many = "{\"prompt\":[\"Hello there\",\"Goodbye now\",[1,2,3]],\"temperature\":0,\"max_tokens\":5,\"n\":2}";
+    cJSON *m = harness_post_ok("/v1/completions", many);
+    cJSON *chs = cJSON_GetObjectItem(m, "choices");
+    cr_assert_eq(cJSON_GetArraySize(chs), 6);
+    for (int i = 0; i < 6; i++) {
+        cJSON *c = cJSON_GetArrayItem(chs, i);
+        cr_expect_eq(cJSON_GetObjectItem(c, "index")->valueint, i);
+        cr_expect_str_eq(cJSON_GetObjectItem(c, "text")->valuestring, alone[i / 2], "choice %d", i);
+    }
+    cr_expect_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m, "usage"), "prompt_tokens")->valueint, prompt_sum);
+    cJSON_Delete(m);
+    /* streamed: each index's pieces join into its prompt's text */
+    struct harness_reply r = harness_req("POST", "/v1/completions", NULL,
+                                         "{\"prompt\":[\"Hello there\",\"Goodbye now\"],\"temperature\":0,"
+                                         "\"max_tokens\":5,\"stream\":true}");
+    cr_assert_eq(r.status, 200);
+    char got[2][256] = {"", ""};
+    for (const char *at = r.body; (at = strstr(at, "data: {"));) {
+        const char *eol = strchr(at, '\n');
+        char *line = strndup(at + 6, eol ? (size_t)(eol - at - 6) : strlen(at + 6));
+        cJSON *o = cJSON_Parse(line);
+        cJSON *c = o ? cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0) : NULL;
+        if (c) {
+            int idx = cJSON_GetObjectItem(c, "index")->valueint;
+            cr_assert(idx == 0 || idx == 1, "index %d", idx);
+            strncat(got[idx], cJSON_GetObjectItem(c, "text")->valuestring, sizeof got[idx] - strlen(got[idx]) - 1);
+        }
+        cJSON_Delete(o);
+        free(line);
+        at = eol ? eol : at + strlen(at);
+    }
+    harness_reply_free(&r);
+    cr_expect_str_eq(got[0], alone[0]);
+    cr_expect_str_eq(got[1], alone[1]);
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"],\"n\":9}", "n", "at most 16");
+    harness_expect_400("/v1/completions",
+                       "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\","
+                       "\"o\",\"p\",\"q\"]}", "prompt", "at most 16");
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"],\"echo\":true}", "echo", "one prompt");
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",\"b\"],\"suffix\":\"x\"}", "suffix", "one prompt");
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",7]}", "prompt", "prompt 1");
+    harness_expect_400("/v1/completions", "{\"prompt\":[\"a\",[1,99999]]}", "prompt", "of prompt 1");
 }
 
 Test(fields, tokenize_detokenize_round_trip)
