@@ -6,7 +6,9 @@
 #
 # Starts $TIDE_BIN (default build/tide) on its own config: one CPU device with a 12 MiB budget
 # (so the vision hand-back and POST /v1/vram really shrink the expert cache), the default model
-# and mmproj, vision idle_s 2 and vram_mib 4. CLIENTS loops then send a random mix: chat and
+# and mmproj, vision idle_s 2 and vram_mib 4, conversation parking in 2 MiB of host RAM (full after
+# a few requests, so the soak parks, restores and evicts all the time and the RSS check sees the
+# budget hold). CLIENTS loops then send a random mix: chat and
 # legacy completions, streamed chat, image requests (fresh random PNGs made here, sometimes
 # one sent before: the embedding cache), streams the client drops part way, POST /v1/vram
 # reserve then restore, and GET /v1/vram, /metrics, /health. One more client, alongside them,
@@ -44,7 +46,7 @@ URL="http://127.0.0.1:$PORT"
 cat > "$W/cfg.json" <<EOF
 {"model":"$MODEL","mmproj":"$MMPROJ","context":1024,"port":$PORT,"queue_max":64,
  "devices":[{"backend":"cpu","vram_mib":12}],
- "vision":{"lazy":true,"idle_s":$IDLE_S,"vram_mib":4}}
+ "vision":{"lazy":true,"idle_s":$IDLE_S,"vram_mib":4},"kv_host_mib":2}
 EOF
 "$BIN" --config "$W/cfg.json" 2> "$W/daemon.log" > /dev/null &
 D=$!
