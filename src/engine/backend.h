@@ -192,7 +192,7 @@ struct backend_i {
      * NULL: 1 or 0). y may be x. */
     void (*layernorm)(void *ctx, const float *x, float *y, const float *w, const float *b, int n, int dim,
                       float eps);
-    /* y (n, dim) += b (dim), every row */
+    /* y (n, dim) += b (dim), every row (the text forward uses it too: qwen2moe's q/k/v biases) */
     void (*add_bias)(void *ctx, float *y, const float *b, int n, int dim);
     /* x[0..n) = act(x[0..n)); GELU is the tanh approximation (as ggml_gelu) */
     void (*activate)(void *ctx, float *x, size_t n, enum act_kind act);
