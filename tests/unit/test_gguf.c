@@ -11,6 +11,7 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
+#include "engine/forward.h"
 
 static void *small_file(size_t *size)
 {
@@ -630,6 +631,13 @@ Test(gguf, modelgen_qwen2moe_preset)
     cr_assert(!m.layers[0].q_norm.data);
     /* the shared expert is not one of the cached experts: an expert is gate + up + down of 64 */
     cr_assert_eq(model_expert_bytes(&m, 0), 3 * 128 * 64 * 2);
+    /* it is a resident weight of its layer: a stage of layer 3 alone counts every f16 matrix
+     * (wq, wo 128x128; wk, wv 128x64; the shared expert 3 x 128x256) and the f32 vectors and
+     * router (2 norms and the shared gate of 128, biases 128 + 64 + 64, router 128x8) */
+    struct forward_stage_bytes sb;
+    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, &sb);
+    size_t f16 = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256), f32 = 4 * (3 * 128 + 256 + 128 * 8);
+    cr_assert_eq(sb.weights, f16 + f32, "stage weights %zu, want %zu", sb.weights, f16 + f32);
     model_free(&m);
     unlink(path);
 }
