@@ -1,7 +1,8 @@
 /* test_archs.c - end-to-end: the daemon serves each architecture issue 22 adds, on the model
  * tool's random-weight preset of it (llama.cpp's tensor names, shapes and keys): a chat
- * completion, and the same greedy text when the expert cache holds only a quarter of the
- * experts (misses then fetch from host RAM; a shared expert stays resident). */
+ * completion, the same greedy text when the expert cache holds only a quarter of the experts
+ * (misses then fetch from host RAM; a shared expert stays resident), and an image through the
+ * lazy vision encoder ($TIDE_MMPROJ, default models/tide-mmproj.gguf, made for n_embd 128). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,4 +81,38 @@ Test(archs, qwen2moe_serves_and_a_small_expert_cache_gives_the_same_text, .fini 
     free(full);
     free(again);
     free(capped);
+}
+
+/* A 2x2 24-bit BMP (the vision encoder resizes it) */
+#define IMAGE_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"}," \
+    "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,Qk1GAAAAAAAAADYAAAAoAAAAAgAAAAIAAAABABgAAAA" \
+    "AABAAAAATCwAAEwsAAAAAAAAAAAAAAB7cyB7cAAAAHtzIHtwAAA==\"}}]}],\"max_tokens\":4,\"temperature\":0}"
+
+static int prompt_tokens_of(cJSON *j)
+{
+    cJSON *n = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens");
+    cr_assert(cJSON_IsNumber(n), "no usage.prompt_tokens");
+    return n->valueint;
+}
+
+Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120)
+{
+    write_preset("qwen2moe");
+    const char *mmproj = getenv("TIDE_MMPROJ") ? getenv("TIDE_MMPROJ") : "models/tide-mmproj.gguf";
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mmproj);
+    harness_start(cfg);
+    cJSON *text = harness_post_ok("/v1/chat/completions", CHAT);
+    cJSON *img = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
+    /* the image's tokens (the encoder's output rows) are in the prompt */
+    cr_expect_gt(prompt_tokens_of(img), prompt_tokens_of(text) + 8, "image prompt %d tokens, text %d",
+                 prompt_tokens_of(img), prompt_tokens_of(text));
+    cJSON_Delete(text);
+    cJSON_Delete(img);
+    struct harness_reply r = harness_req("GET", "/v1/vram", NULL, NULL);
+    cJSON *v = harness_json(&r);
+    cJSON *state = cJSON_GetObjectItem(cJSON_GetObjectItem(v, "vision"), "state");
+    cr_expect(cJSON_IsString(state) && !strcmp(state->valuestring, "ready"), "the encoder was loaded for the image");
+    cJSON_Delete(v);
+    harness_reply_free(&r);
 }
