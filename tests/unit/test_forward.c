@@ -483,3 +483,20 @@ Test(forward, bad_shape_is_eformat)
     cr_assert(strstr(err, "blk.0.attn_q.weight") != NULL, "message: %s", err);
     unlink(path);
 }
+
+/* A qwen2moe file without its shared expert (no width key, no feed_forward_length): a clear
+ * error at load naming the key, as llama.cpp also refuses it. */
+Test(forward, qwen2moe_without_shared_expert_is_refused)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/tide-test-q2m-%d.gguf", (int)getpid());
+    struct spec s = {"qwen2moe", 64, 1, 4, 2, 16, 32, 8, 2, 50, false, false, false, GGML_TYPE_F32, 0};
+    struct refm r;
+    build(&r, &s, path);
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
+    cr_assert(strstr(err, "qwen2moe.expert_shared_feed_forward_length") != NULL, "message: %s", err);
+    refm_free(&r);
+    unlink(path);
+}
