@@ -75,6 +75,10 @@ struct backend_i {
     void (*swiglu)(void *ctx, float *gate, const float *up, int n);
     /* y += a * x */
     void (*axpy)(void *ctx, float *y, const float *x, float a, int n);
+    /* y (n, dim) += s_t * x (n, dim), row t scaled by s_t = 1 / (1 + exp(-g[t])): a gate
+     * computed on the device (g: n floats in backend memory), qwen2moe's shared expert. Row t
+     * gets the bits of axpy(y_t, x_t, s_t). */
+    void (*axpy_sigmoid)(void *ctx, float *y, const float *x, const float *g, int n, int dim);
     /* y[rows[i]] += w[i] * x[i] for i = 0..n-1 in that order: y (*, dim), x (n, dim); rows
      * (distinct) and w are host arrays. The same per-row result as an axpy per i. */
     void (*scatter_axpy)(void *ctx, float *y, const float *x, const int *rows, const float *w, int n,
@@ -197,7 +201,7 @@ struct backend_i {
      * NULL: 1 or 0). y may be x. */
     void (*layernorm)(void *ctx, const float *x, float *y, const float *w, const float *b, int n, int dim,
                       float eps);
-    /* y (n, dim) += b (dim), every row */
+    /* y (n, dim) += b (dim), every row (the text forward uses it too: qwen2moe's q/k/v biases) */
     void (*add_bias)(void *ctx, float *y, const float *b, int n, int dim);
     /* x[0..n) = act(x[0..n)); GELU is the tanh approximation (as ggml_gelu) */
     void (*activate)(void *ctx, float *x, size_t n, enum act_kind act);

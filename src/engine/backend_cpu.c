@@ -564,6 +564,12 @@ static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n)
         y[i] += a * x[i];
 }
 
+static void cpu_axpy_sigmoid(void *ctx, float *y, const float *x, const float *g, int n, int dim)
+{
+    for (int t = 0; t < n; t++)
+        cpu_axpy(ctx, y + (size_t)t * dim, x + (size_t)t * dim, 1.0f / (1.0f + expf(-g[t])), dim);
+}
+
 /* The product of a fused-add slot before the add: a buffer of the engine thread's context. */
 static float *cpu_sum_buf(struct cpu_ctx *c, size_t n)
 {
@@ -730,6 +736,7 @@ static const struct backend_i cpu_iface = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
+    .axpy_sigmoid = cpu_axpy_sigmoid,
     .scatter_axpy = cpu_scatter_axpy,
     .get_row = cpu_get_row,
     .get_rows = cpu_get_rows,

@@ -20,11 +20,18 @@ size_t forward_kv_bytes(const struct model *m, int n_ctx)
 
 static size_t tbytes(const struct tensor *t) { return t->data ? t->row_bytes * t->ne[1] : 0; }
 
-/* The resident tensors of layer l, in a fixed order. */
+/* At most this many resident tensors a layer. */
+#define LAYER_MAX_TENSORS 24
+
+/* The resident tensors of layer l, in a fixed order: a shared expert (qwen2moe) is one of
+ * them, on the layer's device and counted as weights, never in the expert cache. */
 static int layer_tensors(struct model_layer *L, struct tensor **out)
 {
-    struct tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->q_norm, &L->k_norm,
-                            &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->ffn_gate_inp};
+    struct tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
+                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
+                            &L->ffn_gate_inp, &L->ffn_gate_inp_shexp, &L->ffn_gate_shexp, &L->ffn_up_shexp,
+                            &L->ffn_down_shexp};
+    _Static_assert(sizeof all / sizeof all[0] <= LAYER_MAX_TENSORS, "layer_tensors' array");
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]->data)
@@ -43,6 +50,8 @@ static struct buf_dims dims(const struct model *m, int n_ctx)
     d.E = c->n_embd;
     d.qd = (size_t)c->n_head * c->head_dim;
     d.ff = c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp;
+    if (c->n_ff_shexp > d.ff)
+        d.ff = c->n_ff_shexp; /* hb, hb2 hold the shared expert's hidden rows too */
     d.ne = c->n_expert ? c->n_expert : 1;
     d.V = c->n_vocab;
     d.att = (size_t)c->n_head * n_ctx;
@@ -96,7 +105,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     memset(out, 0, sizeof *out);
     for (uint32_t l = l0; l < l1; l++) {
         struct model_layer L = m->layers[l];
-        struct tensor *ts[16];
+        struct tensor *ts[LAYER_MAX_TENSORS];
         int n = layer_tensors(&L, ts);
         for (int i = 0; i < n; i++)
             out->weights += tbytes(ts[i]);
@@ -180,7 +189,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     for (uint32_t l = st->l0; l < st->l1 && !rc; l++) {
         struct model_layer *L = &st->layers[l - st->l0];
         *L = m->layers[l];
-        struct tensor *ts[16];
+        struct tensor *ts[LAYER_MAX_TENSORS];
         int n = layer_tensors(L, ts);
         for (int i = 0; i < n && !rc; i++)
             rc = stage_place(st, ts[i]);

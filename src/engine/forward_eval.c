@@ -233,6 +233,22 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     return 0;
 }
 
+/* qwen2moe's shared expert for n tokens, after the routed experts: x (n, E) += sigmoid(g . xb)
+ * * down(silu(gate xb) * up xb), xb the FFN-normed input. Its weights are the layer's resident
+ * tensors (never the expert cache). Scratch: hb, hb2 (n, n_ff_shexp), xb2 (n, E) and router
+ * (the n gate values; the routing is done with it by now). */
+static void shared_expert_ffn(const struct backend_i *B, void *bc, const struct forward_stage *st,
+                              const struct model_layer *L, int n)
+{
+    int F = (int)L->ffn_gate_shexp.ne[1], E = (int)L->ffn_down_shexp.ne[1];
+    B->matmul(bc, &L->ffn_gate_shexp, st->xb, st->hb, n);  /* (n, F) */
+    B->matmul(bc, &L->ffn_up_shexp, st->xb, st->hb2, n);   /* (n, F) */
+    B->swiglu(bc, st->hb, st->hb2, n * F);
+    B->matmul(bc, &L->ffn_down_shexp, st->hb, st->xb2, n); /* (n, E) */
+    B->matmul(bc, &L->ffn_gate_inp_shexp, st->xb, st->router, n); /* (n, 1) */
+    B->axpy_sigmoid(bc, st->x, st->xb2, st->router, n, E);
+}
+
 /* x (n, rows) += W in: the fused slot when the backend has one, else the product into tmp
  * and an axpy (the same bits either way). */
 static void matmul_residual(const struct backend_i *B, void *bc, const struct tensor *w, const float *in, float *x,
@@ -295,6 +311,12 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->matmul(bc, &L->wk, st->xb, kpos, n);   /* (n, kvd) */
             B->matmul(bc, &L->wv, st->xb, vpos, n);   /* (n, kvd) */
         }
+        if (L->bq.data) /* q/k/v biases (qwen2moe), before the rope */
+            B->add_bias(bc, st->q, L->bq.data, n, qd);
+        if (L->bk.data)
+            B->add_bias(bc, kpos, L->bk.data, n, kvd);
+        if (L->bv.data)
+            B->add_bias(bc, vpos, L->bv.data, n, kvd);
         /* qwen3: rmsnorm each head before rope */
         const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
         if (at) {
@@ -348,6 +370,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 return rc;
             if (rc == 0)
                 B->axpy(bc, st->x, st->moe_out, 1.0f, n * E);
+            if (L->ffn_gate_shexp.data)
+                shared_expert_ffn(B, bc, st, L, n);
         } else {
             int F = (int)c->n_ff;
             B->matmul(bc, &L->ffn_gate, st->xb, st->hb, n); /* (n, F) */

@@ -26,6 +26,7 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_LLAMA: return "llama";
     case ARCH_QWEN3: return "qwen3";
     case ARCH_QWEN3MOE: return "qwen3moe";
+    case ARCH_QWEN2MOE: return "qwen2moe";
     }
     return "?";
 }
@@ -133,11 +134,12 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (gguf_str_eq(a, "llama")) { c->arch = ARCH_LLAMA; arch = "llama"; }
     else if (gguf_str_eq(a, "qwen3")) { c->arch = ARCH_QWEN3; arch = "qwen3"; }
     else if (gguf_str_eq(a, "qwen3moe")) { c->arch = ARCH_QWEN3MOE; arch = "qwen3moe"; }
+    else if (gguf_str_eq(a, "qwen2moe")) { c->arch = ARCH_QWEN2MOE; arch = "qwen2moe"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
     int rc;
-    uint32_t n_ff = 0, n_ff_exp = 0;
+    uint32_t n_ff = 0, n_ff_exp = 0, n_ff_shexp = 0;
     if ((rc = arch_u32(g, arch, "embedding_length", 0, true, &c->n_embd, err, errlen)) ||
         (rc = arch_u32(g, arch, "block_count", 0, true, &c->n_layer, err, errlen)) ||
         (rc = arch_u32(g, arch, "attention.head_count", 0, true, &c->n_head, err, errlen)) ||
@@ -148,6 +150,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
         (rc = arch_u32(g, arch, "expert_used_count", 0, false, &c->n_expert_used, err,
                        errlen)) ||
         (rc = arch_u32(g, arch, "expert_feed_forward_length", 0, false, &n_ff_exp, err,
+                       errlen)) ||
+        (rc = arch_u32(g, arch, "expert_shared_feed_forward_length", 0, false, &n_ff_shexp, err,
                        errlen)) ||
         (rc = arch_u32(g, arch, "context_length", 2048, false, &c->n_ctx_train, err,
                        errlen)))
@@ -169,6 +173,14 @@ static int load_config(struct model *m, char *err, size_t errlen)
             return fail(err, errlen, TIDE_EFORMAT, "bad expert_used_count %u",
                         c->n_expert_used);
         c->n_ff_exp = n_ff_exp ? n_ff_exp : n_ff;
+        if (c->arch == ARCH_QWEN2MOE) {
+            /* llama.cpp's defaults when the widths are absent: the routed experts share
+             * feed_forward_length between the k used, the shared expert has all of it */
+            c->n_ff_exp = n_ff_exp ? n_ff_exp : n_ff / c->n_expert_used;
+            c->n_ff_shexp = n_ff_shexp ? n_ff_shexp : n_ff;
+            if (c->n_ff_shexp == 0)
+                return fail(err, errlen, TIDE_EFORMAT, "missing %s.expert_shared_feed_forward_length", arch);
+        }
         c->n_ff = 0;
         if (c->n_ff_exp == 0)
             return fail(err, errlen, TIDE_EFORMAT, "missing expert FFN width");
@@ -179,6 +191,10 @@ static int load_config(struct model *m, char *err, size_t errlen)
         bool b;
         if (gguf_get_bool(g, key, &b) == 0)
             c->expert_weights_norm = b;
+        /* qwen2moe weighs the chosen experts by their softmax over all experts, not
+         * renormalised (llama.cpp reads no key for it) */
+        if (c->arch == ARCH_QWEN2MOE)
+            c->expert_weights_norm = false;
     } else {
         if (n_ff == 0)
             return fail(err, errlen, TIDE_EFORMAT, "missing %s.feed_forward_length", arch);
@@ -214,7 +230,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
     m->layers = calloc(c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return TIDE_ENOMEM;
-    bool qk = c->arch != ARCH_LLAMA;
+    bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         char n[96];
@@ -229,6 +245,21 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
         T(wk, "attn_k", E, kvd, true);
         T(wv, "attn_v", E, kvd, true);
         T(wo, "attn_output", qd, E, true);
+        /* q/k/v biases: qwen2moe's files have them; optional for every architecture, as in
+         * llama.cpp. Added by the f32 add_bias op, so they must be f32. */
+#define BIAS(field, nm, len)                                                         \
+    do {                                                                             \
+        snprintf(n, sizeof(n), "blk.%u." nm ".bias", l);                             \
+        if ((rc = get_tensor(g, n, len, 1, false, &L->field, err, errlen)))          \
+            return rc;                                                               \
+        if (L->field.data && L->field.type != GGML_TYPE_F32)                         \
+            return fail(err, errlen, TIDE_EUNSUPPORTED, "tensor %s has type %s, expected f32", n, \
+                        ggml_type_name(L->field.type));                              \
+    } while (0)
+        BIAS(bq, "attn_q", qd);
+        BIAS(bk, "attn_k", kvd);
+        BIAS(bv, "attn_v", kvd);
+#undef BIAS
         T(q_norm, "attn_q_norm", c->head_dim, 1, qk);
         T(k_norm, "attn_k_norm", c->head_dim, 1, qk);
         T(ffn_norm, "ffn_norm", E, 1, true);
@@ -250,6 +281,12 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
             if ((rc = get_exps(g, n, c->n_ff_exp, E, c->n_expert, &L->down_exps, err,
                                errlen)))
                 return rc;
+            if (c->n_ff_shexp) { /* resident weights of the layer, not cached experts */
+                T(ffn_gate_inp_shexp, "ffn_gate_inp_shexp", E, 1, true);
+                T(ffn_gate_shexp, "ffn_gate_shexp", E, c->n_ff_shexp, true);
+                T(ffn_up_shexp, "ffn_up_shexp", E, c->n_ff_shexp, true);
+                T(ffn_down_shexp, "ffn_down_shexp", c->n_ff_shexp, E, true);
+            }
         }
 #undef T
     }

@@ -1,7 +1,9 @@
 /* model.h - a text model's hyper-parameters and weights as found in the GGUF.
  *
  * Architectures: llama (dense, or Mixtral-style MoE with ffn_gate_inp + ffn_*_exps),
- * qwen3 (dense, QK-norm), qwen3moe (MoE, QK-norm, normalised top-k weights).
+ * qwen3 (dense, QK-norm), qwen3moe (MoE, QK-norm, normalised top-k weights), qwen2moe (MoE
+ * with q/k/v biases, unnormalised top-k weights and a shared expert whose output a sigmoid
+ * gate scales; the shared expert is a resident layer weight, not an expert of the cache).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -19,7 +21,7 @@ struct tensor {
     size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
 };
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -32,6 +34,7 @@ struct model_config {
     uint32_t head_dim;        /* key_length (default n_embd / n_head) */
     uint32_t n_ff;            /* dense FFN width (0 for MoE) */
     uint32_t n_ff_exp;        /* expert FFN width (0 for dense) */
+    uint32_t n_ff_shexp;      /* the shared expert's FFN width (qwen2moe; 0: none) */
     uint32_t n_expert;        /* 0 for dense */
     uint32_t n_expert_used;
     bool expert_weights_norm; /* renormalise the top-k softmax weights to sum 1 */
@@ -47,6 +50,7 @@ struct model_layer {
     struct tensor wk;            /* (n_embd -> n_head_kv*head_dim) */
     struct tensor wv;            /* (n_embd -> n_head_kv*head_dim) */
     struct tensor wo;            /* (n_head*head_dim -> n_embd) */
+    struct tensor bq, bk, bv;    /* f32 biases of wq, wk, wv (qwen2moe; data NULL when absent) */
     struct tensor q_norm;        /* (head_dim) qwen3 only */
     struct tensor k_norm;        /* (head_dim) qwen3 only */
     struct tensor ffn_norm;      /* (n_embd) */
@@ -59,6 +63,11 @@ struct model_layer {
     const struct gguf_tensor *gate_exps; /* (n_embd, n_ff_exp, n_expert) in host RAM */
     const struct gguf_tensor *up_exps;   /* (n_embd, n_ff_exp, n_expert) */
     const struct gguf_tensor *down_exps; /* (n_ff_exp, n_embd, n_expert) */
+    /* qwen2moe's shared expert: x += sigmoid(gate_inp_shexp . xn) * down(silu(gate xn) * up xn) */
+    struct tensor ffn_gate_inp_shexp; /* (n_embd -> 1) */
+    struct tensor ffn_gate_shexp;     /* (n_embd -> n_ff_shexp) */
+    struct tensor ffn_up_shexp;       /* (n_embd -> n_ff_shexp) */
+    struct tensor ffn_down_shexp;     /* (n_ff_shexp -> n_embd) */
     void *exps_pinned[3];        /* page-locked copies of gate/up/down_exps, or NULL (the mapping) */
 };
 

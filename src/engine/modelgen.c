@@ -267,17 +267,21 @@ struct preset {
     uint32_t n_vocab;   /* pad the vocabulary to this many tokens (0: the BPE's 771) */
     float rope_base;    /* 0: 10000 */
     bool fill;          /* big matrices made at write time (uniform), not held in memory */
+    uint32_t n_ff_shexp; /* qwen2moe: the shared expert's width (q/k/v biases come with it) */
 };
 
 static const struct preset presets[] = {
-    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false},
-    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false},
-    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false},
-    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false},
+    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false, 0},
+    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0},
+    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false, 0},
+    /* Qwen1.5-MoE-A2.7B's shape, small: 4 of 8 experts used (60 and 4 there), a shared expert
+     * 4x an expert's width (5632 and 1408 there), q/k/v biases, head_dim n_embd / n_head */
+    {"qwen2moe", "qwen2moe", 128, 4, 4, 2, 0, 64, 8, 4, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 256},
+    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
-     151936, 1e6f, true},
+     151936, 1e6f, true, 0},
 };
 
 static const char chatml[] =
@@ -376,7 +380,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -388,7 +392,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (o->type >= 0) c.type = o->type;
     uint32_t hd = c.head_dim && !o->n_embd && !o->n_head ? c.head_dim : c.n_embd / (c.n_head ? c.n_head : 1);
     if (!c.n_head || !c.n_head_kv || c.n_head % c.n_head_kv || c.n_embd % 32 || hd % 2 || (c.n_head * hd) % 32 ||
-        c.n_ff % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
+        c.n_ff % 32 || c.n_ff_shexp % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
         return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");
     uint32_t TD = o->type_down > 0 ? (uint32_t)o->type_down : (uint32_t)c.type;
     if (!ggml_block_size((uint32_t)c.type))
@@ -415,6 +419,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     uint64_t F = c.n_ff, X = c.n_expert ? c.n_expert : 1;
     uint64_t maxn = E * V;
     if (E * F * X > maxn) maxn = E * F * X;
+    if (E * c.n_ff_shexp > maxn) maxn = E * c.n_ff_shexp;
     if (E * Q > maxn) maxn = E * Q;
     if (c.fill) maxn = FILL_MIN; /* only the small tensors are made here */
     g.buf = malloc(maxn * sizeof(float));
@@ -433,7 +438,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_u32(w, AK("context_length"), 4096);
     gguf_w_u32(w, AK("embedding_length"), c.n_embd);
     gguf_w_u32(w, AK("block_count"), c.n_layer);
-    gguf_w_u32(w, AK("feed_forward_length"), c.n_ff);
+    /* qwen2moe's converter writes the shared expert's width here (intermediate_size) */
+    gguf_w_u32(w, AK("feed_forward_length"), c.n_ff_shexp ? c.n_ff_shexp : c.n_ff);
     gguf_w_u32(w, AK("attention.head_count"), c.n_head);
     gguf_w_u32(w, AK("attention.head_count_kv"), c.n_head_kv);
     gguf_w_u32(w, AK("attention.key_length"), hd);
@@ -447,6 +453,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         gguf_w_u32(w, AK("expert_used_count"), c.n_used);
         gguf_w_u32(w, AK("expert_feed_forward_length"), c.n_ff);
         if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
+        if (c.n_ff_shexp) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
     }
     gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
     gguf_w_str(w, "tokenizer.ggml.pre", "gpt-2");
@@ -473,6 +480,13 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         tensor(&g, BN("attn_k"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
+        if (c.n_ff_shexp) { /* qwen2's q/k/v biases (f32, as converted files have them) */
+#define BB(s) (snprintf(n, sizeof n, "blk.%u." s ".bias", l), n)
+            tensor(&g, BB("attn_q"), GGML_TYPE_F32, 1, Q, 1, 1, 0.2f, 0);
+            tensor(&g, BB("attn_k"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
+            tensor(&g, BB("attn_v"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
+#undef BB
+        }
         if (c.qk_norm) {
             tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
             tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
@@ -484,6 +498,13 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
             tensor(&g, BN("ffn_gate_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_up_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_down_exps"), TD, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+            if (c.n_ff_shexp) { /* the shared expert and its 1-row sigmoid gate */
+                uint64_t FS = c.n_ff_shexp;
+                tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
+                tensor(&g, BN("ffn_gate_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
+                tensor(&g, BN("ffn_up_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
+                tensor(&g, BN("ffn_down_shexp"), TD, 2, FS, E, 1, 1.0f / sqrtf((float)FS), 0);
+            }
         } else {
             tensor(&g, BN("ffn_gate"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);
             tensor(&g, BN("ffn_up"), T, 2, E, F, 1, 1.0f / sqrtf((float)E), 0);

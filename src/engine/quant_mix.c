@@ -1,13 +1,13 @@
 /* quant_mix.c - llama-quantize's Q4_K_M, Q5_K_M and Q6_K recipes as a rule table.
  *
  * Read from llama.cpp's src/llama-quant.cpp (llama_tensor_get_type), for the architectures
- * tide runs (llama, qwen3, qwen3moe: not Falcon, not a 70B): the mix's base type for every
- * 2-D/3-D weight, except
+ * tide runs (llama, qwen3, qwen3moe, qwen2moe: not Falcon, not a 70B): the mix's base type for
+ * every 2-D/3-D weight, except
  *   - output.weight: q6_K (q8_0 when its rows are not whole 256-value super-blocks);
  *   - attn_v: q6_K in Q4_K_M / Q5_K_M on "more bits" layers (the first and last eighth of
  *     the layers, and every third between); q8_0 in any mix when the model has 8 experts;
  *   - attn_k: q8_0 when the model has 8 experts;
- *   - ffn_down (and ffn_down_exps): q6_K in Q4_K_M / Q5_K_M on "more bits" layers;
+ *   - ffn_down (and ffn_down_exps, ffn_down_shexp): q6_K in Q4_K_M / Q5_K_M on "more bits" layers;
  *   - attn_output: q5_K in Q4_K_M when the model has 8 experts;
  * and not quantised at all: vectors, *_norm.weight, ffn_gate_inp.weight (the router).
  * A type whose block does not divide the row falls back as llama-quantize does: q4_K to q5_0,

@@ -30,9 +30,9 @@
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_mmq", "rmsnorm", "rope",
-    "qk_norm_rope", "step_at", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
-    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0",
-    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0",
+    "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
+    "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
+    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_big_q8_0", "bench_batch",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
@@ -435,6 +435,22 @@ static void test_scatter(void)
     free(y); free(x); free(w); free(rows); free(perm); free(yg); free(rg);
 }
 
+/* axpy_sigmoid (qwen2moe's gated shared expert): 300 rows of 2048, each scaled by the sigmoid of
+ * its own device-side gate, against the CPU op */
+static void test_axpy_sigmoid(void)
+{
+    int n = 300, dim = 2048;
+    float *y = rand_vec((size_t)n * dim, 1.0f), *x = rand_vec((size_t)n * dim, 1.0f), *g = rand_vec(n, 4.0f);
+    float *yd = dev_put(y, (size_t)n * dim * 4), *xd = dev_put(x, (size_t)n * dim * 4), *gd = dev_put(g, (size_t)n * 4);
+    cpu.i->axpy_sigmoid(cpu.ctx, y, x, g, n, dim);
+    gpu.i->axpy_sigmoid(gpu.ctx, yd, xd, gd, n, dim);
+    float *yg = dev_get(yd, (size_t)n * dim);
+    double e = relerr(yg, y, (size_t)n * dim);
+    verdict("axpy_sigmoid", e < 1e-6, "rel err %.3g vs cpu", e);
+    gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, gd);
+    free(y); free(x); free(g); free(yg);
+}
+
 static void test_get_row(void)
 {
     uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
@@ -790,6 +806,7 @@ static void test_e2e(const char *only)
         {"e2e_dense_f16", "dense", GGML_TYPE_F16, 1e-3},
         {"e2e_dense_q8_0", "dense", GGML_TYPE_Q8_0, 3e-2},
         {"e2e_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
+        {"e2e_qwen2moe", "qwen2moe", -1, 1e-3},    /* f16, q/k/v biases, sigmoid-gated shared expert */
         /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
@@ -819,6 +836,10 @@ static void test_e2e(const char *only)
         n_fail++;
     if (want(only, "e2e_full_qwen3moe_q8_0") &&
         !gpu_e2e_full(cpu, gpu, "e2e_full_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2))
+        n_fail++;
+    /* the shared expert's ops inside the recorded decode step */
+    if (want(only, "e2e_full_qwen2moe_q8_0") &&
+        !gpu_e2e_full(cpu, gpu, "e2e_full_qwen2moe_q8_0", "qwen2moe", GGML_TYPE_Q8_0, 3e-2))
         n_fail++;
     /* A Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K): the k-quant kernels end to
      * end, prefill through the per-expert path (moe_ffn_batch does not group k-quants), decode
@@ -890,6 +911,7 @@ int main(int argc, char **argv)
     if (want(only, "attention_chunk")) test_attention(true);
     if (want(only, "swiglu")) test_elementwise();
     if (want(only, "scatter_axpy")) test_scatter();
+    if (want(only, "axpy_sigmoid")) test_axpy_sigmoid();
     if (want(only, "get_row")) test_get_row();
     if (want(only, "gather")) test_gather_upload();
     if (want(only, "moe_ffn")) test_moe_ffn();

@@ -1,7 +1,8 @@
 /* test_forward.c - the forward pass against an independent double-precision reference.
  *
  * Tiny models are built here with the GGUF writer (dense llama, Mixtral-style MoE,
- * qwen3moe with QK-norm and head_dim != n_embd/n_head, plus f16 and q8_0 variants), then
+ * qwen3moe with QK-norm and head_dim != n_embd/n_head, qwen2moe with q/k/v biases and a
+ * sigmoid-gated shared expert, plus f16 and q8_0 variants), then
  * loaded with model_load and run through forward_eval on the CPU backend. The reference
  * below shares no code with the engine: it reads the same f32 arrays the writer got. */
 #include <criterion/criterion.h>
@@ -18,12 +19,14 @@ struct spec {
     int E, L, H, HKV, hd, F, NEXP, K, V;
     bool qk, key_len, norm;
     uint32_t type; /* matrices' storage type */
+    int FS;        /* qwen2moe: the shared expert's width (and q/k/v biases); 0: none */
 };
 
 /* All weights as f32 (after a round trip through the storage type, so the reference
  * sees exactly what the engine multiplies by). */
 struct lw {
     float *an, *wq, *wk, *wv, *wo, *qn, *kn, *fn, *g, *u, *d, *gi;
+    float *bq, *bk, *bv, *gis, *gs, *us, *ds; /* qwen2moe's biases and shared expert */
 };
 struct refm {
     struct spec s;
@@ -92,7 +95,9 @@ static void build(struct refm *r, const struct spec *s, const char *path)
     gguf_w_f32(w, k, 10000.0f);
     snprintf(k, sizeof(k), "%s.attention.layer_norm_rms_epsilon", s->arch);
     gguf_w_f32(w, k, 1e-5f);
-    if (s->NEXP && !s->norm) {
+    if (s->FS)
+        KU("expert_shared_feed_forward_length", s->FS);
+    if (s->NEXP && !s->norm && !s->FS) { /* qwen2moe files carry no such key: unnormalised by arch */
         snprintf(k, sizeof(k), "%s.expert_weights_norm", s->arch);
         gguf_w_bool(w, k, false);
     }
@@ -122,6 +127,14 @@ static void build(struct refm *r, const struct spec *s, const char *path)
         P(wk, "attn_k", s->type, 2, E, kvd, 1, ws * 2, 0);
         P(wv, "attn_v", s->type, 2, E, kvd, 1, ws, 0);
         P(wo, "attn_output", s->type, 2, qd, E, 1, ws, 0);
+        if (s->FS) {
+#define PB(f, nm, len) do { y->f = rnd((size_t)(len), 0.3f, 0); \
+        snprintf(n, sizeof(n), "blk.%d." nm ".bias", l); put(w, n, GGML_TYPE_F32, 1, len, 1, 1, y->f); } while (0)
+            PB(bq, "attn_q", qd);
+            PB(bk, "attn_k", kvd);
+            PB(bv, "attn_v", kvd);
+#undef PB
+        }
         if (s->qk) {
             P(qn, "attn_q_norm", GGML_TYPE_F32, 1, s->hd, 1, 1, 0.2f, 1.0f);
             P(kn, "attn_k_norm", GGML_TYPE_F32, 1, s->hd, 1, 1, 0.2f, 1.0f);
@@ -132,6 +145,12 @@ static void build(struct refm *r, const struct spec *s, const char *path)
             P(g, "ffn_gate_exps", s->type, 3, E, s->F, s->NEXP, ws, 0);
             P(u, "ffn_up_exps", s->type, 3, E, s->F, s->NEXP, ws, 0);
             P(d, "ffn_down_exps", s->type, 3, s->F, E, s->NEXP, 1.0f / sqrtf((float)s->F), 0);
+            if (s->FS) {
+                P(gis, "ffn_gate_inp_shexp", GGML_TYPE_F32, 1, E, 1, 1, ws * 2, 0);
+                P(gs, "ffn_gate_shexp", s->type, 2, E, s->FS, 1, ws, 0);
+                P(us, "ffn_up_shexp", s->type, 2, E, s->FS, 1, ws, 0);
+                P(ds, "ffn_down_shexp", s->type, 2, s->FS, E, 1, 1.0f / sqrtf((float)s->FS), 0);
+            }
         } else {
             P(g, "ffn_gate", s->type, 2, E, s->F, 1, ws, 0);
             P(u, "ffn_up", s->type, 2, E, s->F, 1, ws, 0);
@@ -151,6 +170,7 @@ static void refm_free(struct refm *r)
         struct lw *y = &r->l[l];
         free(y->an); free(y->wq); free(y->wk); free(y->wv); free(y->wo); free(y->qn);
         free(y->kn); free(y->fn); free(y->g); free(y->u); free(y->d); free(y->gi);
+        free(y->bq); free(y->bk); free(y->bv); free(y->gis); free(y->gs); free(y->us); free(y->ds);
     }
     free(r->l);
 }
@@ -199,6 +219,11 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
         mv(y->wq, xb, q, E, qd);
         mv(y->wk, xb, kc + (size_t)pos * kvd, E, kvd);
         mv(y->wv, xb, vc + (size_t)pos * kvd, E, kvd);
+        for (int i = 0; y->bq && i < qd; i++) q[i] += y->bq[i];
+        for (int i = 0; y->bk && i < kvd; i++) {
+            kc[(size_t)pos * kvd + i] += y->bk[i];
+            vc[(size_t)pos * kvd + i] += y->bv[i];
+        }
         for (int h = 0; h < s->H; h++) {
             if (s->qk) { double tmp[64]; rnorm(q + h * hd, y->qn, tmp, hd); memcpy(q + h * hd, tmp, sizeof(double) * hd); }
             rrope(q + h * hd, hd, pos, neox);
@@ -254,6 +279,15 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
                 for (int i = 0; i < F; i++) h1[i] = h1[i] / (1 + exp(-h1[i])) * h2[i];
                 mv(y->d + (size_t)e * E * F, h1, t2, F, E);
                 for (int i = 0; i < E; i++) acc[i] += wgt * t2[i];
+            }
+            if (s->FS) { /* the shared expert, scaled by its sigmoid gate */
+                double gv;
+                mv(y->gis, xb, &gv, E, 1);
+                mv(y->gs, xb, h1, E, s->FS);
+                mv(y->us, xb, h2, E, s->FS);
+                for (int i = 0; i < s->FS; i++) h1[i] = h1[i] / (1 + exp(-h1[i])) * h2[i];
+                mv(y->ds, h1, t2, s->FS, E);
+                for (int i = 0; i < E; i++) acc[i] += t2[i] / (1 + exp(-gv));
             }
         }
         for (int i = 0; i < E; i++) x[i] += acc[i];
@@ -325,44 +359,58 @@ static void run_case(const struct spec *s, double tol)
 
 Test(forward, llama_dense_f32)
 {
-    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 0, 0, 50, false, false, true, GGML_TYPE_F32};
+    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 0, 0, 50, false, false, true, GGML_TYPE_F32, 0};
     run_case(&s, 1e-4);
 }
 
 Test(forward, mixtral_moe_f32)
 {
-    struct spec s = {"llama", 64, 2, 4, 2, 16, 64, 8, 2, 50, false, false, true, GGML_TYPE_F32};
+    struct spec s = {"llama", 64, 2, 4, 2, 16, 64, 8, 2, 50, false, false, true, GGML_TYPE_F32, 0};
     run_case(&s, 1e-4);
 }
 
 Test(forward, qwen3moe_qknorm_f32)
 {
-    struct spec s = {"qwen3moe", 64, 2, 4, 2, 24, 32, 8, 2, 50, true, true, true, GGML_TYPE_F32};
+    struct spec s = {"qwen3moe", 64, 2, 4, 2, 24, 32, 8, 2, 50, true, true, true, GGML_TYPE_F32, 0};
     run_case(&s, 1e-4);
 }
 
 Test(forward, qwen3moe_unnormalised_f32)
 {
-    struct spec s = {"qwen3moe", 64, 1, 4, 1, 24, 32, 8, 3, 50, true, true, false, GGML_TYPE_F32};
+    struct spec s = {"qwen3moe", 64, 1, 4, 1, 24, 32, 8, 3, 50, true, true, false, GGML_TYPE_F32, 0};
     run_case(&s, 1e-4);
+}
+
+/* top-k weights not renormalised (the loader ignores expert_weights_norm for qwen2moe: the
+ * file below says nothing, as converted ones do); head_dim n_embd / n_head */
+Test(forward, qwen2moe_shared_expert_f32)
+{
+    struct spec s = {"qwen2moe", 64, 2, 4, 2, 16, 32, 8, 3, 50, false, false, false, GGML_TYPE_F32, 96};
+    run_case(&s, 1e-4);
+}
+
+Test(forward, qwen2moe_shared_expert_q8_0)
+{
+    struct spec s = {"qwen2moe", 64, 2, 4, 1, 16, 32, 8, 2, 64, false, false, false, GGML_TYPE_Q8_0, 64};
+    run_case(&s, 3e-2);
 }
 
 Test(forward, qwen3_dense_f32)
 {
-    struct spec s = {"qwen3", 64, 2, 4, 2, 16, 96, 0, 0, 50, true, false, true, GGML_TYPE_F32};
+    struct spec s = {"qwen3", 64, 2, 4, 2, 16, 96, 0, 0, 50, true, false, true, GGML_TYPE_F32, 0};
     run_case(&s, 1e-4);
 }
 
 Test(forward, llama_f16)
 {
-    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 0, 0, 50, false, false, true, GGML_TYPE_F16};
+    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 0, 0, 50, false, false, true, GGML_TYPE_F16, 0};
     run_case(&s, 1e-4);
 }
 
 Test(forward, llama_q8_0)
 {
     /* the engine quantises activations to q8 too, so the bound is looser */
-    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 8, 2, 64, false, false, true, GGML_TYPE_Q8_0};
+    struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 8, 2, 64, false, false, true, GGML_TYPE_Q8_0, 0};
     run_case(&s, 3e-2);
 }
 
@@ -371,19 +419,19 @@ Test(forward, mixtral_q4_K)
     /* k-quant rows are whole 256-value super-blocks: every matrix here is 256 wide. The
      * reference multiplies by the dequantised weights; the engine also quantises the
      * activations to int8 (cpu_quant.c), so the bound is q8_0's. */
-    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q4_K};
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q4_K, 0};
     run_case(&s, 3e-2);
 }
 
 Test(forward, mixtral_q5_K)
 {
-    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q5_K};
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q5_K, 0};
     run_case(&s, 3e-2);
 }
 
 Test(forward, mixtral_q6_K)
 {
-    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q6_K};
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_Q6_K, 0};
     run_case(&s, 3e-2);
 }
 
@@ -392,7 +440,7 @@ Test(forward, mixtral_iq4_xs)
     /* measured 0.047 at prefill: this random model's iq4_xs weights (a coarse non-linear
      * 4-bit grid from our plain quantiser) amplify the activation rounding more than the
      * k-quants' do; its dot products alone are as close as q4_K's (test_quants.c) */
-    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_IQ4_XS};
+    struct spec s = {"llama", 256, 2, 4, 2, 64, 256, 8, 2, 64, false, false, true, GGML_TYPE_IQ4_XS, 0};
     run_case(&s, 8e-2);
 }
 
@@ -401,7 +449,7 @@ Test(forward, llama_q5_0_q5_1_q4_0_mxfp4)
 {
     uint32_t t[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_0, GGML_TYPE_MXFP4};
     for (int i = 0; i < 4; i++) {
-        struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 8, 2, 64, false, false, true, t[i]};
+        struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 8, 2, 64, false, false, true, t[i], 0};
         run_case(&s, 3e-2);
     }
 }
@@ -433,5 +481,22 @@ Test(forward, bad_shape_is_eformat)
     char err[256] = "";
     cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
     cr_assert(strstr(err, "blk.0.attn_q.weight") != NULL, "message: %s", err);
+    unlink(path);
+}
+
+/* A qwen2moe file without its shared expert (no width key, no feed_forward_length): a clear
+ * error at load naming the key, as llama.cpp also refuses it. */
+Test(forward, qwen2moe_without_shared_expert_is_refused)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/tide-test-q2m-%d.gguf", (int)getpid());
+    struct spec s = {"qwen2moe", 64, 1, 4, 2, 16, 32, 8, 2, 50, false, false, false, GGML_TYPE_F32, 0};
+    struct refm r;
+    build(&r, &s, path);
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
+    cr_assert(strstr(err, "qwen2moe.expert_shared_feed_forward_length") != NULL, "message: %s", err);
+    refm_free(&r);
     unlink(path);
 }

@@ -11,6 +11,7 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
+#include "engine/forward.h"
 
 static void *small_file(size_t *size)
 {
@@ -404,8 +405,8 @@ Test(gguf, file_io)
 
 Test(gguf, modelgen_presets_load)
 {
-    const char *ps[3] = {"dense", "moe", "qwen3moe"};
-    for (int i = 0; i < 3; i++) {
+    const char *ps[4] = {"dense", "moe", "qwen3moe", "qwen2moe"};
+    for (int i = 0; i < 4; i++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-%s.gguf", (int)getpid(), ps[i]);
         struct modelgen_options o = {.preset = ps[i], .out = path, .seed = 3, .type = -1};
@@ -578,5 +579,65 @@ Test(gguf, rewriting_a_mapped_model_leaves_the_mapping_whole)
     char part[96];
     snprintf(part, sizeof part, "%s.part-%d", path, (int)getpid());
     cr_expect_neq(access(part, F_OK), 0, "a .part file was left behind");
+    unlink(path);
+}
+
+/* qwen2moe as llama.cpp names and shapes it (src/models/qwen2moe.cpp there): q/k/v biases, a
+ * shared expert of its own width and its 1-D gate; then what the loader makes of it. */
+Test(gguf, modelgen_qwen2moe_preset)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-q2m.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen2moe", .out = path, .seed = 1, .type = -1, .threads = 1};
+    char err[200] = "";
+    struct modelgen_summary s;
+    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    uint32_t v;
+    cr_assert_eq(gguf_get_u32(&g, "qwen2moe.expert_feed_forward_length", &v), 0);
+    cr_assert_eq(v, 64);
+    cr_assert_eq(gguf_get_u32(&g, "qwen2moe.expert_shared_feed_forward_length", &v), 0);
+    cr_assert_eq(v, 256);
+    cr_assert_eq(gguf_get_u32(&g, "qwen2moe.expert_used_count", &v), 0);
+    cr_assert_eq(v, 4);
+    struct { const char *name; uint32_t nd; uint64_t a, b, c; } want[] = {
+        {"blk.0.attn_q.bias", 1, 128, 1, 1},          {"blk.0.attn_k.bias", 1, 64, 1, 1},
+        {"blk.0.attn_v.bias", 1, 64, 1, 1},           {"blk.3.ffn_gate_inp_shexp.weight", 1, 128, 1, 1},
+        {"blk.3.ffn_gate_shexp.weight", 2, 128, 256, 1}, {"blk.3.ffn_up_shexp.weight", 2, 128, 256, 1},
+        {"blk.3.ffn_down_shexp.weight", 2, 256, 128, 1}, {"blk.3.ffn_gate_exps.weight", 3, 128, 64, 8},
+        {"blk.3.ffn_down_exps.weight", 3, 64, 128, 8},   {"blk.0.attn_q.weight", 2, 128, 128, 1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(&g, want[i].name);
+        cr_assert(t, "%s missing", want[i].name);
+        cr_assert(t->n_dims == want[i].nd && t->ne[0] == want[i].a && t->ne[1] == want[i].b && t->ne[2] == want[i].c,
+                  "%s: %u dims [%llu, %llu, %llu]", want[i].name, t->n_dims, (unsigned long long)t->ne[0],
+                  (unsigned long long)t->ne[1], (unsigned long long)t->ne[2]);
+    }
+    cr_assert_eq(gguf_find_tensor(&g, "blk.0.attn_q.bias")->type, GGML_TYPE_F32);
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.arch, ARCH_QWEN2MOE);
+    cr_assert_str_eq(model_arch_name(m.cfg.arch), "qwen2moe");
+    cr_assert_eq(m.cfg.n_ff_exp, 64);
+    cr_assert_eq(m.cfg.n_ff_shexp, 256);
+    cr_assert_eq(m.cfg.head_dim, 32);
+    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
+    cr_assert(!m.cfg.expert_weights_norm, "qwen2moe's top-k weights are not renormalised");
+    cr_assert(m.layers[0].bq.data && m.layers[0].bk.data && m.layers[0].bv.data);
+    cr_assert(m.layers[3].ffn_gate_inp_shexp.data && m.layers[3].ffn_down_shexp.data);
+    cr_assert(!m.layers[0].q_norm.data);
+    /* the shared expert is not one of the cached experts: an expert is gate + up + down of 64 */
+    cr_assert_eq(model_expert_bytes(&m, 0), 3 * 128 * 64 * 2);
+    /* it is a resident weight of its layer: a stage of layer 3 alone counts every f16 matrix
+     * (wq, wo 128x128; wk, wv 128x64; the shared expert 3 x 128x256) and the f32 vectors and
+     * router (2 norms and the shared gate of 128, biases 128 + 64 + 64, router 128x8) */
+    struct forward_stage_bytes sb;
+    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, &sb);
+    size_t f16 = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256), f32 = 4 * (3 * 128 + 256 + 128 * 8);
+    cr_assert_eq(sb.weights, f16 + f32, "stage weights %zu, want %zu", sb.weights, f16 + f32);
+    model_free(&m);
     unlink(path);
 }

@@ -207,6 +207,16 @@ __global__ void axpy_kernel(float *y, const float *__restrict__ x, float a, size
         y[i] += a * x[i];
 }
 
+/* backend_i.axpy_sigmoid: one CTA a row, its gate read once; axpy_kernel's expression. */
+__global__ void axpy_sigmoid_kernel(float *y, const float *__restrict__ x, const float *__restrict__ g, int dim)
+{
+    float *yr = y + (size_t)blockIdx.x * dim;
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float a = 1.0f / (1.0f + expf(-g[blockIdx.x]));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] += a * xr[i];
+}
+
 /* Row indices and weights travel in the launch parameters, like gather's; one CTA per row
  * (rows distinct, so no two CTAs touch the same y row). Same expression as axpy_kernel, so
  * each row gets the bits a per-row axpy would give. */
@@ -498,6 +508,15 @@ static void cu_axpy(void *ctx, float *y, const float *x, float a, int n)
     CU_LAUNCH(c, "axpy_kernel");
 }
 
+static void cu_axpy_sigmoid(void *ctx, float *y, const float *x, const float *g, int n, int dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || n <= 0 || dim <= 0)
+        return;
+    axpy_sigmoid_kernel<<<n, 256, 0, c->st>>>(y, x, g, dim);
+    CU_LAUNCH(c, "axpy_sigmoid_kernel");
+}
+
 static void cu_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n, int dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -624,6 +643,7 @@ static const struct backend_i cuda_iface = {
     .attention = cu_attention,
     .swiglu = cu_swiglu,
     .axpy = cu_axpy,
+    .axpy_sigmoid = cu_axpy_sigmoid,
     .scatter_axpy = cu_scatter_axpy,
     .get_row = cu_get_row,
     .get_rows = cu_get_rows,
