@@ -135,6 +135,14 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     bool cuda_stage = false;
     for (int i = 0; i < n; i++)
         cuda_stage |= dv[i].kind == DEVICE_KIND_CUDA;
+    /* Parking copies a slot's rows to host RAM while the other sequences wait at the step
+     * boundary; from a GPU that is a device-to-host copy of the rows (~0.2 MB a token of a
+     * Qwen3-30B-A3B) not yet measured against the recompute it saves, so null means off there
+     * until it is (docs/CONFIG.md); an explicit budget turns it on. */
+    if (o->kv_host_mib < 0 && cuda_stage && p->kv_host_bytes) {
+        tide_log("conversation parking: off by default with a CUDA device (set kv_host_mib to turn it on)");
+        p->kv_host_bytes = 0;
+    }
     p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : FORWARD_DEFAULT_BATCH;
     p->n_seq = o->n_seq > 0 ? o->n_seq : cuda_stage ? PLAN_AUTO_SEQ_CUDA : PLAN_AUTO_SEQ_CPU;
     if (p->n_seq > FORWARD_MAX_SEQ)
