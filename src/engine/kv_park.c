@@ -84,7 +84,8 @@ int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const st
     int rc = en.tokens && en.rows && en.img ? 0 : TIDE_ENOMEM;
     if (rc == 0) {
         memcpy(en.tokens, r->ids, sizeof(int) * (size_t)m);
-        memcpy(en.img, r->img, sizeof(struct row_image) * (size_t)ni);
+        if (ni) /* r->img may be NULL when there are none */
+            memcpy(en.img, r->img, sizeof(struct row_image) * (size_t)ni);
         rc = forward_kv_copy(fw, slot, m, en.rows, m, true);
     }
     if (rc < 0) {
