@@ -6,7 +6,7 @@
 # and from llama.cpp (scripts/llama-logits.c, built here against the llama.cpp build in
 # LLAMA_DIR, f32 KV cache, no flash attention) must agree within 1e-4 (the same tokens, the same
 # values).
-# Usage: LLAMA_SIMPLE=/path/to/llama-simple LLAMA_DIR=/path/to/llama.cpp scripts/check-llama-parity.sh
+# Usage: LLAMA_SIMPLE=/path/to/llama-simple LLAMA_DIR=/path/to/llama.cpp [PRESETS="gpt-oss ..."] scripts/check-llama-parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LS="${LLAMA_SIMPLE:-/tmp/llama.cpp/build/bin/llama-simple}"
@@ -23,7 +23,7 @@ if [ -f "$LD/include/llama.h" ] && [ -e "$LD/build/bin/libllama.so" ]; then
 fi
 [ -n "$LL" ] || echo "(no libllama in LLAMA_DIR=$LD: greedy texts only, no step-0 logits)"
 fail=0
-for preset in dense moe qwen3moe qwen2moe; do
+for preset in ${PRESETS:-dense moe qwen3moe qwen2moe gpt-oss}; do
   build/tide-mkmodel --preset $preset --type f32 --out "$tmp/$preset.gguf" >/dev/null
   ref=$("$LS" -m "$tmp/$preset.gguf" -n 24 "$P" 2>/dev/null | python3 -c 'import sys;print(sys.stdin.buffer.read().decode("utf-8","replace").rstrip("\n"))')
   port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')

@@ -11,6 +11,7 @@
 #include "sample.h"
 #include "sample_rows.h"
 #include "backend_cpu_vision.h"
+#include "backend_cpu_oai.h"
 #include "cpu_quant.h"
 
 #include <math.h>
@@ -735,6 +736,8 @@ static const struct backend_i cpu_iface = {
     .qk_norm_rope = cpu_qk_norm_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
+    .swiglu_oai = cpu_swiglu_oai,
     .axpy = cpu_axpy,
     .axpy_sigmoid = cpu_axpy_sigmoid,
     .scatter_axpy = cpu_scatter_axpy,
