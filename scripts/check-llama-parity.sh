@@ -24,7 +24,9 @@ fi
 [ -n "$LL" ] || echo "(no libllama in LLAMA_DIR=$LD: greedy texts only, no step-0 logits)"
 fail=0
 for preset in ${PRESETS:-dense moe qwen3moe qwen2moe gpt-oss}; do
-  build/tide-mkmodel --preset $preset --type f32 --out "$tmp/$preset.gguf" >/dev/null
+  # PRESET:TYPE runs a preset in another type (gpt-oss:mxfp4); the default is f32
+  type=f32; case $preset in *:*) type=${preset#*:}; preset=${preset%%:*};; esac
+  build/tide-mkmodel --preset $preset --type $type --out "$tmp/$preset.gguf" >/dev/null
   ref=$("$LS" -m "$tmp/$preset.gguf" -n 24 "$P" 2>/dev/null | python3 -c 'import sys;print(sys.stdin.buffer.read().decode("utf-8","replace").rstrip("\n"))')
   port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
   build/tide --port "$port" --model "$tmp/$preset.gguf" >"$tmp/log" 2>&1 & pid=$!
