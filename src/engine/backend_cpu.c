@@ -738,6 +738,7 @@ static const struct backend_i cpu_iface = {
     .swiglu = cpu_swiglu,
     .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
     .swiglu_oai = cpu_swiglu_oai,
+    .rope_freqs = cpu_rope_freqs,
     .axpy = cpu_axpy,
     .axpy_sigmoid = cpu_axpy_sigmoid,
     .scatter_axpy = cpu_scatter_axpy,

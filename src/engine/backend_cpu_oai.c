@@ -1,5 +1,6 @@
 /* backend_cpu_oai.c - the CPU backend's ops for gpt-oss: causal attention with a learned
- * per-head sink logit and an optional sliding window, and the clamped SwiGLU. Plain loops on
+ * per-head sink logit and an optional sliding window, rope with a frequency per pair (yarn),
+ * and the clamped SwiGLU. Plain loops on
  * the engine thread: gpt-oss runs on CPU devices only for now (docs/MODELS.md). */
 #include "engine/backend_cpu_oai.h"
 
@@ -48,6 +49,25 @@ void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const 
             }
         }
     }
+}
+
+/* Angles in double, as the plain rope's (backend_cpu.c): cos and sin scaled by mscale, as
+ * llama.cpp's yarn does. */
+void cpu_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs, float mscale)
+{
+    (void)ctx;
+    int half = head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)(pos + t) * freqs[i];
+            float cs = (float)cos(a) * mscale, sn = (float)sin(a) * mscale;
+            for (int h = 0; h < n_heads; h++) {
+                float *v = vec + ((size_t)t * n_heads + h) * head_dim;
+                float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * cs - x1 * sn;
+                v[i + half] = x0 * sn + x1 * cs;
+            }
+        }
 }
 
 void cpu_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit)

@@ -338,7 +338,10 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const struct run *R = &rn[r];
             float *q = st->q + (size_t)R->t0 * qd;
             float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
-            if (B->qk_norm_rope) {
+            if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
+                B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
+                B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
+            } else if (B->qk_norm_rope) {
                 B->qk_norm_rope(bc, q, k, qn, kn, R->n, (int)c->n_head, (int)c->n_head_kv, hd, R->pos, c->rope_theta,
                                 c->rope, c->rms_eps);
             } else {

@@ -4,6 +4,7 @@
  * shapes and never bounds-check. Weights are views into the mapping, never copies. */
 #include "model.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,10 +149,69 @@ static int load_gptoss_config(const struct gguf_file *g, struct model_config *c,
     if (base_swa != c->rope_theta)
         return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.freq_base_swa %g differs from rope.freq_base %g: not "
                     "supported", arch, base_swa, c->rope_theta);
+    return 0;
+}
+
+/* Rope scaling as llama.cpp reads it (type default linear, factor 0 or absent: none) into a
+ * frequency a rotated pair and one magnitude for q and k. YaRN: pair i of base frequency
+ * f = base^(-2i/d) turns at f * (s (1 - r) + r), s = 1 / factor and r the ramp between the
+ * correction dims (1 below, 0 above; llama.cpp's ggml_rope_yarn_corr_dims with beta_fast and
+ * beta_slow over original_context_length), and the magnitude is 1 + 0.1 ln(factor) (llama.cpp's
+ * attn_factor comes to 1 for it unless yarn_log_multiplier is set, which tide refuses). Linear:
+ * f * s, magnitude 1. Only gpt-oss reads these keys here. */
+static int load_rope_scaling(struct model *m, const char *arch, char *err, size_t errlen)
+{
+    const struct gguf_file *g = &m->gguf;
+    struct model_config *c = &m->cfg;
+    c->rope_mscale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     struct gguf_str st;
-    if (gguf_get_str(g, "gpt-oss.rope.scaling.type", &st) == 0 && !gguf_str_eq(st, "none"))
-        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.scaling.type %.*s: rope scaling is not supported yet",
-                    arch, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    bool yarn = false, linear = true;
+    if (gguf_get_str(g, key, &st) == 0) {
+        yarn = gguf_str_eq(st, "yarn");
+        linear = gguf_str_eq(st, "linear");
+        if (!yarn && !linear && !gguf_str_eq(st, "none"))
+            return fail(err, errlen, TIDE_EUNSUPPORTED, "%s %.*s: rope scaling type not supported", key,
+                        (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    float factor = 0, log_mul = 0, attn_factor = 1, ext = 1, beta_fast = 32, beta_slow = 1;
+    arch_f32(g, arch, "rope.scaling.factor", 0.0f, &factor);
+    arch_f32(g, arch, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul);
+    arch_f32(g, arch, "rope.scaling.attn_factor", 1.0f, &attn_factor);
+    arch_f32(g, arch, "rope.scaling.yarn_ext_factor", 1.0f, &ext);
+    arch_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast);
+    arch_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow);
+    if ((!yarn && !linear) || factor == 0.0f || (linear && factor == 1.0f))
+        return 0;
+    if (!(factor > 0) || (yarn && (log_mul != 0.0f || ext != 1.0f)))
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.scaling: factor %g, yarn_log_multiplier %g, "
+                    "yarn_ext_factor %g not supported", arch, factor, log_mul, ext);
+    uint32_t orig = c->n_ctx_train;
+    int rc = arch_u32(g, arch, "rope.scaling.original_context_length", c->n_ctx_train, false, &orig, err, errlen);
+    if (rc)
+        return rc;
+    int d = (int)c->head_dim, half = d / 2;
+    m->rope_freqs = malloc(sizeof(float) * (size_t)half);
+    if (!m->rope_freqs)
+        return TIDE_ENOMEM;
+    float s = 1.0f / factor, lo = 0, hi = 0;
+    if (yarn) { /* the correction dims, in float as llama.cpp computes them */
+        const float pi = 3.14159265358979f;
+        lo = floorf(d * logf(orig / (beta_fast * 2 * pi)) / (2 * logf(c->rope_theta)));
+        hi = ceilf(d * logf(orig / (beta_slow * 2 * pi)) / (2 * logf(c->rope_theta)));
+        lo = lo > 0 ? lo : 0;
+        hi = hi < d - 1 ? hi : (float)(d - 1);
+        c->rope_mscale = (1.0f + 0.1f * logf(factor)) * attn_factor;
+    }
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / d), r = 0;
+        if (yarn) {
+            float y = (i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+            r = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+        }
+        m->rope_freqs[i] = (float)(f * (s * (1 - r) + r));
+    }
     return 0;
 }
 
@@ -206,6 +266,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (c->head_dim == 0 || c->head_dim % 2)
         return fail(err, errlen, TIDE_EFORMAT, "head_dim %u must be even", c->head_dim);
     arch_f32(g, arch, "rope.freq_base", 10000.0f, &c->rope_theta);
+    c->rope_mscale = 1.0f;
     arch_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps);
     c->rope = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
 
@@ -364,7 +425,9 @@ int model_load(struct model *m, const char *path, char *err, size_t errlen)
     int rc = gguf_open(&m->gguf, path, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = load_config(m, err, errlen)) < 0 || (rc = load_tensors(m, err, errlen)) < 0) {
+    if ((rc = load_config(m, err, errlen)) < 0 ||
+        (m->cfg.arch == ARCH_GPTOSS && (rc = load_rope_scaling(m, "gpt-oss", err, errlen)) < 0) ||
+        (rc = load_tensors(m, err, errlen)) < 0) {
         if (rc == TIDE_ENOMEM)
             fail(err, errlen, rc, "out of memory loading %s", path);
         model_free(m);
@@ -382,6 +445,7 @@ void model_free(struct model *m)
 {
     free(m->layers);
     free(m->name);
+    free(m->rope_freqs);
     gguf_close(&m->gguf);
     memset(m, 0, sizeof(*m));
 }

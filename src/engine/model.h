@@ -46,6 +46,7 @@ struct model_config {
     uint32_t n_ctx_train;
     uint32_t n_swa;           /* gpt-oss: the sliding window (keys a query sees, itself included) */
     uint32_t swa_period;      /* gpt-oss: layer l is windowed when l % period < period - 1 (0: all) */
+    float rope_mscale;        /* rope scaling (gpt-oss's yarn): q and k scaled by this after the rotation */
 };
 
 struct model_layer {
@@ -98,6 +99,9 @@ struct model {
     struct tensor output;        /* (n_embd -> n_vocab); tied to tok_embd when absent */
     struct model_layer *layers;  /* (n_layer) owned */
     char *name;                  /* general.name or the file's base name, owned */
+    /* rope scaling (yarn or linear, gpt-oss only): each pair's frequency, head_dim / 2 of them,
+     * owned; NULL: plain rope at rope_theta */
+    float *rope_freqs;
 };
 
 int model_load(struct model *m, const char *path, char *err, size_t errlen);

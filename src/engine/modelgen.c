@@ -461,8 +461,12 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
         if (c.n_ff_shexp) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
     }
-    if (c.n_swa)
+    if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
         gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);
+        gguf_w_str(w, AK("rope.scaling.type"), "yarn");
+        gguf_w_f32(w, AK("rope.scaling.factor"), 32.0f);
+        gguf_w_u32(w, AK("rope.scaling.original_context_length"), 4096);
+    }
     gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
     gguf_w_str(w, "tokenizer.ggml.pre", "gpt-2");
     gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);

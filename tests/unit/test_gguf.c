@@ -718,6 +718,18 @@ Test(gguf, modelgen_gptoss_preset)
     cr_assert_eq(model_layer_window(&m.cfg, 3), 0);
     cr_assert(m.layers[0].bo.data && m.layers[0].attn_sinks.data && m.layers[3].down_exps_b.data);
     cr_assert(m.layers[0].ffn_norm.data, "post_attention_norm is the FFN's norm");
+    /* yarn, factor 32 over 4096 at base 150000, head_dim 64: llama.cpp's correction dims are
+     * pairs 8 and 18, so pairs 0-8 keep their frequency, 18 on are 32 times slower, and q and k
+     * are scaled by 1 + 0.1 ln 32 */
+    cr_assert_not_null(m.rope_freqs);
+    cr_assert_float_eq(m.cfg.rope_mscale, 1.0f + 0.1f * logf(32.0f), 1e-6f);
+    for (int i = 0; i < 32; i++) {
+        double base = pow(150000.0, -2.0 * i / 64), want = i <= 8 ? base : i >= 18 ? base / 32 : 0;
+        if (want != 0)
+            cr_assert(fabs(m.rope_freqs[i] - want) <= 1e-6 * want, "pair %d: %g, want %g", i, m.rope_freqs[i], want);
+        else
+            cr_assert(m.rope_freqs[i] < base && m.rope_freqs[i] > base / 32, "pair %d ramps", i);
+    }
     /* the expert biases are the layer's, not the cached expert's: gate + up + down in MXFP4 */
     cr_assert_eq(model_expert_bytes(&m, 0), (3 * 128 * 64 / 32) * 17);
     model_free(&m);
