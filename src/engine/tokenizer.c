@@ -309,9 +309,22 @@ bool tokenizer_is_special(const struct tokenizer *t, int id)
     return id >= 0 && (uint32_t)id < t->n && (t->type[id] == 3 || t->type[id] == 4);
 }
 
+/* o200k_harmony (gpt-oss): a vocabulary with both <|return|> and <|call|> as special tokens. */
+static bool harmony_vocab(const struct tokenizer *t)
+{
+    int r = tokenizer_find(t, "<|return|>"), c = tokenizer_find(t, "<|call|>");
+    return r >= 0 && c >= 0 && tokenizer_is_special(t, r) && tokenizer_is_special(t, c);
+}
+
 bool tokenizer_is_eog(const struct tokenizer *t, int id)
 {
     if (id < 0 || (uint32_t)id >= t->n) return false;
+    /* harmony: <|end|> closes one message (the analysis channel), not the reply; <|return|>
+     * (the final answer's end) and <|call|> (a tool call's) end generation. llama.cpp's rule,
+     * whatever the file's eos/eot ids say. Looked up only for these three tokens. */
+    if (tokenizer_is_special(t, id) && (!strcmp(t->text[id], "<|end|>") || !strcmp(t->text[id], "<|return|>") ||
+                                        !strcmp(t->text[id], "<|call|>")) && harmony_vocab(t))
+        return strcmp(t->text[id], "<|end|>") != 0;
     if (id == t->eos || id == t->eot) return true;
     static const char *const names[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>"};
     if (t->type[id] != 3 && t->type[id] != 4) return false;

@@ -198,6 +198,25 @@ Test(tokenizer_spm, scores_and_byte_fallback)
     tokenizer_free(t);
 }
 
+/* gpt-oss's harmony vocabulary (both <|return|> and <|call|>): <|end|> closes the analysis
+ * message, so generation goes on to the final one and ends at <|return|> or <|call|>; without
+ * them <|end|> ends generation as before (phi-3 style). */
+Test(tokenizer, harmony_ends_at_return_or_call_not_end)
+{
+    const char *toks[5] = {"a", "b", "<|end|>", "<|return|>", "<|call|>"};
+    int32_t types[5] = {1, 1, 3, 3, 3};
+    struct tokenizer *t;
+    cr_assert_eq(tokenizer_create(&t, "gpt2", NULL, toks, NULL, types, 5, NULL, 0), 0);
+    cr_assert(!tokenizer_is_eog(t, 2), "<|end|> ends one harmony message, not the reply");
+    cr_assert(tokenizer_is_eog(t, 3));
+    cr_assert(tokenizer_is_eog(t, 4));
+    cr_assert(!tokenizer_is_eog(t, 0));
+    tokenizer_free(t);
+    cr_assert_eq(tokenizer_create(&t, "gpt2", NULL, toks, NULL, types, 4, NULL, 0), 0); /* no <|call|> */
+    cr_assert(tokenizer_is_eog(t, 2), "without harmony's pair <|end|> ends generation");
+    tokenizer_free(t);
+}
+
 Test(template, formats_and_detection)
 {
     struct chat_message m[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"},
