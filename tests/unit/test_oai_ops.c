@@ -80,3 +80,25 @@ Test(oai_ops, rope_freqs_turns_neox_pairs_and_scales)
             }
     backend_cpu_free(&be);
 }
+
+/* A long window spreads the heads over the threads: the same bits as one thread (each head is
+ * computed whole by one thread either way). */
+Test(oai_ops, attention_sinks_threads_same_bits)
+{
+    enum { H = 8, HKV = 2, D = 64, CTX = 100, N = 2, POS = 90 };
+    static float q[N * H * D], k[CTX * HKV * D], v[CTX * HKV * D], o1[N * H * D], o2[N * H * D], att[H * CTX];
+    float sinks[H];
+    for (int i = 0; i < N * H * D; i++) q[i] = val(i) * 0.3f;
+    for (int i = 0; i < CTX * HKV * D; i++) k[i] = val(5000 + i) * 0.3f, v[i] = val(9000 + i);
+    for (int h = 0; h < H; h++) sinks[h] = val(77 + h);
+    struct backend b1, b2;
+    cr_assert_eq(backend_cpu_init(&b1, 1), 0);
+    cr_assert_eq(backend_cpu_init(&b2, 2), 0);
+    for (int window = 0; window <= 80; window += 80) {
+        b1.i->attention_sinks(b1.ctx, q, k, v, o1, att, N, POS, H, HKV, D, sinks, window);
+        b2.i->attention_sinks(b2.ctx, q, k, v, o2, att, N, POS, H, HKV, D, sinks, window);
+        cr_assert_arr_eq(o1, o2, sizeof o1, "window %d", window);
+    }
+    backend_cpu_free(&b1);
+    backend_cpu_free(&b2);
+}
