@@ -468,7 +468,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         gguf_w_u32(w, AK("rope.scaling.original_context_length"), 4096);
     }
     gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_w_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_w_str(w, "tokenizer.ggml.pre", c.n_swa ? "gpt-4o" : "gpt-2"); /* gpt-oss: o200k's pre-tokenizer */
     gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
     gguf_w_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
     gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, v.n_merges);
