@@ -73,6 +73,23 @@ struct backend_i {
                       int head_dim);
     /* gate = silu(gate) * up, n elements. */
     void (*swiglu)(void *ctx, float *gate, const float *up, int n);
+    /* attention with gpt-oss's two extras. sinks (n_head floats in backend memory, or NULL):
+     * head h's softmax denominator gains exp(sinks[h]), a logit whose value row is zero.
+     * window > 0: the token at position p attends to kv positions max(0, p - window + 1)..p
+     * only (a sliding-window layer). Otherwise as attention. NULL where the backend has none
+     * (CUDA: gpt-oss is refused there at start-up). */
+    void (*attention_sinks)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                            float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
+                            int window);
+    /* Rope with a frequency per pair (NEOX pairs (i, i + head_dim/2)): n tokens of n_heads
+     * heads, token t at position pos + t, pair i turned by (pos + t) * freqs[i] (head_dim / 2
+     * floats in backend memory), and the result scaled by mscale: rope scaling (gpt-oss's yarn,
+     * model.rope_freqs). NULL where the backend has none. */
+    void (*rope_freqs)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
+                       float mscale);
+    /* gpt-oss's clamped SwiGLU, n elements: with g = min(gate, limit) and u = clamp(up, -limit,
+     * limit), gate = g * sigmoid(alpha * g) * (u + 1). NULL where the backend has none. */
+    void (*swiglu_oai)(void *ctx, float *gate, const float *up, int n, float alpha, float limit);
     /* y += a * x */
     void (*axpy)(void *ctx, float *y, const float *x, float a, int n);
     /* y (n, dim) += s_t * x (n, dim), row t scaled by s_t = 1 / (1 + exp(-g[t])): a gate

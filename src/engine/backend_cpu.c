@@ -11,6 +11,7 @@
 #include "sample.h"
 #include "sample_rows.h"
 #include "backend_cpu_vision.h"
+#include "backend_cpu_oai.h"
 #include "cpu_quant.h"
 
 #include <math.h>
@@ -735,6 +736,9 @@ static const struct backend_i cpu_iface = {
     .qk_norm_rope = cpu_qk_norm_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
+    .swiglu_oai = cpu_swiglu_oai,
+    .rope_freqs = cpu_rope_freqs,
     .axpy = cpu_axpy,
     .axpy_sigmoid = cpu_axpy_sigmoid,
     .scatter_axpy = cpu_scatter_axpy,
@@ -757,6 +761,11 @@ static const struct backend_i cpu_iface = {
     .argmax = cpu_argmax,
     .sample = cpu_sample, /* sample_rows.c */
 };
+
+void backend_cpu_parallel(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg)
+{
+    pool_run(ctx, fn, arg);
+}
 
 void backend_cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
 {

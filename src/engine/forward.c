@@ -21,16 +21,18 @@ size_t forward_kv_bytes(const struct model *m, int n_ctx)
 static size_t tbytes(const struct tensor *t) { return t->data ? t->row_bytes * t->ne[1] : 0; }
 
 /* At most this many resident tensors a layer. */
-#define LAYER_MAX_TENSORS 24
+#define LAYER_MAX_TENSORS 32
 
 /* The resident tensors of layer l, in a fixed order: a shared expert (qwen2moe) is one of
- * them, on the layer's device and counted as weights, never in the expert cache. */
+ * them, on the layer's device and counted as weights, never in the expert cache; so are
+ * gpt-oss's per-expert biases (small: a row an expert). */
 static int layer_tensors(struct model_layer *L, struct tensor **out)
 {
     struct tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
                             &L->ffn_gate_inp, &L->ffn_gate_inp_shexp, &L->ffn_gate_shexp, &L->ffn_up_shexp,
-                            &L->ffn_down_shexp};
+                            &L->ffn_down_shexp, &L->bo, &L->attn_sinks, &L->ffn_gate_inp_b, &L->gate_exps_b,
+                            &L->up_exps_b, &L->down_exps_b};
     _Static_assert(sizeof all / sizeof all[0] <= LAYER_MAX_TENSORS, "layer_tensors' array");
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -319,6 +319,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->add_bias(bc, vpos, L->bv.data, n, kvd);
         /* qwen3: rmsnorm each head before rope */
         const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
+        int window = model_layer_window(c, l);
         if (at) {
             float *kc = slot_rows(s, st, st->k_cache, l, rn[0].slot), *vc = slot_rows(s, st, st->v_cache, l, rn[0].slot);
             B->qk_norm_rope_at(bc, st->q, st->kv_new, st->kv_new + kvd, kc, vc, 1, at, NULL, 0, qn, kn, (int)c->n_head,
@@ -337,7 +338,10 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const struct run *R = &rn[r];
             float *q = st->q + (size_t)R->t0 * qd;
             float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
-            if (B->qk_norm_rope) {
+            if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
+                B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
+                B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
+            } else if (B->qk_norm_rope) {
                 B->qk_norm_rope(bc, q, k, qn, kn, R->n, (int)c->n_head, (int)c->n_head_kv, hd, R->pos, c->rope_theta,
                                 c->rope, c->rms_eps);
             } else {
@@ -354,10 +358,16 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->gather_rows(bc, vc + (size_t)R->pos * kvd, v, s->iota, R->n, kvd);
             }
             /* the run's K/V rows are in its slot now: one causal attention for its rows */
-            B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
-                         (int)c->n_head_kv, hd);
+            if (L->attn_sinks.data || window) /* gpt-oss: sinks, and every other layer windowed */
+                B->attention_sinks(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos,
+                                   (int)c->n_head, (int)c->n_head_kv, hd, L->attn_sinks.data, window);
+            else
+                B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
+                             (int)c->n_head_kv, hd);
         }
         matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
+        if (L->bo.data) /* gpt-oss's output bias */
+            B->add_bias(bc, st->x, L->bo.data, n, E);
 
         /* a decode token's norm and router product in one op where the backend has it */
         bool routed = n == 1 && c->n_expert && B->norm_matmul &&
@@ -365,7 +375,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
         if (!routed)
             B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         if (c->n_expert) {
-            int rc = moe_ffn(s, st, l, n, routed);
+            int rc = c->arch == ARCH_GPTOSS ? forward_oai_moe_ffn(s, st, l, n, routed) : moe_ffn(s, st, l, n, routed);
             if (rc < 0)
                 return rc;
             if (rc == 0)

@@ -11,4 +11,10 @@
 int forward_bind_buffers(struct forward_state *s, int n);
 void forward_unbind_buffers(struct forward_state *s);
 
+/* gpt-oss's MoE FFN for n tokens of layer l (forward_oai.c): xb (n, E) normed input ->
+ * moe_out (n, E), router biased, expert biases and the clamped SwiGLU; have_logits: the
+ * router's product is in router already. 0, or a negative code (TIDE_EUNSUPPORTED: the
+ * backend lacks swiglu_oai). */
+int forward_oai_moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits);
+
 #endif

@@ -4,6 +4,7 @@
  * shapes and never bounds-check. Weights are views into the mapping, never copies. */
 #include "model.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_QWEN3: return "qwen3";
     case ARCH_QWEN3MOE: return "qwen3moe";
     case ARCH_QWEN2MOE: return "qwen2moe";
+    case ARCH_GPTOSS: return "gpt-oss";
     }
     return "?";
 }
@@ -123,6 +125,104 @@ static int arch_f32(const struct gguf_file *g, const char *arch, const char *suf
     return 0;
 }
 
+/* gpt-oss's keys beyond the common ones: the sliding window (required, as in llama.cpp) and its
+ * layer pattern (default 2: even layers windowed, odd ones full). What tide does not compute
+ * is refused here, by name, rather than run wrong. */
+static int load_gptoss_config(const struct gguf_file *g, struct model_config *c, char *err, size_t errlen)
+{
+    const char *arch = "gpt-oss";
+    int rc;
+    if (c->n_expert == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing %s.expert_count", arch);
+    if ((rc = arch_u32(g, arch, "attention.sliding_window", 0, true, &c->n_swa, err, errlen)))
+        return rc;
+    const struct gguf_kv *pat = gguf_find_kv(g, "gpt-oss.attention.sliding_window_pattern");
+    if (pat && pat->type != GGUF_TYPE_UINT32)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.attention.sliding_window_pattern: only a number is supported",
+                    arch);
+    if ((rc = arch_u32(g, arch, "attention.sliding_window_pattern", 2, false, &c->swa_period, err, errlen)))
+        return rc;
+    if (c->n_swa == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "bad %s.attention.sliding_window 0", arch);
+    float base_swa;
+    arch_f32(g, arch, "rope.freq_base_swa", c->rope_theta, &base_swa);
+    if (base_swa != c->rope_theta)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.freq_base_swa %g differs from rope.freq_base %g: not "
+                    "supported", arch, base_swa, c->rope_theta);
+    return 0;
+}
+
+/* Rope scaling as llama.cpp reads it (type default linear, factor 0 or absent: none) into a
+ * frequency a rotated pair and one magnitude for q and k. YaRN: pair i of base frequency
+ * f = base^(-2i/d) turns at f * (s (1 - r) + r), s = 1 / factor and r the ramp between the
+ * correction dims (1 below, 0 above; llama.cpp's ggml_rope_yarn_corr_dims with beta_fast and
+ * beta_slow over original_context_length), and the magnitude is 1 + 0.1 ln(factor) (llama.cpp's
+ * attn_factor comes to 1 for it unless yarn_log_multiplier is set, which tide refuses). Linear:
+ * f * s, magnitude 1. Only gpt-oss reads these keys here. */
+static int load_rope_scaling(struct model *m, const char *arch, char *err, size_t errlen)
+{
+    const struct gguf_file *g = &m->gguf;
+    struct model_config *c = &m->cfg;
+    c->rope_mscale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    struct gguf_str st;
+    bool yarn = false, linear = true;
+    if (gguf_get_str(g, key, &st) == 0) {
+        yarn = gguf_str_eq(st, "yarn");
+        linear = gguf_str_eq(st, "linear");
+        if (!yarn && !linear && !gguf_str_eq(st, "none"))
+            return fail(err, errlen, TIDE_EUNSUPPORTED, "%s %.*s: rope scaling type not supported", key,
+                        (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    float factor = 0, log_mul = 0, attn_factor = 1, ext = 1, beta_fast = 32, beta_slow = 1;
+    arch_f32(g, arch, "rope.scaling.factor", 0.0f, &factor);
+    arch_f32(g, arch, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul);
+    arch_f32(g, arch, "rope.scaling.attn_factor", 1.0f, &attn_factor);
+    arch_f32(g, arch, "rope.scaling.yarn_ext_factor", 1.0f, &ext);
+    arch_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast);
+    arch_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow);
+    if ((!yarn && !linear) || factor == 0.0f || (linear && factor == 1.0f))
+        return 0;
+    if (!(factor > 0) || (yarn && (log_mul != 0.0f || ext != 1.0f)))
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.scaling: factor %g, yarn_log_multiplier %g, "
+                    "yarn_ext_factor %g not supported", arch, factor, log_mul, ext);
+    uint32_t orig = c->n_ctx_train;
+    int rc = arch_u32(g, arch, "rope.scaling.original_context_length", c->n_ctx_train, false, &orig, err, errlen);
+    if (rc)
+        return rc;
+    int d = (int)c->head_dim, half = d / 2;
+    m->rope_freqs = malloc(sizeof(float) * (size_t)half);
+    if (!m->rope_freqs)
+        return TIDE_ENOMEM;
+    float s = 1.0f / factor, lo = 0, hi = 0;
+    if (yarn) { /* the correction dims, in float as llama.cpp computes them */
+        const float pi = 3.14159265358979f;
+        lo = floorf(d * logf(orig / (beta_fast * 2 * pi)) / (2 * logf(c->rope_theta)));
+        hi = ceilf(d * logf(orig / (beta_slow * 2 * pi)) / (2 * logf(c->rope_theta)));
+        lo = lo > 0 ? lo : 0;
+        hi = hi < d - 1 ? hi : (float)(d - 1);
+        c->rope_mscale = (1.0f + 0.1f * logf(factor)) * attn_factor;
+    }
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / d), r = 0;
+        if (yarn) {
+            float y = (i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+            r = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+        }
+        m->rope_freqs[i] = (float)(f * (s * (1 - r) + r));
+    }
+    return 0;
+}
+
+int model_layer_window(const struct model_config *c, uint32_t l)
+{
+    if (c->arch != ARCH_GPTOSS || !c->n_swa)
+        return 0;
+    uint32_t p = c->swa_period;
+    return p == 0 || l % p < p - 1 ? (int)c->n_swa : 0;
+}
+
 static int load_config(struct model *m, char *err, size_t errlen)
 {
     const struct gguf_file *g = &m->gguf;
@@ -135,6 +235,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     else if (gguf_str_eq(a, "qwen3")) { c->arch = ARCH_QWEN3; arch = "qwen3"; }
     else if (gguf_str_eq(a, "qwen3moe")) { c->arch = ARCH_QWEN3MOE; arch = "qwen3moe"; }
     else if (gguf_str_eq(a, "qwen2moe")) { c->arch = ARCH_QWEN2MOE; arch = "qwen2moe"; }
+    else if (gguf_str_eq(a, "gpt-oss")) { c->arch = ARCH_GPTOSS; arch = "gpt-oss"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
@@ -165,6 +266,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (c->head_dim == 0 || c->head_dim % 2)
         return fail(err, errlen, TIDE_EFORMAT, "head_dim %u must be even", c->head_dim);
     arch_f32(g, arch, "rope.freq_base", 10000.0f, &c->rope_theta);
+    c->rope_mscale = 1.0f;
     arch_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps);
     c->rope = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
 
@@ -195,11 +297,18 @@ static int load_config(struct model *m, char *err, size_t errlen)
          * renormalised (llama.cpp reads no key for it) */
         if (c->arch == ARCH_QWEN2MOE)
             c->expert_weights_norm = false;
+        /* gpt-oss: a softmax over the chosen experts' logits, which is the softmax over all
+         * renormalised over the chosen */
+        if (c->arch == ARCH_GPTOSS)
+            c->expert_weights_norm = true;
     } else {
         if (n_ff == 0)
             return fail(err, errlen, TIDE_EFORMAT, "missing %s.feed_forward_length", arch);
         c->n_ff = n_ff;
     }
+
+    if (c->arch == ARCH_GPTOSS && (rc = load_gptoss_config(g, c, err, errlen)))
+        return rc;
 
     const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");
     if (kv && kv->type == GGUF_TYPE_ARRAY)
@@ -230,7 +339,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
     m->layers = calloc(c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return TIDE_ENOMEM;
-    bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE;
+    bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE, oss = c->arch == ARCH_GPTOSS;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         char n[96];
@@ -247,22 +356,39 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
         T(wo, "attn_output", qd, E, true);
         /* q/k/v biases: qwen2moe's files have them; optional for every architecture, as in
          * llama.cpp. Added by the f32 add_bias op, so they must be f32. */
-#define BIAS(field, nm, len)                                                         \
+#define BIAS(field, nm, len, rows, req)                                               \
     do {                                                                             \
         snprintf(n, sizeof(n), "blk.%u." nm ".bias", l);                             \
-        if ((rc = get_tensor(g, n, len, 1, false, &L->field, err, errlen)))          \
+        if ((rc = get_tensor(g, n, len, rows, req, &L->field, err, errlen)))         \
             return rc;                                                               \
         if (L->field.data && L->field.type != GGML_TYPE_F32)                         \
             return fail(err, errlen, TIDE_EUNSUPPORTED, "tensor %s has type %s, expected f32", n, \
                         ggml_type_name(L->field.type));                              \
     } while (0)
-        BIAS(bq, "attn_q", qd);
-        BIAS(bk, "attn_k", kvd);
-        BIAS(bv, "attn_v", kvd);
-#undef BIAS
+        BIAS(bq, "attn_q", qd, 1, oss);
+        BIAS(bk, "attn_k", kvd, 1, oss);
+        BIAS(bv, "attn_v", kvd, 1, oss);
         T(q_norm, "attn_q_norm", c->head_dim, 1, qk);
         T(k_norm, "attn_k_norm", c->head_dim, 1, qk);
-        T(ffn_norm, "ffn_norm", E, 1, true);
+        /* gpt-oss names its FFN input norm post_attention_norm */
+        if (oss)
+            T(ffn_norm, "post_attention_norm", E, 1, true);
+        else
+            T(ffn_norm, "ffn_norm", E, 1, true);
+        if (oss) { /* gpt-oss: the wo, router and expert biases and the sinks, all required */
+            BIAS(bo, "attn_output", E, 1, true);
+            BIAS(ffn_gate_inp_b, "ffn_gate_inp", c->n_expert, 1, true);
+            BIAS(gate_exps_b, "ffn_gate_exps", c->n_ff_exp, c->n_expert, true);
+            BIAS(up_exps_b, "ffn_up_exps", c->n_ff_exp, c->n_expert, true);
+            BIAS(down_exps_b, "ffn_down_exps", E, c->n_expert, true);
+            snprintf(n, sizeof(n), "blk.%u.attn_sinks.weight", l);
+            if ((rc = get_tensor(g, n, c->n_head, 1, true, &L->attn_sinks, err, errlen)))
+                return rc;
+            if (L->attn_sinks.type != GGML_TYPE_F32)
+                return fail(err, errlen, TIDE_EUNSUPPORTED, "tensor %s has type %s, expected f32", n,
+                            ggml_type_name(L->attn_sinks.type));
+        }
+#undef BIAS
         if (c->n_expert == 0) {
             T(ffn_gate, "ffn_gate", E, c->n_ff, true);
             T(ffn_up, "ffn_up", E, c->n_ff, true);
@@ -299,7 +425,9 @@ int model_load(struct model *m, const char *path, char *err, size_t errlen)
     int rc = gguf_open(&m->gguf, path, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = load_config(m, err, errlen)) < 0 || (rc = load_tensors(m, err, errlen)) < 0) {
+    if ((rc = load_config(m, err, errlen)) < 0 ||
+        (m->cfg.arch == ARCH_GPTOSS && (rc = load_rope_scaling(m, "gpt-oss", err, errlen)) < 0) ||
+        (rc = load_tensors(m, err, errlen)) < 0) {
         if (rc == TIDE_ENOMEM)
             fail(err, errlen, rc, "out of memory loading %s", path);
         model_free(m);
@@ -317,6 +445,7 @@ void model_free(struct model *m)
 {
     free(m->layers);
     free(m->name);
+    free(m->rope_freqs);
     gguf_close(&m->gguf);
     memset(m, 0, sizeof(*m));
 }

@@ -3,7 +3,9 @@
  * Architectures: llama (dense, or Mixtral-style MoE with ffn_gate_inp + ffn_*_exps),
  * qwen3 (dense, QK-norm), qwen3moe (MoE, QK-norm, normalised top-k weights), qwen2moe (MoE
  * with q/k/v biases, unnormalised top-k weights and a shared expert whose output a sigmoid
- * gate scales; the shared expert is a resident layer weight, not an expert of the cache).
+ * gate scales; the shared expert is a resident layer weight, not an expert of the cache), gpt-oss
+ * (MoE with biases everywhere, attention sinks, sliding-window layers every other layer, the
+ * clamped SwiGLU and a softmax over the chosen experts' router logits).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -21,7 +23,7 @@ struct tensor {
     size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
 };
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -42,6 +44,9 @@ struct model_config {
     float rms_eps;
     enum rope_kind rope;
     uint32_t n_ctx_train;
+    uint32_t n_swa;           /* gpt-oss: the sliding window (keys a query sees, itself included) */
+    uint32_t swa_period;      /* gpt-oss: layer l is windowed when l % period < period - 1 (0: all) */
+    float rope_mscale;        /* rope scaling (gpt-oss's yarn): q and k scaled by this after the rotation */
 };
 
 struct model_layer {
@@ -68,6 +73,14 @@ struct model_layer {
     struct tensor ffn_gate_shexp;     /* (n_embd -> n_ff_shexp) */
     struct tensor ffn_up_shexp;       /* (n_embd -> n_ff_shexp) */
     struct tensor ffn_down_shexp;     /* (n_ff_shexp -> n_embd) */
+    /* gpt-oss: f32 biases of wo, the router and each expert (row e: expert e's), the
+     * attention sinks (one logit per head); data NULL when absent */
+    struct tensor bo;            /* (n_embd) */
+    struct tensor attn_sinks;    /* (n_head) */
+    struct tensor ffn_gate_inp_b; /* (n_expert) */
+    struct tensor gate_exps_b;   /* (n_ff_exp, n_expert) */
+    struct tensor up_exps_b;     /* (n_ff_exp, n_expert) */
+    struct tensor down_exps_b;   /* (n_embd, n_expert) */
     void *exps_pinned[3];        /* page-locked copies of gate/up/down_exps, or NULL (the mapping) */
 };
 
@@ -86,9 +99,15 @@ struct model {
     struct tensor output;        /* (n_embd -> n_vocab); tied to tok_embd when absent */
     struct model_layer *layers;  /* (n_layer) owned */
     char *name;                  /* general.name or the file's base name, owned */
+    /* rope scaling (yarn or linear, gpt-oss only): each pair's frequency, head_dim / 2 of them,
+     * owned; NULL: plain rope at rope_theta */
+    float *rope_freqs;
 };
 
 int model_load(struct model *m, const char *path, char *err, size_t errlen);
+/* The attention window of layer l: 0 for full causal attention, else the number of most
+ * recent positions (the query's own included) a query attends to (gpt-oss's sliding layers). */
+int model_layer_window(const struct model_config *c, uint32_t l);
 void model_free(struct model *m);
 const char *model_arch_name(enum model_arch a);
 /* Views of expert e of layer l straight in host RAM (the GGUF mapping). */

@@ -268,20 +268,25 @@ struct preset {
     float rope_base;    /* 0: 10000 */
     bool fill;          /* big matrices made at write time (uniform), not held in memory */
     uint32_t n_ff_shexp; /* qwen2moe: the shared expert's width (q/k/v biases come with it) */
+    uint32_t n_swa;      /* gpt-oss: its sliding window (and biases, sinks, post_attention_norm) */
 };
 
 static const struct preset presets[] = {
-    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false, 0},
-    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0},
-    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false, 0},
+    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false, 0, 0},
+    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
+    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false, 0, 0},
     /* Qwen1.5-MoE-A2.7B's shape, small: 4 of 8 experts used (60 and 4 there), a shared expert
      * 4x an expert's width (5632 and 1408 there), q/k/v biases, head_dim n_embd / n_head */
-    {"qwen2moe", "qwen2moe", 128, 4, 4, 2, 0, 64, 8, 4, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 256},
-    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0},
+    {"qwen2moe", "qwen2moe", 128, 4, 4, 2, 0, 64, 8, 4, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 256, 0},
+    /* gpt-oss-20b's layout, small: 4 of 8 experts used (4 of 32 there), head_dim 64 with
+     * n_head * head_dim != n_embd, every other layer windowed (128 there: 4 here, so short
+     * prompts see it), biases on q/k/v/o, the router and the experts, attention sinks */
+    {"gpt-oss", "gpt-oss", 128, 4, 4, 2, 64, 64, 8, 4, GGML_TYPE_F16, false, 1e-5f, 0, 150000.0f, false, 0, 4},
+    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
-     151936, 1e6f, true, 0},
+     151936, 1e6f, true, 0, 0},
 };
 
 static const char chatml[] =
@@ -380,7 +385,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -421,6 +426,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (E * F * X > maxn) maxn = E * F * X;
     if (E * c.n_ff_shexp > maxn) maxn = E * c.n_ff_shexp;
     if (E * Q > maxn) maxn = E * Q;
+    if (E * X > maxn) maxn = E * X;
     if (c.fill) maxn = FILL_MIN; /* only the small tensors are made here */
     g.buf = malloc(maxn * sizeof(float));
     if (!g.w || !g.buf) {
@@ -455,8 +461,14 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
         if (c.n_ff_shexp) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
     }
+    if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
+        gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);
+        gguf_w_str(w, AK("rope.scaling.type"), "yarn");
+        gguf_w_f32(w, AK("rope.scaling.factor"), 32.0f);
+        gguf_w_u32(w, AK("rope.scaling.original_context_length"), 4096);
+    }
     gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_w_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_w_str(w, "tokenizer.ggml.pre", c.n_swa ? "gpt-4o" : "gpt-2"); /* gpt-oss: o200k's pre-tokenizer */
     gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
     gguf_w_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
     gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, v.n_merges);
@@ -468,7 +480,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
 
     /* std 1/sqrt(fan_in) keeps activations O(1); the output matrix is scaled up so the
      * logits spread (std ~3) and greedy decoding moves between tokens. */
-    uint32_t T = c.type;
+    uint32_t T = c.type, TX = T; /* TX: the experts' type */
+    if (c.n_swa && T == GGML_TYPE_MXFP4) /* gpt-oss's MXFP4 files keep it to the experts */
+        T = TD = GGML_TYPE_Q8_0;
+    bool oss = c.n_swa != 0;
     tensor(&g, "token_embd.weight", T, 2, E, V, 1, 0.7f, 0);
     tensor(&g, "output_norm.weight", GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
     tensor(&g, "output.weight", TD, 2, E, V, 1, 3.0f / sqrtf((float)E), 0);
@@ -480,24 +495,33 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         tensor(&g, BN("attn_k"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
-        if (c.n_ff_shexp) { /* qwen2's q/k/v biases (f32, as converted files have them) */
 #define BB(s) (snprintf(n, sizeof n, "blk.%u." s ".bias", l), n)
+        if (c.n_ff_shexp || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
             tensor(&g, BB("attn_q"), GGML_TYPE_F32, 1, Q, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_k"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_v"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
-#undef BB
+        }
+        if (oss) { /* the output bias and a sink logit per head */
+            tensor(&g, BB("attn_output"), GGML_TYPE_F32, 1, E, 1, 1, 0.2f, 0);
+            tensor(&g, BN("attn_sinks"), GGML_TYPE_F32, 1, c.n_head, 1, 1, 1.0f, 0);
         }
         if (c.qk_norm) {
             tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
             tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
         }
-        tensor(&g, BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+        tensor(&g, oss ? BN("post_attention_norm") : BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
         if (c.n_expert) {
             /* a wide router so that different tokens pick different experts */
             tensor(&g, BN("ffn_gate_inp"), GGML_TYPE_F32, 2, E, X, 1, 3.0f / sqrtf((float)E), 0);
-            tensor(&g, BN("ffn_gate_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
-            tensor(&g, BN("ffn_up_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
-            tensor(&g, BN("ffn_down_exps"), TD, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+            tensor(&g, BN("ffn_gate_exps"), TX, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_up_exps"), TX, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+            tensor(&g, BN("ffn_down_exps"), oss ? TX : TD, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+            if (oss) { /* the router's and every expert's biases, a row an expert */
+                tensor(&g, BB("ffn_gate_inp"), GGML_TYPE_F32, 1, X, 1, 1, 0.5f, 0);
+                tensor(&g, BB("ffn_gate_exps"), GGML_TYPE_F32, 2, F, X, 1, 0.2f, 0);
+                tensor(&g, BB("ffn_up_exps"), GGML_TYPE_F32, 2, F, X, 1, 0.2f, 0);
+                tensor(&g, BB("ffn_down_exps"), GGML_TYPE_F32, 2, E, X, 1, 0.2f, 0);
+            }
             if (c.n_ff_shexp) { /* the shared expert and its 1-row sigmoid gate */
                 uint64_t FS = c.n_ff_shexp;
                 tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
@@ -511,6 +535,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
             tensor(&g, BN("ffn_down"), TD, 2, F, E, 1, 1.0f / sqrtf((float)F), 0);
         }
 #undef BN
+#undef BB
     }
 #undef AK
     free(g.buf);

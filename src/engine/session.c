@@ -67,6 +67,13 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     }
     /* q5_0/q5_1, iq4_xs and MXFP4 have CPU kernels only: a CUDA device would multiply by nothing */
     for (int i = 0; i < e->mem.n_dev; i++) {
+        /* gpt-oss's sinks, windows and clamped SwiGLU have CPU ops only (backend_cpu_oai.c) */
+        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && e->model.cfg.arch == ARCH_GPTOSS) {
+            snprintf(err, errlen, "device %d is cuda, but gpt-oss models run on cpu devices only yet (set \"devices\" "
+                     "to cpu)", i);
+            rc = TIDE_EINVAL;
+            goto fail_mem;
+        }
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "

@@ -93,6 +93,13 @@ static const char *GPT2_RE =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 static const char *LLAMA3_RE =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* o200k (gpt-4o, gpt-oss: tokenizer.ggml.pre "gpt-4o"): words split before an upper-case run's
+ * lower-case tail with an optional contraction, numbers in threes, punctuation with trailing
+ * newlines or slashes (the tokenizer.json's pre-tokenizer pattern) */
+static const char *GPT4O_RE =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *QWEN2_RE =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
@@ -187,6 +194,8 @@ int tokenizer_create(struct tokenizer **out, const char *model, const char *pre,
             re = LLAMA3_RE;
         else if (pre && !strcmp(pre, "qwen2"))
             re = QWEN2_RE;
+        else if (pre && !strcmp(pre, "gpt-4o"))
+            re = GPT4O_RE;
         int ec;
         PCRE2_SIZE eo;
         t->re = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
@@ -309,9 +318,22 @@ bool tokenizer_is_special(const struct tokenizer *t, int id)
     return id >= 0 && (uint32_t)id < t->n && (t->type[id] == 3 || t->type[id] == 4);
 }
 
+/* o200k_harmony (gpt-oss): a vocabulary with both <|return|> and <|call|> as special tokens. */
+static bool harmony_vocab(const struct tokenizer *t)
+{
+    int r = tokenizer_find(t, "<|return|>"), c = tokenizer_find(t, "<|call|>");
+    return r >= 0 && c >= 0 && tokenizer_is_special(t, r) && tokenizer_is_special(t, c);
+}
+
 bool tokenizer_is_eog(const struct tokenizer *t, int id)
 {
     if (id < 0 || (uint32_t)id >= t->n) return false;
+    /* harmony: <|end|> closes one message (the analysis channel), not the reply; <|return|>
+     * (the final answer's end) and <|call|> (a tool call's) end generation. llama.cpp's rule,
+     * whatever the file's eos/eot ids say. Looked up only for these three tokens. */
+    if (tokenizer_is_special(t, id) && (!strcmp(t->text[id], "<|end|>") || !strcmp(t->text[id], "<|return|>") ||
+                                        !strcmp(t->text[id], "<|call|>")) && harmony_vocab(t))
+        return strcmp(t->text[id], "<|end|>") != 0;
     if (id == t->eos || id == t->eot) return true;
     static const char *const names[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>"};
     if (t->type[id] != 3 && t->type[id] != 4) return false;

@@ -5,6 +5,7 @@
 #include "server/metrics.h"
 #include "server/oai_fields.h"
 #include "server/oai_tools.h"
+#include "server/harmony.h"
 #include "server/recent.h"
 #include "server/json_text.h"
 #include "memory/host_budget.h"
@@ -25,7 +26,9 @@ struct choice_out {
     cJSON *logprobs;      /* array (non-stream, logprobs on) */
     bool role_sent;       /* stream: first delta with the role went out */
     size_t lp_offset;     /* stream, legacy logprobs: bytes of completion so far (text_offset) */
-    size_t sent;          /* stream with tools: bytes of text sent as content (the rest may be a call) */
+    size_t sent;          /* stream with tools: bytes of text sent as content (the rest may be a call);
+                           * gpt-oss (harmony): bytes of the split's content sent */
+    size_t sent_reasoning; /* stream, harmony: bytes of the split's reasoning sent */
     bool call_started;    /* stream with tools: a call began at text[sent] */
 };
 
@@ -545,6 +548,9 @@ static void echo_prompt(struct oai_req *r)
     }
 }
 
+/* A gpt-oss chat reply with no tools active: harmony text split (tools parse the raw text) */
+static bool harmony_req(const struct oai_req *r) { return r->chat && !r->tools.active && r->tools.fmt == TOOL_FMT_GPT_OSS; }
+
 static int on_text(void *ud, int choice, const char *text, size_t len, const struct token_logprob *lp)
 {
     struct oai_req *r = ud;
@@ -570,9 +576,17 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         len = safe;
         c->sent += safe;
     }
+    cJSON *hd = NULL; /* gpt-oss, no tools: the reply kept, its new reasoning/content parts out (raw if not harmony) */
+    if (r->stream && harmony_req(r)) {
+        if (append_text(c, text, len)) return 1;
+        bool h = harmony_text(c->text, c->len);
+        if (h) hd = harmony_stream_next(c->text, c->len, &c->sent, &c->sent_reasoning);
+        text = c->text + c->sent, len = h ? 0 : c->len - c->sent;
+        if (!h) c->sent = c->len;
+    }
     /* The engine calls once per token; an empty piece (text held back for a stop string)
      * needs no chunk unless it carries the token's logprob. */
-    if (r->stream && len == 0 && !lp) return 0;
+    if (r->stream && len == 0 && !lp && !hd) return 0;
     if (r->stream) {
         cJSON *o = chunk_base(r), *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(chs, ch);
@@ -589,7 +603,9 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
                 send_sse(r, o0);
                 c->role_sent = true;
             }
-            json_add_string_n(cJSON_AddObjectToObject(ch, "delta"), "content", text, len);
+            cJSON *delta = hd ? hd : cJSON_CreateObject();
+            cJSON_AddItemToObject(ch, "delta", delta);
+            if (!hd) json_add_string_n(delta, "content", text, len);
             if (lp) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
                 cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), logprob_json(r, lp));
@@ -716,6 +732,9 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
             if (r->chat) {
                 cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
                 if (!r->ch[i].role_sent) cJSON_AddStringToObject(delta, "role", "assistant");
+                struct choice_out *c = &r->ch[i]; /* harmony: what was held back, now complete */
+                if (harmony_req(r) && c->text && harmony_text(c->text, c->len))
+                    harmony_stream_delta(c->text, c->len, true, &c->sent, &c->sent_reasoning, delta);
             } else {
                 cJSON_AddStringToObject(ch, "text", "");
             }
@@ -755,7 +774,7 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
                 if (tc.content) cJSON_AddStringToObject(m, "content", tc.content);
                 else cJSON_AddNullToObject(m, "content");
                 cJSON_AddItemToObject(m, "tool_calls", oai_tool_calls_json(&tc, false));
-            } else {
+            } else if (!harmony_req(r) || harmony_message(m, text, text_len) <= 0) { /* gpt-oss: final, analysis */
                 json_add_string_n(m, "content", text, text_len);
             }
             if (r->ch[i].logprobs) {

@@ -14,14 +14,17 @@
 
 static char model_path[64];
 
-static void write_preset(const char *preset)
+/* type -1: the preset's own */
+static void write_preset_type(const char *preset, int type)
 {
     snprintf(model_path, sizeof model_path, "/tmp/tide-e2e-arch-%d-%s.gguf", (int)getpid(), preset);
-    struct modelgen_options o = {.preset = preset, .out = model_path, .seed = 5, .type = -1, .threads = 1};
+    struct modelgen_options o = {.preset = preset, .out = model_path, .seed = 5, .type = type, .threads = 1};
     char err[256] = "";
     cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
     setenv("TIDE_MODEL", model_path, 1);
 }
+
+static void write_preset(const char *preset) { write_preset_type(preset, -1); }
 
 static void done(void)
 {
@@ -62,6 +65,9 @@ static long expert_misses(void)
     harness_reply_free(&r);
     return v;
 }
+
+/* a CPU device this small holds gpt-oss's resident weights, KV and a few expert slots */
+#define GPTOSS_CAPPED_MIB "5" /* kv 4.0, weights 0.7: 24 of the 32 expert slots */
 
 /* .fini: the daemon is stopped and the file removed even when an assert ends the test early */
 Test(archs, qwen2moe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
@@ -115,4 +121,26 @@ Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120)
     cr_expect(cJSON_IsString(state) && !strcmp(state->valuestring, "ready"), "the encoder was loaded for the image");
     cJSON_Delete(v);
     harness_reply_free(&r);
+}
+
+/* gpt-oss with MXFP4 experts (its released files' type): sinks, windowed layers (a window of 4,
+ * shorter than the chat prompt) and biases through the daemon, and the same text from a CPU
+ * device whose expert cache holds a few of the 32 experts (the per-expert biases are layer
+ * weights, resident; the experts' MXFP4 rows move through the cache) */
+Test(archs, gptoss_mxfp4_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    write_preset_type("gpt-oss", GGML_TYPE_MXFP4);
+    harness_start("\"parallel\":1");
+    char *full = greedy_reply();
+    char *again = greedy_reply();
+    cr_expect_str_eq(again, full, "greedy is deterministic");
+    cr_expect(full[0] != 0, "empty reply");
+    harness_stop();
+    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":" GPTOSS_CAPPED_MIB "}]");
+    char *capped = greedy_reply();
+    cr_expect_str_eq(capped, full, "a capped expert cache changes nothing but speed");
+    cr_expect_gt(expert_misses(), 32, "more misses than the model has experts: the small cache evicted and refetched");
+    free(full);
+    free(again);
+    free(capped);
 }

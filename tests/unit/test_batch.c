@@ -209,3 +209,7 @@ Test(batch, backend_draws_are_the_rows_own)
     model_free(&m);
     unlink(path);
 }
+/* gpt-oss: sliding-window layers (window 4, shorter than every prompt here but one), sinks,
+ * biases and the clamped SwiGLU; MXFP4 experts as its released files have them */
+Test(batch, gptoss_f16_batched_equals_alone) { check_preset("gpt-oss", -1); }
+Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }

@@ -405,8 +405,8 @@ Test(gguf, file_io)
 
 Test(gguf, modelgen_presets_load)
 {
-    const char *ps[4] = {"dense", "moe", "qwen3moe", "qwen2moe"};
-    for (int i = 0; i < 4; i++) {
+    const char *ps[5] = {"dense", "moe", "qwen3moe", "qwen2moe", "gpt-oss"};
+    for (int i = 0; i < 5; i++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-%s.gguf", (int)getpid(), ps[i]);
         struct modelgen_options o = {.preset = ps[i], .out = path, .seed = 3, .type = -1};
@@ -639,5 +639,107 @@ Test(gguf, modelgen_qwen2moe_preset)
     size_t f16 = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256), f32 = 4 * (3 * 128 + 256 + 128 * 8);
     cr_assert_eq(sb.weights, f16 + f32, "stage weights %zu, want %zu", sb.weights, f16 + f32);
     model_free(&m);
+    unlink(path);
+}
+
+/* Rename one tensor in a GGUF file in place (same length, so the file stays valid): the
+ * loader then sees a file without `from`. */
+static void rename_tensor(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    char *b = malloc((size_t)n);
+    fseek(f, 0, SEEK_SET);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    size_t lf = strlen(from);
+    cr_assert_eq(strlen(to), lf);
+    long at = -1;
+    for (long i = 0; i + (long)lf <= n && at < 0; i++)
+        if (memcmp(b + i, from, lf) == 0)
+            at = i;
+    cr_assert(at >= 0, "%s not in the file", from);
+    fseek(f, at, SEEK_SET);
+    fwrite(to, 1, lf, f);
+    fclose(f);
+    free(b);
+}
+
+/* gpt-oss as llama.cpp names and shapes it (src/models/openai-moe.cpp there): biases on
+ * q/k/v/o, the router and every expert, a sink per head, post_attention_norm as the FFN's
+ * norm, the sliding window; then what the loader makes of it, and a file missing one of the
+ * required tensors refused by name. */
+Test(gguf, modelgen_gptoss_preset)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-oss.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "gpt-oss", .out = path, .seed = 1, .type = GGML_TYPE_MXFP4, .threads = 1};
+    char err[200] = "";
+    struct modelgen_summary s;
+    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    uint32_t v;
+    cr_assert_eq(gguf_get_u32(&g, "gpt-oss.expert_feed_forward_length", &v), 0);
+    cr_assert_eq(v, 64);
+    cr_assert_eq(gguf_get_u32(&g, "gpt-oss.attention.sliding_window", &v), 0);
+    cr_assert_eq(v, 4);
+    struct { const char *name; uint32_t nd; uint64_t a, b, c; uint32_t type; } want[] = {
+        {"blk.0.attn_q.bias", 1, 256, 1, 1, GGML_TYPE_F32},       {"blk.0.attn_output.bias", 1, 128, 1, 1, GGML_TYPE_F32},
+        {"blk.0.attn_sinks.weight", 1, 4, 1, 1, GGML_TYPE_F32},   {"blk.0.post_attention_norm.weight", 1, 128, 1, 1, GGML_TYPE_F32},
+        {"blk.3.ffn_gate_inp.bias", 1, 8, 1, 1, GGML_TYPE_F32},   {"blk.3.ffn_gate_exps.bias", 2, 64, 8, 1, GGML_TYPE_F32},
+        {"blk.3.ffn_up_exps.bias", 2, 64, 8, 1, GGML_TYPE_F32},   {"blk.3.ffn_down_exps.bias", 2, 128, 8, 1, GGML_TYPE_F32},
+        {"blk.3.ffn_gate_exps.weight", 3, 128, 64, 8, GGML_TYPE_MXFP4},
+        {"blk.3.ffn_down_exps.weight", 3, 64, 128, 8, GGML_TYPE_MXFP4},
+        {"blk.0.attn_q.weight", 2, 128, 256, 1, GGML_TYPE_Q8_0}, {"blk.0.attn_output.weight", 2, 256, 128, 1, GGML_TYPE_Q8_0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(&g, want[i].name);
+        cr_assert(t, "%s missing", want[i].name);
+        cr_assert(t->n_dims == want[i].nd && t->ne[0] == want[i].a && t->ne[1] == want[i].b && t->ne[2] == want[i].c,
+                  "%s: %u dims [%llu, %llu, %llu]", want[i].name, t->n_dims, (unsigned long long)t->ne[0],
+                  (unsigned long long)t->ne[1], (unsigned long long)t->ne[2]);
+        cr_assert_eq(t->type, want[i].type, "%s: type %u", want[i].name, t->type);
+    }
+    cr_assert_null(gguf_find_tensor(&g, "blk.0.ffn_norm.weight"));
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.arch, ARCH_GPTOSS);
+    cr_assert_str_eq(model_arch_name(m.cfg.arch), "gpt-oss");
+    cr_assert_eq(m.cfg.head_dim, 64);
+    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
+    cr_assert(m.cfg.expert_weights_norm, "gpt-oss weighs by the softmax over the chosen experts");
+    /* llama.cpp's pattern 2: even layers windowed, odd ones full */
+    cr_assert_eq(model_layer_window(&m.cfg, 0), 4);
+    cr_assert_eq(model_layer_window(&m.cfg, 1), 0);
+    cr_assert_eq(model_layer_window(&m.cfg, 2), 4);
+    cr_assert_eq(model_layer_window(&m.cfg, 3), 0);
+    cr_assert(m.layers[0].bo.data && m.layers[0].attn_sinks.data && m.layers[3].down_exps_b.data);
+    cr_assert(m.layers[0].ffn_norm.data, "post_attention_norm is the FFN's norm");
+    /* yarn, factor 32 over 4096 at base 150000, head_dim 64: llama.cpp's correction dims are
+     * pairs 8 and 18, so pairs 0-8 keep their frequency, 18 on are 32 times slower, and q and k
+     * are scaled by 1 + 0.1 ln 32 */
+    cr_assert_not_null(m.rope_freqs);
+    cr_assert_float_eq(m.cfg.rope_mscale, 1.0f + 0.1f * logf(32.0f), 1e-6f);
+    for (int i = 0; i < 32; i++) {
+        double base = pow(150000.0, -2.0 * i / 64), want = i <= 8 ? base : i >= 18 ? base / 32 : 0;
+        if (want != 0)
+            cr_assert(fabs(m.rope_freqs[i] - want) <= 1e-6 * want, "pair %d: %g, want %g", i, m.rope_freqs[i], want);
+        else
+            cr_assert(m.rope_freqs[i] < base && m.rope_freqs[i] > base / 32, "pair %d ramps", i);
+    }
+    /* the expert biases are the layer's, not the cached expert's: gate + up + down in MXFP4 */
+    cr_assert_eq(model_expert_bytes(&m, 0), (3 * 128 * 64 / 32) * 17);
+    model_free(&m);
+
+    rename_tensor(path, "blk.1.attn_sinks.weight", "blk.1.attn_sinkz.weight");
+    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "missing tensor blk.1.attn_sinks.weight"), "message: %s", err);
+    rename_tensor(path, "blk.1.attn_sinkz.weight", "blk.1.attn_sinks.weight");
+    rename_tensor(path, "blk.2.ffn_up_exps.bias", "blk.2.ffn_up_exps.biaz");
+    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EFORMAT);
+    cr_assert(strstr(err, "missing tensor blk.2.ffn_up_exps.bias"), "message: %s", err);
     unlink(path);
 }

@@ -198,6 +198,52 @@ Test(tokenizer_spm, scores_and_byte_fallback)
     tokenizer_free(t);
 }
 
+/* gpt-oss's harmony vocabulary (both <|return|> and <|call|>): <|end|> closes the analysis
+ * message, so generation goes on to the final one and ends at <|return|> or <|call|>; without
+ * them <|end|> ends generation as before (phi-3 style). */
+Test(tokenizer, harmony_ends_at_return_or_call_not_end)
+{
+    const char *toks[5] = {"a", "b", "<|end|>", "<|return|>", "<|call|>"};
+    int32_t types[5] = {1, 1, 3, 3, 3};
+    struct tokenizer *t;
+    cr_assert_eq(tokenizer_create(&t, "gpt2", NULL, toks, NULL, types, 5, NULL, 0), 0);
+    cr_assert(!tokenizer_is_eog(t, 2), "<|end|> ends one harmony message, not the reply");
+    cr_assert(tokenizer_is_eog(t, 3));
+    cr_assert(tokenizer_is_eog(t, 4));
+    cr_assert(!tokenizer_is_eog(t, 0));
+    tokenizer_free(t);
+    cr_assert_eq(tokenizer_create(&t, "gpt2", NULL, toks, NULL, types, 4, NULL, 0), 0); /* no <|call|> */
+    cr_assert(tokenizer_is_eog(t, 2), "without harmony's pair <|end|> ends generation");
+    tokenizer_free(t);
+}
+
+/* tokenizer.ggml.pre "gpt-4o" (gpt-oss's o200k): numbers are pre-split in threes and a word
+ * splits where a capitalised part begins, so merges never cross those; GPT-2's pattern (the
+ * fallback for unknown names) keeps "12345" and "helloWorld" whole. */
+static int count_tokens(const char *pre, const char *text)
+{
+    const char *toks[] = {"1", "2", "3", "4", "5", "12", "123", "1234", "12345", "45",
+                          "h", "i", "W", "o", "hi", "Wo", "hiWo"};
+    const char *merges[] = {"1 2", "12 3", "123 4", "1234 5", "4 5", "h i", "W o", "hi Wo"};
+    int32_t types[17];
+    for (int i = 0; i < 17; i++) types[i] = 1;
+    struct tokenizer *t;
+    cr_assert_eq(tokenizer_create(&t, "gpt2", pre, toks, NULL, types, 17, merges, 8), 0);
+    int *ids, n;
+    cr_assert_eq(tokenizer_encode(t, text, strlen(text), false, NULL, &ids, &n), 0);
+    free(ids);
+    tokenizer_free(t);
+    return n;
+}
+
+Test(tokenizer, gpt4o_pretokenizer_splits_numbers_in_threes_and_at_capitals)
+{
+    cr_assert_eq(count_tokens("gpt-2", "12345"), 1);
+    cr_assert_eq(count_tokens("gpt-4o", "12345"), 2, "123 | 45");
+    cr_assert_eq(count_tokens("gpt-2", "hiWo"), 1);
+    cr_assert_eq(count_tokens("gpt-4o", "hiWo"), 2, "hi | Wo");
+}
+
 Test(template, formats_and_detection)
 {
     struct chat_message m[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"},

@@ -1,0 +1,105 @@
+/* backend_cpu_oai.c - the CPU backend's ops for gpt-oss: causal attention with a learned
+ * per-head sink logit and an optional sliding window, rope with a frequency per pair (yarn),
+ * and the clamped SwiGLU. gpt-oss runs on CPU devices only for now (docs/MODELS.md). */
+#include "engine/backend_cpu_oai.h"
+
+#include <math.h>
+#include <string.h>
+
+struct sink_job {
+    const float *q, *k_cache, *v_cache, *sinks;
+    float *out, *att;
+    int p, t0, n_head, n_head_kv, head_dim;
+};
+
+/* Heads [h0, h1) of one query token at position p over kv positions t0..p: scores, then a
+ * softmax whose maximum and denominator include the head's sink (exp(sink - max)), the sink
+ * adding no value row. Head h keeps its scores at att + h * (p + 1), inside the (n_head, n_ctx)
+ * scratch, so threads never share a row. */
+static void sink_heads(const struct sink_job *j, int h0, int h1)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd, group = j->n_head / j->n_head_kv, p = j->p, t0 = j->t0;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = h0; h < h1; h++) {
+        const float *qh = j->q + (size_t)h * hd;
+        int kvh = h / group;
+        float *a = j->att + (size_t)h * (p + 1);
+        float mx = j->sinks ? j->sinks[h] : -INFINITY;
+        for (int t = t0; t <= p; t++) {
+            const float *kt = j->k_cache + (size_t)t * kvd + (size_t)kvh * hd;
+            float d = 0;
+            for (int i = 0; i < hd; i++)
+                d += qh[i] * kt[i];
+            a[t - t0] = d * scale;
+            if (a[t - t0] > mx)
+                mx = a[t - t0];
+        }
+        float sum = j->sinks ? expf(j->sinks[h] - mx) : 0.0f;
+        for (int t = t0; t <= p; t++) {
+            a[t - t0] = expf(a[t - t0] - mx);
+            sum += a[t - t0];
+        }
+        float *o = j->out + (size_t)h * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int t = t0; t <= p; t++) {
+            const float *vt = j->v_cache + (size_t)t * kvd + (size_t)kvh * hd;
+            float w = a[t - t0] / sum;
+            for (int i = 0; i < hd; i++)
+                o[i] += w * vt[i];
+        }
+    }
+}
+
+static void sink_worker(void *arg, int ith, int nth)
+{
+    const struct sink_job *j = arg;
+    int per = (j->n_head + nth - 1) / nth, h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
+    if (h0 < h1)
+        sink_heads(j, h0, h1);
+}
+
+/* Token by token: each has its own window; its heads spread over the threads once the window
+ * is long enough to pay for waking them (as the plain attention does). */
+void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                         float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
+                         int window)
+{
+    size_t qd = (size_t)n_head * head_dim;
+    for (int t = 0; t < n; t++) {
+        int p = pos + t, t0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+        struct sink_job j = {q + t * qd, k_cache, v_cache, sinks, out + t * qd, att, p, t0, n_head, n_head_kv, head_dim};
+        if ((size_t)(p - t0 + 1) * (size_t)n_head * (size_t)head_dim < 32768)
+            sink_heads(&j, 0, n_head);
+        else
+            backend_cpu_parallel(ctx, sink_worker, &j);
+    }
+}
+
+/* Angles in double, as the plain rope's (backend_cpu.c): cos and sin scaled by mscale, as
+ * llama.cpp's yarn does. */
+void cpu_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs, float mscale)
+{
+    (void)ctx;
+    int half = head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)(pos + t) * freqs[i];
+            float cs = (float)cos(a) * mscale, sn = (float)sin(a) * mscale;
+            for (int h = 0; h < n_heads; h++) {
+                float *v = vec + ((size_t)t * n_heads + h) * head_dim;
+                float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * cs - x1 * sn;
+                v[i + half] = x0 * sn + x1 * cs;
+            }
+        }
+}
+
+void cpu_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++) {
+        float g = gate[i] < limit ? gate[i] : limit;
+        float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        gate[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+    }
+}

@@ -1,0 +1,104 @@
+/* test_oai_ops.c - gpt-oss's CPU ops (backend_cpu_oai.c, through the backend table) against
+ * their definitions computed here in double: attention with sinks and a sliding window, the
+ * clamped SwiGLU, rope with a frequency per pair and a magnitude. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/backend.h"
+
+static float val(int i) { return (float)sin(1.7 * i + 0.3) * 1.5f; }
+
+/* n tokens at positions pos.. of 4 heads (2 KV heads) of 8; sinks per head; window w. */
+static void check_attention(const float *sinks, int window)
+{
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { H = 4, HKV = 2, D = 8, CTX = 12, N = 5, POS = 7 };
+    float q[N * H * D], k[CTX * HKV * D], v[CTX * HKV * D], out[N * H * D], att[H * CTX];
+    for (int i = 0; i < N * H * D; i++) q[i] = val(i);
+    for (int i = 0; i < CTX * HKV * D; i++) k[i] = val(1000 + i), v[i] = val(2000 + i);
+    be.i->attention_sinks(be.ctx, q, k, v, out, att, N, POS, H, HKV, D, sinks, window);
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++) {
+            int p = POS + t, kh = h / (H / HKV), j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            double s[CTX], mx = sinks ? sinks[h] : -INFINITY, z = 0;
+            for (int j = j0; j <= p; j++) {
+                double d = 0;
+                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * k[(j * HKV + kh) * D + i];
+                s[j] = d / sqrt(D);
+                mx = fmax(mx, s[j]);
+            }
+            for (int j = j0; j <= p; j++) z += exp(s[j] - mx);
+            if (sinks) z += exp(sinks[h] - mx); /* the sink: in the denominator, no value row */
+            for (int i = 0; i < D; i++) {
+                double o = 0;
+                for (int j = j0; j <= p; j++) o += exp(s[j] - mx) / z * v[(j * HKV + kh) * D + i];
+                cr_assert(fabs(out[(t * H + h) * D + i] - o) < 1e-5, "t %d h %d i %d: %g want %g", t, h, i,
+                          out[(t * H + h) * D + i], o);
+            }
+        }
+    backend_cpu_free(&be);
+}
+
+Test(oai_ops, attention_with_sinks_and_window) { check_attention((const float[]){0.5f, -1.0f, 2.0f, 3.5f}, 3); }
+Test(oai_ops, attention_window_without_sinks) { check_attention(NULL, 4); }
+Test(oai_ops, attention_sinks_full_context) { check_attention((const float[]){1.0f, 1.0f, -2.0f, 0.0f}, 0); }
+
+Test(oai_ops, swiglu_oai_clamps)
+{
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    float g[6] = {-3.0f, 0.5f, 6.9f, 9.0f, 20.0f, -9.0f}, u[6] = {1.0f, -8.0f, 2.0f, 9.0f, -0.5f, 0.25f};
+    float want[6];
+    for (int i = 0; i < 6; i++) {
+        double x = fmin(g[i], 7.0), y = fmax(-7.0, fmin(u[i], 7.0));
+        want[i] = (float)(x / (1 + exp(-1.702 * x)) * (y + 1));
+    }
+    be.i->swiglu_oai(be.ctx, g, u, 6, 1.702f, 7.0f);
+    for (int i = 0; i < 6; i++)
+        cr_assert(fabsf(g[i] - want[i]) <= 1e-5f * fmaxf(1.0f, fabsf(want[i])), "%d: %g want %g", i, g[i], want[i]);
+    backend_cpu_free(&be);
+}
+
+Test(oai_ops, rope_freqs_turns_neox_pairs_and_scales)
+{
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { H = 2, D = 8, N = 3, POS = 5 };
+    float x[N * H * D], y[N * H * D], f[D / 2] = {1.0f, 0.3f, 0.01f, 0.002f}, m = 1.35f;
+    for (int i = 0; i < N * H * D; i++) x[i] = y[i] = val(i);
+    be.i->rope_freqs(be.ctx, y, N, H, D, POS, f, m);
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < D / 2; i++) {
+                const float *a = x + (t * H + h) * D;
+                double th = (double)(POS + t) * f[i];
+                double w0 = m * (a[i] * cos(th) - a[i + D / 2] * sin(th)), w1 = m * (a[i] * sin(th) + a[i + D / 2] * cos(th));
+                cr_assert(fabs(y[(t * H + h) * D + i] - w0) < 1e-5 && fabs(y[(t * H + h) * D + i + D / 2] - w1) < 1e-5,
+                          "t %d h %d pair %d", t, h, i);
+            }
+    backend_cpu_free(&be);
+}
+
+/* A long window spreads the heads over the threads: the same bits as one thread (each head is
+ * computed whole by one thread either way). */
+Test(oai_ops, attention_sinks_threads_same_bits)
+{
+    enum { H = 8, HKV = 2, D = 64, CTX = 100, N = 2, POS = 90 };
+    static float q[N * H * D], k[CTX * HKV * D], v[CTX * HKV * D], o1[N * H * D], o2[N * H * D], att[H * CTX];
+    float sinks[H];
+    for (int i = 0; i < N * H * D; i++) q[i] = val(i) * 0.3f;
+    for (int i = 0; i < CTX * HKV * D; i++) k[i] = val(5000 + i) * 0.3f, v[i] = val(9000 + i);
+    for (int h = 0; h < H; h++) sinks[h] = val(77 + h);
+    struct backend b1, b2;
+    cr_assert_eq(backend_cpu_init(&b1, 1), 0);
+    cr_assert_eq(backend_cpu_init(&b2, 2), 0);
+    for (int window = 0; window <= 80; window += 80) {
+        b1.i->attention_sinks(b1.ctx, q, k, v, o1, att, N, POS, H, HKV, D, sinks, window);
+        b2.i->attention_sinks(b2.ctx, q, k, v, o2, att, N, POS, H, HKV, D, sinks, window);
+        cr_assert_arr_eq(o1, o2, sizeof o1, "window %d", window);
+    }
+    backend_cpu_free(&b1);
+    backend_cpu_free(&b2);
+}
