@@ -5,6 +5,7 @@
 #include "server/metrics.h"
 #include "server/oai_fields.h"
 #include "server/oai_tools.h"
+#include "server/oai_logprobs.h"
 #include "server/harmony.h"
 #include "server/recent.h"
 #include "server/json_text.h"
@@ -430,90 +431,6 @@ static void send_sse(struct oai_req *r, cJSON *o)
     free(s);
 }
 
-static cJSON *logprob_entry(struct oai_req *r, int id, float lp)
-{
-    char buf[256];
-    int n = tokenizer_token_bytes(r->eng->tok, id, buf, sizeof buf - 1);
-    if (n < 0) n = 0;
-    buf[n] = 0;
-    cJSON *e = cJSON_CreateObject();
-    /* token as text (with its length: a 0x00 byte token is "\u0000"); a piece that is not
-     * valid UTF-8 shows U+FFFD there and its exact bytes in "bytes" */
-    json_add_string_n(e, "token", buf, (size_t)n);
-    cJSON_AddNumberToObject(e, "logprob", lp);
-    cJSON *b = cJSON_AddArrayToObject(e, "bytes");
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
-    return e;
-}
-
-static cJSON *logprob_json(struct oai_req *r, const struct token_logprob *lp)
-{
-    cJSON *e = logprob_entry(r, lp->id, lp->logprob);
-    cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
-    for (int i = 0; i < lp->n_top && i < r->gj.sp.top_logprobs; i++)
-        cJSON_AddItemToArray(top, logprob_entry(r, lp->top_ids[i], lp->top_logprobs[i]));
-    return e;
-}
-
-/* The legacy top_logprobs object, token -> logprob, built as raw JSON: its keys are token
- * literals that may hold \u0000, which a cJSON key cannot. Two ids can print the same:
- * the first wins. */
-static cJSON *top_object(const cJSON *entries)
-{
-    size_t cap = 64, len = 1;
-    char *o = malloc(cap);
-    if (!o) return cJSON_CreateObject();
-    o[0] = '{';
-    const cJSON *t;
-    cJSON_ArrayForEach(t, entries) {
-        const char *k = cJSON_GetObjectItem(t, "token")->valuestring;
-        size_t kl = strlen(k);
-        bool dup = false;
-        for (const cJSON *u = entries->child; u != t && !dup; u = u->next)
-            dup = strcmp(cJSON_GetObjectItem(u, "token")->valuestring, k) == 0;
-        if (dup) continue;
-        cJSON *num = cJSON_CreateNumber(cJSON_GetObjectItem(t, "logprob")->valuedouble);
-        char *v = cJSON_PrintUnformatted(num);
-        cJSON_Delete(num);
-        if (!v) continue;
-        size_t need = len + kl + strlen(v) + 4;
-        if (need > cap) {
-            while (cap < need) cap *= 2;
-            char *no = realloc(o, cap);
-            if (!no) { free(v); break; }
-            o = no;
-        }
-        len += (size_t)sprintf(o + len, "%s%s:%s", len > 1 ? "," : "", k, v);
-        free(v);
-    }
-    o[len++] = '}';
-    o[len] = 0;
-    cJSON *r = cJSON_CreateRaw(o);
-    free(o);
-    return r;
-}
-
-/* The legacy /v1/completions shape of a run of chat-style entries: parallel arrays tokens,
- * token_logprobs, top_logprobs (token -> logprob objects) and text_offset (bytes into the
- * completion; *offset carries on across stream chunks). */
-static cJSON *legacy_logprobs(const cJSON *entries, size_t *offset)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
-    const cJSON *e;
-    cJSON_ArrayForEach(e, entries) {
-        /* "token" items are raw JSON literals (json_text.h): copied as such */
-        const char *tok = cJSON_GetObjectItem(e, "token")->valuestring;
-        cJSON_AddItemToArray(tokens, cJSON_CreateRaw(tok));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
-        cJSON_AddItemToArray(tops, top_object(cJSON_GetObjectItem(e, "top_logprobs")));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
-        *offset += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes"));
-    }
-    return o;
-}
-
 static int append_text(struct choice_out *c, const char *text, size_t len)
 {
     if (c->len + len + 1 > c->cap) {
@@ -608,7 +525,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
             if (!hd) json_add_string_n(delta, "content", text, len);
             if (lp) {
                 cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
-                cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), logprob_json(r, lp));
+                cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), oai_logprob_json(r->eng->tok, lp, r->gj.sp.top_logprobs));
             } else {
                 cJSON_AddNullToObject(ch, "logprobs");
             }
@@ -616,8 +533,8 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
             json_add_string_n(ch, "text", text, len);
             if (lp) {
                 cJSON *one = cJSON_CreateArray();
-                cJSON_AddItemToArray(one, logprob_json(r, lp));
-                cJSON_AddItemToObject(ch, "logprobs", legacy_logprobs(one, &c->lp_offset));
+                cJSON_AddItemToArray(one, oai_logprob_json(r->eng->tok, lp, r->gj.sp.top_logprobs));
+                cJSON_AddItemToObject(ch, "logprobs", oai_legacy_logprobs(one, &c->lp_offset));
                 cJSON_Delete(one);
             } else {
                 cJSON_AddNullToObject(ch, "logprobs");
@@ -629,7 +546,7 @@ static int on_text(void *ud, int choice, const char *text, size_t len, const str
         if (append_text(c, text, len)) return 1;
         if (lp) {
             if (!c->logprobs) c->logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(c->logprobs, logprob_json(r, lp));
+            cJSON_AddItemToArray(c->logprobs, oai_logprob_json(r->eng->tok, lp, r->gj.sp.top_logprobs));
         }
     }
     return job_cancelled(r->job) ? 1 : 0;
@@ -791,7 +708,7 @@ static void openai_end(struct job *j, void *engine_ctx, int rc, const char *err)
             if (r->gj.sp.logprobs) {
                 cJSON *none = cJSON_CreateArray();
                 size_t off = 0;
-                cJSON_AddItemToObject(ch, "logprobs", legacy_logprobs(r->ch[i].logprobs ? r->ch[i].logprobs : none, &off));
+                cJSON_AddItemToObject(ch, "logprobs", oai_legacy_logprobs(r->ch[i].logprobs ? r->ch[i].logprobs : none, &off));
                 cJSON_Delete(none);
             } else {
                 cJSON_AddNullToObject(ch, "logprobs");
