@@ -138,9 +138,11 @@ def main():
                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.time()
     try:
-        for _ in range(300):
+        for _ in range(1200):
             try:
-                urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % port, timeout=2).read()
+                # /health is 200 once the model is loaded (/v1/models answers while it loads:
+                # a first request then got 503 "model is loading" on a busy CI machine)
+                urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).read()
                 break
             except Exception:
                 if p.poll() is not None:
