@@ -330,7 +330,14 @@ static void mm_worker(void *p, int ith, int nth)
         if (!buf)
             return;
     }
-    size_t act_bytes = cpu_quant_act_bytes(w->type, cols);
+    if (cpu_quant_has(w->type)) {
+        /* each dot is one fixed-order result, so a row's bits do not depend on n or the thread
+         * split; rows and vectors are tiled where the CPU has the ISA for it (cpu_quant.c) */
+        if (r0 < r1)
+            cpu_quant_rows(w->type, base, w->row_bytes, r0, r1, j->c->xq, cpu_quant_act_bytes(w->type, cols), j->n,
+                           cols, j->y, (size_t)rows, CPU_ISA_BEST);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const void *row = base + (size_t)r * w->row_bytes;
         switch (w->type) {
@@ -359,15 +366,9 @@ static void mm_worker(void *p, int ith, int nth)
                 widen_bf16(row, buf, cols);
             dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
             break;
-        default:
-            /* the row stays in L1 while it is dotted with every vector; each dot is one
-             * fixed-order call, so a row's bits do not depend on n or the thread split */
-            if (cpu_quant_has(w->type))
-                cpu_quant_dot_many(w->type, row, j->c->xq, act_bytes, j->n, cols, j->y + r, (size_t)rows,
-                                   CPU_ISA_BEST);
-            else
-                for (int t = 0; t < j->n; t++)
-                    j->y[(size_t)t * rows + r] = 0.0f;
+        default: /* a type without a CPU path */
+            for (int t = 0; t < j->n; t++)
+                j->y[(size_t)t * rows + r] = 0.0f;
         }
     }
 }

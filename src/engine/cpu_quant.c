@@ -14,11 +14,13 @@
  * The combine step is compiled for the baseline ISA (no FMA contraction: -std=c11 keeps
  * fp-contract off) and never inlined into a SIMD function. */
 #include "cpu_quant.h"
+#include "cpu_quant_vnni.h"
 #include "gguf.h"
 #include "quants.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* no fused multiply-adds: every path must round the float combine the same way (gcc keeps
@@ -31,16 +33,18 @@
 #define ISUM_CHUNK 64 /* blocks whose integer sums are made before they are combined */
 #define UNPACK_CHUNK 64 /* super-blocks unpacked at once for many vectors */
 
-/* Activations for 32-value weight blocks: as ggml's q8_0 block (f16 scale, 32 codes). */
-struct act32 { uint16_t d; int8_t q[QB]; };
+/* Activations for 32-value weight blocks: struct act32 (cpu_quant_vnni.h), ggml's q8_0 block
+ * and the codes' sum. */
 /* Activations for 256-value super-blocks: f32 scale, the sums of each 16 codes (for the
  * weights' mins and offsets), 256 codes. */
 struct act256 { float d; int16_t bsum[16]; int8_t q[QK_K]; };
 
 static float f16_table[65536];
-static bool have_avx2;
+static bool have_avx2, have_vnni;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* TIDE_CPU_ISA=avx2 or scalar caps what CPU_ISA_BEST picks (to compare paths, or to rule one
+ * out); the results are the same bits on every path. */
 static void cpu_quant_init(void)
 {
     for (uint32_t i = 0; i < 65536; i++)
@@ -48,7 +52,25 @@ static void cpu_quant_init(void)
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");
+    have_vnni = have_avx2 && cpu_quant_vnni_cpu();
 #endif
+}
+
+static enum cpu_isa best_isa(void)
+{
+    static _Atomic int cap = -1; /* the env's cap, read once */
+    int c = cap;
+    if (c < 0) {
+        const char *e = getenv("TIDE_CPU_ISA");
+        c = e && !strcmp(e, "scalar") ? CPU_ISA_SCALAR : e && !strcmp(e, "avx2") ? CPU_ISA_AVX2
+                                                                                : CPU_ISA_AVX512VNNI;
+        cap = c;
+    }
+    if (have_vnni && c >= CPU_ISA_AVX512VNNI)
+        return CPU_ISA_AVX512VNNI;
+    if (have_avx2 && c >= CPU_ISA_AVX2)
+        return CPU_ISA_AVX2;
+    return CPU_ISA_SCALAR;
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -86,13 +108,14 @@ static bool super_block(uint32_t type) { return ggml_block_size(type) == QK_K; }
 bool cpu_quant_isa_available(enum cpu_isa isa)
 {
     pthread_once(&init_once, cpu_quant_init);
-    return isa == CPU_ISA_AVX2 ? have_avx2 : true;
+    return isa == CPU_ISA_AVX512VNNI ? have_vnni : isa == CPU_ISA_AVX2 ? have_avx2 : true;
 }
 
 const char *cpu_quant_isa_name(void)
 {
     pthread_once(&init_once, cpu_quant_init);
-    return have_avx2 ? "avx2" : "scalar";
+    enum cpu_isa b = best_isa();
+    return b == CPU_ISA_AVX512VNNI ? "avx512vnni" : b == CPU_ISA_AVX2 ? "avx2" : "scalar";
 }
 
 size_t cpu_quant_act_bytes(uint32_t type, int cols)
@@ -113,8 +136,12 @@ void cpu_quant_act(uint32_t type, const float *x, int cols, void *out)
                 amax = fmaxf(amax, fabsf(v[j]));
             float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
             o[b].d = tide_f32_to_f16(d);
-            for (int j = 0; j < QB; j++)
+            int sum = 0;
+            for (int j = 0; j < QB; j++) {
                 o[b].q[j] = (int8_t)lrintf(v[j] * id);
+                sum += o[b].q[j];
+            }
+            o[b].sum = (int16_t)sum;
         }
         return;
     }
@@ -622,7 +649,7 @@ float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, e
 {
     pthread_once(&init_once, cpu_quant_init);
     if (isa == CPU_ISA_BEST)
-        isa = have_avx2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+        isa = best_isa();
     uint32_t bs = ggml_block_size(type);
     size_t bb = ggml_row_size(type, bs);
     size_t ab = super_block(type) ? sizeof(struct act256) : sizeof(struct act32);
@@ -635,7 +662,7 @@ float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, e
         const uint8_t *wc = w + (size_t)b0 * bb;
         const void *xc = x + (size_t)b0 * ab;
 #if CPU_QUANT_AVX2
-        if (isa == CPU_ISA_AVX2 && have_avx2)
+        if (isa >= CPU_ISA_AVX2 && have_avx2) /* a single dot: VNNI has no tile for one */
             isums_avx2(type, wc, xc, n, is);
         else
 #endif
@@ -650,9 +677,9 @@ void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t 
 {
     pthread_once(&init_once, cpu_quant_init);
     if (isa == CPU_ISA_BEST)
-        isa = have_avx2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+        isa = best_isa();
 #if CPU_QUANT_AVX2
-    if (n > 1 && isa == CPU_ISA_AVX2 && have_avx2 && super_block(type)) {
+    if (n > 1 && isa >= CPU_ISA_AVX2 && have_avx2 && super_block(type)) {
         size_t bb = ggml_row_size(type, QK_K);
         int nb = cols / QK_K;
         static _Thread_local struct unpacked256 u[UNPACK_CHUNK]; /* ~37 KB: not the stack */
@@ -683,4 +710,42 @@ void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t 
 #endif
     for (int t = 0; t < n; t++)
         y[(size_t)t * y_stride] = cpu_quant_dot(type, row, (const uint8_t *)act + (size_t)t * act_stride, cols, isa);
+}
+
+void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int r1, const void *act,
+                    size_t act_stride, int n, int cols, float *y, size_t y_stride, enum cpu_isa isa)
+{
+    pthread_once(&init_once, cpu_quant_init);
+    if (isa == CPU_ISA_BEST)
+        isa = best_isa();
+    const uint8_t *wb = w, *xb = act;
+    /* the tiles address eight rows or vectors with 32-bit offsets */
+    if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_quant_vnni_has(type) && row_bytes <= (1u << 27) &&
+        act_stride <= (1u << 27)) {
+        int nb = cols / QB, n8 = n / 8 * 8;
+        float o[8];
+        /* prefill: a row with eight vectors at a time; the vectors stay in cache across rows */
+        for (int r = r0; r < r1; r++)
+            for (int t = 0; t < n8; t += 8) {
+                cpu_quant_vnni_vecs8(type, wb + (size_t)r * row_bytes, (const struct act32 *)(xb + t * act_stride),
+                                     act_stride, nb, o);
+                for (int k = 0; k < 8; k++)
+                    y[(size_t)(t + k) * y_stride + r] = o[k];
+            }
+        /* decode, and the vectors left over: eight rows with one vector */
+        for (int t = n8; t < n; t++) {
+            const struct act32 *x = (const struct act32 *)(xb + t * act_stride);
+            int r = r0;
+            for (; r + 8 <= r1; r += 8) {
+                cpu_quant_vnni_rows8(type, wb + (size_t)r * row_bytes, row_bytes, x, nb, o);
+                for (int k = 0; k < 8; k++)
+                    y[(size_t)t * y_stride + r + k] = o[k];
+            }
+            for (; r < r1; r++)
+                y[(size_t)t * y_stride + r] = cpu_quant_dot(type, wb + (size_t)r * row_bytes, x, cols, CPU_ISA_AVX2);
+        }
+        return;
+    }
+    for (int r = r0; r < r1; r++)
+        cpu_quant_dot_many(type, wb + (size_t)r * row_bytes, act, act_stride, n, cols, y + r, y_stride, isa);
 }
