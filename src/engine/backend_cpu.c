@@ -11,6 +11,7 @@
 #include "sample.h"
 #include "backend_cpu_vision.h"
 #include "cpu_quant.h"
+#include "backend_cpu_attention.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -27,7 +28,7 @@
 #define KERNEL
 #endif
 
-typedef void (*job_fn)(void *arg, int ith, int nth);
+typedef cpu_job_fn job_fn;
 
 struct cpu_ctx {
     int n_threads;
@@ -120,6 +121,8 @@ static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
     }
 }
 
+void cpu_pool_run(void *ctx, cpu_job_fn fn, void *arg) { pool_run(ctx, fn, arg); }
+
 static float *thread_scratch(struct cpu_ctx *c, int ith, size_t n)
 {
     if (c->scratch_n[ith] < n) {
@@ -146,6 +149,8 @@ KERNEL static float dot_f32(const float *a, const float *b, int n)
         s += a[i] * b[i];
     return s;
 }
+
+float cpu_dot_f32(const float *a, const float *b, int n) { return dot_f32(a, b, n); }
 
 /* Four dot products of one weight row with four input vectors: the row is read once per
  * four tokens, which is what makes prefill compute-bound instead of load-bound. Each token's
@@ -485,71 +490,6 @@ static void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor 
         cpu_rmsnorm(ctx, k, k_norm, k, head_dim, n * n_head_kv, eps);
     cpu_rope(ctx, q, n, n_head, head_dim, pos, theta, kind);
     cpu_rope(ctx, k, n, n_head_kv, head_dim, pos, theta, kind);
-}
-
-struct att_job {
-    const float *q, *k_cache, *v_cache;
-    float *out, *att;
-    int pos, n_head, n_head_kv, head_dim;
-};
-
-/* Heads [h0, h1) of one query token. Head h keeps its scores at att + h*(pos+1), inside the
- * (n_head, n_ctx) scratch, so threads never share a row. */
-static void attention_heads(const struct att_job *j, int h0, int h1)
-{
-    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, pos = j->pos;
-    int group = j->n_head / j->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int h = h0; h < h1; h++) {
-        const float *qh = j->q + (size_t)h * hd;
-        int kvh = h / group;
-        float *a = j->att + (size_t)h * (pos + 1);
-        float mx = -INFINITY;
-        for (int t = 0; t <= pos; t++) {
-            a[t] = dot_f32(qh, j->k_cache + (size_t)t * kv_dim + kvh * hd, hd) * scale;
-            if (a[t] > mx)
-                mx = a[t];
-        }
-        float sum = 0;
-        for (int t = 0; t <= pos; t++) {
-            a[t] = expf(a[t] - mx);
-            sum += a[t];
-        }
-        float *o = j->out + (size_t)h * hd;
-        memset(o, 0, sizeof(float) * hd);
-        for (int t = 0; t <= pos; t++) {
-            const float *vt = j->v_cache + (size_t)t * kv_dim + kvh * hd;
-            float wgt = a[t] / sum;
-            for (int i = 0; i < hd; i++)
-                o[i] += wgt * vt[i];
-        }
-    }
-}
-
-static void att_worker(void *p, int ith, int nth)
-{
-    const struct att_job *j = p;
-    int per = (j->n_head + nth - 1) / nth;
-    int h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
-    if (h0 < h1)
-        attention_heads(j, h0, h1);
-}
-
-/* Token by token: each has its own causal window, and the (n_head, n_ctx) scratch is reused. */
-static void cpu_attention(void *ctx, const float *q, const float *k_cache,
-                          const float *v_cache, float *out, float *att, int n, int pos, int n_head,
-                          int n_head_kv, int head_dim)
-{
-    struct cpu_ctx *c = ctx;
-    size_t qd = (size_t)n_head * head_dim;
-    for (int t = 0; t < n; t++) {
-        struct att_job j = {q + t * qd, k_cache, v_cache, out + t * qd, att, pos + t, n_head, n_head_kv, head_dim};
-        /* short contexts are cheaper than waking the pool */
-        if ((size_t)(pos + t + 1) * (size_t)n_head * (size_t)head_dim < 32768)
-            attention_heads(&j, 0, n_head);
-        else
-            pool_run(c, att_worker, &j);
-    }
 }
 
 static void cpu_swiglu(void *ctx, float *gate, const float *up, int n)

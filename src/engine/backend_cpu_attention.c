@@ -1,0 +1,120 @@
+/* backend_cpu_attention.c - the CPU backend's causal attention (backend_i.attention) over
+ * the f32 KV cache, shared by the pool's threads.
+ *
+ * How the work is split: a decode step (one query token) gives each thread a contiguous range
+ * of heads, so the heads that share a KV head (GQA) read its rows on one core. A prefill
+ * chunk of n tokens is one pool job for all its (token, head) pairs: thread i takes the
+ * tokens t = i, i + nth, ... (token t attends to pos + t + 1 rows, so interleaving evens out
+ * the causal triangle), where the old form woke the pool once per token and split only its
+ * heads. Each (token, head) is computed by the same function whichever thread runs it, so the
+ * result does not depend on the split, and a token's output in a prefill is the bits it gets
+ * when decoded alone at that position. */
+#include "backend_cpu_attention.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KERNEL
+#endif
+
+struct att_job {
+    const float *q, *k_cache, *v_cache;
+    float *out, *att;
+    int n, pos, n_head, n_head_kv, head_dim;
+};
+
+/* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
+ * row order (vectorised across the head's elements, which leaves each element's sum as is). */
+KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const float *a, int rows, float sum,
+                                 int hd)
+{
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int t = 0; t < rows; t++) {
+        const float *vt = v + (size_t)t * stride;
+        float wgt = a[t] / sum;
+        for (int i = 0; i < hd; i++)
+            o[i] += wgt * vt[i];
+    }
+}
+
+/* Head h of query token t (at position pos + t), its scores in a (pos + t + 1 floats). */
+static void attend_one(const struct att_job *j, int t, int h, float *a)
+{
+    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, last = j->pos + t;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *k = j->k_cache + (size_t)kvh * hd;
+    float mx = -INFINITY;
+    for (int p = 0; p <= last; p++) {
+        a[p] = cpu_dot_f32(qh, k + (size_t)p * kv_dim, hd) * scale;
+        if (a[p] > mx)
+            mx = a[p];
+    }
+    float sum = 0;
+    for (int p = 0; p <= last; p++) {
+        a[p] = expf(a[p] - mx);
+        sum += a[p];
+    }
+    weighted_rows(j->out + ((size_t)t * j->n_head + h) * hd, j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a,
+                  last + 1, sum, hd);
+}
+
+/* One decode token: heads [h0, h1) of this thread's share, scores at att + h * (pos + 1). */
+static void decode_worker(void *p, int ith, int nth)
+{
+    const struct att_job *j = p;
+    int per = (j->n_head + nth - 1) / nth;
+    int h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
+    for (int h = h0; h < h1; h++)
+        attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
+}
+
+/* A prefill chunk: this thread's tokens, every head, scores in its own row of att (the
+ * (n_head, n_ctx) scratch holds nth rows of pos + n floats while nth <= n_head). */
+static void prefill_worker(void *p, int ith, int nth)
+{
+    const struct att_job *j = p;
+    float *a = j->att + (size_t)ith * (j->pos + j->n);
+    for (int t = ith; t < j->n; t += nth)
+        for (int h = 0; h < j->n_head; h++)
+            attend_one(j, t, h, a);
+}
+
+/* The threads that share one job: at most n_head, so each has an att row. */
+struct capped { cpu_job_fn fn; const struct att_job *j; };
+
+static void capped_worker(void *p, int ith, int nth)
+{
+    const struct capped *c = p;
+    int use = nth < c->j->n_head ? nth : c->j->n_head;
+    if (ith < use)
+        c->fn((void *)c->j, ith, use);
+}
+
+static void run_capped(void *ctx, cpu_job_fn fn, const struct att_job *j)
+{
+    struct capped c = {fn, j};
+    cpu_pool_run(ctx, capped_worker, &c);
+}
+
+void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                   int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim};
+    /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
+     * than waking the pool */
+    size_t work = (size_t)n * (size_t)(pos + n) * (size_t)n_head * (size_t)head_dim;
+    if (work < 32768) {
+        if (n == 1)
+            decode_worker(&j, 0, 1);
+        else
+            prefill_worker(&j, 0, 1);
+        return;
+    }
+    run_capped(ctx, n == 1 ? decode_worker : prefill_worker, &j);
+}
