@@ -36,7 +36,8 @@ struct cpu_ctx {
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
     uint64_t gen;            /* bumped for each job; workers wait for a change */
-    int n_done;
+    uint64_t open;           /* the gen of the job workers may still join; 0 once closed */
+    int n_active;            /* workers inside a job */
     bool quit;
     job_fn fn;
     void *arg;
@@ -62,8 +63,15 @@ struct worker_arg { struct cpu_ctx *c; int ith; };
 
 /* Workers spin briefly on the job generation before sleeping on the condition variable:
  * a decode step issues ~100 small matmuls, and a futex wake per matmul cost more than the
- * matmul itself. gen and n_done are read with atomics outside the mutex; every write of
- * gen happens under the mutex so a sleeping worker never misses one. */
+ * matmul itself. gen is read with atomics outside the mutex; every write of gen happens
+ * under the mutex so a sleeping worker never misses one.
+ *
+ * Jobs claim their work in chunks from a counter (cpu_claim) instead of taking a fixed
+ * share, and a worker that comes late to a job finds it closed and skips it: the caller never
+ * waits for a thread the OS has not run yet. On a machine shared with other processes that
+ * wait was the cost of a second thread (a fixed half of every matmul waited for a descheduled
+ * worker); now the caller takes what is left and the job ends when the work does. Results
+ * do not depend on who computes a chunk. */
 #define POOL_SPIN 20000
 
 static inline void cpu_relax(void)
@@ -93,13 +101,18 @@ static void *worker_main(void *p)
         pthread_mutex_unlock(&c->mu);
         if (quit)
             break;
-        fn(arg, wa.ith, c->n_threads);
-        __atomic_add_fetch(&c->n_done, 1, __ATOMIC_RELEASE);
+        /* join only the job that is still open (with the caller's close, a Dekker pair) */
+        __atomic_add_fetch(&c->n_active, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&c->open, __ATOMIC_SEQ_CST) == seen)
+            fn(arg, wa.ith, c->n_threads);
+        __atomic_sub_fetch(&c->n_active, 1, __ATOMIC_SEQ_CST);
     }
     return NULL;
 }
 
-/* Run fn on every thread (the caller is thread 0) and wait for all of them. */
+/* Run fn on the caller (thread 0) and on every worker that joins before the caller's own
+ * call returns; fn claims its work with cpu_claim, so when the caller's call returns all of
+ * it has been claimed. Returns when the joined workers have finished theirs. */
 static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
 {
     if (c->n_threads <= 1) {
@@ -109,13 +122,14 @@ static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
     pthread_mutex_lock(&c->mu);
     c->fn = fn;
     c->arg = arg;
-    __atomic_store_n(&c->n_done, 0, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&c->gen, 1, __ATOMIC_RELEASE);
+    uint64_t g = __atomic_add_fetch(&c->gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->open, g, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&c->cv_start);
     pthread_mutex_unlock(&c->mu);
     fn(arg, 0, c->n_threads);
-    /* the other threads' share is about as long as ours: spin, yielding now and then */
-    for (unsigned i = 0; __atomic_load_n(&c->n_done, __ATOMIC_ACQUIRE) < c->n_threads - 1; i++) {
+    __atomic_store_n(&c->open, 0, __ATOMIC_SEQ_CST);
+    /* the workers inside finish their last chunk: spin, yielding now and then */
+    for (unsigned i = 0; __atomic_load_n(&c->n_active, __ATOMIC_SEQ_CST) > 0; i++) {
         cpu_relax();
         if ((i & 1023) == 1023) sched_yield();
     }
@@ -317,16 +331,27 @@ struct mm_job {
     const float *x;
     float *y;
     int n;
+    int next;  /* the first row (or vector, quantising) no thread has claimed */
+    int chunk; /* rows a claim takes */
 };
 
+static void mm_rows(struct mm_job *j, int ith, int r0, int r1);
+
+/* Rows in chunks of contiguous rows (a multiple of eight, the VNNI tiles' height), about
+ * four a thread, claimed until none is left. */
 static void mm_worker(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
+    int rows = (int)j->w->ne[1];
+    (void)nth;
+    for (int r0; (r0 = cpu_claim(&j->next, j->chunk, rows)) >= 0;)
+        mm_rows(j, ith, r0, r0 + j->chunk < rows ? r0 + j->chunk : rows);
+}
+
+static void mm_rows(struct mm_job *j, int ith, int r0, int r1)
+{
     const struct tensor *w = j->w;
     int rows = (int)w->ne[1], cols = (int)w->ne[0];
-    /* contiguous row ranges; each thread touches its own slice of W only */
-    int per = (rows + nth - 1) / nth;
-    int r0 = ith * per, r1 = r0 + per < rows ? r0 + per : rows;
     const uint8_t *base = w->data;
     float *buf = NULL;
     bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
@@ -385,7 +410,8 @@ static void act_worker(void *p, int ith, int nth)
     struct mm_job *j = p;
     int cols = (int)j->w->ne[0];
     size_t per = cpu_quant_act_bytes(j->w->type, cols);
-    for (int t = ith; t < j->n; t += nth)
+    (void)ith; (void)nth;
+    for (int t; (t = cpu_claim(&j->next, 1, j->n)) >= 0;)
         cpu_quant_act(j->w->type, j->x + (size_t)t * cols, cols, j->c->xq + (size_t)t * per);
 }
 
@@ -403,9 +429,12 @@ static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float 
                 return;
         }
     }
-    struct mm_job j = {c, w, x, y, n};
+    struct mm_job j = {c, w, x, y, n, 0, 0};
     if (cpu_quant_has(w->type)) /* a prefill's hundreds of vectors are worth the pool */
         n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
+    int rows = (int)w->ne[1], chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
+    j.next = 0;
+    j.chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);

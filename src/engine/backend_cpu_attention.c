@@ -1,12 +1,11 @@
 /* backend_cpu_attention.c - the CPU backend's causal attention (backend_i.attention) over
  * the f32 KV cache, shared by the pool's threads.
  *
- * How the work is split: a decode step (one query token) gives each thread a contiguous range
- * of heads, so the heads that share a KV head (GQA) read its rows on one core. A prefill
- * chunk of n tokens is one pool job for all its (token, head) pairs: thread i takes the
- * tokens t = i, i + nth, ... (token t attends to pos + t + 1 rows, so interleaving evens out
- * the causal triangle), where the old form woke the pool once per token and split only its
- * heads. Each (token, head) is computed by the same function whichever thread runs it, so the
+ * How the work is split: a decode step (one query token) is claimed by the threads a KV
+ * head's group of query heads at a time (GQA: the heads that read the same K and V rows stay
+ * on one core). A prefill chunk of n tokens is one pool job for all its (token, head) pairs,
+ * claimed a token (all its heads) at a time, where the old form woke the pool once per token
+ * and split only its heads. Each (token, head) is computed by the same function whichever thread runs it, so the
  * result does not depend on the split, and a token's output in a prefill is the bits it gets
  * when decoded alone at that position. */
 #include "backend_cpu_attention.h"
@@ -25,6 +24,7 @@ struct att_job {
     const float *q, *k_cache, *v_cache;
     float *out, *att;
     int n, pos, n_head, n_head_kv, head_dim;
+    int next; /* the first head (decode) or token (prefill) no thread has claimed */
 };
 
 /* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
@@ -64,29 +64,31 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
                   last + 1, sum, hd);
 }
 
-/* One decode token: heads [h0, h1) of this thread's share, scores at att + h * (pos + 1). */
+/* One decode token: the heads this thread claims, scores at att + h * (pos + 1). */
 static void decode_worker(void *p, int ith, int nth)
 {
-    const struct att_job *j = p;
-    int per = (j->n_head + nth - 1) / nth;
-    int h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
-    for (int h = h0; h < h1; h++)
-        attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
+    struct att_job *j = p;
+    int group = j->n_head / j->n_head_kv;
+    (void)ith; (void)nth;
+    for (int h0; (h0 = cpu_claim(&j->next, group, j->n_head)) >= 0;)
+        for (int h = h0; h < h0 + group; h++)
+            attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
 }
 
-/* A prefill chunk: this thread's tokens, every head, scores in its own row of att (the
- * (n_head, n_ctx) scratch holds nth rows of pos + n floats while nth <= n_head). */
+/* A prefill chunk: the tokens this thread claims, every head, scores in its own row of att
+ * (the (n_head, n_ctx) scratch holds nth rows of pos + n floats while nth <= n_head). */
 static void prefill_worker(void *p, int ith, int nth)
 {
-    const struct att_job *j = p;
+    struct att_job *j = p;
     float *a = j->att + (size_t)ith * (j->pos + j->n);
-    for (int t = ith; t < j->n; t += nth)
+    (void)nth;
+    for (int t; (t = cpu_claim(&j->next, 1, j->n)) >= 0;)
         for (int h = 0; h < j->n_head; h++)
             attend_one(j, t, h, a);
 }
 
 /* The threads that share one job: at most n_head, so each has an att row. */
-struct capped { cpu_job_fn fn; const struct att_job *j; };
+struct capped { cpu_job_fn fn; struct att_job *j; };
 
 static void capped_worker(void *p, int ith, int nth)
 {
@@ -96,7 +98,7 @@ static void capped_worker(void *p, int ith, int nth)
         c->fn((void *)c->j, ith, use);
 }
 
-static void run_capped(void *ctx, cpu_job_fn fn, const struct att_job *j)
+static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
 {
     struct capped c = {fn, j};
     cpu_pool_run(ctx, capped_worker, &c);
@@ -105,7 +107,7 @@ static void run_capped(void *ctx, cpu_job_fn fn, const struct att_job *j)
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim};
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0};
     /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
      * than waking the pool */
     size_t work = (size_t)n * (size_t)(pos + n) * (size_t)n_head * (size_t)head_dim;

@@ -5,8 +5,16 @@
 
 typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
 
-/* Run fn on every pool thread (the caller is thread 0) and wait for all of them. */
+/* Run fn on the caller (thread 0, ith) and on the pool threads that join in time; fn must
+ * claim its work with cpu_claim (a thread may not join at all), and the call returns when
+ * all of it is done. */
 void cpu_pool_run(void *ctx, cpu_job_fn fn, void *arg);
+/* The start of the next chunk of [0, total) from the job's counter, or -1 when none is left. */
+static inline int cpu_claim(int *next, int chunk, int total)
+{
+    int s = __atomic_fetch_add(next, chunk, __ATOMIC_RELAXED);
+    return s < total ? s : -1;
+}
 /* a . b over n floats, in the one order every CPU op that dots f32 uses */
 float cpu_dot_f32(const float *a, const float *b, int n);
 /* backend_i.attention */
