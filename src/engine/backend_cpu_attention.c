@@ -11,6 +11,7 @@
 #include "backend_cpu_attention.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ struct att_job {
     float *out, *att;
     int n, pos, n_head, n_head_kv, head_dim;
     int next; /* the first head (decode) or token (prefill) no thread has claimed */
+    bool fast; /* attend_one_avx2 runs it */
 };
 
 /* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
@@ -41,9 +43,83 @@ KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const 
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ATT_AVX2 1
+#define AVX2 __attribute__((target("avx2,fma")))
+static int have_avx2 = -1; /* -1 until asked */
+
+AVX2 static inline float hsum8f(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+/* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
+ * registers over the positions, and the output in 64-wide chunks over the positions (where the
+ * portable form loads and stores the whole output row for every position). Every (token, head)
+ * of a process runs this same code, so prefill and decode still give the same bits. */
+AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a)
+{
+    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, nv = hd / 8, last = j->pos + t;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *k = j->k_cache + (size_t)kvh * hd, *v = j->v_cache + (size_t)kvh * hd;
+    __m256 q[32];
+    for (int i = 0; i < nv; i++)
+        q[i] = _mm256_loadu_ps(qh + 8 * i);
+    float mx = -INFINITY;
+    for (int p = 0; p <= last; p++) {
+        const float *kp = k + (size_t)p * kv_dim;
+        __m256 acc0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(kp)), acc1 = _mm256_setzero_ps();
+        for (int i = 1; i + 1 < nv; i += 2) {
+            acc1 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(kp + 8 * i), acc1);
+            acc0 = _mm256_fmadd_ps(q[i + 1], _mm256_loadu_ps(kp + 8 * i + 8), acc0);
+        }
+        if (!(nv & 1))
+            acc1 = _mm256_fmadd_ps(q[nv - 1], _mm256_loadu_ps(kp + 8 * (nv - 1)), acc1);
+        a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+        if (a[p] > mx)
+            mx = a[p];
+    }
+    float sum = 0;
+    for (int p = 0; p <= last; p++) {
+        a[p] = expf(a[p] - mx);
+        sum += a[p];
+    }
+    for (int p = 0; p <= last; p++)
+        a[p] /= sum;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    for (int c = 0; c < nv; c += 8) {
+        int m = nv - c < 8 ? nv - c : 8;
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int p = 0; p <= last; p++) {
+            __m256 wgt = _mm256_set1_ps(a[p]);
+            const float *vp = v + (size_t)p * kv_dim + 8 * c;
+            for (int i = 0; i < m; i++)
+                acc[i] = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < m; i++)
+            _mm256_storeu_ps(o + 8 * (c + i), acc[i]);
+    }
+}
+#else
+#define ATT_AVX2 0
+#endif
+
 /* Head h of query token t (at position pos + t), its scores in a (pos + t + 1 floats). */
 static void attend_one(const struct att_job *j, int t, int h, float *a)
 {
+#if ATT_AVX2
+    if (j->fast) {
+        attend_one_avx2(j, t, h, a);
+        return;
+    }
+#endif
     int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, last = j->pos + t;
     int kvh = h / (j->n_head / j->n_head_kv);
     float scale = 1.0f / sqrtf((float)hd);
@@ -107,7 +183,15 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0};
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false};
+#if ATT_AVX2
+    if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
+        __builtin_cpu_init();
+        __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                         __ATOMIC_RELAXED);
+    }
+    j.fast = have_avx2 && head_dim % 8 == 0 && head_dim <= 256;
+#endif
     /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
      * than waking the pool */
     size_t work = (size_t)n * (size_t)(pos + n) * (size_t)n_head * (size_t)head_dim;
