@@ -1,16 +1,18 @@
 /* backend_cpu.c - the CPU backend: every forward op in plain C, matmul on a thread pool.
  *
  * Matmul splits the output rows across a persistent pool of pthreads (created once, so a
- * decode step does not pay thread start-up). For quantised weights (q8_0, q4_0, q5_0, q5_1,
- * MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks once per call and rows are int8
- * dot products (cpu_quant.c); f16/bf16 rows are widened into a per-thread float buffer then
- * dotted. Each weight row is loaded once
- * and dotted with all n input vectors, which is what makes batched prefill fast. */
+ * decode step does not pay thread start-up), in chunks the threads claim. For quantised
+ * weights (q8_0, q4_0, q5_0, q5_1, MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks
+ * once per call and rows are int8 dot products (cpu_quant.c, with AVX-512 VNNI tiles in
+ * cpu_quant_vnni.c); f16 rows are register tiles of 4 rows by 3 vectors (cpu_f16.c) where the
+ * CPU has F16C and FMA; bf16 rows (and f16 without F16C) are widened into a per-thread float
+ * buffer then dotted. Attention is backend_cpu_attention.c. */
 #include "backend.h"
 #include "route.h"
 #include "sample.h"
 #include "backend_cpu_vision.h"
 #include "cpu_quant.h"
+#include "cpu_f16.h"
 #include "backend_cpu_attention.h"
 
 #include <math.h>
@@ -236,59 +238,6 @@ __attribute__((target("avx2,f16c,fma"))) static void widen_f16_f16c(const uint16
         dst[i] = f16_table[src[i]];
 }
 
-/* Fused f16 row . f32 vector for decode (n = 1): no widened copy of the row. */
-__attribute__((target("avx2,f16c,fma"))) static float dot_f16_f16c(const uint16_t *w, const float *x, int n)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 24))), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    float s = _mm_cvtss_f32(h);
-    for (; i < n; i++)
-        s += f16_table[w[i]] * x[i];
-    return s;
-}
-/* dot_f16_f16c's arithmetic, operation for operation, on a row already widened to f32 (the
- * widening is exact), for two tokens at once: a prefill row gets the bits a decode row gets. */
-__attribute__((target("avx2,f16c,fma"))) static void dot2_f16order(const float *w, const float *x0, const float *x1,
-                                                                  int n, float *o0, float *o1)
-{
-    __m256 a[2][4];
-    for (int t = 0; t < 2; t++)
-        for (int k = 0; k < 4; k++)
-            a[t][k] = _mm256_setzero_ps();
-    const float *xs[2] = {x0, x1 ? x1 : x0};
-    int i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 4; k++) {
-            __m256 wv = _mm256_loadu_ps(w + i + 8 * k);
-            a[0][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[0] + i + 8 * k), a[0][k]);
-            a[1][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[1] + i + 8 * k), a[1][k]);
-        }
-    float out[2];
-    for (int t = 0; t < 2; t++) {
-        __m256 s8 = _mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3]));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-        float s = _mm_cvtss_f32(h);
-        for (int j = i; j < n; j++)
-            s += w[j] * xs[t][j];
-        out[t] = s;
-    }
-    *o0 = out[0];
-    if (o1)
-        *o1 = out[1];
-}
 static bool have_f16c;
 #endif
 
@@ -310,8 +259,7 @@ static void f16_init(void)
         f16_table[i] = tide_f16_to_f32((uint16_t)i);
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    have_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                __builtin_cpu_supports("fma");
+    have_f16c = cpu_f16_fast();
 #endif
 }
 
@@ -353,6 +301,14 @@ static void mm_rows(struct mm_job *j, int ith, int r0, int r1)
     const struct tensor *w = j->w;
     int rows = (int)w->ne[1], cols = (int)w->ne[0];
     const uint8_t *base = w->data;
+#if defined(__x86_64__)
+    if (w->type == GGML_TYPE_F16 && have_f16c) { /* register tiles (cpu_f16.c) */
+        float *tbuf = thread_scratch(j->c, ith, 4 * (size_t)cols);
+        if (tbuf && r0 < r1)
+            cpu_f16_rows(base, w->row_bytes, r0, r1, j->x, j->n, cols, j->y, (size_t)rows, tbuf);
+        return;
+    }
+#endif
     float *buf = NULL;
     bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
     if (widen) {
@@ -376,20 +332,6 @@ static void mm_rows(struct mm_job *j, int ith, int r0, int r1)
             break;
         case GGML_TYPE_F16:
         case GGML_TYPE_BF16:
-#if defined(__x86_64__)
-            if (w->type == GGML_TYPE_F16 && have_f16c) {
-                if (j->n == 1) {
-                    j->y[r] = dot_f16_f16c(row, j->x, cols);
-                    break;
-                }
-                widen_f16(row, buf, cols);
-                for (int t = 0; t < j->n; t += 2)
-                    dot2_f16order(buf, j->x + (size_t)t * cols, t + 1 < j->n ? j->x + (size_t)(t + 1) * cols : NULL,
-                                  cols, &j->y[(size_t)t * rows + r],
-                                  t + 1 < j->n ? &j->y[(size_t)(t + 1) * rows + r] : NULL);
-                break;
-            }
-#endif
             if (w->type == GGML_TYPE_F16)
                 widen_f16(row, buf, cols);
             else
