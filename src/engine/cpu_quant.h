@@ -34,6 +34,8 @@ const char *cpu_quant_isa_name(void);
 size_t cpu_quant_act_bytes(uint32_t type, int cols);
 /* Quantise x (cols floats) for dot products with rows of type into out. */
 void cpu_quant_act(uint32_t type, const float *x, int cols, void *out);
+/* The same on a given ISA (the bytes are the same on every one; for tests). */
+void cpu_quant_act_isa(uint32_t type, const float *x, int cols, void *out, enum cpu_isa isa);
 /* The dot product of one weight row (cols values of type) with quantised activations. */
 float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, enum cpu_isa isa);
 /* The same for n vectors (act_stride bytes apart), results y[t * y_stride]: each exactly

@@ -258,6 +258,31 @@ Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
     }
 }
 
+/* The activations' quantisation gives the same bytes with AVX2 as in C: random blocks,
+ * blocks of zeros, and blocks whose codes land on halves (amax 127: v * id = v), where
+ * rounding to nearest even must agree. */
+Test(quants, activation_quantisation_is_the_same_bytes_on_every_isa)
+{
+    if (!cpu_quant_isa_available(CPU_ISA_AVX2))
+        cr_skip_test("this CPU has no AVX2");
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = test_cols(type);
+        size_t ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *a = malloc(ab), *b = malloc(ab);
+        float *x = malloc(sizeof(float) * cols);
+        for (int i = 0; i < cols; i++) {
+            int blk = i / 32;
+            x[i] = blk % 3 == 0 ? frand() * 50.0f : blk % 3 == 1 ? 0.0f : (float)((int)(rnd() % 255) - 127) + 0.5f;
+            if (blk % 3 == 2 && i % 32 == 0) x[i] = 127.0f;
+        }
+        cpu_quant_act_isa(type, x, cols, a, CPU_ISA_SCALAR);
+        cpu_quant_act_isa(type, x, cols, b, CPU_ISA_AVX2);
+        cr_assert(memcmp(a, b, ab) == 0, "%s: the quantised activations differ", ggml_type_name(type));
+        free(a); free(b); free(x);
+    }
+}
+
 /* Continuous batching runs a sequence's row in whatever batch it lands in: the bits of a
  * row's product must not depend on n or on the thread split. */
 Test(quants, matmul_rows_do_not_depend_on_the_batch_or_threads)
