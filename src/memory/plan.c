@@ -115,7 +115,7 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     bool cuda_stage = false;
     for (int i = 0; i < n; i++)
         cuda_stage |= dv[i].kind == DEVICE_KIND_CUDA;
-    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : FORWARD_DEFAULT_BATCH;
+    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : PLAN_CPU_BATCH;
     p->n_seq = o->n_seq > 0 ? o->n_seq : cuda_stage ? PLAN_AUTO_SEQ_CUDA : PLAN_AUTO_SEQ_CPU;
     if (p->n_seq > FORWARD_MAX_SEQ)
         p->n_seq = FORWARD_MAX_SEQ;
