@@ -1,63 +1,101 @@
 #!/usr/bin/env bash
-# bench-cpu.sh - CPU prefill/decode throughput on the generated `big` preset.
+# bench-cpu.sh - tide through its HTTP API against llama.cpp's llama-bench on the same GGUF, on
+# the CPU (issue 26): prefill of PROMPT tokens at depth 0, decode of GEN tokens at each depth in
+# DEPTHS (llama-bench's -d), at 1 and 2 threads, for f16, q8_0 and q4_0 files from tide-mkmodel
+# (--preset big: Mixtral-style MoE, n_embd 1024, 8 layers, 16 experts top-2, vocab 771).
+# tide and llama-bench alternate, RUNS times, so a busy neighbour hits both sides alike.
 #
-# Skeleton: builds the model with tide-mkmodel, then times a prefill and a short decode
-# through a tiny C driver compiled against libtide (no server in the loop, so the numbers
-# are the engine's alone). Usage: scripts/bench-cpu.sh [threads]
-# MODEL=path picks the file (default /tmp/tide-big.gguf, made if absent); MKMODEL_ARGS adds
-# options when it is made, e.g. MODEL=/tmp/big-q4km.gguf MKMODEL_ARGS='--mix Q4_K_M'.
-set -euo pipefail
+#   LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench scripts/bench-cpu.sh
+# Env: TYPES ("f16 q8_0 q4_0"), THREADS ("1 2"), RUNS (3), PROMPT (512), GEN (64), DEPTHS
+# ("0,360"), MODELS (/tmp: where tide-bench-big-<type>.gguf is made if absent), OUT
+# (/tmp/tide-bench-cpu: raw.txt, every measurement, and summary.md, ranges per cell).
+# TIDE_CPU_ISA=avx2 is passed through to the daemon (docs/CONFIG.md).
+set -u -o pipefail
 cd "$(dirname "$0")/.."
-THREADS="${1:-0}"
-MODEL="${MODEL:-/tmp/tide-big.gguf}"
-make -s build/libtide.a build/tide-mkmodel
-[ -f "$MODEL" ] || build/tide-mkmodel --preset big ${MKMODEL_ARGS:-} --out "$MODEL"
+TYPES=${TYPES:-"f16 q8_0 q4_0"}
+THREADS=${THREADS:-"1 2"}
+RUNS=${RUNS:-3}
+PROMPT=${PROMPT:-512}
+GEN=${GEN:-64}
+DEPTHS=${DEPTHS:-"0,360"}
+MODELS=${MODELS:-/tmp}
+OUT=${OUT:-/tmp/tide-bench-cpu}
+LB=${LLAMA_BENCH:-/tmp/llama.cpp/build/bin/llama-bench}
+PORT=${PORT:-18391}
+mkdir -p "$OUT"
+RAW=$OUT/raw.txt
+: >"$RAW"
+make -s CUDA_HOME=/nonexistent build/tide build/tide-mkmodel || exit 1
+[ -x "$LB" ] || echo "llama-bench not found at $LB (set LLAMA_BENCH): tide numbers only"
+echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) nproc=$(nproc)" \
+     "load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RAW"
 
-DRV=$(mktemp -d)/bench.c
-cat > "$DRV" <<'C'
-#include "engine/forward.h"
-#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char **argv)
-{
-    struct model m;
-    char err[256];
-    if (model_load(&m, argv[1], err, sizeof(err)) < 0) { fprintf(stderr, "%s\n", err); return 1; }
-    struct backend be;
-    backend_cpu_init(&be, atoi(argv[2]));
-    struct forward_state f;
-    if (forward_init(&f, &m, be, 1024) < 0) return 1;
-    int n_prompt = 256, n_gen = 128, toks[512];
-    for (int i = 0; i < 512; i++) toks[i] = (i * 7 + 1) % (int)m.cfg.n_vocab;
-    /* one untimed pass first, as llama-bench does: the first touch of each mmapped expert
-     * page is a page fault, not inference */
-    if (forward_eval(&f, toks, n_prompt, 0) < 0) return 1;
-    for (int i = 0; i < n_gen; i++)
-        if (forward_eval(&f, toks + i, 1, n_prompt + i) < 0) return 1;
-    double t0 = tide_now();
-    if (forward_eval(&f, toks, n_prompt, 0) < 0) return 1;
-    /* decode from an empty context, like llama-bench's tg test */
-    double t1 = tide_now();
-    for (int i = 0; i < n_gen; i++)
-        if (forward_eval(&f, toks + i, 1, getenv("AT_END") ? n_prompt + i : i) < 0) return 1;
-    double t2 = tide_now();
-    printf("prefill %.1f tok/s  decode %.1f tok/s\n", n_prompt / (t1 - t0), n_gen / (t2 - t1));
-    forward_free(&f);
-    backend_cpu_free(&be);
-    model_free(&m);
-    return 0;
+tide_run() { # model threads -> "pp512=... tg64@d0=... ..."
+    build/tide -m "$1" -t "$2" -c 2048 -np 1 --port "$PORT" --host 127.0.0.1 >"$OUT/tide.log" 2>&1 &
+    local pid=$! ok=
+    for _ in $(seq 1 300); do
+        curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health" 2>/dev/null | grep -q 200 && { ok=1; break; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ -n "$ok" ]; then
+        timeout 600 python3 scripts/bench-cpu.py "http://127.0.0.1:$PORT" 771 "$PROMPT" "$GEN" "$DEPTHS"
+    else
+        echo "tide did not start: $(tail -n 2 "$OUT/tide.log")"
+    fi
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
 }
-C
-# libtide.a holds the CUDA backend when nvcc built it: link what it needs (static cudart)
-gcc -std=c11 -D_GNU_SOURCE -O2 -Isrc -pthread "$DRV" build/libtide.a $(make -s print-gpu-ldlibs) -o "${DRV%.c}"
-"${DRV%.c}" "$MODEL" "$THREADS"
 
-# llama.cpp side by side, when a build is at hand (LLAMA_BENCH=path/to/llama-bench, or the
-# default /tmp/llama.cpp/build/bin/llama-bench): same file, same threads, same sizes.
-LB="${LLAMA_BENCH:-/tmp/llama.cpp/build/bin/llama-bench}"
-if [ -x "$LB" ]; then
-  T="$THREADS"; [ "$T" = 0 ] && T=$(nproc)
-  "$LB" -m "$MODEL" -t "$T" -p 256 -n 128 -r 2
-else
-  echo "llama-bench not found (set LLAMA_BENCH): tide numbers only"
-fi
+llama_run() { # model threads -> the same keys, from llama-bench's jsonl
+    timeout 900 "$LB" -m "$1" -t "$2" -p "$PROMPT" -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    print("pp%d=%.1f" % (o["n_prompt"], o["avg_ts"]), end=" ")'
+    timeout 900 "$LB" -m "$1" -t "$2" -p 0 -n "$GEN" -d "$DEPTHS" -r 1 -o jsonl 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    print("tg%d@d%d=%.1f" % (o["n_gen"], o["n_depth"], o["avg_ts"]), end=" ")'
+    echo
+}
+
+for type in $TYPES; do
+    M=$MODELS/tide-bench-big-$type.gguf
+    [ -f "$M" ] || build/tide-mkmodel --preset big --type "$type" --out "$M" >/dev/null || exit 1
+done
+for run in $(seq 1 "$RUNS"); do
+    for type in $TYPES; do
+        M=$MODELS/tide-bench-big-$type.gguf
+        for t in $THREADS; do
+            echo "run=$run type=$type threads=$t side=tide load=$(cut -d' ' -f1 /proc/loadavg) $(tide_run "$M" "$t")" | tee -a "$RAW"
+            [ -x "$LB" ] && echo "run=$run type=$type threads=$t side=llama load=$(cut -d' ' -f1 /proc/loadavg) $(llama_run "$M" "$t")" | tee -a "$RAW"
+        done
+    done
+done
+
+# ranges per (type, threads, measure), and the ratio range of each run's tide/llama pair
+python3 - "$RAW" >"$OUT/summary.md" <<'PY'
+import collections, sys
+cells = collections.defaultdict(lambda: collections.defaultdict(dict))  # (type,t,key) -> side -> run -> v
+for line in open(sys.argv[1]):
+    if line.startswith("#"):
+        continue
+    kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    for k, v in kv.items():
+        if k.startswith(("pp", "tg")):
+            try:
+                cells[(kv["type"], int(kv["threads"]), k)][kv["side"]][kv["run"]] = float(v)
+            except ValueError:
+                pass
+print("| type | threads | measure | tide tok/s | llama.cpp tok/s | ratio (per run) |")
+print("|---|---:|---|---:|---:|---:|")
+for (ty, t, k), sides in sorted(cells.items()):
+    td, ll = sides.get("tide", {}), sides.get("llama", {})
+    rng = lambda d: "%.0f-%.0f" % (min(d.values()), max(d.values())) if d else "-"
+    ratios = [td[r] / ll[r] for r in td if r in ll and ll[r] > 0]
+    rr = "%.2f-%.2fx" % (min(ratios), max(ratios)) if ratios else "-"
+    print("| %s | %d | %s | %s | %s | %s |" % (ty, t, k, rng(td), rng(ll), rr))
+PY
+cat "$OUT/summary.md"

@@ -1,11 +1,12 @@
 /* backend_cpu.c - the CPU backend: every forward op in plain C, matmul on a thread pool.
  *
  * Matmul splits the output rows across a persistent pool of pthreads (created once, so a
- * decode step does not pay thread start-up). For quantised weights (q8_0, q4_0, q5_0, q5_1,
- * MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks once per call and rows are int8
- * dot products (cpu_quant.c); f16/bf16 rows are widened into a per-thread float buffer then
- * dotted. Each weight row is loaded once
- * and dotted with all n input vectors, which is what makes batched prefill fast. */
+ * decode step does not pay thread start-up), in chunks the threads claim. For quantised
+ * weights (q8_0, q4_0, q5_0, q5_1, MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks
+ * once per call and rows are int8 dot products (cpu_quant.c, with AVX-512 VNNI tiles in
+ * cpu_quant_vnni.c); f16 rows are register tiles of 4 rows by 3 vectors (cpu_f16.c) where the
+ * CPU has F16C and FMA; bf16 rows (and f16 without F16C) are widened into a per-thread float
+ * buffer then dotted. Attention is backend_cpu_attention.c. */
 #include "backend.h"
 #include "route.h"
 #include "sample.h"
@@ -13,6 +14,8 @@
 #include "backend_cpu_vision.h"
 #include "backend_cpu_oai.h"
 #include "cpu_quant.h"
+#include "cpu_f16.h"
+#include "backend_cpu_attention.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -29,7 +32,7 @@
 #define KERNEL
 #endif
 
-typedef void (*job_fn)(void *arg, int ith, int nth);
+typedef cpu_job_fn job_fn;
 
 struct cpu_ctx {
     int n_threads;
@@ -37,7 +40,8 @@ struct cpu_ctx {
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
     uint64_t gen;            /* bumped for each job; workers wait for a change */
-    int n_done;
+    uint64_t open;           /* the gen of the job workers may still join; 0 once closed */
+    int n_active;            /* workers inside a job */
     bool quit;
     job_fn fn;
     void *arg;
@@ -63,8 +67,15 @@ struct worker_arg { struct cpu_ctx *c; int ith; };
 
 /* Workers spin briefly on the job generation before sleeping on the condition variable:
  * a decode step issues ~100 small matmuls, and a futex wake per matmul cost more than the
- * matmul itself. gen and n_done are read with atomics outside the mutex; every write of
- * gen happens under the mutex so a sleeping worker never misses one. */
+ * matmul itself. gen is read with atomics outside the mutex; every write of gen happens
+ * under the mutex so a sleeping worker never misses one.
+ *
+ * Jobs claim their work in chunks from a counter (cpu_claim) instead of taking a fixed
+ * share, and a worker that comes late to a job finds it closed and skips it: the caller never
+ * waits for a thread the OS has not run yet. On a machine shared with other processes that
+ * wait was the cost of a second thread (a fixed half of every matmul waited for a descheduled
+ * worker); now the caller takes what is left and the job ends when the work does. Results
+ * do not depend on who computes a chunk. */
 #define POOL_SPIN 20000
 
 static inline void cpu_relax(void)
@@ -94,13 +105,18 @@ static void *worker_main(void *p)
         pthread_mutex_unlock(&c->mu);
         if (quit)
             break;
-        fn(arg, wa.ith, c->n_threads);
-        __atomic_add_fetch(&c->n_done, 1, __ATOMIC_RELEASE);
+        /* join only the job that is still open (with the caller's close, a Dekker pair) */
+        __atomic_add_fetch(&c->n_active, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&c->open, __ATOMIC_SEQ_CST) == seen)
+            fn(arg, wa.ith, c->n_threads);
+        __atomic_sub_fetch(&c->n_active, 1, __ATOMIC_SEQ_CST);
     }
     return NULL;
 }
 
-/* Run fn on every thread (the caller is thread 0) and wait for all of them. */
+/* Run fn on the caller (thread 0) and on every worker that joins before the caller's own
+ * call returns; fn claims its work with cpu_claim, so when the caller's call returns all of
+ * it has been claimed. Returns when the joined workers have finished theirs. */
 static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
 {
     if (c->n_threads <= 1) {
@@ -110,17 +126,20 @@ static void pool_run(struct cpu_ctx *c, job_fn fn, void *arg)
     pthread_mutex_lock(&c->mu);
     c->fn = fn;
     c->arg = arg;
-    __atomic_store_n(&c->n_done, 0, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&c->gen, 1, __ATOMIC_RELEASE);
+    uint64_t g = __atomic_add_fetch(&c->gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->open, g, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&c->cv_start);
     pthread_mutex_unlock(&c->mu);
     fn(arg, 0, c->n_threads);
-    /* the other threads' share is about as long as ours: spin, yielding now and then */
-    for (unsigned i = 0; __atomic_load_n(&c->n_done, __ATOMIC_ACQUIRE) < c->n_threads - 1; i++) {
+    __atomic_store_n(&c->open, 0, __ATOMIC_SEQ_CST);
+    /* the workers inside finish their last chunk: spin, yielding now and then */
+    for (unsigned i = 0; __atomic_load_n(&c->n_active, __ATOMIC_SEQ_CST) > 0; i++) {
         cpu_relax();
         if ((i & 1023) == 1023) sched_yield();
     }
 }
+
+void cpu_pool_run(void *ctx, cpu_job_fn fn, void *arg) { pool_run(ctx, fn, arg); }
 
 static float *thread_scratch(struct cpu_ctx *c, int ith, size_t n)
 {
@@ -148,6 +167,8 @@ KERNEL static float dot_f32(const float *a, const float *b, int n)
         s += a[i] * b[i];
     return s;
 }
+
+float cpu_dot_f32(const float *a, const float *b, int n) { return dot_f32(a, b, n); }
 
 /* Four dot products of one weight row with four input vectors: the row is read once per
  * four tokens, which is what makes prefill compute-bound instead of load-bound. Each token's
@@ -219,59 +240,6 @@ __attribute__((target("avx2,f16c,fma"))) static void widen_f16_f16c(const uint16
         dst[i] = f16_table[src[i]];
 }
 
-/* Fused f16 row . f32 vector for decode (n = 1): no widened copy of the row. */
-__attribute__((target("avx2,f16c,fma"))) static float dot_f16_f16c(const uint16_t *w, const float *x, int n)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 24))), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    float s = _mm_cvtss_f32(h);
-    for (; i < n; i++)
-        s += f16_table[w[i]] * x[i];
-    return s;
-}
-/* dot_f16_f16c's arithmetic, operation for operation, on a row already widened to f32 (the
- * widening is exact), for two tokens at once: a prefill row gets the bits a decode row gets. */
-__attribute__((target("avx2,f16c,fma"))) static void dot2_f16order(const float *w, const float *x0, const float *x1,
-                                                                  int n, float *o0, float *o1)
-{
-    __m256 a[2][4];
-    for (int t = 0; t < 2; t++)
-        for (int k = 0; k < 4; k++)
-            a[t][k] = _mm256_setzero_ps();
-    const float *xs[2] = {x0, x1 ? x1 : x0};
-    int i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 4; k++) {
-            __m256 wv = _mm256_loadu_ps(w + i + 8 * k);
-            a[0][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[0] + i + 8 * k), a[0][k]);
-            a[1][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[1] + i + 8 * k), a[1][k]);
-        }
-    float out[2];
-    for (int t = 0; t < 2; t++) {
-        __m256 s8 = _mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3]));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-        float s = _mm_cvtss_f32(h);
-        for (int j = i; j < n; j++)
-            s += w[j] * xs[t][j];
-        out[t] = s;
-    }
-    *o0 = out[0];
-    if (o1)
-        *o1 = out[1];
-}
 static bool have_f16c;
 #endif
 
@@ -293,8 +261,7 @@ static void f16_init(void)
         f16_table[i] = tide_f16_to_f32((uint16_t)i);
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    have_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                __builtin_cpu_supports("fma");
+    have_f16c = cpu_f16_fast();
 #endif
 }
 
@@ -314,17 +281,36 @@ struct mm_job {
     const float *x;
     float *y;
     int n;
+    int next;  /* the first row (or vector, quantising) no thread has claimed */
+    int chunk; /* rows a claim takes */
 };
 
+static void mm_rows(struct mm_job *j, int ith, int r0, int r1);
+
+/* Rows in chunks of contiguous rows (a multiple of eight, the VNNI tiles' height), about
+ * four a thread, claimed until none is left. */
 static void mm_worker(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
+    int rows = (int)j->w->ne[1];
+    (void)nth;
+    for (int r0; (r0 = cpu_claim(&j->next, j->chunk, rows)) >= 0;)
+        mm_rows(j, ith, r0, r0 + j->chunk < rows ? r0 + j->chunk : rows);
+}
+
+static void mm_rows(struct mm_job *j, int ith, int r0, int r1)
+{
     const struct tensor *w = j->w;
     int rows = (int)w->ne[1], cols = (int)w->ne[0];
-    /* contiguous row ranges; each thread touches its own slice of W only */
-    int per = (rows + nth - 1) / nth;
-    int r0 = ith * per, r1 = r0 + per < rows ? r0 + per : rows;
     const uint8_t *base = w->data;
+#if defined(__x86_64__)
+    if (w->type == GGML_TYPE_F16 && have_f16c) { /* register tiles (cpu_f16.c) */
+        float *tbuf = thread_scratch(j->c, ith, 4 * (size_t)cols);
+        if (tbuf && r0 < r1)
+            cpu_f16_rows(base, w->row_bytes, r0, r1, j->x, j->n, cols, j->y, (size_t)rows, tbuf);
+        return;
+    }
+#endif
     float *buf = NULL;
     bool widen = w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
     if (widen) {
@@ -332,7 +318,14 @@ static void mm_worker(void *p, int ith, int nth)
         if (!buf)
             return;
     }
-    size_t act_bytes = cpu_quant_act_bytes(w->type, cols);
+    if (cpu_quant_has(w->type)) {
+        /* each dot is one fixed-order result, so a row's bits do not depend on n or the thread
+         * split; rows and vectors are tiled where the CPU has the ISA for it (cpu_quant.c) */
+        if (r0 < r1)
+            cpu_quant_rows(w->type, base, w->row_bytes, r0, r1, j->c->xq, cpu_quant_act_bytes(w->type, cols), j->n,
+                           cols, j->y, (size_t)rows, CPU_ISA_BEST);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const void *row = base + (size_t)r * w->row_bytes;
         switch (w->type) {
@@ -341,35 +334,15 @@ static void mm_worker(void *p, int ith, int nth)
             break;
         case GGML_TYPE_F16:
         case GGML_TYPE_BF16:
-#if defined(__x86_64__)
-            if (w->type == GGML_TYPE_F16 && have_f16c) {
-                if (j->n == 1) {
-                    j->y[r] = dot_f16_f16c(row, j->x, cols);
-                    break;
-                }
-                widen_f16(row, buf, cols);
-                for (int t = 0; t < j->n; t += 2)
-                    dot2_f16order(buf, j->x + (size_t)t * cols, t + 1 < j->n ? j->x + (size_t)(t + 1) * cols : NULL,
-                                  cols, &j->y[(size_t)t * rows + r],
-                                  t + 1 < j->n ? &j->y[(size_t)(t + 1) * rows + r] : NULL);
-                break;
-            }
-#endif
             if (w->type == GGML_TYPE_F16)
                 widen_f16(row, buf, cols);
             else
                 widen_bf16(row, buf, cols);
             dot_row_tokens(buf, j->x, cols, j->n, j->y, rows, r);
             break;
-        default:
-            /* the row stays in L1 while it is dotted with every vector; each dot is one
-             * fixed-order call, so a row's bits do not depend on n or the thread split */
-            if (cpu_quant_has(w->type))
-                cpu_quant_dot_many(w->type, row, j->c->xq, act_bytes, j->n, cols, j->y + r, (size_t)rows,
-                                   CPU_ISA_BEST);
-            else
-                for (int t = 0; t < j->n; t++)
-                    j->y[(size_t)t * rows + r] = 0.0f;
+        default: /* a type without a CPU path */
+            for (int t = 0; t < j->n; t++)
+                j->y[(size_t)t * rows + r] = 0.0f;
         }
     }
 }
@@ -381,7 +354,8 @@ static void act_worker(void *p, int ith, int nth)
     struct mm_job *j = p;
     int cols = (int)j->w->ne[0];
     size_t per = cpu_quant_act_bytes(j->w->type, cols);
-    for (int t = ith; t < j->n; t += nth)
+    (void)ith; (void)nth;
+    for (int t; (t = cpu_claim(&j->next, 1, j->n)) >= 0;)
         cpu_quant_act(j->w->type, j->x + (size_t)t * cols, cols, j->c->xq + (size_t)t * per);
 }
 
@@ -399,9 +373,12 @@ static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float 
                 return;
         }
     }
-    struct mm_job j = {c, w, x, y, n};
+    struct mm_job j = {c, w, x, y, n, 0, 0};
     if (cpu_quant_has(w->type)) /* a prefill's hundreds of vectors are worth the pool */
         n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
+    int rows = (int)w->ne[1], chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
+    j.next = 0;
+    j.chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);
@@ -486,71 +463,6 @@ static void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor 
         cpu_rmsnorm(ctx, k, k_norm, k, head_dim, n * n_head_kv, eps);
     cpu_rope(ctx, q, n, n_head, head_dim, pos, theta, kind);
     cpu_rope(ctx, k, n, n_head_kv, head_dim, pos, theta, kind);
-}
-
-struct att_job {
-    const float *q, *k_cache, *v_cache;
-    float *out, *att;
-    int pos, n_head, n_head_kv, head_dim;
-};
-
-/* Heads [h0, h1) of one query token. Head h keeps its scores at att + h*(pos+1), inside the
- * (n_head, n_ctx) scratch, so threads never share a row. */
-static void attention_heads(const struct att_job *j, int h0, int h1)
-{
-    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, pos = j->pos;
-    int group = j->n_head / j->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int h = h0; h < h1; h++) {
-        const float *qh = j->q + (size_t)h * hd;
-        int kvh = h / group;
-        float *a = j->att + (size_t)h * (pos + 1);
-        float mx = -INFINITY;
-        for (int t = 0; t <= pos; t++) {
-            a[t] = dot_f32(qh, j->k_cache + (size_t)t * kv_dim + kvh * hd, hd) * scale;
-            if (a[t] > mx)
-                mx = a[t];
-        }
-        float sum = 0;
-        for (int t = 0; t <= pos; t++) {
-            a[t] = expf(a[t] - mx);
-            sum += a[t];
-        }
-        float *o = j->out + (size_t)h * hd;
-        memset(o, 0, sizeof(float) * hd);
-        for (int t = 0; t <= pos; t++) {
-            const float *vt = j->v_cache + (size_t)t * kv_dim + kvh * hd;
-            float wgt = a[t] / sum;
-            for (int i = 0; i < hd; i++)
-                o[i] += wgt * vt[i];
-        }
-    }
-}
-
-static void att_worker(void *p, int ith, int nth)
-{
-    const struct att_job *j = p;
-    int per = (j->n_head + nth - 1) / nth;
-    int h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
-    if (h0 < h1)
-        attention_heads(j, h0, h1);
-}
-
-/* Token by token: each has its own causal window, and the (n_head, n_ctx) scratch is reused. */
-static void cpu_attention(void *ctx, const float *q, const float *k_cache,
-                          const float *v_cache, float *out, float *att, int n, int pos, int n_head,
-                          int n_head_kv, int head_dim)
-{
-    struct cpu_ctx *c = ctx;
-    size_t qd = (size_t)n_head * head_dim;
-    for (int t = 0; t < n; t++) {
-        struct att_job j = {q + t * qd, k_cache, v_cache, out + t * qd, att, pos + t, n_head, n_head_kv, head_dim};
-        /* short contexts are cheaper than waking the pool */
-        if ((size_t)(pos + t + 1) * (size_t)n_head * (size_t)head_dim < 32768)
-            attention_heads(&j, 0, n_head);
-        else
-            pool_run(c, att_worker, &j);
-    }
 }
 
 static void cpu_swiglu(void *ctx, float *gate, const float *up, int n)

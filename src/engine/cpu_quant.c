@@ -14,11 +14,13 @@
  * The combine step is compiled for the baseline ISA (no FMA contraction: -std=c11 keeps
  * fp-contract off) and never inlined into a SIMD function. */
 #include "cpu_quant.h"
+#include "cpu_quant_vnni.h"
 #include "gguf.h"
 #include "quants.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* no fused multiply-adds: every path must round the float combine the same way (gcc keeps
@@ -31,16 +33,18 @@
 #define ISUM_CHUNK 64 /* blocks whose integer sums are made before they are combined */
 #define UNPACK_CHUNK 64 /* super-blocks unpacked at once for many vectors */
 
-/* Activations for 32-value weight blocks: as ggml's q8_0 block (f16 scale, 32 codes). */
-struct act32 { uint16_t d; int8_t q[QB]; };
+/* Activations for 32-value weight blocks: struct act32 (cpu_quant_vnni.h), ggml's q8_0 block
+ * and the codes' sum. */
 /* Activations for 256-value super-blocks: f32 scale, the sums of each 16 codes (for the
  * weights' mins and offsets), 256 codes. */
 struct act256 { float d; int16_t bsum[16]; int8_t q[QK_K]; };
 
 static float f16_table[65536];
-static bool have_avx2;
+static bool have_avx2, have_vnni;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* TIDE_CPU_ISA=avx2 or scalar caps what CPU_ISA_BEST picks (to compare paths, or to rule one
+ * out); the results are the same bits on every path. */
 static void cpu_quant_init(void)
 {
     for (uint32_t i = 0; i < 65536; i++)
@@ -48,7 +52,25 @@ static void cpu_quant_init(void)
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");
+    have_vnni = have_avx2 && cpu_quant_vnni_cpu();
 #endif
+}
+
+static enum cpu_isa best_isa(void)
+{
+    static _Atomic int cap = -1; /* the env's cap, read once */
+    int c = cap;
+    if (c < 0) {
+        const char *e = getenv("TIDE_CPU_ISA");
+        c = e && !strcmp(e, "scalar") ? CPU_ISA_SCALAR : e && !strcmp(e, "avx2") ? CPU_ISA_AVX2
+                                                                                : CPU_ISA_AVX512VNNI;
+        cap = c;
+    }
+    if (have_vnni && c >= CPU_ISA_AVX512VNNI)
+        return CPU_ISA_AVX512VNNI;
+    if (have_avx2 && c >= CPU_ISA_AVX2)
+        return CPU_ISA_AVX2;
+    return CPU_ISA_SCALAR;
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -86,13 +108,14 @@ static bool super_block(uint32_t type) { return ggml_block_size(type) == QK_K; }
 bool cpu_quant_isa_available(enum cpu_isa isa)
 {
     pthread_once(&init_once, cpu_quant_init);
-    return isa == CPU_ISA_AVX2 ? have_avx2 : true;
+    return isa == CPU_ISA_AVX512VNNI ? have_vnni : isa == CPU_ISA_AVX2 ? have_avx2 : true;
 }
 
 const char *cpu_quant_isa_name(void)
 {
     pthread_once(&init_once, cpu_quant_init);
-    return have_avx2 ? "avx2" : "scalar";
+    enum cpu_isa b = best_isa();
+    return b == CPU_ISA_AVX512VNNI ? "avx512vnni" : b == CPU_ISA_AVX2 ? "avx2" : "scalar";
 }
 
 size_t cpu_quant_act_bytes(uint32_t type, int cols)
@@ -101,11 +124,28 @@ size_t cpu_quant_act_bytes(uint32_t type, int cols)
                              : (size_t)(cols / QB) * sizeof(struct act32);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static void act32_avx2(const float *x, int nb, struct act32 *o);
+#endif
+
 void cpu_quant_act(uint32_t type, const float *x, int cols, void *out)
 {
+    cpu_quant_act_isa(type, x, cols, out, CPU_ISA_BEST);
+}
+
+void cpu_quant_act_isa(uint32_t type, const float *x, int cols, void *out, enum cpu_isa isa)
+{
     pthread_once(&init_once, cpu_quant_init);
+    if (isa == CPU_ISA_BEST)
+        isa = best_isa();
     if (!super_block(type)) {
         struct act32 *o = out; /* the q8_0 scheme the CPU backend has always used */
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (have_avx2 && isa >= CPU_ISA_AVX2) {
+            act32_avx2(x, cols / QB, o);
+            return;
+        }
+#endif
         for (int b = 0; b < cols / QB; b++) {
             const float *v = x + b * QB;
             float amax = 0;
@@ -113,8 +153,12 @@ void cpu_quant_act(uint32_t type, const float *x, int cols, void *out)
                 amax = fmaxf(amax, fabsf(v[j]));
             float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
             o[b].d = tide_f32_to_f16(d);
-            for (int j = 0; j < QB; j++)
+            int sum = 0;
+            for (int j = 0; j < QB; j++) {
                 o[b].q[j] = (int8_t)lrintf(v[j] * id);
+                sum += o[b].q[j];
+            }
+            o[b].sum = (int16_t)sum;
         }
         return;
     }
@@ -561,6 +605,36 @@ AVX2 static int32_t dot_unpacked_avx2(const struct unpacked256 *u, const struct 
     return hsum8(acc);
 }
 
+/* cpu_quant_act's 32-value form, 32 values an iteration: the same bytes (the max of |v| is
+ * exact; v * id is one rounded product either way; vcvtps2dq rounds to nearest even as lrintf
+ * does in the default mode; |v * id| < 127.5, so the saturating packs never clip). */
+AVX2 static void act32_avx2(const float *x, int nb, struct act32 *o)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b++) {
+        const float *v = x + b * QB;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+               v3 = _mm256_loadu_ps(v + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        o[b].d = tide_f32_to_f16(d);
+        __m256 s = _mm256_set1_ps(id);
+        __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
+        __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+        /* packs interleave the 128-bit lanes: put the bytes back in order */
+        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+        q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)o[b].q, q);
+        o[b].sum = (int16_t)hsum8(sum);
+    }
+}
+
 AVX2 static void isums_avx2(uint32_t type, const uint8_t *w, const void *act, int nb, int32_t *out)
 {
     switch (type) {
@@ -622,7 +696,7 @@ float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, e
 {
     pthread_once(&init_once, cpu_quant_init);
     if (isa == CPU_ISA_BEST)
-        isa = have_avx2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+        isa = best_isa();
     uint32_t bs = ggml_block_size(type);
     size_t bb = ggml_row_size(type, bs);
     size_t ab = super_block(type) ? sizeof(struct act256) : sizeof(struct act32);
@@ -635,7 +709,7 @@ float cpu_quant_dot(uint32_t type, const void *row, const void *act, int cols, e
         const uint8_t *wc = w + (size_t)b0 * bb;
         const void *xc = x + (size_t)b0 * ab;
 #if CPU_QUANT_AVX2
-        if (isa == CPU_ISA_AVX2 && have_avx2)
+        if (isa >= CPU_ISA_AVX2 && have_avx2) /* a single dot: VNNI has no tile for one */
             isums_avx2(type, wc, xc, n, is);
         else
 #endif
@@ -650,9 +724,9 @@ void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t 
 {
     pthread_once(&init_once, cpu_quant_init);
     if (isa == CPU_ISA_BEST)
-        isa = have_avx2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+        isa = best_isa();
 #if CPU_QUANT_AVX2
-    if (n > 1 && isa == CPU_ISA_AVX2 && have_avx2 && super_block(type)) {
+    if (n > 1 && isa >= CPU_ISA_AVX2 && have_avx2 && super_block(type)) {
         size_t bb = ggml_row_size(type, QK_K);
         int nb = cols / QK_K;
         static _Thread_local struct unpacked256 u[UNPACK_CHUNK]; /* ~37 KB: not the stack */
@@ -683,4 +757,42 @@ void cpu_quant_dot_many(uint32_t type, const void *row, const void *act, size_t 
 #endif
     for (int t = 0; t < n; t++)
         y[(size_t)t * y_stride] = cpu_quant_dot(type, row, (const uint8_t *)act + (size_t)t * act_stride, cols, isa);
+}
+
+void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int r1, const void *act,
+                    size_t act_stride, int n, int cols, float *y, size_t y_stride, enum cpu_isa isa)
+{
+    pthread_once(&init_once, cpu_quant_init);
+    if (isa == CPU_ISA_BEST)
+        isa = best_isa();
+    const uint8_t *wb = w, *xb = act;
+    /* the tiles address eight rows or vectors with 32-bit offsets */
+    if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_quant_vnni_has(type) && row_bytes <= (1u << 27) &&
+        act_stride <= (1u << 27)) {
+        int nb = cols / QB, n8 = n / 8 * 8;
+        float o[8];
+        /* prefill: a row with eight vectors at a time; the vectors stay in cache across rows */
+        for (int r = r0; r < r1; r++)
+            for (int t = 0; t < n8; t += 8) {
+                cpu_quant_vnni_vecs8(type, wb + (size_t)r * row_bytes, (const struct act32 *)(xb + t * act_stride),
+                                     act_stride, nb, o);
+                for (int k = 0; k < 8; k++)
+                    y[(size_t)(t + k) * y_stride + r] = o[k];
+            }
+        /* decode, and the vectors left over: eight rows with one vector */
+        for (int t = n8; t < n; t++) {
+            const struct act32 *x = (const struct act32 *)(xb + t * act_stride);
+            int r = r0;
+            for (; r + 8 <= r1; r += 8) {
+                cpu_quant_vnni_rows8(type, wb + (size_t)r * row_bytes, row_bytes, x, nb, o);
+                for (int k = 0; k < 8; k++)
+                    y[(size_t)t * y_stride + r + k] = o[k];
+            }
+            for (; r < r1; r++)
+                y[(size_t)t * y_stride + r] = cpu_quant_dot(type, wb + (size_t)r * row_bytes, x, cols, CPU_ISA_AVX2);
+        }
+        return;
+    }
+    for (int r = r0; r < r1; r++)
+        cpu_quant_dot_many(type, wb + (size_t)r * row_bytes, act, act_stride, n, cols, y + r, y_stride, isa);
 }

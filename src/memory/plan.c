@@ -143,7 +143,7 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         tide_log("conversation parking: off by default with a CUDA device (set kv_host_mib to turn it on)");
         p->kv_host_bytes = 0;
     }
-    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : FORWARD_DEFAULT_BATCH;
+    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : PLAN_CPU_BATCH;
     p->n_seq = o->n_seq > 0 ? o->n_seq : cuda_stage ? PLAN_AUTO_SEQ_CUDA : PLAN_AUTO_SEQ_CPU;
     if (p->n_seq > FORWARD_MAX_SEQ)
         p->n_seq = FORWARD_MAX_SEQ;

@@ -16,6 +16,12 @@
 #define PLAN_MAX_DEVICES FORWARD_MAX_STAGES
 /* KV slots when the config leaves `parallel` automatic (before halving to fit) */
 #define PLAN_AUTO_SEQ_CPU 4
+/* The prefill chunk of CPU-only plans. 512, not FORWARD_DEFAULT_BATCH's 64: a chunk reads
+ * every routed expert's weights once, so 64-token chunks read an MoE's experts 8 times for a
+ * 512-token prompt, and each expert saw ~8 tokens (too few to fill the f16 and int8 tiles).
+ * The cost: a decode step that shares a scheduler step with a prompt waits for a longer chunk
+ * (max_batch_tokens caps it). The buffer is small (~18 MiB for the big preset). */
+#define PLAN_CPU_BATCH 512
 #define PLAN_AUTO_SEQ_CUDA 16
 
 struct plan_device_options {
@@ -34,7 +40,7 @@ struct plan_options {
     int n_threads;
     int n_ctx;
     int max_batch;           /* prefill chunk (0: FORWARD_CUDA_BATCH with a CUDA device, else
-                                FORWARD_DEFAULT_BATCH) */
+                                PLAN_CPU_BATCH) */
     int n_seq;               /* KV slots: sequences that run at once (0: automatic, see plan.c) */
     long kv_host_mib;        /* conversation parking in host RAM (engine/kv_park.h): MiB, 0 off,
                                 -1 automatic (what the host holds beside the experts, at most 2048) */

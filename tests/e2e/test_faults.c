@@ -387,12 +387,13 @@ Test(faults, sticky_backend_failure_turns_the_daemon_unhealthy, .timeout = 60)
 
 /* A client that hangs up during a long prefill does not hold the engine (issue 27 item 4): the
  * prompt runs in chunks, one a step, and the job's cancel flag is checked before every step. One
- * sequence at a time and every step at least 20 ms (the slow-step hook), so the ~8,000-token
- * prompt's ~125 chunks would hold the engine 2.5 s or more; the client leaves after 0.3 s and the
+ * sequence at a time, 64-token chunks (max_batch_tokens: the CPU's prefill buffer is 512 rows)
+ * and every step at least 20 ms (the slow-step hook), so the ~8,000-token prompt's ~125 chunks
+ * would hold the engine 2.5 s or more; the client leaves after 0.3 s and the
  * next request, queued behind it, must be answered well before that. */
 Test(faults, hang_up_during_a_long_prefill_frees_the_engine, .timeout = 60)
 {
-    start("\"context\":16384,\"parallel\":1", "TIDE_FAULT_SLOW_TOKEN_MS=20");
+    start("\"context\":16384,\"parallel\":1,\"max_batch_tokens\":64", "TIDE_FAULT_SLOW_TOKEN_MS=20");
     size_t words = 6000, cap = words * 8 + 256;
     char *body = malloc(cap);
     size_t n = (size_t)snprintf(body, cap, "{\"prompt\":\"");

@@ -1,8 +1,8 @@
 /* test_quants.c - the weight block formats (quants.c) and the CPU's int8 dot products over
  * them (cpu_quant.c): dequantisation bit for bit against tests/quant/ref_dequant.py (our
  * numpy reference, written from the format spec), each dot product against a double-precision
- * reference within the error the activation quantisation allows, the SIMD kernels against the
- * scalar one bit for bit, and a matmul row's bits independent of the batch and thread count. */
+ * reference within the error the activation quantisation allows, the SIMD kernels (AVX2, and
+ * the AVX-512 VNNI tiles) against the scalar one bit for bit, and a matmul row's bits independent of the batch and thread count. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -127,6 +127,26 @@ Test(quants, quantise_round_trip_is_close)
  * of eight, so every loop of the kernels runs. */
 static int test_cols(uint32_t type) { return ggml_block_size(type) == QK_K ? 256 * 70 : 32 * 75; }
 
+/* w . x in double, and how far a product of the quantised forms may be from it: the
+ * activations are rounded to steps of amax/127 per block (the 32-value form also rounds that
+ * step to f16), so each product errs by at most |w| * 0.57 step (plus float rounding). */
+static double reference_dot(uint32_t type, const float *w, const float *x, int cols, double *bound)
+{
+    int ab = ggml_block_size(type) == QK_K ? QK_K : 32;
+    double ref = 0, err = 0, mag = 0;
+    for (int b = 0; b < cols / ab; b++) {
+        double amax = 0;
+        for (int i = b * ab; i < (b + 1) * ab; i++) amax = fmax(amax, fabs(x[i]));
+        for (int i = b * ab; i < (b + 1) * ab; i++) {
+            ref += (double)w[i] * x[i];
+            err += fabs(w[i]) * 0.57 * amax / 127.0;
+            mag += fabs((double)w[i] * x[i]);
+        }
+    }
+    *bound = err + 1e-5 * mag;
+    return ref;
+}
+
 Test(quants, dot_products_match_a_double_reference)
 {
     for (size_t t = 0; t < N_TYPES; t++) {
@@ -141,20 +161,8 @@ Test(quants, dot_products_match_a_double_reference)
             for (int i = 0; i < cols; i++) x[i] = frand() * (trial == 3 ? 100.0f : 1.0f) * (i % 7 ? 1.0f : 5.0f);
             cpu_quant_act(type, x, cols, act);
             float got = cpu_quant_dot(type, row, act, cols, CPU_ISA_SCALAR);
-            /* the activations are rounded to steps of amax/127 per block (the 32-value form
-             * also rounds that step to f16): each product errs by at most |w| * 0.57 step */
-            int ab = ggml_block_size(type) == QK_K ? QK_K : 32;
-            double ref = 0, bound = 0, mag = 0;
-            for (int b = 0; b < cols / ab; b++) {
-                double amax = 0;
-                for (int i = b * ab; i < (b + 1) * ab; i++) amax = fmax(amax, fabs(x[i]));
-                for (int i = b * ab; i < (b + 1) * ab; i++) {
-                    ref += (double)w[i] * x[i];
-                    bound += fabs(w[i]) * 0.57 * amax / 127.0;
-                    mag += fabs((double)w[i] * x[i]);
-                }
-            }
-            cr_assert_leq(fabs(got - ref), bound + 1e-5 * mag, "%s trial %d: %g vs %g (bound %g)",
+            double bound, ref = reference_dot(type, w, x, cols, &bound);
+            cr_assert_leq(fabs(got - ref), bound, "%s trial %d: %g vs %g (bound %g)",
                           ggml_type_name(type), trial, got, ref, bound);
             cr_assert_gt(fabs(ref), 0);
         }
@@ -196,6 +204,82 @@ Test(quants, simd_kernels_equal_the_scalar_one_bit_for_bit)
         }
         free(acts);
         free(row); free(act); free(x);
+    }
+}
+
+/* cpu_quant_rows, the matmul's share, on each ISA: the AVX-512 VNNI tiles (q8_0 and q4_0, a
+ * row with eight vectors and eight rows with one; the other types fall back to AVX2 there),
+ * AVX2 (what a CPU without VNNI, or TIDE_CPU_ISA=avx2, runs) and scalar give the same bits,
+ * and each result is within the double reference's bound. */
+Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
+{
+    enum { ROWS = 21, N = 11 }; /* a vector tile of eight and three left over; row tiles and a tail */
+    enum cpu_isa isas[] = {CPU_ISA_AVX512VNNI, CPU_ISA_AVX2, CPU_ISA_SCALAR};
+    if (!cpu_quant_isa_available(CPU_ISA_AVX2))
+        cr_skip_test("this CPU has no AVX2");
+    bool vnni = cpu_quant_isa_available(CPU_ISA_AVX512VNNI);
+    if (!vnni)
+        cr_log_warn("no AVX-512 VNNI here: only AVX2 and scalar are compared");
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = test_cols(type);
+        size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *data = malloc(rb * ROWS), *acts = malloc(ab * N);
+        float *w = malloc(sizeof(float) * cols * ROWS), *x = malloc(sizeof(float) * cols * N);
+        float *y[3];
+        random_blocks(type, data, (uint64_t)cols * ROWS, false);
+        ggml_dequantize(type, data, w, (uint64_t)cols * ROWS);
+        for (int v = 0; v < N; v++) {
+            for (int i = 0; i < cols; i++) x[v * cols + i] = frand() * (float)(1 + v) * (i % 5 ? 1.0f : 7.0f);
+            cpu_quant_act(type, x + (size_t)v * cols, cols, acts + v * ab);
+        }
+        for (int i = 0; i < 3; i++) {
+            y[i] = calloc((size_t)ROWS * N, sizeof(float));
+            if (i == 0 && !vnni)
+                continue;
+            /* two shares, as two threads would run them: 0-6 and 7-20 */
+            cpu_quant_rows(type, data, rb, 0, 7, acts, ab, N, cols, y[i], ROWS, isas[i]);
+            cpu_quant_rows(type, data, rb, 7, ROWS, acts, ab, N, cols, y[i], ROWS, isas[i]);
+        }
+        for (int v = 0; v < N; v++)
+            for (int r = 0; r < ROWS; r++) {
+                size_t k = (size_t)v * ROWS + r;
+                if (vnni)
+                    cr_assert(memcmp(&y[0][k], &y[1][k], 4) == 0, "%s row %d vector %d: vnni %a avx2 %a",
+                              ggml_type_name(type), r, v, y[0][k], y[1][k]);
+                cr_assert(memcmp(&y[1][k], &y[2][k], 4) == 0, "%s row %d vector %d: avx2 %a scalar %a",
+                          ggml_type_name(type), r, v, y[1][k], y[2][k]);
+                double bound, ref = reference_dot(type, w + (size_t)r * cols, x + (size_t)v * cols, cols, &bound);
+                cr_assert_leq(fabs(y[1][k] - ref), bound, "%s row %d vector %d: %g vs %g (bound %g)",
+                              ggml_type_name(type), r, v, y[1][k], ref, bound);
+            }
+        for (int i = 0; i < 3; i++) free(y[i]);
+        free(data); free(acts); free(w); free(x);
+    }
+}
+
+/* The activations' quantisation gives the same bytes with AVX2 as in C: random blocks,
+ * blocks of zeros, and blocks whose codes land on halves (amax 127: v * id = v), where
+ * rounding to nearest even must agree. */
+Test(quants, activation_quantisation_is_the_same_bytes_on_every_isa)
+{
+    if (!cpu_quant_isa_available(CPU_ISA_AVX2))
+        cr_skip_test("this CPU has no AVX2");
+    for (size_t t = 0; t < N_TYPES; t++) {
+        uint32_t type = types[t];
+        int cols = test_cols(type);
+        size_t ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *a = malloc(ab), *b = malloc(ab);
+        float *x = malloc(sizeof(float) * cols);
+        for (int i = 0; i < cols; i++) {
+            int blk = i / 32;
+            x[i] = blk % 3 == 0 ? frand() * 50.0f : blk % 3 == 1 ? 0.0f : (float)((int)(rnd() % 255) - 127) + 0.5f;
+            if (blk % 3 == 2 && i % 32 == 0) x[i] = 127.0f;
+        }
+        cpu_quant_act_isa(type, x, cols, a, CPU_ISA_SCALAR);
+        cpu_quant_act_isa(type, x, cols, b, CPU_ISA_AVX2);
+        cr_assert(memcmp(a, b, ab) == 0, "%s: the quantised activations differ", ggml_type_name(type));
+        free(a); free(b); free(x);
     }
 }
 

@@ -1,0 +1,206 @@
+/* backend_cpu_attention.c - the CPU backend's causal attention (backend_i.attention) over
+ * the f32 KV cache, shared by the pool's threads.
+ *
+ * How the work is split: a decode step (one query token) is claimed by the threads a KV
+ * head's group of query heads at a time (GQA: the heads that read the same K and V rows stay
+ * on one core). A prefill chunk of n tokens is one pool job for all its (token, head) pairs,
+ * claimed a token (all its heads) at a time, where the old form woke the pool once per token
+ * and split only its heads. Each (token, head) is computed by the same function whichever thread runs it, so the
+ * result does not depend on the split, and a token's output in a prefill is the bits it gets
+ * when decoded alone at that position. */
+#include "backend_cpu_attention.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KERNEL
+#endif
+
+struct att_job {
+    const float *q, *k_cache, *v_cache;
+    float *out, *att;
+    int n, pos, n_head, n_head_kv, head_dim;
+    int next; /* the first head (decode) or token (prefill) no thread has claimed */
+    bool fast; /* attend_one_avx2 runs it */
+};
+
+/* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
+ * row order (vectorised across the head's elements, which leaves each element's sum as is). */
+KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const float *a, int rows, float sum,
+                                 int hd)
+{
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int t = 0; t < rows; t++) {
+        const float *vt = v + (size_t)t * stride;
+        float wgt = a[t] / sum;
+        for (int i = 0; i < hd; i++)
+            o[i] += wgt * vt[i];
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ATT_AVX2 1
+#define AVX2 __attribute__((target("avx2,fma")))
+static int have_avx2 = -1; /* -1 until asked */
+
+AVX2 static inline float hsum8f(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+/* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
+ * registers over the positions, and the output in 64-wide chunks over the positions (where the
+ * portable form loads and stores the whole output row for every position). Every (token, head)
+ * of a process runs this same code, so prefill and decode still give the same bits. */
+AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a)
+{
+    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, nv = hd / 8, last = j->pos + t;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *k = j->k_cache + (size_t)kvh * hd, *v = j->v_cache + (size_t)kvh * hd;
+    __m256 q[32];
+    for (int i = 0; i < nv; i++)
+        q[i] = _mm256_loadu_ps(qh + 8 * i);
+    float mx = -INFINITY;
+    for (int p = 0; p <= last; p++) {
+        const float *kp = k + (size_t)p * kv_dim;
+        __m256 acc0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(kp)), acc1 = _mm256_setzero_ps();
+        for (int i = 1; i + 1 < nv; i += 2) {
+            acc1 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(kp + 8 * i), acc1);
+            acc0 = _mm256_fmadd_ps(q[i + 1], _mm256_loadu_ps(kp + 8 * i + 8), acc0);
+        }
+        if (!(nv & 1))
+            acc1 = _mm256_fmadd_ps(q[nv - 1], _mm256_loadu_ps(kp + 8 * (nv - 1)), acc1);
+        a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+        if (a[p] > mx)
+            mx = a[p];
+    }
+    float sum = 0;
+    for (int p = 0; p <= last; p++) {
+        a[p] = expf(a[p] - mx);
+        sum += a[p];
+    }
+    for (int p = 0; p <= last; p++)
+        a[p] /= sum;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    for (int c = 0; c < nv; c += 8) {
+        int m = nv - c < 8 ? nv - c : 8;
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int p = 0; p <= last; p++) {
+            __m256 wgt = _mm256_set1_ps(a[p]);
+            const float *vp = v + (size_t)p * kv_dim + 8 * c;
+            for (int i = 0; i < m; i++)
+                acc[i] = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < m; i++)
+            _mm256_storeu_ps(o + 8 * (c + i), acc[i]);
+    }
+}
+#else
+#define ATT_AVX2 0
+#endif
+
+/* Head h of query token t (at position pos + t), its scores in a (pos + t + 1 floats). */
+static void attend_one(const struct att_job *j, int t, int h, float *a)
+{
+#if ATT_AVX2
+    if (j->fast) {
+        attend_one_avx2(j, t, h, a);
+        return;
+    }
+#endif
+    int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, last = j->pos + t;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *k = j->k_cache + (size_t)kvh * hd;
+    float mx = -INFINITY;
+    for (int p = 0; p <= last; p++) {
+        a[p] = cpu_dot_f32(qh, k + (size_t)p * kv_dim, hd) * scale;
+        if (a[p] > mx)
+            mx = a[p];
+    }
+    float sum = 0;
+    for (int p = 0; p <= last; p++) {
+        a[p] = expf(a[p] - mx);
+        sum += a[p];
+    }
+    weighted_rows(j->out + ((size_t)t * j->n_head + h) * hd, j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a,
+                  last + 1, sum, hd);
+}
+
+/* One decode token: the heads this thread claims, scores at att + h * (pos + 1). */
+static void decode_worker(void *p, int ith, int nth)
+{
+    struct att_job *j = p;
+    int group = j->n_head / j->n_head_kv;
+    (void)ith; (void)nth;
+    for (int h0; (h0 = cpu_claim(&j->next, group, j->n_head)) >= 0;)
+        for (int h = h0; h < h0 + group; h++)
+            attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
+}
+
+/* A prefill chunk: the tokens this thread claims, every head, scores in its own row of att
+ * (the (n_head, n_ctx) scratch holds nth rows of pos + n floats while nth <= n_head). */
+static void prefill_worker(void *p, int ith, int nth)
+{
+    struct att_job *j = p;
+    float *a = j->att + (size_t)ith * (j->pos + j->n);
+    (void)nth;
+    for (int t; (t = cpu_claim(&j->next, 1, j->n)) >= 0;)
+        for (int h = 0; h < j->n_head; h++)
+            attend_one(j, t, h, a);
+}
+
+/* The threads that share one job: at most n_head, so each has an att row. */
+struct capped { cpu_job_fn fn; struct att_job *j; };
+
+static void capped_worker(void *p, int ith, int nth)
+{
+    const struct capped *c = p;
+    int use = nth < c->j->n_head ? nth : c->j->n_head;
+    if (ith < use)
+        c->fn((void *)c->j, ith, use);
+}
+
+static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
+{
+    struct capped c = {fn, j};
+    cpu_pool_run(ctx, capped_worker, &c);
+}
+
+void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                   int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false};
+#if ATT_AVX2
+    if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
+        __builtin_cpu_init();
+        __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                         __ATOMIC_RELAXED);
+    }
+    j.fast = have_avx2 && head_dim % 8 == 0 && head_dim <= 256;
+#endif
+    /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
+     * than waking the pool */
+    size_t work = (size_t)n * (size_t)(pos + n) * (size_t)n_head * (size_t)head_dim;
+    if (work < 32768) {
+        if (n == 1)
+            decode_worker(&j, 0, 1);
+        else
+            prefill_worker(&j, 0, 1);
+        return;
+    }
+    run_capped(ctx, n == 1 ? decode_worker : prefill_worker, &j);
+}

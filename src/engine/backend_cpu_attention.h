@@ -1,0 +1,24 @@
+/* backend_cpu_attention.h - the CPU backend's causal attention (backend_cpu_attention.c), and
+ * what it uses of backend_cpu.c: the thread pool and the f32 dot product. */
+#ifndef TIDE_BACKEND_CPU_ATTENTION_H
+#define TIDE_BACKEND_CPU_ATTENTION_H
+
+typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
+
+/* Run fn on the caller (thread 0, ith) and on the pool threads that join in time; fn must
+ * claim its work with cpu_claim (a thread may not join at all), and the call returns when
+ * all of it is done. */
+void cpu_pool_run(void *ctx, cpu_job_fn fn, void *arg);
+/* The start of the next chunk of [0, total) from the job's counter, or -1 when none is left. */
+static inline int cpu_claim(int *next, int chunk, int total)
+{
+    int s = __atomic_fetch_add(next, chunk, __ATOMIC_RELAXED);
+    return s < total ? s : -1;
+}
+/* a . b over n floats, in the one order every CPU op that dots f32 uses */
+float cpu_dot_f32(const float *a, const float *b, int n);
+/* backend_i.attention */
+void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                   int n, int pos, int n_head, int n_head_kv, int head_dim);
+
+#endif

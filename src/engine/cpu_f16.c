@@ -1,0 +1,198 @@
+/* cpu_f16.c - f16 weight rows times f32 vectors for the CPU backend's matmul (AVX2, F16C, FMA;
+ * cpu_f16.h), as register tiles.
+ *
+ * Why tiles: prefill used to widen a row and dot it with two vectors at a time, so every
+ * vector was read from memory again for every row; with 512 vectors (2 MB of activations) that
+ * was an L3 stream per row and the products were bound by it (78% of an f16 prefill's
+ * profile). Here a tile is 4 rows by 3 vectors in twelve accumulators: per 8 columns, 4 + 3
+ * loads feed 12 multiply-adds; the vectors are taken 64 at a time (256 KB, L2) and each group
+ * of 4 rows is widened once per 64 vectors (exact: f16 to f32 loses nothing).
+ *
+ * The bits: every (row, vector) product, in every tile shape and in decode, is one 8-lane
+ * accumulator, a fused multiply-add per 8 columns in column order starting from zero, then
+ * the lanes' sum in one fixed order, then the columns past a multiple of 8 added one by one.
+ * So a row's result does not depend on the batch, the tile it fell in or the thread. */
+#include "cpu_f16.h"
+#include "gguf.h"
+
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define F16 __attribute__((target("avx2,f16c,fma")))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+bool cpu_f16_fast(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+F16 static ALWAYS_INLINE float lanes_sum(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+F16 static ALWAYS_INLINE float f16_value(uint16_t h) { return _cvtsh_ss(h); }
+
+/* The columns past a multiple of 8, one by one after the lanes' sum. */
+F16 static ALWAYS_INLINE float finish(__m256 acc, const float *w, const float *x, int c8, int cols)
+{
+    float s = lanes_sum(acc);
+    for (int i = c8; i < cols; i++)
+        s += w[i] * x[i];
+    return s;
+}
+
+/* 4 widened rows (w, ws floats apart) times 3 vectors (x, xs apart): out[r * 3 + t]. Written
+ * out by hand: gcc kept the array form's twelve accumulators on the stack. */
+F16 static void tile4x3(const float *w, size_t ws, const float *x, size_t xs, int cols, float *out)
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    const float *w0 = w, *w1 = w + ws, *w2 = w + 2 * ws, *w3 = w + 3 * ws;
+    const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs;
+    int c8 = cols / 8 * 8;
+    for (int i = 0; i < c8; i += 8) {
+        __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i), v2 = _mm256_loadu_ps(x2 + i);
+        __m256 r = _mm256_loadu_ps(w0 + i);
+        a00 = _mm256_fmadd_ps(r, v0, a00); a01 = _mm256_fmadd_ps(r, v1, a01); a02 = _mm256_fmadd_ps(r, v2, a02);
+        r = _mm256_loadu_ps(w1 + i);
+        a10 = _mm256_fmadd_ps(r, v0, a10); a11 = _mm256_fmadd_ps(r, v1, a11); a12 = _mm256_fmadd_ps(r, v2, a12);
+        r = _mm256_loadu_ps(w2 + i);
+        a20 = _mm256_fmadd_ps(r, v0, a20); a21 = _mm256_fmadd_ps(r, v1, a21); a22 = _mm256_fmadd_ps(r, v2, a22);
+        r = _mm256_loadu_ps(w3 + i);
+        a30 = _mm256_fmadd_ps(r, v0, a30); a31 = _mm256_fmadd_ps(r, v1, a31); a32 = _mm256_fmadd_ps(r, v2, a32);
+    }
+    out[0] = finish(a00, w0, x0, c8, cols); out[1] = finish(a01, w0, x1, c8, cols); out[2] = finish(a02, w0, x2, c8, cols);
+    out[3] = finish(a10, w1, x0, c8, cols); out[4] = finish(a11, w1, x1, c8, cols); out[5] = finish(a12, w1, x2, c8, cols);
+    out[6] = finish(a20, w2, x0, c8, cols); out[7] = finish(a21, w2, x1, c8, cols); out[8] = finish(a22, w2, x2, c8, cols);
+    out[9] = finish(a30, w3, x0, c8, cols); out[10] = finish(a31, w3, x1, c8, cols); out[11] = finish(a32, w3, x2, c8, cols);
+}
+
+/* 4 widened rows times 1 vector: out[r * 3] (tile4x3's layout) */
+F16 static void tile4x1(const float *w, size_t ws, const float *x, int cols, float *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float *w0 = w, *w1 = w + ws, *w2 = w + 2 * ws, *w3 = w + 3 * ws;
+    int c8 = cols / 8 * 8;
+    for (int i = 0; i < c8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), v, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), v, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), v, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), v, a3);
+    }
+    out[0] = finish(a0, w0, x, c8, cols);
+    out[3] = finish(a1, w1, x, c8, cols);
+    out[6] = finish(a2, w2, x, c8, cols);
+    out[9] = finish(a3, w3, x, c8, cols);
+}
+
+/* 1 widened row times 1 vector */
+F16 static float tile1x1(const float *w, const float *x, int cols)
+{
+    __m256 a = _mm256_setzero_ps();
+    int c8 = cols / 8 * 8;
+    for (int i = 0; i < c8; i += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
+    return finish(a, w, x, c8, cols);
+}
+
+/* The same arithmetic on 4 f16 rows read directly (decode: one vector, nothing to reuse a
+ * widened row for), and on 1. */
+F16 static void direct4(const uint8_t *w, size_t row_bytes, const float *x, int cols, float *out)
+{
+    const uint16_t *w0 = (const uint16_t *)w, *w1 = (const uint16_t *)(w + row_bytes);
+    const uint16_t *w2 = (const uint16_t *)(w + 2 * row_bytes), *w3 = (const uint16_t *)(w + 3 * row_bytes);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c8 = cols / 8 * 8;
+#define H8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + i)))
+    for (int i = 0; i < c8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(H8(w0), v, a0);
+        a1 = _mm256_fmadd_ps(H8(w1), v, a1);
+        a2 = _mm256_fmadd_ps(H8(w2), v, a2);
+        a3 = _mm256_fmadd_ps(H8(w3), v, a3);
+    }
+    const uint16_t *wr[4] = {w0, w1, w2, w3};
+    __m256 acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; r++) {
+        float s = lanes_sum(acc[r]);
+        for (int i = c8; i < cols; i++)
+            s += f16_value(wr[r][i]) * x[i];
+        out[r] = s;
+    }
+}
+F16 static float direct1(const uint16_t *w, const float *x, int cols)
+{
+    __m256 a = _mm256_setzero_ps();
+    int c8 = cols / 8 * 8;
+    for (int i = 0; i < c8; i += 8)
+        a = _mm256_fmadd_ps(H8(w), _mm256_loadu_ps(x + i), a);
+#undef H8
+    float s = lanes_sum(a);
+    for (int i = c8; i < cols; i++)
+        s += f16_value(w[i]) * x[i];
+    return s;
+}
+
+F16 static void widen(const uint16_t *src, float *dst, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = f16_value(src[i]);
+}
+
+#define TOKEN_BLOCK 64
+
+F16 void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
+                      size_t y_stride, float *buf)
+{
+    float o[4 * 3];
+    if (n == 1) {
+        int r = r0;
+        for (; r + 4 <= r1; r += 4)
+            direct4(w + (size_t)r * row_bytes, row_bytes, x, cols, &y[r]);
+        for (; r < r1; r++)
+            y[r] = direct1((const uint16_t *)(w + (size_t)r * row_bytes), x, cols);
+        return;
+    }
+    for (int t0 = 0; t0 < n; t0 += TOKEN_BLOCK) {
+        int t1 = t0 + TOKEN_BLOCK < n ? t0 + TOKEN_BLOCK : n;
+        for (int r = r0; r < r1; r += 4) {
+            int R = r1 - r < 4 ? r1 - r : 4;
+            for (int k = 0; k < R; k++)
+                widen((const uint16_t *)(w + (size_t)(r + k) * row_bytes), buf + (size_t)k * cols, cols);
+            for (int t = t0; t < t1; t += 3) {
+                int T = t1 - t < 3 ? t1 - t : 3;
+                const float *xt = x + (size_t)t * cols;
+                if (R == 4 && T == 3)
+                    tile4x3(buf, cols, xt, cols, cols, o);
+                else if (R == 4)
+                    for (int u = 0; u < T; u++)
+                        tile4x1(buf, cols, xt + (size_t)u * cols, cols, o + u);
+                else /* the last rows of a matrix whose height is not a multiple of 4 */
+                    for (int k = 0; k < R; k++)
+                        for (int u = 0; u < T; u++)
+                            o[3 * k + u] = tile1x1(buf + (size_t)k * cols, xt + (size_t)u * cols, cols);
+                for (int k = 0; k < R; k++)
+                    for (int u = 0; u < T; u++)
+                        y[(size_t)(t + u) * y_stride + r + k] = o[3 * k + u];
+            }
+        }
+    }
+}
+
+#else
+bool cpu_f16_fast(void) { return false; }
+void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
+                  size_t y_stride, float *buf)
+{
+    (void)w; (void)row_bytes; (void)r0; (void)r1; (void)x; (void)n; (void)cols; (void)y; (void)y_stride; (void)buf;
+}
+#endif

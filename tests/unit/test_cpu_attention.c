@@ -1,0 +1,73 @@
+/* test_cpu_attention.c - the CPU backend's causal attention (backend_cpu_attention.c): against
+ * a double-precision softmax attention, and the same bits whichever way the work is split: a
+ * prefill chunk on 1, 2 or 3 threads, and each of its tokens decoded alone at its position. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+
+enum { H = 8, HKV = 2, HD = 64, POS = 40, N = 24, CTX = POS + N };
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
+}
+
+/* query token t (at POS + t), head h, element i, in double */
+static double reference(const float *q, const float *k, const float *v, int t, int h, int i)
+{
+    int kvh = h / (H / HKV), last = POS + t;
+    double s[CTX], mx = -INFINITY, sum = 0, o = 0;
+    for (int p = 0; p <= last; p++) {
+        s[p] = 0;
+        for (int e = 0; e < HD; e++)
+            s[p] += (double)q[((size_t)t * H + h) * HD + e] * k[((size_t)p * HKV + kvh) * HD + e];
+        s[p] /= sqrt((double)HD);
+        mx = fmax(mx, s[p]);
+    }
+    for (int p = 0; p <= last; p++)
+        sum += exp(s[p] - mx);
+    for (int p = 0; p <= last; p++)
+        o += exp(s[p] - mx) / sum * v[((size_t)p * HKV + kvh) * HD + i];
+    return o;
+}
+
+Test(cpu_attention, prefill_matches_double_reference_and_decode_bits_on_any_thread_count)
+{
+    size_t qd = (size_t)H * HD, kvd = (size_t)HKV * HD;
+    float *q = malloc(sizeof(float) * N * qd), *k = malloc(sizeof(float) * CTX * kvd);
+    float *v = malloc(sizeof(float) * CTX * kvd), *att = malloc(sizeof(float) * H * CTX);
+    float *out[3], *alone = malloc(sizeof(float) * N * qd);
+    for (size_t i = 0; i < N * qd; i++) q[i] = 3.0f * frand();
+    for (size_t i = 0; i < CTX * kvd; i++) k[i] = frand(), v[i] = frand();
+    for (int threads = 1; threads <= 3; threads++) {
+        struct backend be;
+        cr_assert_eq(backend_cpu_init(&be, threads), 0);
+        out[threads - 1] = malloc(sizeof(float) * N * qd);
+        be.i->attention(be.ctx, q, k, v, out[threads - 1], att, N, POS, H, HKV, HD);
+        if (threads == 2) /* decode: each token alone at its position, heads split over threads */
+            for (int t = 0; t < N; t++)
+                be.i->attention(be.ctx, q + t * qd, k, v, alone + t * qd, att, 1, POS + t, H, HKV, HD);
+        backend_cpu_free(&be);
+    }
+    cr_assert(memcmp(out[0], out[1], sizeof(float) * N * qd) == 0, "1 and 2 threads differ");
+    cr_assert(memcmp(out[0], out[2], sizeof(float) * N * qd) == 0, "1 and 3 threads differ");
+    cr_assert(memcmp(out[0], alone, sizeof(float) * N * qd) == 0, "prefill differs from decode alone");
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < HD; i += 7) {
+                double ref = reference(q, k, v, t, h, i);
+                float got = out[1][((size_t)t * H + h) * HD + i];
+                cr_assert_leq(fabs(got - ref), 1e-5 + 1e-5 * fabs(ref), "token %d head %d [%d]: %g vs %g", t, h, i,
+                              got, ref);
+            }
+    for (int i = 0; i < 3; i++) free(out[i]);
+    free(q); free(k); free(v); free(att); free(alone);
+}
