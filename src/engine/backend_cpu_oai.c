@@ -2,6 +2,7 @@
  * per-head sink logit and an optional sliding window, rope with a frequency per pair (yarn),
  * and the clamped SwiGLU. gpt-oss runs on CPU devices only for now (docs/MODELS.md). */
 #include "engine/backend_cpu_oai.h"
+#include "engine/backend_cpu_attention.h" /* cpu_claim */
 
 #include <math.h>
 #include <string.h>
@@ -10,6 +11,7 @@ struct sink_job {
     const float *q, *k_cache, *v_cache, *sinks;
     float *out, *att;
     int p, t0, n_head, n_head_kv, head_dim;
+    int next; /* the first head no thread has claimed (cpu_claim) */
 };
 
 /* Heads [h0, h1) of one query token at position p over kv positions t0..p: scores, then a
@@ -50,12 +52,15 @@ static void sink_heads(const struct sink_job *j, int h0, int h1)
     }
 }
 
+/* The pool's threads claim heads one at a time: a thread may join late or not at all
+ * (backend_cpu.c's pool), so no fixed share is anyone's. */
 static void sink_worker(void *arg, int ith, int nth)
 {
-    const struct sink_job *j = arg;
-    int per = (j->n_head + nth - 1) / nth, h0 = ith * per, h1 = h0 + per < j->n_head ? h0 + per : j->n_head;
-    if (h0 < h1)
-        sink_heads(j, h0, h1);
+    (void)ith;
+    (void)nth;
+    struct sink_job *j = arg;
+    for (int h; (h = cpu_claim(&j->next, 1, j->n_head)) >= 0;)
+        sink_heads(j, h, h + 1);
 }
 
 /* Token by token: each has its own window; its heads spread over the threads once the window
@@ -67,7 +72,7 @@ void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const 
     size_t qd = (size_t)n_head * head_dim;
     for (int t = 0; t < n; t++) {
         int p = pos + t, t0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        struct sink_job j = {q + t * qd, k_cache, v_cache, sinks, out + t * qd, att, p, t0, n_head, n_head_kv, head_dim};
+        struct sink_job j = {q + t * qd, k_cache, v_cache, sinks, out + t * qd, att, p, t0, n_head, n_head_kv, head_dim, 0};
         if ((size_t)(p - t0 + 1) * (size_t)n_head * (size_t)head_dim < 32768)
             sink_heads(&j, 0, n_head);
         else
