@@ -280,6 +280,16 @@ static void step(struct scheduler *S)
                  rt->eng.fw.backend_err);
         runtime_publish(rt);
     }
+    /* The counts a client reads after its reply (expert hits and misses, parking) include its
+     * request: published before the replies go out, and again after (the freed slots). */
+    for (int i = 0; i < S->n; i++) {
+        int rc;
+        const char *err;
+        if (engine_seq_done(S->order[i]->q, &rc, &err)) {
+            runtime_publish(rt);
+            break;
+        }
+    }
     int k = 0;
     bool ended = false;
     for (int i = 0; i < S->n; i++) {
