@@ -143,7 +143,18 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         tide_log("conversation parking: off by default with a CUDA device (set kv_host_mib to turn it on)");
         p->kv_host_bytes = 0;
     }
-    p->max_batch = o->max_batch > 0 ? o->max_batch : cuda_stage ? FORWARD_CUDA_BATCH : PLAN_CPU_BATCH;
+    /* CPU devices on the host's RAM take PLAN_CPU_BATCH-row chunks; one with a vram_mib budget
+     * (a stand-in for a small GPU) keeps FORWARD_DEFAULT_BATCH rows, so that its budget goes to
+     * the expert cache and a prefill buffer of its own stays as small as before */
+    bool budgeted = false;
+    for (int i = 0; i < n; i++)
+        budgeted |= dv[i].kind == DEVICE_KIND_CPU && dv[i].vram_mib >= 0;
+    p->max_batch = o->max_batch > 0 ? o->max_batch
+                   : cuda_stage     ? FORWARD_CUDA_BATCH
+                   : budgeted       ? FORWARD_DEFAULT_BATCH
+                                    : PLAN_CPU_BATCH;
+    if (o->max_batch_cap > 0 && p->max_batch > o->max_batch_cap) /* a bigger buffer would never fill */
+        p->max_batch = o->max_batch_cap;
     p->n_seq = o->n_seq > 0 ? o->n_seq : cuda_stage ? PLAN_AUTO_SEQ_CUDA : PLAN_AUTO_SEQ_CPU;
     if (p->n_seq > FORWARD_MAX_SEQ)
         p->n_seq = FORWARD_MAX_SEQ;

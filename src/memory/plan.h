@@ -20,7 +20,8 @@
  * every routed expert's weights once, so 64-token chunks read an MoE's experts 8 times for a
  * 512-token prompt, and each expert saw ~8 tokens (too few to fill the f16 and int8 tiles).
  * The cost: a decode step that shares a scheduler step with a prompt waits for a longer chunk
- * (max_batch_tokens caps it). The buffer is small (~18 MiB for the big preset). */
+ * (max_batch_tokens caps it). The buffer is small (~18 MiB for the big preset). A CPU device
+ * with a vram_mib budget (a small GPU's stand-in) keeps FORWARD_DEFAULT_BATCH (plan.c). */
 #define PLAN_CPU_BATCH 512
 #define PLAN_AUTO_SEQ_CUDA 16
 
@@ -39,6 +40,8 @@ struct plan_options {
     size_t segment_bytes;    /* 0: automatic */
     int n_threads;
     int n_ctx;
+    int max_batch_cap;       /* rows a step may run (max_batch_tokens): the prefill chunk is never
+                                larger; 0: no cap */
     int max_batch;           /* prefill chunk (0: FORWARD_CUDA_BATCH with a CUDA device, else
                                 PLAN_CPU_BATCH) */
     int n_seq;               /* KV slots: sequences that run at once (0: automatic, see plan.c) */

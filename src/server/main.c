@@ -246,6 +246,7 @@ static void plan_from_config(const struct config *c, struct plan_options *po)
     memset(po, 0, sizeof *po);
     po->n_devices = c->devices_auto ? 0 : c->n_devices;
     po->kv_host_mib = c->kv_host_mib;
+    po->max_batch_cap = c->max_batch_tokens;
     for (int i = 0; i < PLAN_MAX_DEVICES; i++) {
         po->dev[i].kind = DEVICE_KIND_CPU;
         po->dev[i].hw_index = -1;
