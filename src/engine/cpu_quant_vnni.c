@@ -71,7 +71,7 @@ VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cv
             __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), v[8];                            \
             for (int k = 0; k < 8; k++)                                                                \
                 v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), CODES(blk + (size_t)k * row_bytes), xq); \
-            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_set1_epi32((int32_t)x[b].sum << (SHIFT)));  \
+            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_set1_epi32((int32_t)x[b].sum * (1 << (SHIFT))));  \
             __m256 dw = low_f16s(_mm256_i32gather_epi32((const int *)blk, offs, 1));                   \
             __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));                           \
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));         \
