@@ -24,6 +24,11 @@ void verdict(const char *name, bool ok, const char *fmt, double v);
 struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src);
 struct tensor to_dev(const struct tensor *h);
 void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
+/* bench_ops.c (--bench): copy bandwidth (d2d_gbs out), products, attention */
+void bench_copy(double *d2d_gbs);
+void bench_matmul(double d2d);
+void bench_attention(double d2d);
+void bench_attention_prefill(void);
 
 void test_moe_ffn(void);
 void test_route(void);
