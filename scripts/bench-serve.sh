@@ -8,7 +8,7 @@
 # Steps (each bounded by a timeout, logged to $OUT/summary.txt as it finishes):
 #   test-gpu batch_* and bench_batch (batched steps vs the CPU; decode step time at B = 1, 8, 32);
 #   the model written to /dev/shm (LAYERS, default 48);
-#   tide with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
+#   tide (each of VARIANTS, default "tide"; "label:VAR=v+VAR2=v" sets switches) with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
 #   CLIENTS (default "1 8 32 64") clients, 128 tokens each, greedy, then temperature 1 at 32, then
 #   32 clients sharing a 400-word system prompt;
 #   llama-server (LLAMA_SERVER=path, -np N -c N*CTX -ngl 99, its default flash attention) the same,
@@ -57,13 +57,20 @@ cat >"$OUT/tide.json" <<EOF
 {"model": "$M", "mmproj": null, "context": $CTX, "port": $port, "parallel": $PARALLEL, "queue_max": 256,
  "devices": [{"backend": "cuda", "index": 0}]}
 EOF
-"$C/tide" --config "$OUT/tide.json" >"$OUT/tide.log" 2>&1 &
-pid=$!
-if wait_health "http://127.0.0.1:$port" $pid "$OUT/tide.log"; then
-    grep -E "ready in|device 0:" "$OUT/tide.log" | tee -a "$S"
-    serve_runs tide "http://127.0.0.1:$port"
-fi
-kill $pid 2>/dev/null; wait $pid 2>/dev/null
+# VARIANTS: tide runs one after another, each "label" or "label:VAR=v+VAR2=v" (environment switches)
+for variant in ${VARIANTS:-tide}; do
+    label=${variant%%:*}
+    envs=()
+    [ "$label" = "$variant" ] || IFS=+ read -r -a envs <<<"${variant#*:}"
+    log "-- $label ${envs[*]:-}"
+    env "${envs[@]}" "$C/tide" --config "$OUT/tide.json" >"$OUT/$label.log" 2>&1 &
+    pid=$!
+    if wait_health "http://127.0.0.1:$port" $pid "$OUT/$label.log"; then
+        grep -E "ready in|device 0:" "$OUT/$label.log" | tee -a "$S"
+        serve_runs "$label" "http://127.0.0.1:$port"
+    fi
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+done
 
 if [ -n "${LLAMA_SERVER:-}" ] && [ -x "$LLAMA_SERVER" ]; then
     maxn=$(echo $CLIENTS | tr ' ' '\n' | sort -n | tail -n1)
