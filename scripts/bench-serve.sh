@@ -7,8 +7,9 @@
 #   CARRY=.dev-lead/gb OUT=$OUT scripts/bench-serve.sh    # there; summary.txt under $OUT
 # Steps (each bounded by a timeout, logged to $OUT/summary.txt as it finishes):
 #   test-gpu batch_* and bench_batch (batched steps vs the CPU; decode step time at B = 1, 8, 32);
-#   the model written to /dev/shm (LAYERS, default 48);
-#   tide (each of VARIANTS, default "tide"; "label:VAR=v+VAR2=v" sets switches) with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
+#   the model written to /dev/shm (LAYERS, default 48; KEEP_MODEL=1 keeps it for the next run,
+#   which then reuses it);
+#   tide (each of VARIANTS, default "tide"; "label:VAR=v+VAR2=v" sets switches; "none": no tide) with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
 #   CLIENTS (default "1 8 32 64") clients, 128 tokens each, greedy, then temperature 1 at 32, then
 #   32 clients sharing a 400-word system prompt;
 #   llama-server (LLAMA_SERVER=path, -np N -c N*CTX -ngl 99, its default flash attention) the same,
@@ -31,10 +32,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 [ -n "${SKIP_TESTS:-}" ] || { timeout 240 "$C/test-gpu" --bench --only batch; TIDE_ATTN_MMA=0 timeout 120 "$C/test-gpu" --only batch_big; } 2>&1 | tee "$OUT/test-gpu-batch.txt" | grep -E "PASS|FAIL|bench_batch|OK|FAILED" | tee -a "$S"
 
 M=/dev/shm/bench-serve.gguf
-t0=$(date +%s)
-timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" --out "$M" >"$OUT/mkmodel.log" 2>&1 ||
-    { log "mkmodel failed: $(tail -n 2 "$OUT/mkmodel.log")"; exit 1; }
-log "model written in $(( $(date +%s) - t0 )) s: $(du -h "$M" | cut -f1)"
+if [ -n "${KEEP_MODEL:-}" ] && [ -s "$M" ]; then
+    log "model: the one a run before kept ($(du -h "$M" | cut -f1))"
+else
+    t0=$(date +%s)
+    timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" --out "$M" >"$OUT/mkmodel.log" 2>&1 ||
+        { log "mkmodel failed: $(tail -n 2 "$OUT/mkmodel.log")"; exit 1; }
+    log "model written in $(( $(date +%s) - t0 )) s: $(du -h "$M" | cut -f1)"
+fi
 
 port=18080
 serve_runs() { # label url
@@ -59,6 +64,7 @@ cat >"$OUT/tide.json" <<EOF
 EOF
 # VARIANTS: tide runs one after another, each "label" or "label:VAR=v+VAR2=v" (environment switches)
 for variant in ${VARIANTS:-tide}; do
+    [ "$variant" = none ] && continue
     label=${variant%%:*}
     envs=()
     [ "$label" = "$variant" ] || IFS=+ read -r -a envs <<<"${variant#*:}"
@@ -81,5 +87,5 @@ if [ -n "${LLAMA_SERVER:-}" ] && [ -x "$LLAMA_SERVER" ]; then
     fi
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
 fi
-rm -f "$M"
+[ -n "${KEEP_MODEL:-}" ] || rm -f "$M"
 log "== done $(date -u +%FT%TZ)"

@@ -307,11 +307,11 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->n_seq = n_seq;
     s->max_batch = max_batch;
     s->n_stage = n_stage;
-    /* TIDE_DECODE_ROWS=1: a decode step's sequences share the rows' ops. Off by default until
-     * test-gpu's `rows` test and an A/B run of scripts/bench-serve.sh have passed on a GPU
-     * (written in a session without one; docs/DESIGN.md) */
+    /* A decode step's sequences share the rows' ops (docs/DESIGN.md; on one H200 at 32 clients
+     * 610 -> 746 tok/s, docs/BENCHMARKS.md). TIDE_DECODE_ROWS=0 runs them one sequence at a
+     * time, for A/B runs. */
     const char *dr = getenv("TIDE_DECODE_ROWS");
-    s->decode_rows = dr && dr[0] == '1';
+    s->decode_rows = !(dr && dr[0] == '0');
     struct buf_dims d = dims(m, n_ctx);
     size_t B = (size_t)max_batch, nu = m->cfg.n_expert_used ? m->cfg.n_expert_used : 1;
     s->host_x = malloc(B * d.E * sizeof(float));

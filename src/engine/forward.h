@@ -116,7 +116,7 @@ struct forward_state {
      * here; every later step returns TIDE_EINTERNAL at once. */
     bool backend_failed;
     char backend_err[256];
-    bool decode_rows;           /* a decode step's sequences share the rows' ops (TIDE_DECODE_ROWS=1) */
+    bool decode_rows;           /* a decode step's sequences share the rows' ops (TIDE_DECODE_ROWS=0: off) */
     long fault_backend_steps;   /* test hook TIDE_FAULT_BACKEND_ERROR: steps until the backend
                                    "fails" as a sticky CUDA error would; 0 = off */
 };

@@ -543,7 +543,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     struct forward_stage *st;
     bool decode1 = nr == 1 && n == 1;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
-     * moe_ffn_table_route of n tokens) run all of them at once (with TIDE_DECODE_ROWS=1) */
+     * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
     bool rows = nr > 1 && n == nr && s->decode_rows;
     int32_t rows_at[2 * FORWARD_MAX_SEQ] = {0};
     if (rows) {

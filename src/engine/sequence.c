@@ -118,12 +118,9 @@ static bool wants_logits(const struct sampling_params *sp)
  * on what shares a step. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
 static bool draws_on_device(const struct engine *e, const struct sampling_params *sp, int n_choices)
 {
-    const char *hs = getenv("TIDE_HOST_SAMPLE"), *ds = getenv("TIDE_DEVICE_SAMPLE");
+    const char *hs = getenv("TIDE_HOST_SAMPLE");
     const struct backend_i *B = e->fw.n_stage > 0 ? e->fw.stage[e->fw.n_stage - 1].be.i : NULL;
-    /* The CUDA form (cuda/sample.cu) was written without a GPU to run it on: until test-gpu's
-     * `sample` test has passed on one, it draws only with TIDE_DEVICE_SAMPLE=1 */
-    bool cuda_ok = B && (strcmp(B->name, "cuda") != 0 || (ds && ds[0] == '1'));
-    return sp->temperature > 0.0f && !sampler_needs_logits(sp) && n_choices == 1 && B && B->sample && cuda_ok &&
+    return sp->temperature > 0.0f && !sampler_needs_logits(sp) && n_choices == 1 && B && B->sample &&
            !(hs && hs[0] == '1');
 }
 
