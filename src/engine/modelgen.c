@@ -282,6 +282,12 @@ static const struct preset presets[] = {
      * n_head * head_dim != n_embd, every other layer windowed (128 there: 4 here, so short
      * prompts see it), biases on q/k/v/o, the router and the experts, attention sinks */
     {"gpt-oss", "gpt-oss", 128, 4, 4, 2, 64, 64, 8, 4, GGML_TYPE_F16, false, 1e-5f, 0, 150000.0f, false, 0, 4},
+    /* OLMoE-1B-7B's layout, small: 2 of 8 experts used (8 of 64 there), MHA (16 heads and 16
+     * KV heads there), q and k each normed over their whole width, no biases, no shared expert */
+    {"olmoe", "olmoe", 128, 4, 4, 4, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
+    /* granite-3.0-1b-a400m's layout, small: 2 of 8 experts used (8 of 32 there), GQA, its four
+     * scalars (granite_scales below) */
+    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
     {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
@@ -385,7 +391,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -461,6 +467,13 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
         if (c.n_ff_shexp) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
     }
+    bool olmoe = !strcmp(c.arch, "olmoe"), granite = !strcmp(c.arch, "granitemoe");
+    if (granite) { /* granite-3.0-1b-a400m's multipliers as its converted file has them */
+        gguf_w_f32(w, AK("embedding_scale"), 12.0f);
+        gguf_w_f32(w, AK("residual_scale"), 0.22f);
+        gguf_w_f32(w, AK("attention.scale"), 0.015625f);
+        gguf_w_f32(w, AK("logit_scale"), 6.0f);
+    }
     if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
         gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);
         gguf_w_str(w, AK("rope.scaling.type"), "yarn");
@@ -505,9 +518,9 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
             tensor(&g, BB("attn_output"), GGML_TYPE_F32, 1, E, 1, 1, 0.2f, 0);
             tensor(&g, BN("attn_sinks"), GGML_TYPE_F32, 1, c.n_head, 1, 1, 1.0f, 0);
         }
-        if (c.qk_norm) {
-            tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
-            tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
+        if (c.qk_norm || olmoe) { /* per head; olmoe's over all of q and all of k */
+            tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, olmoe ? Q : hd, 1, 1, 0.05f, 1);
+            tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, olmoe ? KV : hd, 1, 1, 0.05f, 1);
         }
         tensor(&g, oss ? BN("post_attention_norm") : BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
         if (c.n_expert) {
