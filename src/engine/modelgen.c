@@ -285,9 +285,10 @@ static const struct preset presets[] = {
     /* OLMoE-1B-7B's layout, small: 2 of 8 experts used (8 of 64 there), MHA (16 heads and 16
      * KV heads there), q and k each normed over their whole width, no biases, no shared expert */
     {"olmoe", "olmoe", 128, 4, 4, 4, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
-    /* granite-3.0-1b-a400m's layout, small: 2 of 8 experts used (8 of 32 there), GQA, its four
-     * scalars (granite_scales below) */
-    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
+    /* granite-3.0-1b-a400m's layout, small: 2 of 8 experts used (8 of 32 there), GQA, experts as
+     * wide as n_embd (so that a few MiB of expert cache hold a third of them), its four scalars
+     * (written below) */
+    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
     {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */

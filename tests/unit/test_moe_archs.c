@@ -91,8 +91,8 @@ Test(moe_archs, modelgen_granitemoe_preset)
     cr_assert_float_eq(f, 6.0f, 0);
     const struct want_tensor want[] = {
         {"blk.0.attn_q.weight", 2, 128, 128, 1},       {"blk.0.attn_k.weight", 2, 128, 64, 1},
-        {"blk.3.ffn_gate_exps.weight", 3, 128, 64, 8}, {"blk.3.ffn_up_exps.weight", 3, 128, 64, 8},
-        {"blk.3.ffn_down_exps.weight", 3, 64, 128, 8}, {"blk.3.ffn_norm.weight", 1, 128, 1, 1},
+        {"blk.3.ffn_gate_exps.weight", 3, 128, 128, 8}, {"blk.3.ffn_up_exps.weight", 3, 128, 128, 8},
+        {"blk.3.ffn_down_exps.weight", 3, 128, 128, 8}, {"blk.3.ffn_norm.weight", 1, 128, 1, 1},
     };
     check_tensors(&g, want, sizeof want / sizeof want[0]);
     cr_assert_null(gguf_find_tensor(&g, "blk.0.attn_q_norm.weight"));
@@ -111,7 +111,7 @@ Test(moe_archs, modelgen_granitemoe_preset)
     const float *folded = m.output_norm.data;
     for (int i = 0; i < 128; i++)
         cr_assert_float_eq(folded[i], onorm[i] * (1.0f / 6.0f), 0, "output_norm[%d]", i);
-    cr_assert_eq(model_expert_bytes(&m, 0), 3 * 128 * 64 * 2);
+    cr_assert_eq(model_expert_bytes(&m, 0), 3 * 128 * 128 * 2);
     model_free(&m);
     unlink(path);
 }
