@@ -233,10 +233,11 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     return 0;
 }
 
-/* qwen2moe's shared expert for n tokens, after the routed experts: x (n, E) += sigmoid(g . xb)
- * * down(silu(gate xb) * up xb), xb the FFN-normed input. Its weights are the layer's resident
- * tensors (never the expert cache). Scratch: hb, hb2 (n, n_ff_shexp), xb2 (n, E) and router
- * (the n gate values; the routing is done with it by now). */
+/* The shared expert for n tokens, after the routed experts: x (n, E) += sigmoid(g . xb) *
+ * down(silu(gate xb) * up xb), xb the FFN-normed input (qwen2moe), or without the sigmoid gate
+ * where the layer has none (GraniteMoeShared). Its weights are the layer's resident tensors
+ * (never the expert cache). Scratch: hb, hb2 (n, n_ff_shexp), xb2 (n, E) and router (the n gate
+ * values; the routing is done with it by now). */
 static void shared_expert_ffn(const struct backend_i *B, void *bc, const struct forward_stage *st,
                               const struct model_layer *L, int n)
 {
@@ -245,6 +246,10 @@ static void shared_expert_ffn(const struct backend_i *B, void *bc, const struct 
     B->matmul(bc, &L->ffn_up_shexp, st->xb, st->hb2, n);   /* (n, F) */
     B->swiglu(bc, st->hb, st->hb2, n * F);
     B->matmul(bc, &L->ffn_down_shexp, st->hb, st->xb2, n); /* (n, E) */
+    if (!L->ffn_gate_inp_shexp.data) { /* ungated */
+        B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
+        return;
+    }
     B->matmul(bc, &L->ffn_gate_inp_shexp, st->xb, st->router, n); /* (n, 1) */
     B->axpy_sigmoid(bc, st->x, st->xb2, st->router, n, E);
 }

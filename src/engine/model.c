@@ -228,7 +228,7 @@ int model_layer_window(const struct model_config *c, uint32_t l)
 /* granitemoe's scalars, read as llama.cpp reads them: logit_scale required, the others optional
  * (0 or absent: none; attention.scale 0: 1/sqrt(head_dim)). A residual scale is applied with
  * the attention output's buffer as scratch (forward_arch.c), so that buffer must hold a row
- * of n_embd. GraniteMoeShared (a shared expert) is refused by name: not built. */
+ * of n_embd. GraniteMoeShared's shared expert: expert_shared_feed_forward_length wide, no gate. */
 static int load_granite_config(const struct gguf_file *g, struct model_config *c, uint32_t n_ff_shexp, char *err,
                                size_t errlen)
 {
@@ -246,9 +246,7 @@ static int load_granite_config(const struct gguf_file *g, struct model_config *c
         !isfinite(c->embedding_scale) || !isfinite(c->attention_scale))
         return fail(err, errlen, TIDE_EFORMAT, "bad %s scales (logit %g, residual %g, embedding %g, attention %g)", arch,
                     c->logit_scale, c->residual_scale, c->embedding_scale, c->attention_scale);
-    if (n_ff_shexp)
-        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.expert_shared_feed_forward_length: a granitemoe shared expert "
-                    "(GraniteMoeShared) is not supported", arch);
+    c->n_ff_shexp = n_ff_shexp; /* GraniteMoeShared: an ungated shared expert (absent: none) */
     if (c->residual_scale != 1.0f && (uint64_t)c->n_head * c->head_dim < c->n_embd)
         return fail(err, errlen, TIDE_EUNSUPPORTED, "%s with n_head * head_dim (%u) < n_embd (%u) is not supported",
                     arch, c->n_head * c->head_dim, c->n_embd);
@@ -458,7 +456,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
                                errlen)))
                 return rc;
             if (c->n_ff_shexp) { /* resident weights of the layer, not cached experts */
-                T(ffn_gate_inp_shexp, "ffn_gate_inp_shexp", E, 1, true);
+                T(ffn_gate_inp_shexp, "ffn_gate_inp_shexp", E, 1, c->arch == ARCH_QWEN2MOE); /* granite's: none */
                 T(ffn_gate_shexp, "ffn_gate_shexp", E, c->n_ff_shexp, true);
                 T(ffn_up_shexp, "ffn_up_shexp", E, c->n_ff_shexp, true);
                 T(ffn_down_shexp, "ffn_down_shexp", c->n_ff_shexp, E, true);

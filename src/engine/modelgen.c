@@ -267,7 +267,7 @@ struct preset {
     uint32_t n_vocab;   /* pad the vocabulary to this many tokens (0: the BPE's 771) */
     float rope_base;    /* 0: 10000 */
     bool fill;          /* big matrices made at write time (uniform), not held in memory */
-    uint32_t n_ff_shexp; /* qwen2moe: the shared expert's width (q/k/v biases come with it) */
+    uint32_t n_ff_shexp; /* the shared expert's width (qwen2moe: with its sigmoid gate and q/k/v biases) */
     uint32_t n_swa;      /* gpt-oss: its sliding window (and biases, sinks, post_attention_norm) */
 };
 
@@ -289,6 +289,8 @@ static const struct preset presets[] = {
      * wide as n_embd (so that a few MiB of expert cache hold a third of them), its four scalars
      * (written below) */
     {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
+    /* GraniteMoeShared: the same with an ungated shared expert of 128 beside the routed ones */
+    {"granitemoe-shared", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0},
     {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
@@ -392,7 +394,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -451,8 +453,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_u32(w, AK("context_length"), 4096);
     gguf_w_u32(w, AK("embedding_length"), c.n_embd);
     gguf_w_u32(w, AK("block_count"), c.n_layer);
-    /* qwen2moe's converter writes the shared expert's width here (intermediate_size) */
-    gguf_w_u32(w, AK("feed_forward_length"), c.n_ff_shexp ? c.n_ff_shexp : c.n_ff);
+    /* qwen2moe's converter writes the shared expert's width here (intermediate_size); granite's
+     * the experts' */
+    bool qwen2 = !strcmp(c.arch, "qwen2moe");
+    gguf_w_u32(w, AK("feed_forward_length"), qwen2 && c.n_ff_shexp ? c.n_ff_shexp : c.n_ff);
     gguf_w_u32(w, AK("attention.head_count"), c.n_head);
     gguf_w_u32(w, AK("attention.head_count_kv"), c.n_head_kv);
     gguf_w_u32(w, AK("attention.key_length"), hd);
@@ -510,7 +514,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
 #define BB(s) (snprintf(n, sizeof n, "blk.%u." s ".bias", l), n)
-        if (c.n_ff_shexp || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
+        if ((qwen2 && c.n_ff_shexp) || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
             tensor(&g, BB("attn_q"), GGML_TYPE_F32, 1, Q, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_k"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_v"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
@@ -536,9 +540,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
                 tensor(&g, BB("ffn_up_exps"), GGML_TYPE_F32, 2, F, X, 1, 0.2f, 0);
                 tensor(&g, BB("ffn_down_exps"), GGML_TYPE_F32, 2, E, X, 1, 0.2f, 0);
             }
-            if (c.n_ff_shexp) { /* the shared expert and its 1-row sigmoid gate */
+            if (c.n_ff_shexp) { /* the shared expert and (qwen2moe) its 1-row sigmoid gate */
                 uint64_t FS = c.n_ff_shexp;
-                tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
+                if (qwen2)
+                    tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_gate_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_up_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_down_shexp"), TD, 2, FS, E, 1, 1.0f / sqrtf((float)FS), 0);

@@ -124,6 +124,13 @@ Test(archs, granitemoe_serves_and_a_small_expert_cache_gives_the_same_text, .fin
     serves_and_capped_cache_same_text("granitemoe", -1, "4");
 }
 
+/* GraniteMoeShared: the ungated shared expert is a resident layer weight (weights 1.1 MiB);
+ * 4 MiB: 7 of the 32 expert slots */
+Test(archs, granitemoe_shared_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    serves_and_capped_cache_same_text("granitemoe-shared", -1, "4");
+}
+
 /* A 2x2 24-bit BMP (the vision encoder resizes it) */
 #define IMAGE_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"}," \
     "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,Qk1GAAAAAAAAADYAAAAoAAAAAgAAAAIAAAABABgAAAA" \

@@ -115,3 +115,41 @@ Test(moe_archs, modelgen_granitemoe_preset)
     model_free(&m);
     unlink(path);
 }
+
+/* GraniteMoeShared as llama.cpp reads it (granite-moe.cpp's n_ff_shexp branch): the experts keep
+ * feed_forward_length, the shared expert has its own width and no gate or biases; it is a
+ * resident layer weight (a stage counts it), not an expert of the cache. */
+Test(moe_archs, modelgen_granitemoe_shared_preset)
+{
+    char path[80];
+    write_preset("granitemoe-shared", path, sizeof path);
+    struct gguf_file g;
+    char err[200] = "";
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    uint32_t v;
+    cr_assert_eq(gguf_get_u32(&g, "granitemoe.feed_forward_length", &v), 0);
+    cr_assert_eq(v, 128);
+    cr_assert_eq(gguf_get_u32(&g, "granitemoe.expert_shared_feed_forward_length", &v), 0);
+    cr_assert_eq(v, 128);
+    const struct want_tensor want[] = {
+        {"blk.3.ffn_gate_shexp.weight", 2, 128, 128, 1}, {"blk.3.ffn_up_shexp.weight", 2, 128, 128, 1},
+        {"blk.3.ffn_down_shexp.weight", 2, 128, 128, 1}, {"blk.3.ffn_gate_exps.weight", 3, 128, 128, 8},
+    };
+    check_tensors(&g, want, sizeof want / sizeof want[0]);
+    cr_assert_null(gguf_find_tensor(&g, "blk.0.ffn_gate_inp_shexp.weight"));
+    cr_assert_null(gguf_find_tensor(&g, "blk.0.attn_q.bias"));
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.n_ff_shexp, 128);
+    cr_assert(m.layers[3].ffn_down_shexp.data && !m.layers[3].ffn_gate_inp_shexp.data);
+    cr_assert_eq(model_expert_bytes(&m, 0), 3 * 128 * 128 * 2);
+    /* a stage of layer 3 alone: f16 wq, wo 128x128, wk, wv 128x64, the shared expert 3 x
+     * 128x128; f32 the 2 norms of 128 and the router 128x8 */
+    struct forward_stage_bytes sb;
+    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, &sb);
+    size_t want_bytes = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 128) + 4 * (2 * 128 + 128 * 8);
+    cr_assert_eq(sb.weights, want_bytes, "stage weights %zu, want %zu", sb.weights, want_bytes);
+    model_free(&m);
+    unlink(path);
+}
