@@ -153,3 +153,44 @@ Test(moe_archs, modelgen_granitemoe_shared_preset)
     model_free(&m);
     unlink(path);
 }
+
+/* deepseek2 in DeepSeek-V2-Lite's layout (27 layers: llama.cpp tells the Lite form, q without a
+ * LoRA, by the layer count) with narrow MLA widths, as llama.cpp's loader names and shapes it
+ * (src/models/deepseek2.cpp; llama-simple loads and runs it, checked by hand: no llama.cpp in
+ * CI). tide does not run deepseek2 yet: loading it says so. */
+Test(moe_archs, modelgen_deepseek2_preset_and_the_refusal)
+{
+    char path[80];
+    write_preset("deepseek2", path, sizeof path);
+    struct gguf_file g;
+    char err[200] = "";
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    struct { const char *key; uint32_t v; } keys[] = {
+        {"deepseek2.block_count", 27},          {"deepseek2.attention.head_count_kv", 1},
+        {"deepseek2.attention.kv_lora_rank", 64}, {"deepseek2.attention.key_length", 80},
+        {"deepseek2.attention.value_length", 64}, {"deepseek2.attention.key_length_mla", 48},
+        {"deepseek2.attention.value_length_mla", 32}, {"deepseek2.rope.dimension_count", 16},
+        {"deepseek2.leading_dense_block_count", 1}, {"deepseek2.expert_shared_count", 2},
+        {"deepseek2.expert_feed_forward_length", 64}, {"deepseek2.feed_forward_length", 256},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        uint32_t v = 0;
+        cr_assert_eq(gguf_get_u32(&g, keys[i].key, &v), 0, "%s missing", keys[i].key);
+        cr_assert_eq(v, keys[i].v, "%s = %u", keys[i].key, v);
+    }
+    const struct want_tensor want[] = {
+        {"blk.0.attn_q.weight", 2, 128, 4 * 48, 1},   {"blk.0.attn_kv_a_mqa.weight", 2, 128, 80, 1},
+        {"blk.0.attn_kv_a_norm.weight", 1, 64, 1, 1}, {"blk.0.attn_k_b.weight", 3, 32, 64, 4},
+        {"blk.0.attn_v_b.weight", 3, 64, 32, 4},      {"blk.0.attn_output.weight", 2, 4 * 32, 128, 1},
+        {"blk.0.ffn_gate.weight", 2, 128, 256, 1},    {"blk.26.ffn_gate_exps.weight", 3, 128, 64, 8},
+        {"blk.26.ffn_down_exps.weight", 3, 64, 128, 8}, {"blk.26.ffn_gate_shexp.weight", 2, 128, 128, 1},
+        {"blk.26.ffn_down_shexp.weight", 2, 128, 128, 1},
+    };
+    check_tensors(&g, want, sizeof want / sizeof want[0]);
+    cr_assert_null(gguf_find_tensor(&g, "blk.1.ffn_gate.weight"), "only layer 0 is dense");
+    gguf_close(&g);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EUNSUPPORTED);
+    cr_assert(strstr(err, "unsupported architecture deepseek2") != NULL, "message: %s", err);
+    unlink(path);
+}
