@@ -233,10 +233,11 @@ static int moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l
     return 0;
 }
 
-/* qwen2moe's shared expert for n tokens, after the routed experts: x (n, E) += sigmoid(g . xb)
- * * down(silu(gate xb) * up xb), xb the FFN-normed input. Its weights are the layer's resident
- * tensors (never the expert cache). Scratch: hb, hb2 (n, n_ff_shexp), xb2 (n, E) and router
- * (the n gate values; the routing is done with it by now). */
+/* The shared expert for n tokens, after the routed experts: x (n, E) += sigmoid(g . xb) *
+ * down(silu(gate xb) * up xb), xb the FFN-normed input (qwen2moe), or without the sigmoid gate
+ * where the layer has none (GraniteMoeShared). Its weights are the layer's resident tensors
+ * (never the expert cache). Scratch: hb, hb2 (n, n_ff_shexp), xb2 (n, E) and router (the n gate
+ * values; the routing is done with it by now). */
 static void shared_expert_ffn(const struct backend_i *B, void *bc, const struct forward_stage *st,
                               const struct model_layer *L, int n)
 {
@@ -245,6 +246,10 @@ static void shared_expert_ffn(const struct backend_i *B, void *bc, const struct 
     B->matmul(bc, &L->ffn_up_shexp, st->xb, st->hb2, n);   /* (n, F) */
     B->swiglu(bc, st->hb, st->hb2, n * F);
     B->matmul(bc, &L->ffn_down_shexp, st->hb, st->xb2, n); /* (n, E) */
+    if (!L->ffn_gate_inp_shexp.data) { /* ungated */
+        B->axpy(bc, st->x, st->xb2, 1.0f, n * E);
+        return;
+    }
     B->matmul(bc, &L->ffn_gate_inp_shexp, st->xb, st->router, n); /* (n, 1) */
     B->axpy_sigmoid(bc, st->x, st->xb2, st->router, n, E);
 }
@@ -293,6 +298,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     int kvd = (int)c->n_head_kv * hd, qd = (int)c->n_head * hd;
     bool one = nr == 1, rows = !at && st->rows;
     size_t slot_floats = (size_t)s->n_ctx * kvd;
+    if (st->l0 == 0) /* granitemoe's embedding scale */
+        forward_arch_embed(c, st, n);
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
@@ -317,8 +324,12 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->add_bias(bc, kpos, L->bk.data, n, kvd);
         if (L->bv.data)
             B->add_bias(bc, vpos, L->bv.data, n, kvd);
-        /* qwen3: rmsnorm each head before rope */
-        const struct tensor *qn = L->q_norm.data ? &L->q_norm : NULL, *kn = L->k_norm.data ? &L->k_norm : NULL;
+        if (c->arch == ARCH_OLMOE || c->attention_scale != 0.0f) /* olmoe's q/k norms, granite's scale */
+            forward_arch_qk(c, st, L, kpos, n);
+        /* qwen3: rmsnorm each head before rope (olmoe's whole-width norms are done by now) */
+        bool per_head = c->arch != ARCH_OLMOE;
+        const struct tensor *qn = per_head && L->q_norm.data ? &L->q_norm : NULL;
+        const struct tensor *kn = per_head && L->k_norm.data ? &L->k_norm : NULL;
         int window = model_layer_window(c, l);
         if (at) {
             float *kc = slot_rows(s, st, st->k_cache, l, rn[0].slot), *vc = slot_rows(s, st, st->v_cache, l, rn[0].slot);
@@ -365,15 +376,20 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
                              (int)c->n_head_kv, hd);
         }
-        matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
-        if (L->bo.data) /* gpt-oss's output bias */
-            B->add_bias(bc, st->x, L->bo.data, n, E);
+        if (c->residual_scale != 1.0f) { /* granitemoe */
+            forward_arch_attn_residual(c, st, L, n);
+        } else {
+            matmul_residual(B, bc, &L->wo, st->att_out, st->x, st->xb2, n); /* x (n, E) += wo att_out */
+            if (L->bo.data) /* gpt-oss's output bias */
+                B->add_bias(bc, st->x, L->bo.data, n, E);
+        }
 
         /* a decode token's norm and router product in one op where the backend has it */
         bool routed = n == 1 && c->n_expert && B->norm_matmul &&
                       B->norm_matmul(bc, &L->ffn_gate_inp, st->x, st->router, &L->ffn_norm, c->rms_eps, st->xb) == 0;
         if (!routed)
             B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
+        forward_arch_ffn_begin(c, st, n); /* granitemoe's residual scale */
         if (c->n_expert) {
             int rc = c->arch == ARCH_GPTOSS ? forward_oai_moe_ffn(s, st, l, n, routed) : moe_ffn(s, st, l, n, routed);
             if (rc < 0)
@@ -389,6 +405,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->swiglu(bc, st->hb, st->hb2, n * F);
             matmul_residual(B, bc, &L->ffn_down, st->hb, st->x, st->xb2, n); /* x (n, E) += down hb */
         }
+        forward_arch_ffn_end(c, st, n);
     }
     return 0;
 }

@@ -17,4 +17,19 @@ void forward_unbind_buffers(struct forward_state *s);
  * backend lacks swiglu_oai). */
 int forward_oai_moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits);
 
+/* olmoe's and granitemoe's own steps (forward_arch.c), called by stage_layers; each does nothing
+ * for an architecture without them. forward_arch_embed: x (n, E) times embedding_scale (stage 0,
+ * before layer 0). forward_arch_qk: after the q/k/v products of n tokens (q in st->q, k the new
+ * K rows), before the rope: olmoe's whole-width q and k norms, granite's attention scale.
+ * forward_arch_attn_residual (only with residual_scale != 1): x += residual_scale * (wo att_out
+ * + bo). forward_arch_ffn_begin / _end around the FFN (after its norm): x = x + residual_scale *
+ * (what the FFN adds to x). */
+void forward_arch_embed(const struct model_config *c, struct forward_stage *st, int n);
+void forward_arch_qk(const struct model_config *c, struct forward_stage *st, const struct model_layer *L, float *k,
+                     int n);
+void forward_arch_attn_residual(const struct model_config *c, struct forward_stage *st, const struct model_layer *L,
+                                int n);
+void forward_arch_ffn_begin(const struct model_config *c, struct forward_stage *st, int n);
+void forward_arch_ffn_end(const struct model_config *c, struct forward_stage *st, int n);
+
 #endif

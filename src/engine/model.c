@@ -29,6 +29,8 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_QWEN3MOE: return "qwen3moe";
     case ARCH_QWEN2MOE: return "qwen2moe";
     case ARCH_GPTOSS: return "gpt-oss";
+    case ARCH_OLMOE: return "olmoe";
+    case ARCH_GRANITEMOE: return "granitemoe";
     }
     return "?";
 }
@@ -223,6 +225,34 @@ int model_layer_window(const struct model_config *c, uint32_t l)
     return p == 0 || l % p < p - 1 ? (int)c->n_swa : 0;
 }
 
+/* granitemoe's scalars, read as llama.cpp reads them: logit_scale required, the others optional
+ * (0 or absent: none; attention.scale 0: 1/sqrt(head_dim)). A residual scale is applied with
+ * the attention output's buffer as scratch (forward_arch.c), so that buffer must hold a row
+ * of n_embd. GraniteMoeShared's shared expert: expert_shared_feed_forward_length wide, no gate. */
+static int load_granite_config(const struct gguf_file *g, struct model_config *c, uint32_t n_ff_shexp, char *err,
+                               size_t errlen)
+{
+    const char *arch = "granitemoe";
+    if (gguf_get_f32(g, "granitemoe.logit_scale", &c->logit_scale) < 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing %s.logit_scale", arch);
+    arch_f32(g, arch, "residual_scale", 0.0f, &c->residual_scale);
+    arch_f32(g, arch, "embedding_scale", 0.0f, &c->embedding_scale);
+    arch_f32(g, arch, "attention.scale", 0.0f, &c->attention_scale);
+    if (c->residual_scale == 0.0f)
+        c->residual_scale = 1.0f;
+    if (c->embedding_scale == 0.0f)
+        c->embedding_scale = 1.0f;
+    if (!isfinite(c->logit_scale) || c->logit_scale == 0.0f || !isfinite(c->residual_scale) ||
+        !isfinite(c->embedding_scale) || !isfinite(c->attention_scale))
+        return fail(err, errlen, TIDE_EFORMAT, "bad %s scales (logit %g, residual %g, embedding %g, attention %g)", arch,
+                    c->logit_scale, c->residual_scale, c->embedding_scale, c->attention_scale);
+    c->n_ff_shexp = n_ff_shexp; /* GraniteMoeShared: an ungated shared expert (absent: none) */
+    if (c->residual_scale != 1.0f && (uint64_t)c->n_head * c->head_dim < c->n_embd)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "%s with n_head * head_dim (%u) < n_embd (%u) is not supported",
+                    arch, c->n_head * c->head_dim, c->n_embd);
+    return 0;
+}
+
 static int load_config(struct model *m, char *err, size_t errlen)
 {
     const struct gguf_file *g = &m->gguf;
@@ -236,6 +266,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
     else if (gguf_str_eq(a, "qwen3moe")) { c->arch = ARCH_QWEN3MOE; arch = "qwen3moe"; }
     else if (gguf_str_eq(a, "qwen2moe")) { c->arch = ARCH_QWEN2MOE; arch = "qwen2moe"; }
     else if (gguf_str_eq(a, "gpt-oss")) { c->arch = ARCH_GPTOSS; arch = "gpt-oss"; }
+    else if (gguf_str_eq(a, "olmoe")) { c->arch = ARCH_OLMOE; arch = "olmoe"; }
+    else if (gguf_str_eq(a, "granitemoe")) { c->arch = ARCH_GRANITEMOE; arch = "granitemoe"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
@@ -268,7 +300,11 @@ static int load_config(struct model *m, char *err, size_t errlen)
     arch_f32(g, arch, "rope.freq_base", 10000.0f, &c->rope_theta);
     c->rope_mscale = 1.0f;
     arch_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps);
-    c->rope = c->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    c->rope = c->arch == ARCH_LLAMA || c->arch == ARCH_GRANITEMOE ? ROPE_NORM : ROPE_NEOX;
+    c->embedding_scale = c->residual_scale = c->logit_scale = 1.0f;
+    c->attention_scale = 0.0f;
+    if ((c->arch == ARCH_OLMOE || c->arch == ARCH_GRANITEMOE) && c->n_expert == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing %s.expert_count (only the MoE form is supported)", arch);
 
     if (c->n_expert > 0) {
         if (c->n_expert_used == 0 || c->n_expert_used > c->n_expert)
@@ -295,8 +331,10 @@ static int load_config(struct model *m, char *err, size_t errlen)
             c->expert_weights_norm = b;
         /* qwen2moe weighs the chosen experts by their softmax over all experts, not
          * renormalised (llama.cpp reads no key for it) */
-        if (c->arch == ARCH_QWEN2MOE)
-            c->expert_weights_norm = false;
+        if (c->arch == ARCH_QWEN2MOE || c->arch == ARCH_OLMOE)
+            c->expert_weights_norm = false; /* olmoe too: its softmax weights as they are */
+        if (c->arch == ARCH_GRANITEMOE)
+            c->expert_weights_norm = true;  /* llama.cpp renormalises granite's, reading no key */
         /* gpt-oss: a softmax over the chosen experts' logits, which is the softmax over all
          * renormalised over the chosen */
         if (c->arch == ARCH_GPTOSS)
@@ -308,6 +346,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
     }
 
     if (c->arch == ARCH_GPTOSS && (rc = load_gptoss_config(g, c, err, errlen)))
+        return rc;
+    if (c->arch == ARCH_GRANITEMOE && (rc = load_granite_config(g, c, n_ff_shexp, err, errlen)))
         return rc;
 
     const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");
@@ -340,6 +380,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
     if (!m->layers)
         return TIDE_ENOMEM;
     bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE, oss = c->arch == ARCH_GPTOSS;
+    bool olmoe = c->arch == ARCH_OLMOE;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         char n[96];
@@ -368,8 +409,15 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
         BIAS(bq, "attn_q", qd, 1, oss);
         BIAS(bk, "attn_k", kvd, 1, oss);
         BIAS(bv, "attn_v", kvd, 1, oss);
-        T(q_norm, "attn_q_norm", c->head_dim, 1, qk);
-        T(k_norm, "attn_k_norm", c->head_dim, 1, qk);
+        if (olmoe) { /* one norm over all of q, one over all of k */
+            T(q_norm, "attn_q_norm", qd, 1, true);
+            T(k_norm, "attn_k_norm", kvd, 1, true);
+        } else {
+            T(q_norm, "attn_q_norm", c->head_dim, 1, qk);
+            T(k_norm, "attn_k_norm", c->head_dim, 1, qk);
+        }
+        if (c->arch == ARCH_GRANITEMOE) /* granite's optional output bias (attention_bias) */
+            BIAS(bo, "attn_output", E, 1, false);
         /* gpt-oss names its FFN input norm post_attention_norm */
         if (oss)
             T(ffn_norm, "post_attention_norm", E, 1, true);
@@ -408,7 +456,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
                                errlen)))
                 return rc;
             if (c->n_ff_shexp) { /* resident weights of the layer, not cached experts */
-                T(ffn_gate_inp_shexp, "ffn_gate_inp_shexp", E, 1, true);
+                T(ffn_gate_inp_shexp, "ffn_gate_inp_shexp", E, 1, c->arch == ARCH_QWEN2MOE); /* granite's: none */
                 T(ffn_gate_shexp, "ffn_gate_shexp", E, c->n_ff_shexp, true);
                 T(ffn_up_shexp, "ffn_up_shexp", E, c->n_ff_shexp, true);
                 T(ffn_down_shexp, "ffn_down_shexp", c->n_ff_shexp, E, true);
@@ -416,6 +464,27 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
         }
 #undef T
     }
+    return 0;
+}
+
+/* granitemoe's logits are the output product's divided by logit_scale: as the product is
+ * linear, output_norm's weights divided by it give the same logits (up to rounding) with no op
+ * of its own. The divided weights are an owned f32 copy. */
+static int fold_logit_scale(struct model *m)
+{
+    if (m->cfg.logit_scale == 1.0f)
+        return 0;
+    uint64_t E = m->cfg.n_embd;
+    m->output_norm_owned = malloc(sizeof(float) * E);
+    if (!m->output_norm_owned)
+        return TIDE_ENOMEM;
+    ggml_dequantize(m->output_norm.type, m->output_norm.data, m->output_norm_owned, E);
+    float inv = 1.0f / m->cfg.logit_scale; /* llama.cpp scales the logits by 1 / logit_scale */
+    for (uint64_t i = 0; i < E; i++)
+        m->output_norm_owned[i] *= inv;
+    m->output_norm.type = GGML_TYPE_F32;
+    m->output_norm.data = m->output_norm_owned;
+    m->output_norm.row_bytes = sizeof(float) * E;
     return 0;
 }
 
@@ -427,7 +496,7 @@ int model_load(struct model *m, const char *path, char *err, size_t errlen)
         return rc;
     if ((rc = load_config(m, err, errlen)) < 0 ||
         (m->cfg.arch == ARCH_GPTOSS && (rc = load_rope_scaling(m, "gpt-oss", err, errlen)) < 0) ||
-        (rc = load_tensors(m, err, errlen)) < 0) {
+        (rc = load_tensors(m, err, errlen)) < 0 || (rc = fold_logit_scale(m)) < 0) {
         if (rc == TIDE_ENOMEM)
             fail(err, errlen, rc, "out of memory loading %s", path);
         model_free(m);
@@ -446,6 +515,7 @@ void model_free(struct model *m)
     free(m->layers);
     free(m->name);
     free(m->rope_freqs);
+    free(m->output_norm_owned);
     gguf_close(&m->gguf);
     memset(m, 0, sizeof(*m));
 }

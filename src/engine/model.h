@@ -5,7 +5,9 @@
  * with q/k/v biases, unnormalised top-k weights and a shared expert whose output a sigmoid
  * gate scales; the shared expert is a resident layer weight, not an expert of the cache), gpt-oss
  * (MoE with biases everywhere, attention sinks, sliding-window layers every other layer, the
- * clamped SwiGLU and a softmax over the chosen experts' router logits).
+ * clamped SwiGLU and a softmax over the chosen experts' router logits), olmoe (MoE, q/k rmsnorms
+ * over the whole q and k width rather than per head, unnormalised top-k weights), granitemoe
+ * (Mixtral-style MoE with four scalars: embedding, residual, attention and logit scales).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -23,7 +25,7 @@ struct tensor {
     size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
 };
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_OLMOE, ARCH_GRANITEMOE };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -47,6 +49,12 @@ struct model_config {
     uint32_t n_swa;           /* gpt-oss: the sliding window (keys a query sees, itself included) */
     uint32_t swa_period;      /* gpt-oss: layer l is windowed when l % period < period - 1 (0: all) */
     float rope_mscale;        /* rope scaling (gpt-oss's yarn): q and k scaled by this after the rotation */
+    /* granitemoe's scalars (1 where the file has none, and for every other architecture):
+     * the token embeddings are multiplied by embedding_scale; each block's attention output
+     * and FFN output by residual_scale before the residual add; the attention's q.k by
+     * attention_scale instead of 1/sqrt(head_dim) (0: the usual); the logits divided by
+     * logit_scale (folded into output_norm at load: the output product is linear). */
+    float embedding_scale, residual_scale, attention_scale, logit_scale;
 };
 
 struct model_layer {
@@ -56,8 +64,8 @@ struct model_layer {
     struct tensor wv;            /* (n_embd -> n_head_kv*head_dim) */
     struct tensor wo;            /* (n_head*head_dim -> n_embd) */
     struct tensor bq, bk, bv;    /* f32 biases of wq, wk, wv (qwen2moe; data NULL when absent) */
-    struct tensor q_norm;        /* (head_dim) qwen3 only */
-    struct tensor k_norm;        /* (head_dim) qwen3 only */
+    struct tensor q_norm;        /* (head_dim) qwen3; (n_head*head_dim) olmoe: one norm over all heads */
+    struct tensor k_norm;        /* (head_dim) qwen3; (n_head_kv*head_dim) olmoe */
     struct tensor ffn_norm;      /* (n_embd) */
     /* dense */
     struct tensor ffn_gate;      /* (n_embd -> n_ff) */
@@ -102,6 +110,7 @@ struct model {
     /* rope scaling (yarn or linear, gpt-oss only): each pair's frequency, head_dim / 2 of them,
      * owned; NULL: plain rope at rope_theta */
     float *rope_freqs;
+    float *output_norm_owned;    /* granitemoe: output_norm / logit_scale (f32, output_norm's data), or NULL */
 };
 
 int model_load(struct model *m, const char *path, char *err, size_t errlen);

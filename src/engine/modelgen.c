@@ -267,7 +267,7 @@ struct preset {
     uint32_t n_vocab;   /* pad the vocabulary to this many tokens (0: the BPE's 771) */
     float rope_base;    /* 0: 10000 */
     bool fill;          /* big matrices made at write time (uniform), not held in memory */
-    uint32_t n_ff_shexp; /* qwen2moe: the shared expert's width (q/k/v biases come with it) */
+    uint32_t n_ff_shexp; /* the shared expert's width (qwen2moe: with its sigmoid gate and q/k/v biases) */
     uint32_t n_swa;      /* gpt-oss: its sliding window (and biases, sinks, post_attention_norm) */
 };
 
@@ -282,12 +282,35 @@ static const struct preset presets[] = {
      * n_head * head_dim != n_embd, every other layer windowed (128 there: 4 here, so short
      * prompts see it), biases on q/k/v/o, the router and the experts, attention sinks */
     {"gpt-oss", "gpt-oss", 128, 4, 4, 2, 64, 64, 8, 4, GGML_TYPE_F16, false, 1e-5f, 0, 150000.0f, false, 0, 4},
+    /* OLMoE-1B-7B's layout, small: 2 of 8 experts used (8 of 64 there), MHA (16 heads and 16
+     * KV heads there), q and k each normed over their whole width, no biases, no shared expert */
+    {"olmoe", "olmoe", 128, 4, 4, 4, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
+    /* granite-3.0-1b-a400m's layout, small: 2 of 8 experts used (8 of 32 there), GQA, experts as
+     * wide as n_embd (so that a few MiB of expert cache hold a third of them), its four scalars
+     * (written below) */
+    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
+    /* GraniteMoeShared: the same with an ungated shared expert of 128 beside the routed ones */
+    {"granitemoe-shared", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0},
+    /* DeepSeek-V2-Lite's layout, narrow (a test file for llama.cpp: tide does not load deepseek2
+     * yet): its 27 layers (llama.cpp tells V2-Lite, q without a LoRA, by the layer count), MLA as
+     * the converter writes it (one KV head, attn_k_b / attn_v_b per head), a leading dense
+     * layer, 2 of 8 routed experts of 64 and 2 shared ones (one of 128); the MLA widths are
+     * DS2_* below */
+    {"deepseek2", "deepseek2", 128, 27, 4, 1, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0},
     {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
      151936, 1e6f, true, 0, 0},
 };
+
+/* deepseek2's MLA widths in the preset (V2-Lite's in brackets): kv_lora_rank (512), the roped
+ * and unroped parts of a q/k head (64, 128), a v head (128); the dense layer's FFN (10944) */
+#define DS2_KV_LORA 64
+#define DS2_ROPE 16
+#define DS2_NOPE 32
+#define DS2_V 32
+#define DS2_DENSE_FF 256
 
 static const char chatml[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -373,6 +396,38 @@ static void tensor(struct gen *g, const char *name, uint32_t type, uint32_t nd,
     g->params += n;
 }
 
+/* deepseek2's layer l as llama.cpp's loader names and shapes it (src/models/deepseek2.cpp, the MLA
+ * form): q without a LoRA (V2-Lite's), the compressed KV and its roped key part from one product
+ * (attn_kv_a_mqa), the per-head k and v expansions as 3-D tensors, layer 0 dense. */
+static void deepseek2_layer(struct gen *g, const struct preset *c, uint32_t l, uint32_t T, uint32_t TD)
+{
+    uint64_t E = c->n_embd, H = c->n_head, F = c->n_ff, X = c->n_expert, FS = c->n_ff_shexp;
+    char n[96];
+#define BN(s) (snprintf(n, sizeof n, "blk.%u." s ".weight", l), n)
+    tensor(g, BN("attn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+    tensor(g, BN("attn_q"), T, 2, E, H * (DS2_NOPE + DS2_ROPE), 1, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("attn_kv_a_mqa"), T, 2, E, DS2_KV_LORA + DS2_ROPE, 1, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("attn_kv_a_norm"), GGML_TYPE_F32, 1, DS2_KV_LORA, 1, 1, 0.05f, 1);
+    tensor(g, BN("attn_k_b"), T, 3, DS2_NOPE, DS2_KV_LORA, H, 1.0f / sqrtf((float)DS2_NOPE), 0);
+    tensor(g, BN("attn_v_b"), T, 3, DS2_KV_LORA, DS2_V, H, 1.0f / sqrtf((float)DS2_KV_LORA), 0);
+    tensor(g, BN("attn_output"), T, 2, H * DS2_V, E, 1, 1.0f / sqrtf((float)(H * DS2_V)), 0);
+    tensor(g, BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
+    if (l == 0) { /* leading_dense_block_count 1 */
+        tensor(g, BN("ffn_gate"), T, 2, E, DS2_DENSE_FF, 1, 1.0f / sqrtf((float)E), 0);
+        tensor(g, BN("ffn_up"), T, 2, E, DS2_DENSE_FF, 1, 1.0f / sqrtf((float)E), 0);
+        tensor(g, BN("ffn_down"), TD, 2, DS2_DENSE_FF, E, 1, 1.0f / sqrtf((float)DS2_DENSE_FF), 0);
+        return;
+    }
+    tensor(g, BN("ffn_gate_inp"), GGML_TYPE_F32, 2, E, X, 1, 3.0f / sqrtf((float)E), 0);
+    tensor(g, BN("ffn_gate_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("ffn_up_exps"), T, 3, E, F, X, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("ffn_down_exps"), TD, 3, F, E, X, 1.0f / sqrtf((float)F), 0);
+    tensor(g, BN("ffn_gate_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("ffn_up_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
+    tensor(g, BN("ffn_down_shexp"), TD, 2, FS, E, 1, 1.0f / sqrtf((float)FS), 0);
+#undef BN
+}
+
 static int efail(char *err, size_t errlen, int rc, const char *msg)
 {
     if (err && errlen) snprintf(err, errlen, "modelgen: %s", msg);
@@ -385,7 +440,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, deepseek2, big, qwen3-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -444,14 +499,35 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     gguf_w_u32(w, AK("context_length"), 4096);
     gguf_w_u32(w, AK("embedding_length"), c.n_embd);
     gguf_w_u32(w, AK("block_count"), c.n_layer);
-    /* qwen2moe's converter writes the shared expert's width here (intermediate_size) */
-    gguf_w_u32(w, AK("feed_forward_length"), c.n_ff_shexp ? c.n_ff_shexp : c.n_ff);
+    /* qwen2moe's converter writes the shared expert's width here (intermediate_size); granite's
+     * the experts' */
+    bool qwen2 = !strcmp(c.arch, "qwen2moe");
+    gguf_w_u32(w, AK("feed_forward_length"), !strcmp(c.arch, "deepseek2") ? DS2_DENSE_FF
+                                             : qwen2 && c.n_ff_shexp ? c.n_ff_shexp : c.n_ff);
     gguf_w_u32(w, AK("attention.head_count"), c.n_head);
     gguf_w_u32(w, AK("attention.head_count_kv"), c.n_head_kv);
-    gguf_w_u32(w, AK("attention.key_length"), hd);
-    gguf_w_u32(w, AK("attention.value_length"), hd);
+    bool ds2 = !strcmp(c.arch, "deepseek2");
+    if (ds2) { /* MLA as MQA: the keys (576, 512 in V2-Lite) and the per-head widths (192, 128) */
+        gguf_w_u32(w, AK("attention.key_length"), DS2_KV_LORA + DS2_ROPE);
+        gguf_w_u32(w, AK("attention.value_length"), DS2_KV_LORA);
+        gguf_w_u32(w, AK("attention.key_length_mla"), DS2_NOPE + DS2_ROPE);
+        gguf_w_u32(w, AK("attention.value_length_mla"), DS2_V);
+        gguf_w_u32(w, AK("attention.kv_lora_rank"), DS2_KV_LORA);
+        gguf_w_u32(w, AK("rope.dimension_count"), DS2_ROPE);
+        gguf_w_u32(w, AK("leading_dense_block_count"), 1);
+        gguf_w_u32(w, AK("expert_shared_count"), c.n_ff_shexp / c.n_ff);
+        gguf_w_f32(w, AK("expert_weights_scale"), 1.0f);
+        /* V2-Lite's yarn: factor 40 over 4096, mscale_all_dim 0.707 written as 0.1 * it */
+        gguf_w_str(w, AK("rope.scaling.type"), "yarn");
+        gguf_w_f32(w, AK("rope.scaling.factor"), 40.0f);
+        gguf_w_u32(w, AK("rope.scaling.original_context_length"), 4096);
+        gguf_w_f32(w, AK("rope.scaling.yarn_log_multiplier"), 0.0707f);
+    } else {
+        gguf_w_u32(w, AK("attention.key_length"), hd);
+        gguf_w_u32(w, AK("attention.value_length"), hd);
+        gguf_w_u32(w, AK("rope.dimension_count"), hd);
+    }
     gguf_w_f32(w, AK("rope.freq_base"), c.rope_base ? c.rope_base : 10000.0f);
-    gguf_w_u32(w, AK("rope.dimension_count"), hd);
     gguf_w_f32(w, AK("attention.layer_norm_rms_epsilon"), c.eps);
     gguf_w_u32(w, AK("vocab_size"), (uint32_t)V);
     if (c.n_expert) {
@@ -459,7 +535,14 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         gguf_w_u32(w, AK("expert_used_count"), c.n_used);
         gguf_w_u32(w, AK("expert_feed_forward_length"), c.n_ff);
         if (c.qk_norm) gguf_w_bool(w, AK("expert_weights_norm"), true);
-        if (c.n_ff_shexp) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
+        if (c.n_ff_shexp && !ds2) gguf_w_u32(w, AK("expert_shared_feed_forward_length"), c.n_ff_shexp);
+    }
+    bool olmoe = !strcmp(c.arch, "olmoe"), granite = !strcmp(c.arch, "granitemoe");
+    if (granite) { /* granite-3.0-1b-a400m's multipliers as its converted file has them */
+        gguf_w_f32(w, AK("embedding_scale"), 12.0f);
+        gguf_w_f32(w, AK("residual_scale"), 0.22f);
+        gguf_w_f32(w, AK("attention.scale"), 0.015625f);
+        gguf_w_f32(w, AK("logit_scale"), 6.0f);
     }
     if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
         gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);
@@ -489,6 +572,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     tensor(&g, "output.weight", TD, 2, E, V, 1, 3.0f / sqrtf((float)E), 0);
     char n[96];
     for (uint32_t l = 0; l < c.n_layer; l++) {
+        if (ds2) {
+            deepseek2_layer(&g, &c, l, T, TD);
+            continue;
+        }
 #define BN(s) (snprintf(n, sizeof n, "blk.%u." s ".weight", l), n)
         tensor(&g, BN("attn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
         tensor(&g, BN("attn_q"), T, 2, E, Q, 1, 1.0f / sqrtf((float)E), 0);
@@ -496,7 +583,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
 #define BB(s) (snprintf(n, sizeof n, "blk.%u." s ".bias", l), n)
-        if (c.n_ff_shexp || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
+        if ((qwen2 && c.n_ff_shexp) || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
             tensor(&g, BB("attn_q"), GGML_TYPE_F32, 1, Q, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_k"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_v"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
@@ -505,9 +592,9 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
             tensor(&g, BB("attn_output"), GGML_TYPE_F32, 1, E, 1, 1, 0.2f, 0);
             tensor(&g, BN("attn_sinks"), GGML_TYPE_F32, 1, c.n_head, 1, 1, 1.0f, 0);
         }
-        if (c.qk_norm) {
-            tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
-            tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, hd, 1, 1, 0.05f, 1);
+        if (c.qk_norm || olmoe) { /* per head; olmoe's over all of q and all of k */
+            tensor(&g, BN("attn_q_norm"), GGML_TYPE_F32, 1, olmoe ? Q : hd, 1, 1, 0.05f, 1);
+            tensor(&g, BN("attn_k_norm"), GGML_TYPE_F32, 1, olmoe ? KV : hd, 1, 1, 0.05f, 1);
         }
         tensor(&g, oss ? BN("post_attention_norm") : BN("ffn_norm"), GGML_TYPE_F32, 1, E, 1, 1, 0.05f, 1);
         if (c.n_expert) {
@@ -522,9 +609,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
                 tensor(&g, BB("ffn_up_exps"), GGML_TYPE_F32, 2, F, X, 1, 0.2f, 0);
                 tensor(&g, BB("ffn_down_exps"), GGML_TYPE_F32, 2, E, X, 1, 0.2f, 0);
             }
-            if (c.n_ff_shexp) { /* the shared expert and its 1-row sigmoid gate */
+            if (c.n_ff_shexp) { /* the shared expert and (qwen2moe) its 1-row sigmoid gate */
                 uint64_t FS = c.n_ff_shexp;
-                tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
+                if (qwen2)
+                    tensor(&g, BN("ffn_gate_inp_shexp"), GGML_TYPE_F32, 1, E, 1, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_gate_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_up_shexp"), T, 2, E, FS, 1, 1.0f / sqrtf((float)E), 0);
                 tensor(&g, BN("ffn_down_shexp"), TD, 2, FS, E, 1, 1.0f / sqrtf((float)FS), 0);

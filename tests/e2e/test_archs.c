@@ -78,28 +78,57 @@ static long expert_misses(long floor)
     return v;
 }
 
-/* a CPU device this small holds gpt-oss's resident weights, KV and a few expert slots */
-#define GPTOSS_CAPPED_MIB "5" /* kv 4.0, weights 0.7: 24 of the 32 expert slots */
-
-/* .fini: the daemon is stopped and the file removed even when an assert ends the test early */
-Test(archs, qwen2moe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+/* The preset (type -1: its own) serves a chat completion, greedy twice the same, then the same
+ * text from a CPU device of capped_mib whose expert cache holds only some of the 32 experts
+ * (misses fetch from host RAM: more misses than the model has experts shows evictions). */
+static void serves_and_capped_cache_same_text(const char *preset, int type, const char *capped_mib)
 {
-    write_preset("qwen2moe");
+    write_preset_type(preset, type);
     harness_start("\"parallel\":1");
     char *full = greedy_reply();
     char *again = greedy_reply();
-    cr_expect_str_eq(again, full, "greedy is deterministic");
-    cr_expect(full[0] != 0, "empty reply");
+    cr_expect_str_eq(again, full, "%s: greedy is deterministic", preset);
+    cr_expect(full[0] != 0, "%s: empty reply", preset);
     harness_stop();
-    /* 4 MiB: the resident weights (shared experts included), KV and 8 of the 32 expert slots */
-    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":4}]");
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":%s}]", capped_mib);
+    harness_start(cfg);
     char *capped = greedy_reply();
-    cr_expect_str_eq(capped, full, "a capped expert cache changes nothing but speed");
+    cr_expect_str_eq(capped, full, "%s: a capped expert cache changes nothing but speed", preset);
     long misses = expert_misses(32);
-    cr_expect_gt(misses, 32, "more misses than the model has experts: the small cache evicted and refetched (%ld)", misses);
+    cr_expect_gt(misses, 32, "%s: more misses than the model has experts: the small cache evicted and refetched (%ld)",
+                 preset, misses);
     free(full);
     free(again);
     free(capped);
+}
+
+/* .fini: the daemon is stopped and the file removed even when an assert ends the test early.
+ * 4 MiB: the resident weights (shared experts included), KV and 8 of the 32 expert slots */
+Test(archs, qwen2moe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    serves_and_capped_cache_same_text("qwen2moe", -1, "4");
+}
+
+/* olmoe: whole-width q/k norms through the daemon; 6 MiB: weights 0.9, KV 4.0 (MHA: 4 KV heads of
+ * 32 per layer), 21 of the 32 expert slots */
+Test(archs, olmoe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    serves_and_capped_cache_same_text("olmoe", -1, "6");
+}
+
+/* granitemoe: its four scales through the daemon (the residual scale around the fused MoE
+ * forms); 4 MiB: weights 0.8, KV 2.0, 11 of the 32 expert slots */
+Test(archs, granitemoe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    serves_and_capped_cache_same_text("granitemoe", -1, "4");
+}
+
+/* GraniteMoeShared: the ungated shared expert is a resident layer weight (weights 1.1 MiB);
+ * 4 MiB: 7 of the 32 expert slots */
+Test(archs, granitemoe_shared_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
+{
+    serves_and_capped_cache_same_text("granitemoe-shared", -1, "4");
 }
 
 /* A 2x2 24-bit BMP (the vision encoder resizes it) */
@@ -114,9 +143,10 @@ static int prompt_tokens_of(cJSON *j)
     return n->valueint;
 }
 
-Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120)
+/* An image request on the preset loads the lazy encoder and its rows reach the prompt. */
+static void with_lazy_vision(const char *preset)
 {
-    write_preset("qwen2moe");
+    write_preset(preset);
     const char *mmproj = getenv("TIDE_MMPROJ") ? getenv("TIDE_MMPROJ") : "models/tide-mmproj.gguf";
     char cfg[256];
     snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mmproj);
@@ -136,25 +166,18 @@ Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120)
     harness_reply_free(&r);
 }
 
+Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("qwen2moe"); }
+
+/* granitemoe scales input embeddings (the image's rows too, as llama.cpp does for a model
+ * without deepstack layers) */
+Test(archs, granitemoe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("granitemoe"); }
+
 /* gpt-oss with MXFP4 experts (its released files' type): sinks, windowed layers (a window of 4,
  * shorter than the chat prompt) and biases through the daemon, and the same text from a CPU
  * device whose expert cache holds a few of the 32 experts (the per-expert biases are layer
  * weights, resident; the experts' MXFP4 rows move through the cache) */
 Test(archs, gptoss_mxfp4_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
 {
-    write_preset_type("gpt-oss", GGML_TYPE_MXFP4);
-    harness_start("\"parallel\":1");
-    char *full = greedy_reply();
-    char *again = greedy_reply();
-    cr_expect_str_eq(again, full, "greedy is deterministic");
-    cr_expect(full[0] != 0, "empty reply");
-    harness_stop();
-    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":" GPTOSS_CAPPED_MIB "}]");
-    char *capped = greedy_reply();
-    cr_expect_str_eq(capped, full, "a capped expert cache changes nothing but speed");
-    long misses = expert_misses(32);
-    cr_expect_gt(misses, 32, "more misses than the model has experts: the small cache evicted and refetched (%ld)", misses);
-    free(full);
-    free(again);
-    free(capped);
+    /* 5 MiB: kv 4.0, weights 0.7: 24 of the 32 expert slots */
+    serves_and_capped_cache_same_text("gpt-oss", GGML_TYPE_MXFP4, "5");
 }

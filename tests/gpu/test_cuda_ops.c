@@ -32,7 +32,7 @@ static const char *tests[] = {
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_mmq", "rmsnorm", "rope",
     "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
-    "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
+    "e2e_olmoe", "e2e_granitemoe", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_big_q8_0", "bench_batch",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
@@ -632,6 +632,8 @@ static void test_e2e(const char *only)
         {"e2e_dense_q8_0", "dense", GGML_TYPE_Q8_0, 3e-2},
         {"e2e_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
         {"e2e_qwen2moe", "qwen2moe", -1, 1e-3},    /* f16, q/k/v biases, sigmoid-gated shared expert */
+        {"e2e_olmoe", "olmoe", -1, 1e-3},          /* f16, q/k norms over the whole width */
+        {"e2e_granitemoe", "granitemoe", -1, 1e-3}, /* f16, embedding/residual/attention/logit scales */
         /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
@@ -665,6 +667,12 @@ static void test_e2e(const char *only)
     /* the shared expert's ops inside the recorded decode step */
     if (want(only, "e2e_full_qwen2moe_q8_0") &&
         !gpu_e2e_full(cpu, gpu, "e2e_full_qwen2moe_q8_0", "qwen2moe", GGML_TYPE_Q8_0, 3e-2))
+        n_fail++;
+    /* olmoe's whole-width norms and granitemoe's scales (zero + axpy) inside the recorded step */
+    if (want(only, "e2e_full_olmoe_q8_0") && !gpu_e2e_full(cpu, gpu, "e2e_full_olmoe_q8_0", "olmoe", GGML_TYPE_Q8_0, 3e-2))
+        n_fail++;
+    if (want(only, "e2e_full_granitemoe_q8_0") &&
+        !gpu_e2e_full(cpu, gpu, "e2e_full_granitemoe_q8_0", "granitemoe", GGML_TYPE_Q8_0, 3e-2))
         n_fail++;
     /* A Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K): the k-quant kernels end to
      * end, prefill through the per-expert path (moe_ffn_batch does not group k-quants), decode

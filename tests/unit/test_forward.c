@@ -2,7 +2,8 @@
  *
  * Tiny models are built here with the GGUF writer (dense llama, Mixtral-style MoE,
  * qwen3moe with QK-norm and head_dim != n_embd/n_head, qwen2moe with q/k/v biases and a
- * sigmoid-gated shared expert, plus f16 and q8_0 variants), then
+ * sigmoid-gated shared expert, olmoe with q/k norms over the whole width, granitemoe with its
+ * four scales, plus f16 and q8_0 variants), then
  * loaded with model_load and run through forward_eval on the CPU backend. The reference
  * below shares no code with the engine: it reads the same f32 arrays the writer got. */
 #include <criterion/criterion.h>
@@ -21,6 +22,8 @@ struct spec {
     uint32_t type; /* matrices' storage type */
     int FS;        /* qwen2moe: the shared expert's width (and q/k/v biases); 0: none */
 };
+/* granitemoe's embedding, residual, attention and logit scales (written when ls != 0) */
+struct scales { float es, rs, as, ls; };
 
 /* All weights as f32 (after a round trip through the storage type, so the reference
  * sees exactly what the engine multiplies by). */
@@ -30,6 +33,7 @@ struct lw {
 };
 struct refm {
     struct spec s;
+    struct scales g;
     float *emb, *onorm, *out;
     struct lw *l;
 };
@@ -64,10 +68,12 @@ static void put(struct gguf_writer *w, const char *name, uint32_t type, int nd, 
     }
 }
 
-static void build(struct refm *r, const struct spec *s, const char *path)
+static void build(struct refm *r, const struct spec *s, const struct scales *g, const char *path)
 {
     memset(r, 0, sizeof(*r));
     r->s = *s;
+    if (g)
+        r->g = *g;
     int E = s->E, qd = s->H * s->hd, kvd = s->HKV * s->hd;
     struct gguf_writer *w = gguf_writer_new();
     char k[128];
@@ -84,7 +90,8 @@ static void build(struct refm *r, const struct spec *s, const char *path)
     if (s->NEXP) {
         KU("expert_count", s->NEXP);
         KU("expert_used_count", s->K);
-        if (strcmp(s->arch, "llama"))
+        /* llama, olmoe and granitemoe size their experts by feed_forward_length */
+        if (strcmp(s->arch, "llama") && strcmp(s->arch, "olmoe") && strcmp(s->arch, "granitemoe"))
             KU("expert_feed_forward_length", s->F);
         else
             KU("feed_forward_length", s->F);
@@ -97,9 +104,18 @@ static void build(struct refm *r, const struct spec *s, const char *path)
     gguf_w_f32(w, k, 1e-5f);
     if (s->FS)
         KU("expert_shared_feed_forward_length", s->FS);
-    if (s->NEXP && !s->norm && !s->FS) { /* qwen2moe files carry no such key: unnormalised by arch */
+#define KF(suf, v) do { snprintf(k, sizeof(k), "%s." suf, s->arch); gguf_w_f32(w, k, v); } while (0)
+    if (r->g.ls) {
+        KF("embedding_scale", r->g.es);
+        KF("residual_scale", r->g.rs);
+        KF("attention.scale", r->g.as);
+        KF("logit_scale", r->g.ls);
+    }
+#undef KF
+    bool fixed = !strcmp(s->arch, "olmoe") || !strcmp(s->arch, "granitemoe"); /* llama.cpp reads no key */
+    if (s->NEXP && ((!s->norm && !s->FS) || fixed)) { /* qwen2moe files carry no such key: unnormalised by arch */
         snprintf(k, sizeof(k), "%s.expert_weights_norm", s->arch);
-        gguf_w_bool(w, k, false);
+        gguf_w_bool(w, k, fixed ? !s->norm : false); /* olmoe, granitemoe: a key saying the opposite is ignored */
     }
     const char **toks = malloc(sizeof(char *) * s->V);
     char (*tb)[12] = malloc(12 * (size_t)s->V);
@@ -127,7 +143,8 @@ static void build(struct refm *r, const struct spec *s, const char *path)
         P(wk, "attn_k", s->type, 2, E, kvd, 1, ws * 2, 0);
         P(wv, "attn_v", s->type, 2, E, kvd, 1, ws, 0);
         P(wo, "attn_output", s->type, 2, qd, E, 1, ws, 0);
-        if (s->FS) {
+        bool qwen2 = !strcmp(s->arch, "qwen2moe"); /* its shared expert's gate and q/k/v biases */
+        if (s->FS && qwen2) {
 #define PB(f, nm, len) do { y->f = rnd((size_t)(len), 0.3f, 0); \
         snprintf(n, sizeof(n), "blk.%d." nm ".bias", l); put(w, n, GGML_TYPE_F32, 1, len, 1, 1, y->f); } while (0)
             PB(bq, "attn_q", qd);
@@ -135,9 +152,10 @@ static void build(struct refm *r, const struct spec *s, const char *path)
             PB(bv, "attn_v", kvd);
 #undef PB
         }
+        bool full = !strcmp(s->arch, "olmoe"); /* one norm over all heads */
         if (s->qk) {
-            P(qn, "attn_q_norm", GGML_TYPE_F32, 1, s->hd, 1, 1, 0.2f, 1.0f);
-            P(kn, "attn_k_norm", GGML_TYPE_F32, 1, s->hd, 1, 1, 0.2f, 1.0f);
+            P(qn, "attn_q_norm", GGML_TYPE_F32, 1, full ? qd : s->hd, 1, 1, 0.2f, 1.0f);
+            P(kn, "attn_k_norm", GGML_TYPE_F32, 1, full ? kvd : s->hd, 1, 1, 0.2f, 1.0f);
         }
         P(fn, "ffn_norm", GGML_TYPE_F32, 1, E, 1, 1, 0.2f, 1.0f);
         if (s->NEXP) {
@@ -146,7 +164,8 @@ static void build(struct refm *r, const struct spec *s, const char *path)
             P(u, "ffn_up_exps", s->type, 3, E, s->F, s->NEXP, ws, 0);
             P(d, "ffn_down_exps", s->type, 3, s->F, E, s->NEXP, 1.0f / sqrtf((float)s->F), 0);
             if (s->FS) {
-                P(gis, "ffn_gate_inp_shexp", GGML_TYPE_F32, 1, E, 1, 1, ws * 2, 0);
+                if (qwen2)
+                    P(gis, "ffn_gate_inp_shexp", GGML_TYPE_F32, 1, E, 1, 1, ws * 2, 0);
                 P(gs, "ffn_gate_shexp", s->type, 2, E, s->FS, 1, ws, 0);
                 P(us, "ffn_up_shexp", s->type, 2, E, s->FS, 1, ws, 0);
                 P(ds, "ffn_down_shexp", s->type, 2, s->FS, E, 1, 1.0f / sqrtf((float)s->FS), 0);
@@ -209,9 +228,12 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
 {
     const struct spec *s = &r->s;
     int E = s->E, hd = s->hd, qd = s->H * hd, kvd = s->HKV * hd, F = s->F;
-    bool neox = strcmp(s->arch, "llama") != 0;
-    double x[256], xb[256], q[256], o[256], t2[256], h1[256], h2[256], acc[256], rl[64];
-    for (int i = 0; i < E; i++) x[i] = r->emb[(size_t)tok * E + i];
+    bool neox = strcmp(s->arch, "llama") != 0 && strcmp(s->arch, "granitemoe") != 0;
+    bool full = !strcmp(s->arch, "olmoe");
+    const struct scales *g = &r->g;
+    double es = g->ls ? g->es : 1, rs = g->ls ? g->rs : 1, as = g->ls ? g->as : 1 / sqrt((double)hd);
+    double x[256], xb[256], q[256], o[256], t2[256], h1[256], h2[256], acc[256], rl[64], tmpf[256];
+    for (int i = 0; i < E; i++) x[i] = r->emb[(size_t)tok * E + i] * es;
     for (int l = 0; l < s->L; l++) {
         const struct lw *y = &r->l[l];
         double *kc = st->kc + (size_t)l * 128 * kvd, *vc = st->vc + (size_t)l * 128 * kvd;
@@ -224,13 +246,19 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
             kc[(size_t)pos * kvd + i] += y->bk[i];
             vc[(size_t)pos * kvd + i] += y->bv[i];
         }
+        if (s->qk && full) { /* olmoe: q and k each normed as one vector */
+            rnorm(q, y->qn, tmpf, qd);
+            memcpy(q, tmpf, sizeof(double) * qd);
+            rnorm(kc + (size_t)pos * kvd, y->kn, tmpf, kvd);
+            memcpy(kc + (size_t)pos * kvd, tmpf, sizeof(double) * kvd);
+        }
         for (int h = 0; h < s->H; h++) {
-            if (s->qk) { double tmp[64]; rnorm(q + h * hd, y->qn, tmp, hd); memcpy(q + h * hd, tmp, sizeof(double) * hd); }
+            if (s->qk && !full) { double tmp[64]; rnorm(q + h * hd, y->qn, tmp, hd); memcpy(q + h * hd, tmp, sizeof(double) * hd); }
             rrope(q + h * hd, hd, pos, neox);
         }
         for (int h = 0; h < s->HKV; h++) {
             double *kh = kc + (size_t)pos * kvd + h * hd;
-            if (s->qk) { double tmp[64]; rnorm(kh, y->kn, tmp, hd); memcpy(kh, tmp, sizeof(double) * hd); }
+            if (s->qk && !full) { double tmp[64]; rnorm(kh, y->kn, tmp, hd); memcpy(kh, tmp, sizeof(double) * hd); }
             rrope(kh, hd, pos, neox);
         }
         for (int h = 0; h < s->H; h++) {
@@ -239,7 +267,7 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
             for (int t = 0; t <= pos; t++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += q[h * hd + i] * kc[(size_t)t * kvd + g * hd + i];
-                sc[t] = d / sqrt((double)hd);
+                sc[t] = d * as;
                 if (sc[t] > mx) mx = sc[t];
             }
             for (int t = 0; t <= pos; t++) { sc[t] = exp(sc[t] - mx); sum += sc[t]; }
@@ -250,7 +278,7 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
             }
         }
         mv(y->wo, o, t2, qd, E);
-        for (int i = 0; i < E; i++) x[i] += t2[i];
+        for (int i = 0; i < E; i++) x[i] += rs * t2[i];
         rnorm(x, y->fn, xb, E);
         memset(acc, 0, sizeof(acc));
         if (!s->NEXP) {
@@ -280,9 +308,10 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
                 mv(y->d + (size_t)e * E * F, h1, t2, F, E);
                 for (int i = 0; i < E; i++) acc[i] += wgt * t2[i];
             }
-            if (s->FS) { /* the shared expert, scaled by its sigmoid gate */
-                double gv;
-                mv(y->gis, xb, &gv, E, 1);
+            if (s->FS) { /* the shared expert, scaled by its sigmoid gate (qwen2moe) or not */
+                double gv = 1e300; /* sigmoid 1: no gate */
+                if (y->gis)
+                    mv(y->gis, xb, &gv, E, 1);
                 mv(y->gs, xb, h1, E, s->FS);
                 mv(y->us, xb, h2, E, s->FS);
                 for (int i = 0; i < s->FS; i++) h1[i] = h1[i] / (1 + exp(-h1[i])) * h2[i];
@@ -290,10 +319,11 @@ static void ref_step(const struct refm *r, struct refstate *st, int tok, int pos
                 for (int i = 0; i < E; i++) acc[i] += t2[i] / (1 + exp(-gv));
             }
         }
-        for (int i = 0; i < E; i++) x[i] += acc[i];
+        for (int i = 0; i < E; i++) x[i] += rs * acc[i];
     }
     rnorm(x, r->onorm, xb, E);
     mv(r->out, xb, logits, E, s->V);
+    for (int i = 0; g->ls && i < s->V; i++) logits[i] /= g->ls;
 }
 
 static double rel_err(const float *a, const double *b, int n)
@@ -306,12 +336,12 @@ static double rel_err(const float *a, const double *b, int n)
     return md / mb;
 }
 
-static void run_case(const struct spec *s, double tol)
+static void run_case_scaled(const struct spec *s, const struct scales *g, double tol)
 {
     char path[64];
     snprintf(path, sizeof(path), "/tmp/tide-test-fwd-%d.gguf", (int)getpid());
     struct refm r;
-    build(&r, s, path);
+    build(&r, s, g, path);
     struct model m;
     char err[256] = "";
     int rc = model_load(&m, path, err, sizeof(err));
@@ -357,6 +387,8 @@ static void run_case(const struct spec *s, double tol)
     unlink(path);
 }
 
+static void run_case(const struct spec *s, double tol) { run_case_scaled(s, NULL, tol); }
+
 Test(forward, llama_dense_f32)
 {
     struct spec s = {"llama", 64, 2, 4, 2, 16, 96, 0, 0, 50, false, false, true, GGML_TYPE_F32, 0};
@@ -393,6 +425,36 @@ Test(forward, qwen2moe_shared_expert_q8_0)
 {
     struct spec s = {"qwen2moe", 64, 2, 4, 1, 16, 32, 8, 2, 64, false, false, false, GGML_TYPE_Q8_0, 64};
     run_case(&s, 3e-2);
+}
+
+/* olmoe: q and k each rmsnormed over their whole width (not per head), softmax top-k weights
+ * not renormalised whatever the file says, experts sized by feed_forward_length */
+Test(forward, olmoe_whole_width_qk_norm_f32)
+{
+    struct spec s = {"olmoe", 64, 2, 4, 4, 16, 32, 8, 2, 50, true, false, false, GGML_TYPE_F32, 0};
+    run_case(&s, 1e-4);
+}
+
+Test(forward, olmoe_q8_0)
+{
+    struct spec s = {"olmoe", 64, 2, 4, 4, 16, 32, 8, 3, 64, true, false, false, GGML_TYPE_Q8_0, 0};
+    run_case(&s, 3e-2);
+}
+
+/* granitemoe: embeddings x es, q.k x as, each block's output x rs before its residual add,
+ * logits / ls (granite-3.0-1b-a400m's values), normal rope, renormalised top-k */
+Test(forward, granitemoe_scales_f32)
+{
+    struct spec s = {"granitemoe", 64, 2, 4, 2, 16, 32, 8, 2, 50, false, false, true, GGML_TYPE_F32, 0};
+    struct scales g = {12.0f, 0.22f, 0.015625f, 6.0f};
+    run_case_scaled(&s, &g, 1e-4);
+}
+
+Test(forward, granitemoe_q8_0)
+{
+    struct spec s = {"granitemoe", 64, 2, 4, 1, 16, 32, 8, 2, 64, false, false, true, GGML_TYPE_Q8_0, 0};
+    struct scales g = {3.0f, 0.5f, 0.1f, 2.0f};
+    run_case_scaled(&s, &g, 3e-2);
 }
 
 Test(forward, qwen3_dense_f32)
@@ -492,11 +554,42 @@ Test(forward, qwen2moe_without_shared_expert_is_refused)
     snprintf(path, sizeof(path), "/tmp/tide-test-q2m-%d.gguf", (int)getpid());
     struct spec s = {"qwen2moe", 64, 1, 4, 2, 16, 32, 8, 2, 50, false, false, false, GGML_TYPE_F32, 0};
     struct refm r;
-    build(&r, &s, path);
+    build(&r, &s, NULL, path);
     struct model m;
     char err[256] = "";
     cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
     cr_assert(strstr(err, "qwen2moe.expert_shared_feed_forward_length") != NULL, "message: %s", err);
+    refm_free(&r);
+    unlink(path);
+}
+
+/* GraniteMoeShared: an ungated shared expert (expert_shared_feed_forward_length wide) added to the
+ * routed experts' sum, the residual scale over both */
+Test(forward, granitemoe_shared_expert_f32)
+{
+    struct spec s = {"granitemoe", 64, 2, 4, 2, 16, 32, 8, 2, 50, false, false, true, GGML_TYPE_F32, 96};
+    struct scales g = {12.0f, 0.22f, 0.015625f, 6.0f};
+    run_case_scaled(&s, &g, 1e-4);
+}
+
+/* granitemoe: a file without logit_scale (llama.cpp requires it) is refused at load, the error
+ * naming the key; olmoe without its q/k norms names the missing tensor */
+Test(forward, granitemoe_and_olmoe_refusals_name_the_key)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/tide-test-gr-%d.gguf", (int)getpid());
+    struct spec s = {"granitemoe", 64, 1, 4, 2, 16, 32, 8, 2, 50, false, false, true, GGML_TYPE_F32, 0};
+    struct refm r;
+    struct model m;
+    char err[256] = "";
+    build(&r, &s, NULL, path);
+    cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
+    cr_assert(strstr(err, "granitemoe.logit_scale") != NULL, "message: %s", err);
+    refm_free(&r);
+    struct spec o = {"olmoe", 64, 1, 4, 4, 16, 32, 8, 2, 50, false, false, false, GGML_TYPE_F32, 0};
+    build(&r, &o, NULL, path);
+    cr_assert_eq(model_load(&m, path, err, sizeof(err)), TIDE_EFORMAT);
+    cr_assert(strstr(err, "blk.0.attn_q_norm.weight") != NULL, "message: %s", err);
     refm_free(&r);
     unlink(path);
 }

@@ -405,8 +405,8 @@ Test(gguf, file_io)
 
 Test(gguf, modelgen_presets_load)
 {
-    const char *ps[5] = {"dense", "moe", "qwen3moe", "qwen2moe", "gpt-oss"};
-    for (int i = 0; i < 5; i++) {
+    const char *ps[8] = {"dense", "moe", "qwen3moe", "qwen2moe", "gpt-oss", "olmoe", "granitemoe", "granitemoe-shared"};
+    for (int i = 0; i < 8; i++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/tide-test-mg-%d-%s.gguf", (int)getpid(), ps[i]);
         struct modelgen_options o = {.preset = ps[i], .out = path, .seed = 3, .type = -1};
