@@ -5,7 +5,9 @@
  * with q/k/v biases, unnormalised top-k weights and a shared expert whose output a sigmoid
  * gate scales; the shared expert is a resident layer weight, not an expert of the cache), gpt-oss
  * (MoE with biases everywhere, attention sinks, sliding-window layers every other layer, the
- * clamped SwiGLU and a softmax over the chosen experts' router logits).
+ * clamped SwiGLU and a softmax over the chosen experts' router logits), qwen3vlmoe (Qwen3-VL-MoE's
+ * text model: qwen3moe with M-RoPE in rope.dimension_sections and deepstack image features added
+ * after its first n_deepstack layers; a text token's M-RoPE is plain NEOX rope, see mrope.h).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -23,7 +25,7 @@ struct tensor {
     size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
 };
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_QWEN3VLMOE };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -47,6 +49,11 @@ struct model_config {
     uint32_t n_swa;           /* gpt-oss: the sliding window (keys a query sees, itself included) */
     uint32_t swa_period;      /* gpt-oss: layer l is windowed when l % period < period - 1 (0: all) */
     float rope_mscale;        /* rope scaling (gpt-oss's yarn): q and k scaled by this after the rotation */
+    /* qwen3vlmoe: M-RoPE's pairs per section (time, height, width, extra; interleaved, see
+     * mrope.h) and how many first layers add a deepstack feature of an image token to their
+     * output; zeros elsewhere */
+    uint32_t rope_sections[4];
+    uint32_t n_deepstack;
 };
 
 struct model_layer {

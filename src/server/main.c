@@ -357,7 +357,15 @@ int main(int argc, char **argv)
             .max_image_tokens = a->cfg.vision.max_image_tokens, .n_threads = a->cfg.threads,
             .embed_cache_entries = (size_t)a->cfg.vision.embed_cache_entries,
             .embed_cache_bytes = (size_t)a->cfg.vision.embed_cache_mib << 20};
-        rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
+        if (rt->eng.model.cfg.arch == ARCH_QWEN3VLMOE) {
+            /* its images need M-RoPE position ids and deepstack features, which only its own
+             * tower (qwen3vl_merger) gives: a LLaVA projector would feed it the wrong inputs */
+            snprintf(err, sizeof err, "the qwen3vlmoe text model takes images from a qwen3vl_merger mmproj; "
+                     "tide reads only 'mlp' (LLaVA-1.5) projectors so far");
+            rc = TIDE_EUNSUPPORTED;
+        } else {
+            rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
+        }
         a->vis.notify = runtime_vision_event;
         if (rc) {
             /* Text still serves; image requests will say why vision is unavailable. */

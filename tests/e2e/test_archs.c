@@ -158,3 +158,36 @@ Test(archs, gptoss_mxfp4_serves_and_a_small_expert_cache_gives_the_same_text, .f
     free(again);
     free(capped);
 }
+
+/* qwen3vlmoe (Qwen3-VL-30B-A3B's text model, issue 25): text-only prompts through the daemon
+ * (M-RoPE with every section at the token's position is plain rope), the same greedy text from
+ * a capped expert cache; an mmproj whose projector is not its own tower leaves text serving and
+ * turns an image request away with the reason. */
+Test(archs, qwen3vlmoe_serves_text_and_names_the_tower_it_needs, .fini = done, .timeout = 120)
+{
+    write_preset("qwen3vlmoe");
+    harness_start("\"parallel\":1");
+    char *full = greedy_reply();
+    cr_expect(full[0] != 0, "empty reply");
+    harness_stop();
+    /* 3 MiB: the resident weights, KV and a few of the 32 expert slots */
+    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":3}]");
+    char *capped = greedy_reply();
+    cr_expect_str_eq(capped, full, "a capped expert cache changes nothing but speed");
+    long misses = expert_misses(32);
+    cr_expect_gt(misses, 32, "the small cache evicted and refetched (%ld misses)", misses);
+    harness_stop();
+    const char *mmproj = getenv("TIDE_MMPROJ") ? getenv("TIDE_MMPROJ") : "models/tide-mmproj.gguf";
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mmproj);
+    harness_start(cfg);
+    char *again = greedy_reply();
+    cr_expect_str_eq(again, full, "text still serves");
+    struct harness_reply r = harness_req("POST", "/v1/chat/completions", NULL, IMAGE_CHAT);
+    cr_expect_geq(r.status, 400, "an image without its tower is refused (status %ld)", r.status);
+    cr_expect(r.body && strstr(r.body, "qwen3vl_merger"), "the reply names the tower: %s", r.body ? r.body : "");
+    harness_reply_free(&r);
+    free(full);
+    free(capped);
+    free(again);
+}
