@@ -26,4 +26,10 @@ struct mmprojgen_options {
 /* Write the file. Returns 0 or a negative TIDE_E* code with a message in err. */
 int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen);
 
+/* Qwen3-VL's tower (projector `qwen3vl_merger`, llama.cpp's converter layout, docs/VISION.md):
+ * the same options, other defaults: text width 96 (the qwen3vlmoe preset), position table
+ * image_size / patch_size a side (64 / 8 = 8), width 64, 4 heads, MLP 128, 4 blocks; n_deepstack
+ * (default 2) deepstack mergers after blocks k * n_layer / (n_deepstack + 1), k = 1.. */
+int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen);
+
 #endif
