@@ -187,7 +187,8 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
  * of (image_size / patch)^2 rows, blocks with a fused attn_qkv, deepstack mergers
  * (v.deepstack.N.{norm,fc1,fc2}, N the block they follow) and the 2x2 merger (post_ln, mm.0,
  * mm.2). No pre-LN, as the real model. */
-int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen)
+static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, const uint32_t *ds_layers, char *err,
+                         size_t errlen)
 {
     if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
     const uint32_t T = o->n_embd_text ? o->n_embd_text : 96;
@@ -206,8 +207,6 @@ int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepst
     if (n_deepstack >= L) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: %u deepstack layers of %u", n_deepstack, L);
     if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 && type != GGML_TYPE_Q8_0)
         return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported", ggml_type_name(type));
-    if (type == GGML_TYPE_Q8_0 && (D % 32 || F % 32 || T % 32))
-        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: q8_0 needs widths divisible by 32");
     const uint32_t side = S / p;
 
     struct gen g = {.w = gguf_writer_new(), .r = {o->seed ? o->seed : 1}};
@@ -254,11 +253,11 @@ int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepst
         vec(&g, N("ln2.bias"), D, 0.0f, 0.02f);
         mat(&g, N("ffn_up.weight"), type, D, F, 1.0f);
         vec(&g, N("ffn_up.bias"), F, 0.0f, 0.02f);
-        mat(&g, N("ffn_down.weight"), type, F, D, 0.5f);
+        mat(&g, N("ffn_down.weight"), F % 32 && type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type, F, D, 0.5f);
         vec(&g, N("ffn_down.bias"), D, 0.0f, 0.02f);
 #undef N
         for (uint32_t k = 1; k <= n_deepstack; k++) {
-            if (l != k * L / (n_deepstack + 1))
+            if (l != (ds_layers ? ds_layers[k - 1] : k * L / (n_deepstack + 1)))
                 continue;
 #define N(s) (snprintf(nm, sizeof nm, "v.deepstack.%u.%s", l, s), nm)
             vec(&g, N("norm.weight"), M, 1.0f, 0.05f);
@@ -285,4 +284,18 @@ int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepst
     gguf_writer_free(w);
     if (rc) return fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out, tide_strerror(rc));
     return 0;
+}
+
+int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen)
+{
+    return write_qwen3vl(o, n_deepstack, NULL, err, errlen);
+}
+
+int mmprojgen_write_qwen3vl_30b(const struct mmprojgen_options *o, char *err, size_t errlen)
+{
+    struct mmprojgen_options r = {.out = o->out, .seed = o->seed, .type = o->type, .n_embd_text = 2048,
+                                  .image_size = 768, .patch_size = 16, .n_embd = 1152, .n_ff = 4304, .n_head = 16,
+                                  .n_layer = 27};
+    static const uint32_t ds[3] = {8, 16, 24};
+    return write_qwen3vl(&r, 3, ds, err, errlen);
 }
