@@ -311,6 +311,20 @@ size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
     return sizeof(float) * (n * (3 * D + 3 * D + F) + 2 * n * D + n + (n / 4) * T);
 }
 
+int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen)
+{
+    struct qwen3vl_hparams hp;
+    int rc = qwen3vl_read_hparams(path, &hp, err, errlen);
+    if (rc)
+        return rc;
+    long area = (long)hp.patch * hp.patch * hp.merge * hp.merge, most = hp.max_pixels / area;
+    if (max_tokens > 0 && max_tokens < most)
+        most = max_tokens;
+    *weights = qwen3vl_weight_bytes(&hp);
+    *workspace = qwen3vl_workspace_bytes(&hp, most * hp.merge * hp.merge);
+    return 0;
+}
+
 /* ---- the computation ---- */
 
 /* y[t] = W x[t] + b for n rows (W: out rows of in) */

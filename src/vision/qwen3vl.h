@@ -46,6 +46,10 @@ struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_toke
  * n_patches patches, from the header alone. */
 size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp);
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches);
+/* The encoder's two reserves from the header alone, as the lazy lifecycle's hand-back needs
+ * them: the weights as qwen3vl_load keeps them, and the workspace of the largest image the
+ * budget allows (max_tokens merged tokens, capped by the tower's max_pixels; 0: that cap). */
+int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen);
 /* Normalise 8-bit RGB (w x h, row-major, 3 bytes a pixel) and encode it; w and h multiples of
  * patch * merge. out: (w / (patch merge)) * (h / (patch merge)) rows of
  * n_embd_text * (1 + n_deepstack) floats. */

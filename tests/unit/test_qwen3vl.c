@@ -59,6 +59,20 @@ Test(qwen3vl, header_and_sizes, .init = write_mmproj, .fini = done)
     int nt = dynres_size(&r, 1024, 768, &w, &h);
     cr_assert(nt > 0 && nt <= 64 && w % 16 == 0 && h % 16 == 0, "%d tokens, %dx%d", nt, w, h);
     cr_assert_gt(qwen3vl_workspace_bytes(&hp, 4L * nt), qwen3vl_workspace_bytes(&hp, 4));
+    /* the hand-back's two numbers: the budget's largest image, or the tower's 4096 tokens */
+    size_t wb, wsb;
+    cr_assert_eq(qwen3vl_estimate(path, 64, &wb, &wsb, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(wb, elems * sizeof(float));
+    cr_assert_eq(wsb, qwen3vl_workspace_bytes(&hp, 4 * 64));
+    cr_assert_eq(qwen3vl_estimate(path, 0, &wb, &wsb, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(wsb, qwen3vl_workspace_bytes(&hp, 4 * 4096));
+    /* the budget's largest image encodes: 128x128, 16x16 patches (the table stretched from 8x8) */
+    struct qwen3vl_tower *t;
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    static uint8_t rgb[128 * 128 * 3];
+    static float out[64 * 96 * 3];
+    cr_assert_eq(qwen3vl_encode(t, rgb, 128, 128, out, err, sizeof err), 0, "%s", err);
+    qwen3vl_free(t);
 }
 
 static void pattern(uint8_t *rgb, int w, int h, int salt)
