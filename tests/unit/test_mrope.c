@@ -12,6 +12,8 @@
 #include "engine/model.h"
 #include "engine/modelgen.h"
 #include "engine/mrope.h"
+#include "engine/backend.h"
+#include "engine/forward.h"
 
 /* Qwen3-VL-30B-A3B's sections (pairs of a 128-wide head), interleaved: t h w t h w ... for 60
  * pairs, then pair 60 and 63 are t (t's 24 reach pair 72) and 61, 62 the extra id. */
@@ -128,6 +130,71 @@ Test(mrope, qwen3vlmoe_preset_loads)
     const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
     for (int i = 0; i < 3; i++)
         cr_assert(gguf_str_eq(tok->v.arr.strs[s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
+    model_free(&m);
+    unlink(path);
+}
+
+/* The forward's hooks on the qwen3vlmoe preset (engine/forward_eval.c): rows given M-RoPE ids
+ * that are all the KV position give plain rope's logits bit for bit (the op-by-op path with
+ * backend_i.rope_multi against the usual one); input rows wider than n_embd add their slices
+ * to the first n_deepstack layers' outputs: zero slices change nothing, others change the
+ * logits; and ids of an image grid change them too. */
+Test(mrope, forward_hooks_on_the_preset)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q3vl-fw-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen3vlmoe", .out = path, .seed = 2, .type = GGML_TYPE_F32, .threads = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { E = 96, N = 6 };
+    uint32_t V = m.cfg.n_vocab;
+    struct forward_state f;
+    cr_assert_eq(forward_init(&f, &m, be, 64), 0);
+    int toks[N] = {40, 41, 42, 43, 44, 45};
+    float *plain = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    cr_assert_eq(forward_eval(&f, toks, N, 0), 0);
+    memcpy(plain, f.logits, sizeof(float) * V);
+    int32_t ids[N * 4];
+    for (int t = 0; t < N * 4; t++)
+        ids[t] = t / 4;
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N, .tokens = toks, .mpos = ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    /* an image's ids: a 3x2 grid at 0 (t 0, h 0..1, w 0..2) */
+    for (int t = 0; t < N; t++) {
+        ids[t * 4 + 0] = 0;
+        ids[t * 4 + 1] = t / 3;
+        ids[t * 4 + 2] = t % 3;
+        ids[t * 4 + 3] = 0;
+    }
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_neq(memcmp(q.logits, plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    /* embedding rows: the tokens' own, then two deepstack slices */
+    static float rows[N * 3 * E];
+    memset(rows, 0, sizeof rows);
+    for (int t = 0; t < N; t++)
+        ggml_dequantize(m.tok_embd.type, (const uint8_t *)m.tok_embd.data + (size_t)toks[t] * m.tok_embd.row_bytes,
+                        rows + (size_t)t * 3 * E, E);
+    for (int t = 0; t < N * 4; t++)
+        ids[t] = t / 4;
+    struct forward_seq qe = {.slot = 0, .pos = 0, .n = N, .embd = rows, .embd_stride = 3 * E, .mpos = ids,
+                             .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
+    cr_assert_eq(memcmp(qe.logits, plain, sizeof(float) * V), 0, "zero deepstack slices add nothing");
+    for (int t = 0; t < N; t++)
+        rows[(size_t)t * 3 * E + 2 * E + 5] = 3.0f; /* slice 2: after layer 1 */
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
+    memcpy(got, qe.logits, sizeof(float) * V);
+    cr_assert_neq(memcmp(got, plain, sizeof(float) * V), 0, "a deepstack slice reaches the logits");
+    qe.embd_stride = E - 1;
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), TIDE_EINVAL);
+    free(plain);
+    free(got);
+    forward_free(&f);
+    backend_cpu_free(&be);
     model_free(&m);
     unlink(path);
 }
