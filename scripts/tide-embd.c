@@ -1,9 +1,11 @@
 /* tide-embd.c - tide's Qwen3-VL image embedding of the synthetic image scripts/mtmd-embd.c
  * makes (same pixels), for scripts/check-mtmd-parity.sh: prints the tokens' count and width,
- * then every float, one per line. Built against build/libtide.a by the script. */
+ * then every float, one per line, computed as the daemon does (the CPU backend's ops). Built
+ * against build/libtide.a by the script. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/backend.h"
 #include "vision/qwen3vl.h"
 
 int main(int argc, char **argv)
@@ -27,7 +29,8 @@ int main(int argc, char **argv)
                 rgb[((size_t)y * w + x) * 3 + c] = (unsigned char)((x * 37 + y * 91 + c * 53 + (x * y) % 17) & 255);
     int a = hp->patch * hp->merge, n = (w / a) * (h / a), e = hp->n_embd_text * (1 + hp->n_deepstack);
     float *out = malloc(sizeof(float) * (size_t)n * e);
-    if (qwen3vl_encode(t, rgb, w, h, out, err, sizeof err)) {
+    struct backend be; /* the daemon's path: the CPU backend's ops */
+    if (backend_cpu_init(&be, 2) || qwen3vl_encode(t, &be, rgb, w, h, out, err, sizeof err)) {
         fprintf(stderr, "tide-embd: %s\n", err);
         return 1;
     }
@@ -36,6 +39,7 @@ int main(int argc, char **argv)
         printf("%.9g\n", out[k]);
     free(out);
     free(rgb);
+    backend_cpu_free(&be);
     qwen3vl_free(t);
     return 0;
 }

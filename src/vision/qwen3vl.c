@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../common.h"
+#include "../engine/backend.h"
 #include "../engine/gguf.h"
 
 __attribute__((format(printf, 4, 5)))
@@ -306,9 +307,10 @@ size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp)
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
 {
     size_t n = (size_t)n_patches, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, T = (size_t)hp->n_embd_text;
-    /* x, xn, attention out, qkv, ffn, the mergers' input and hidden (n / 4 rows of 4D each),
-     * one row of scores, the projections (n / 4 rows of T) */
-    return sizeof(float) * (n * (3 * D + 3 * D + F) + 2 * n * D + n + (n / 4) * T);
+    /* x, xn, attention out, q, k, v, ffn, the mergers' input and hidden (n / 4 rows of 4D
+     * each), the attention's scratch (attention_full's; its (n, n) scores), the projections */
+    return sizeof(float) * (n * (3 * D + 3 * D + F) + 2 * n * D +
+                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T);
 }
 
 int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen)
@@ -327,9 +329,21 @@ int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *
 
 /* ---- the computation ---- */
 
+/* Each step through the backend's op when be is set (the CPU backend: threaded products, the
+ * encoder ops clip.c uses), else as plain loops (the reference the unit test holds the ops to). */
+
 /* y[t] = W x[t] + b for n rows (W: out rows of in) */
-static void linear(const float *W, const float *b, const float *x, float *y, int n, int in, int out)
+static void linear(const struct backend *be, const float *W, const float *b, const float *x, float *y, int n, int in,
+                   int out)
 {
+    if (be) {
+        struct tensor w = {.type = GGML_TYPE_F32, .ne = {(uint64_t)in, (uint64_t)out}, .data = W,
+                           .row_bytes = sizeof(float) * (size_t)in};
+        be->i->matmul(be->ctx, &w, x, y, n);
+        if (b)
+            be->i->add_bias(be->ctx, y, b, n, out);
+        return;
+    }
     for (int t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * in;
         float *yt = y + (size_t)t * out;
@@ -343,8 +357,13 @@ static void linear(const float *W, const float *b, const float *x, float *y, int
     }
 }
 
-static void layernorm(const float *x, float *y, const float *w, const float *b, int n, int dim, float eps)
+static void layernorm(const struct backend *be, const float *x, float *y, const float *w, const float *b, int n,
+                      int dim, float eps)
 {
+    if (be) {
+        be->i->layernorm(be->ctx, x, y, w, b, n, dim, eps);
+        return;
+    }
     for (int t = 0; t < n; t++) {
         const float *v = x + (size_t)t * dim;
         float *o = y + (size_t)t * dim;
@@ -361,12 +380,60 @@ static void layernorm(const float *x, float *y, const float *w, const float *b, 
 }
 
 /* the tanh approximation, as ggml_gelu */
-static void gelu(float *x, size_t n)
+static void gelu(const struct backend *be, float *x, size_t n)
 {
+    if (be) {
+        be->i->activate(be->ctx, x, n, ACT_GELU);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
         x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
     }
+}
+
+/* full attention of n tokens, H heads of hd: q, k, v, out (n, H hd) */
+static void attention(const struct backend *be, const float *q, const float *k, const float *v, float *out, int n,
+                      int H, int hd, float *ws)
+{
+    if (be) {
+        be->i->attention_full(be->ctx, q, k, v, out, n, H, hd, ws);
+        return;
+    }
+    int D = H * hd;
+    float scale = 1.0f / sqrtf((float)hd), *sc = ws;
+    for (int hh = 0; hh < H; hh++)
+        for (int i = 0; i < n; i++) {
+            const float *qi = q + (size_t)i * D + hh * hd;
+            float mx = -INFINITY, sum = 0;
+            for (int j = 0; j < n; j++) {
+                const float *kj = k + (size_t)j * D + hh * hd;
+                float s = 0;
+                for (int e = 0; e < hd; e++)
+                    s += qi[e] * kj[e];
+                sc[j] = s * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j < n; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float *o = out + (size_t)i * D + hh * hd;
+            for (int e = 0; e < hd; e++)
+                o[e] = 0;
+            for (int j = 0; j < n; j++) {
+                const float *vj = v + (size_t)j * D + hh * hd;
+                float pj = sc[j] / sum;
+                for (int e = 0; e < hd; e++)
+                    o[e] += pj * vj[e];
+            }
+        }
+}
+
+static void residual(float *x, const float *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += d[i];
 }
 
 /* Patch k of the merge order: its row and column in the patch grid (gw patches wide). */
@@ -416,23 +483,23 @@ static void rope_2d(float *v, int hd, int row, int col)
 
 /* A 2x2 merger: the four patches of each merged token side by side (rows of 4D), an optional
  * LayerNorm, fc1, GELU, fc2, into out's column `col` (rows of ostride floats). */
-static void merge_project(const struct q3v_merger *m, const float *x, int n_tok, int D, int T, float eps, float *hid,
-                          float *hid2, float *proj, float *out, int ostride, int col)
+static void merge_project(const struct backend *be, const struct q3v_merger *m, const float *x, int n_tok, int D,
+                          int T, float eps, float *hid, float *hid2, float *proj, float *out, int ostride, int col)
 {
     int M = 4 * D;
     if (m->norm_w)
-        layernorm(x, hid, m->norm_w, m->norm_b, n_tok, M, eps);
+        layernorm(be, x, hid, m->norm_w, m->norm_b, n_tok, M, eps);
     else
         memcpy(hid, x, sizeof(float) * (size_t)n_tok * M);
-    linear(m->fc1_w, m->fc1_b, hid, hid2, n_tok, M, M);
-    gelu(hid2, (size_t)n_tok * M);
-    linear(m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
+    linear(be, m->fc1_w, m->fc1_b, hid, hid2, n_tok, M, M);
+    gelu(be, hid2, (size_t)n_tok * M);
+    linear(be, m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
     for (int k = 0; k < n_tok; k++)
         memcpy(out + (size_t)k * ostride + col, proj + (size_t)k * T, sizeof(float) * (size_t)T);
 }
 
-int qwen3vl_encode(const struct qwen3vl_tower *t, const uint8_t *rgb, int w, int h, float *out, char *err,
-                   size_t errlen)
+int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
+                   float *out, char *err, size_t errlen)
 {
     const struct qwen3vl_hparams *hp = &t->hp;
     int p = hp->patch, a = p * hp->merge;
@@ -445,82 +512,58 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const uint8_t *rgb, int w, int
     float *ws = malloc(sizeof(float) * need);
     if (!ws)
         return fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
-    float *x = ws, *xn = x + (size_t)n * D, *ao = xn + (size_t)n * D, *qkv = ao + (size_t)n * D;
-    float *ff = qkv + (size_t)n * 3 * D, *hid = ff + (size_t)n * F, *hid2 = hid + (size_t)n * D;
-    float *sc = hid2 + (size_t)n * D, *proj = sc + n; /* proj: n_tok rows of T */
+    size_t nD = (size_t)n * D;
+    float *x = ws, *xn = x + nD, *ao = xn + nD, *q = ao + nD, *k = q + nD, *v = k + nD;
+    float *ff = v + nD, *hid = ff + (size_t)n * F, *hid2 = hid + nD, *att = hid2 + nD;
+    float *proj = att + attention_full_ws_floats(n, hd); /* n_tok rows of T */
     /* patch embedding (conv of both temporal kernels) + bias + position table, merge order */
-    for (int k = 0; k < n; k++) {
+    for (int i = 0; i < n; i++) {
         int py, px;
-        patch_at(k, gw, &py, &px);
-        float *xk = x + (size_t)k * D;
+        patch_at(i, gw, &py, &px);
+        float *xk = x + (size_t)i * D;
         for (int d = 0; d < D; d++) {
             const float *wk = t->patch_w + (size_t)d * 3 * p * p;
             float s = 0;
             for (int c = 0; c < 3; c++)
                 for (int ky = 0; ky < p; ky++)
                     for (int kx = 0; kx < p; kx++) {
-                        uint8_t v = rgb[((size_t)(py * p + ky) * w + (px * p + kx)) * 3 + c];
-                        float f = ((float)v / 255.0f - hp->mean[c]) / hp->std[c];
+                        uint8_t u = rgb[((size_t)(py * p + ky) * w + (px * p + kx)) * 3 + c];
+                        float f = ((float)u / 255.0f - hp->mean[c]) / hp->std[c];
                         s += wk[(c * p + ky) * p + kx] * f;
                     }
             xk[d] = s + t->patch_b[d];
         }
         pos_embed_at(t, py, px, gw, gh, xk);
     }
-    float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < hp->n_layer; l++) {
         const struct q3v_layer *L = &t->layers[l];
-        layernorm(x, xn, L->ln1_w, L->ln1_b, n, D, hp->eps);
-        linear(L->qkv_w, L->qkv_b, xn, qkv, n, D, 3 * D);
-        for (int k = 0; k < n; k++) {
+        layernorm(be, x, xn, L->ln1_w, L->ln1_b, n, D, hp->eps);
+        /* attn_qkv's rows: q, then k, then v */
+        linear(be, L->qkv_w, L->qkv_b, xn, q, n, D, D);
+        linear(be, L->qkv_w + (size_t)D * D, L->qkv_b + D, xn, k, n, D, D);
+        linear(be, L->qkv_w + 2 * (size_t)D * D, L->qkv_b + 2 * D, xn, v, n, D, D);
+        for (int i = 0; i < n; i++) {
             int py, px;
-            patch_at(k, gw, &py, &px);
+            patch_at(i, gw, &py, &px);
             for (int hh = 0; hh < H; hh++) {
-                rope_2d(qkv + (size_t)k * 3 * D + hh * hd, hd, py, px);     /* q */
-                rope_2d(qkv + (size_t)k * 3 * D + D + hh * hd, hd, py, px); /* k */
+                rope_2d(q + (size_t)i * D + hh * hd, hd, py, px);
+                rope_2d(k + (size_t)i * D + hh * hd, hd, py, px);
             }
         }
-        for (int hh = 0; hh < H; hh++)
-            for (int i = 0; i < n; i++) {
-                const float *q = qkv + (size_t)i * 3 * D + hh * hd;
-                float mx = -INFINITY, sum = 0;
-                for (int j = 0; j < n; j++) {
-                    const float *kk = qkv + (size_t)j * 3 * D + D + hh * hd;
-                    float s = 0;
-                    for (int e = 0; e < hd; e++)
-                        s += q[e] * kk[e];
-                    sc[j] = s * scale;
-                    mx = sc[j] > mx ? sc[j] : mx;
-                }
-                for (int j = 0; j < n; j++) {
-                    sc[j] = expf(sc[j] - mx);
-                    sum += sc[j];
-                }
-                float *o = ao + (size_t)i * D + hh * hd;
-                for (int e = 0; e < hd; e++)
-                    o[e] = 0;
-                for (int j = 0; j < n; j++) {
-                    const float *vv = qkv + (size_t)j * 3 * D + 2 * D + hh * hd;
-                    float pj = sc[j] / sum;
-                    for (int e = 0; e < hd; e++)
-                        o[e] += pj * vv[e];
-                }
-            }
-        linear(L->o_w, L->o_b, ao, xn, n, D, D);
-        for (size_t i = 0; i < (size_t)n * D; i++)
-            x[i] += xn[i];
-        layernorm(x, xn, L->ln2_w, L->ln2_b, n, D, hp->eps);
-        linear(L->up_w, L->up_b, xn, ff, n, D, F);
-        gelu(ff, (size_t)n * F);
-        linear(L->down_w, L->down_b, ff, xn, n, F, D);
-        for (size_t i = 0; i < (size_t)n * D; i++)
-            x[i] += xn[i];
+        attention(be, q, k, v, ao, n, H, hd, att);
+        linear(be, L->o_w, L->o_b, ao, xn, n, D, D);
+        residual(x, xn, nD);
+        layernorm(be, x, xn, L->ln2_w, L->ln2_b, n, D, hp->eps);
+        linear(be, L->up_w, L->up_b, xn, ff, n, D, F);
+        gelu(be, ff, (size_t)n * F);
+        linear(be, L->down_w, L->down_b, ff, xn, n, F, D);
+        residual(x, xn, nD);
         if (L->deepstack >= 0) /* this block's output, merged, is deepstack feature k */
-            merge_project(&t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, qkv, proj, out, ostride,
+            merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride,
                           T * (1 + L->deepstack));
     }
-    layernorm(x, xn, t->post_w, t->post_b, n, D, hp->eps);
-    merge_project(&t->main, xn, n_tok, D, T, hp->eps, hid, qkv, proj, out, ostride, 0);
+    layernorm(be, x, xn, t->post_w, t->post_b, n, D, hp->eps);
+    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride, 0);
     free(ws);
     return 0;
 }

@@ -52,8 +52,10 @@ size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
 int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen);
 /* Normalise 8-bit RGB (w x h, row-major, 3 bytes a pixel) and encode it; w and h multiples of
  * patch * merge. out: (w / (patch merge)) * (h / (patch merge)) rows of
- * n_embd_text * (1 + n_deepstack) floats. */
-int qwen3vl_encode(const struct qwen3vl_tower *t, const uint8_t *rgb, int w, int h, float *out, char *err,
-                   size_t errlen);
+ * n_embd_text * (1 + n_deepstack) floats. be: a CPU backend whose ops (matmul, layernorm,
+ * activate, attention_full, add_bias) compute the heavy steps, threaded; NULL: plain loops. */
+struct backend;
+int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
+                   float *out, char *err, size_t errlen);
 
 #endif

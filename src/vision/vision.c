@@ -412,7 +412,7 @@ static int embed_qwen3vl(struct vision_lifecycle *v, const struct image_u8 *img,
         return TIDE_ENOMEM;
     }
     *t0 = tide_now();
-    int rc = qwen3vl_encode(v->q3v, in->rgb, w, h, *emb, err, errlen);
+    int rc = qwen3vl_encode(v->q3v, v->be, in->rgb, w, h, *emb, err, errlen);
     image_u8_free(&sized);
     if (rc < 0) {
         free(*emb);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "engine/backend.h"
 #include "engine/gguf.h"
 #include "vision/mmprojgen.h"
 #include "vision/qwen3vl.h"
@@ -71,7 +72,7 @@ Test(qwen3vl, header_and_sizes, .init = write_mmproj, .fini = done)
     cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
     static uint8_t rgb[128 * 128 * 3];
     static float out[64 * 96 * 3];
-    cr_assert_eq(qwen3vl_encode(t, rgb, 128, 128, out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, 128, 128, out, err, sizeof err), 0, "%s", err);
     qwen3vl_free(t);
 }
 
@@ -95,8 +96,8 @@ Test(qwen3vl, encode_shapes_and_locality, .init = write_mmproj, .fini = done)
     uint8_t rgb[W * H * 3];
     pattern(rgb, W, H, 1);
     static float a[N * E], b[N * E], c[N * E];
-    cr_assert_eq(qwen3vl_encode(t, rgb, W, H, a, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(qwen3vl_encode(t, rgb, W, H, b, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, b, err, sizeof err), 0, "%s", err);
     cr_assert_eq(memcmp(a, b, sizeof a), 0, "deterministic");
     double norm_main = 0, norm_ds = 0;
     for (int k = 0; k < N; k++)
@@ -107,14 +108,39 @@ Test(qwen3vl, encode_shapes_and_locality, .init = write_mmproj, .fini = done)
     cr_assert_gt(norm_main, 1.0);
     cr_assert_gt(norm_ds, 1.0, "the deepstack features are written");
     rgb[((size_t)(H - 1) * W + (W - 1)) * 3] ^= 0x80; /* the bottom-right pixel */
-    cr_assert_eq(qwen3vl_encode(t, rgb, W, H, c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, c, err, sizeof err), 0, "%s", err);
     double d_last = 0;
     for (int i = 0; i < 96; i++)
         d_last += fabs(c[(N - 1) * E + i] - a[(N - 1) * E + i]);
     cr_assert_gt(d_last, 1e-3, "the changed pixel's token moved");
     /* sides that are not multiples of patch * merge are the caller's error (dynres sizes them) */
-    cr_assert_eq(qwen3vl_encode(t, rgb, W - 8, H, c, err, sizeof err), TIDE_EINVAL);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W - 8, H, c, err, sizeof err), TIDE_EINVAL);
     cr_assert(strstr(err, "multiple of 16"), "%s", err);
+    qwen3vl_free(t);
+}
+
+/* The daemon's path (the CPU backend's threaded ops) against the plain loops: the same
+ * numbers up to summation order, on a 96x64 image (the table stretched to 12x8 patches). */
+Test(qwen3vl, backend_ops_match_the_loops, .init = write_mmproj, .fini = done)
+{
+    struct qwen3vl_tower *t;
+    char err[200] = "";
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    enum { W = 96, H = 64, N = 24, E = 96 * 3 };
+    static uint8_t rgb[W * H * 3];
+    pattern(rgb, W, H, 3);
+    static float ref[N * E], got[N * E];
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, ref, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    cr_assert_eq(qwen3vl_encode(t, &be, rgb, W, H, got, err, sizeof err), 0, "%s", err);
+    double d = 0, r = 0;
+    for (int i = 0; i < N * E; i++) {
+        d += (got[i] - ref[i]) * (double)(got[i] - ref[i]);
+        r += ref[i] * (double)ref[i];
+    }
+    cr_assert_lt(sqrt(d / r), 1e-5, "relative RMS %g", sqrt(d / r));
+    backend_cpu_free(&be);
     qwen3vl_free(t);
 }
 
