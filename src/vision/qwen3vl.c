@@ -1,6 +1,7 @@
-/* qwen3vl.c - Qwen3-VL's vision tower on the CPU (see qwen3vl.h for the computation). The
- * weights are f32 copies, whatever the file stores; every step is a plain loop, each named
- * after llama.cpp's graph step it matches (tools/mtmd/models/qwen3vl.cpp there). */
+/* qwen3vl.c - Qwen3-VL's vision tower on the CPU (see qwen3vl.h for the computation): the
+ * header and weights (f32 copies, whatever the file stores), then the steps of llama.cpp's
+ * graph (tools/mtmd/models/qwen3vl.cpp there), the heavy ones through the CPU backend's ops or
+ * as plain loops. */
 #include "qwen3vl.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* qwen3vl.h - Qwen3-VL's vision tower (mmproj projector `qwen3vl_merger`, the layout
- * llama.cpp's converter writes) on the CPU, in plain loops over f32 copies of the weights.
+ * llama.cpp's converter writes) on the CPU, over f32 copies of the weights.
  *
  * An image whose sides are multiples of patch * merge (dynres.h gives the size) becomes
  * (w / patch) x (h / patch) patches, taken in merge order (each 2x2 block's four patches
