@@ -87,6 +87,11 @@ struct backend_i {
      * model.rope_freqs). NULL where the backend has none. */
     void (*rope_freqs)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
                        float mscale);
+    /* M-RoPE (engine/mrope.h): n tokens of n_heads heads, token t's four position ids at
+     * pos[4t..4t+3] (host memory), pairs per section in sections, interleaved (Qwen3-VL) or
+     * not. NULL where the backend has none (CUDA: the forward then refuses such rows). */
+    void (*rope_multi)(void *ctx, float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta,
+                       const uint32_t sections[4], bool interleaved);
     /* gpt-oss's clamped SwiGLU, n elements: with g = min(gate, limit) and u = clamp(up, -limit,
      * limit), gate = g * sigmoid(alpha * g) * (u + 1). NULL where the backend has none. */
     void (*swiglu_oai)(void *ctx, float *gate, const float *up, int n, float alpha, float limit);

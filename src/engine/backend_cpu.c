@@ -16,6 +16,7 @@
 #include "cpu_quant.h"
 #include "cpu_f16.h"
 #include "backend_cpu_attention.h"
+#include "mrope.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -452,6 +453,13 @@ static void cpu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, in
         rope_one(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, pos + t, theta, kind);
 }
 
+static void cpu_rope_multi(void *ctx, float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta,
+                           const uint32_t sections[4], bool interleaved)
+{
+    (void)ctx;
+    mrope_rotate(vec, n, n_heads, head_dim, pos, theta, sections, interleaved);
+}
+
 /* backend_i.qk_norm_rope: the ops it stands for, in the forward's old order. */
 static void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *q_norm, const struct tensor *k_norm,
                              int n, int n_head, int n_head_kv, int head_dim, int pos, float theta,
@@ -651,6 +659,7 @@ static const struct backend_i cpu_iface = {
     .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
     .swiglu_oai = cpu_swiglu_oai,
     .rope_freqs = cpu_rope_freqs,
+    .rope_multi = cpu_rope_multi,
     .axpy = cpu_axpy,
     .axpy_sigmoid = cpu_axpy_sigmoid,
     .scatter_axpy = cpu_scatter_axpy,

@@ -156,6 +156,11 @@ struct forward_seq {
     int n;               /* rows this step (>= 1): a decode token, or a prompt chunk */
     const int *tokens;   /* (n) token ids, or NULL: */
     const float *embd;   /* (n, n_embd) input embeddings in host memory (an image's rows) */
+    int embd_stride;     /* floats from one embd row to the next (0: n_embd); a wider row carries
+                            the model's deepstack features after its embedding (qwen3vlmoe: slice k
+                            added to the hidden state after layer k, docs/DESIGN.md "Qwen3-VL") */
+    const int32_t *mpos; /* (n, 4) M-RoPE position ids of the rows (host), or NULL: plain rope at
+                            pos.. (rows with them take the op-by-op path; backend_i.rope_multi) */
     bool want_logits;    /* the logits of its last row are wanted */
     bool pick_only;      /* ... only their greedy choice: made on the device where it can be */
     const struct sample_row *draw; /* ... only a draw with these parameters (u included), made by the

@@ -272,7 +272,9 @@ static void matmul_residual(const struct backend_i *B, void *bc, const struct te
 struct run {
     int slot, pos, t0, n;
     const int *tokens;   /* or NULL: */
-    const float *embd;   /* host (n, n_embd) */
+    const float *embd;   /* host (n, n_embd), rows embd_stride floats apart */
+    int embd_stride;
+    const int32_t *mpos; /* host (n, 4) M-RoPE ids, or NULL */
     int out;             /* the forward_seq whose last row this is when its logits are wanted, else -1 */
 };
 
@@ -349,7 +351,16 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const struct run *R = &rn[r];
             float *q = st->q + (size_t)R->t0 * qd;
             float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
-            if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
+            if (R->mpos) { /* M-RoPE (qwen3vlmoe with images): head norms, then each row's four ids */
+                if (!B->rope_multi)
+                    return TIDE_EUNSUPPORTED;
+                if (qn)
+                    B->rmsnorm(bc, q, qn, q, hd, R->n * (int)c->n_head, c->rms_eps);
+                if (kn)
+                    B->rmsnorm(bc, k, kn, k, hd, R->n * (int)c->n_head_kv, c->rms_eps);
+                B->rope_multi(bc, q, R->n, (int)c->n_head, hd, R->mpos, c->rope_theta, c->rope_sections, true);
+                B->rope_multi(bc, k, R->n, (int)c->n_head_kv, hd, R->mpos, c->rope_theta, c->rope_sections, true);
+            } else if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
                 B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
                 B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
             } else if (B->qk_norm_rope) {
@@ -404,6 +415,17 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->matmul(bc, &L->ffn_up, st->xb, st->hb2, n);
             B->swiglu(bc, st->hb, st->hb2, n * F);
             matmul_residual(B, bc, &L->ffn_down, st->hb, st->x, st->xb2, n); /* x (n, E) += down hb */
+        }
+        /* qwen3vlmoe: an image row's deepstack feature l (its input row's slice l + 1) joins its
+         * hidden state after layer l; text rows have none */
+        for (int r = 0; r < nr && !at && !rows && l < c->n_deepstack; r++) {
+            const struct run *R = &rn[r];
+            if (!R->embd || R->embd_stride < (int)(l + 2) * E)
+                continue;
+            for (int t = 0; t < R->n; t++)
+                B->upload(bc, st->xb + (size_t)(R->t0 + t) * E, R->embd + (size_t)t * R->embd_stride + (l + 1) * E,
+                          sizeof(float) * (size_t)E);
+            B->axpy(bc, st->x + (size_t)R->t0 * E, st->xb + (size_t)R->t0 * E, 1.0f, R->n * E);
         }
         forward_arch_ffn_end(c, st, n);
     }
@@ -558,10 +580,15 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     const struct model_config *c = &s->m->cfg;
     int E = (int)c->n_embd;
     struct forward_stage *st;
-    bool decode1 = nr == 1 && n == 1;
+    /* rows with M-RoPE ids take the op-by-op path (the recorded step and the rows' ops rotate
+     * by the KV position) */
+    bool mrope = false;
+    for (int r = 0; r < nr; r++)
+        mrope = mrope || rn[r].mpos;
+    bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
-    bool rows = nr > 1 && n == nr && s->decode_rows;
+    bool rows = nr > 1 && n == nr && s->decode_rows && !mrope;
     int32_t rows_at[2 * FORWARD_MAX_SEQ] = {0};
     if (rows) {
         for (int r = 0; r < nr; r++) {
@@ -607,7 +634,12 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
                 for (int t = 0; t < R->n; t++)
                     st->be.i->get_row(st->be.ctx, &st->tok_embd, R->tokens[t], x + (size_t)t * E);
         } else {
-            st->be.i->upload(st->be.ctx, x, R->embd, sizeof(float) * (size_t)R->n * E);
+            if (R->embd_stride == E)
+                st->be.i->upload(st->be.ctx, x, R->embd, sizeof(float) * (size_t)R->n * E);
+            else
+                for (int t = 0; t < R->n; t++)
+                    st->be.i->upload(st->be.ctx, x + (size_t)t * E, R->embd + (size_t)t * R->embd_stride,
+                                     sizeof(float) * (size_t)E);
         }
     }
     if (one_embed)
@@ -663,6 +695,8 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
         if (q->n <= 0 || q->pos < 0 || q->pos + q->n > s->n_ctx || q->slot < 0 || q->slot >= s->n_seq ||
             (!q->tokens && !q->embd))
             return TIDE_ERANGE;
+        if (q->embd_stride && q->embd_stride < (int)s->m->cfg.n_embd)
+            return TIDE_EINVAL;
         for (int j = 0; j < i; j++)
             if (seqs[j].slot == q->slot)
                 return TIDE_EINVAL;
@@ -686,9 +720,11 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
                 continue;
             if (k > cap - n)
                 k = cap - n;
+            int es = q->embd_stride ? q->embd_stride : (int)E;
             rn[nr] = (struct run){.slot = q->slot, .pos = q->pos + done[i], .t0 = n, .n = k,
                                   .tokens = q->tokens ? q->tokens + done[i] : NULL,
-                                  .embd = q->embd ? q->embd + (size_t)done[i] * E : NULL,
+                                  .embd = q->embd ? q->embd + (size_t)done[i] * es : NULL, .embd_stride = es,
+                                  .mpos = q->mpos ? q->mpos + (size_t)done[i] * 4 : NULL,
                                   .out = done[i] + k == q->n && q->want_logits ? i : -1};
             done[i] += k;
             n += k;

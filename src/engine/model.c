@@ -31,6 +31,7 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_GPTOSS: return "gpt-oss";
     case ARCH_OLMOE: return "olmoe";
     case ARCH_GRANITEMOE: return "granitemoe";
+    case ARCH_QWEN3VLMOE: return "qwen3vlmoe";
     }
     return "?";
 }
@@ -253,6 +254,41 @@ static int load_granite_config(const struct gguf_file *g, struct model_config *c
     return 0;
 }
 
+/* qwen3vlmoe: rope.dimension_sections (required, as llama.cpp has it: an array of up to 4
+ * integers, pairs per section, at most head_dim / 2 in all) and n_deepstack_layers (default 0).
+ * A MoE model: llama.cpp refuses it without experts. */
+static int load_qwen3vl_config(const struct gguf_file *g, struct model_config *c, char *err, size_t errlen)
+{
+    int rc;
+    if (c->n_expert == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing qwen3vlmoe.expert_count");
+    const struct gguf_kv *kv = gguf_find_kv(g, "qwen3vlmoe.rope.dimension_sections");
+    if (!kv)
+        return fail(err, errlen, TIDE_EFORMAT, "missing key qwen3vlmoe.rope.dimension_sections");
+    if (kv->type != GGUF_TYPE_ARRAY || (kv->v.arr.type != GGUF_TYPE_INT32 && kv->v.arr.type != GGUF_TYPE_UINT32) ||
+        kv->v.arr.n == 0 || kv->v.arr.n > 4)
+        return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections: expected 1 to 4 integers");
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+        int32_t v;
+        memcpy(&v, kv->v.arr.data + 4 * i, 4);
+        if (v < 0)
+            return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections[%llu] = %d is negative",
+                        (unsigned long long)i, v);
+        c->rope_sections[i] = (uint32_t)v;
+        sum += (uint32_t)v;
+    }
+    if (sum == 0 || sum > c->head_dim / 2)
+        return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections sum to %llu pairs (1 to head_dim/2 = %u)",
+                    (unsigned long long)sum, c->head_dim / 2);
+    if ((rc = arch_u32(g, "qwen3vlmoe", "n_deepstack_layers", 0, false, &c->n_deepstack, err, errlen)))
+        return rc;
+    if (c->n_deepstack > c->n_layer)
+        return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.n_deepstack_layers %u exceeds block_count %u", c->n_deepstack,
+                    c->n_layer);
+    return 0;
+}
+
 static int load_config(struct model *m, char *err, size_t errlen)
 {
     const struct gguf_file *g = &m->gguf;
@@ -268,6 +304,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     else if (gguf_str_eq(a, "gpt-oss")) { c->arch = ARCH_GPTOSS; arch = "gpt-oss"; }
     else if (gguf_str_eq(a, "olmoe")) { c->arch = ARCH_OLMOE; arch = "olmoe"; }
     else if (gguf_str_eq(a, "granitemoe")) { c->arch = ARCH_GRANITEMOE; arch = "granitemoe"; }
+    else if (gguf_str_eq(a, "qwen3vlmoe")) { c->arch = ARCH_QWEN3VLMOE; arch = "qwen3vlmoe"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
@@ -339,6 +376,9 @@ static int load_config(struct model *m, char *err, size_t errlen)
          * renormalised over the chosen */
         if (c->arch == ARCH_GPTOSS)
             c->expert_weights_norm = true;
+        /* qwen3vlmoe: llama.cpp renormalises the top-k weights whatever the key says */
+        if (c->arch == ARCH_QWEN3VLMOE)
+            c->expert_weights_norm = true;
     } else {
         if (n_ff == 0)
             return fail(err, errlen, TIDE_EFORMAT, "missing %s.feed_forward_length", arch);
@@ -348,6 +388,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (c->arch == ARCH_GPTOSS && (rc = load_gptoss_config(g, c, err, errlen)))
         return rc;
     if (c->arch == ARCH_GRANITEMOE && (rc = load_granite_config(g, c, n_ff_shexp, err, errlen)))
+        return rc;
+    if (c->arch == ARCH_QWEN3VLMOE && (rc = load_qwen3vl_config(g, c, err, errlen)))
         return rc;
 
     const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");
@@ -379,7 +421,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
     m->layers = calloc(c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return TIDE_ENOMEM;
-    bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE, oss = c->arch == ARCH_GPTOSS;
+    bool qk = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE || c->arch == ARCH_QWEN3VLMOE, oss = c->arch == ARCH_GPTOSS;
     bool olmoe = c->arch == ARCH_OLMOE;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         struct model_layer *L = &m->layers[l];

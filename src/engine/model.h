@@ -7,7 +7,10 @@
  * (MoE with biases everywhere, attention sinks, sliding-window layers every other layer, the
  * clamped SwiGLU and a softmax over the chosen experts' router logits), olmoe (MoE, q/k rmsnorms
  * over the whole q and k width rather than per head, unnormalised top-k weights), granitemoe
- * (Mixtral-style MoE with four scalars: embedding, residual, attention and logit scales).
+ * (Mixtral-style MoE with four scalars: embedding, residual, attention and logit scales),
+ * qwen3vlmoe (Qwen3-VL-MoE's
+ * text model: qwen3moe with M-RoPE in rope.dimension_sections and deepstack image features added
+ * after its first n_deepstack layers; a text token's M-RoPE is plain NEOX rope, see mrope.h).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -25,7 +28,8 @@ struct tensor {
     size_t row_bytes;    /* ggml_row_size(type, ne[0]) */
 };
 
-enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_OLMOE, ARCH_GRANITEMOE };
+enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_OLMOE, ARCH_GRANITEMOE,
+                  ARCH_QWEN3VLMOE };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -55,6 +59,11 @@ struct model_config {
      * attention_scale instead of 1/sqrt(head_dim) (0: the usual); the logits divided by
      * logit_scale (folded into output_norm at load: the output product is linear). */
     float embedding_scale, residual_scale, attention_scale, logit_scale;
+    /* qwen3vlmoe: M-RoPE's pairs per section (time, height, width, extra; interleaved, see
+     * mrope.h) and how many first layers add a deepstack feature of an image token to their
+     * output; zeros elsewhere */
+    uint32_t rope_sections[4];
+    uint32_t n_deepstack;
 };
 
 struct model_layer {

@@ -237,6 +237,23 @@ out:
     return rc;
 }
 
+/* Qwen-VL's vision tokens after the chat specials (control tokens, as in Qwen's tokenizer):
+ * an image's embeddings sit between <|vision_start|> and <|vision_end|>, one <|image_pad|> each. */
+static int vocab_add_vision(struct vocab *v)
+{
+    static const char *names[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    char **tok = realloc(v->tok, (v->n + 3) * sizeof(char *));
+    if (tok) v->tok = tok;
+    int32_t *type = tok ? realloc(v->type, (v->n + 3) * sizeof(int32_t)) : NULL;
+    if (type) v->type = type;
+    if (!tok || !type) { vocab_free(v); return TIDE_ENOMEM; }
+    for (int i = 0; i < 3; i++) {
+        if (!(v->tok[v->n] = str_cat2(names[i], "", ""))) { vocab_free(v); return TIDE_ENOMEM; }
+        v->type[v->n++] = 3;
+    }
+    return 0;
+}
+
 /* Pad the vocabulary to n tokens with unused ones (type 5, as in converted models whose
  * embedding is larger than their tokenizer), so the embedding and output head have the
  * real model's size. */
@@ -269,39 +286,52 @@ struct preset {
     bool fill;          /* big matrices made at write time (uniform), not held in memory */
     uint32_t n_ff_shexp; /* the shared expert's width (qwen2moe: with its sigmoid gate and q/k/v biases) */
     uint32_t n_swa;      /* gpt-oss: its sliding window (and biases, sinks, post_attention_norm) */
+    /* qwen3vlmoe: M-RoPE's pairs per section (rope.dimension_sections), the deepstack layers;
+     * the vocabulary gains Qwen-VL's vision tokens */
+    int32_t mrope_sections[4];
+    uint32_t n_deepstack;
 };
 
 static const struct preset presets[] = {
-    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false, 0, 0},
-    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
-    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false, 0, 0},
+    {"dense", "llama", 64, 2, 4, 2, 0, 128, 0, 0, GGML_TYPE_F32, false, 1e-5f, 0, 0, false, 0, 0, {0}, 0},
+    {"moe", "llama", 128, 4, 8, 4, 0, 256, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0, {0}, 0},
+    {"qwen3moe", "qwen3moe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 0, false, 0, 0, {0}, 0},
     /* Qwen1.5-MoE-A2.7B's shape, small: 4 of 8 experts used (60 and 4 there), a shared expert
      * 4x an expert's width (5632 and 1408 there), q/k/v biases, head_dim n_embd / n_head */
-    {"qwen2moe", "qwen2moe", 128, 4, 4, 2, 0, 64, 8, 4, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 256, 0},
+    {"qwen2moe", "qwen2moe", 128, 4, 4, 2, 0, 64, 8, 4, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 256, 0, {0}, 0},
     /* gpt-oss-20b's layout, small: 4 of 8 experts used (4 of 32 there), head_dim 64 with
      * n_head * head_dim != n_embd, every other layer windowed (128 there: 4 here, so short
      * prompts see it), biases on q/k/v/o, the router and the experts, attention sinks */
-    {"gpt-oss", "gpt-oss", 128, 4, 4, 2, 64, 64, 8, 4, GGML_TYPE_F16, false, 1e-5f, 0, 150000.0f, false, 0, 4},
+    {"gpt-oss", "gpt-oss", 128, 4, 4, 2, 64, 64, 8, 4, GGML_TYPE_F16, false, 1e-5f, 0, 150000.0f, false, 0, 4, {0}, 0},
     /* OLMoE-1B-7B's layout, small: 2 of 8 experts used (8 of 64 there), MHA (16 heads and 16
      * KV heads there), q and k each normed over their whole width, no biases, no shared expert */
-    {"olmoe", "olmoe", 128, 4, 4, 4, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
+    {"olmoe", "olmoe", 128, 4, 4, 4, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0, {0}, 0},
     /* granite-3.0-1b-a400m's layout, small: 2 of 8 experts used (8 of 32 there), GQA, experts as
      * wide as n_embd (so that a few MiB of expert cache hold a third of them), its four scalars
      * (written below) */
-    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0},
+    {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0, {0}, 0},
     /* GraniteMoeShared: the same with an ungated shared expert of 128 beside the routed ones */
-    {"granitemoe-shared", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0},
+    {"granitemoe-shared", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0, {0}, 0},
     /* DeepSeek-V2-Lite's layout, narrow (a test file for llama.cpp: tide does not load deepseek2
      * yet): its 27 layers (llama.cpp tells V2-Lite, q without a LoRA, by the layer count), MLA as
      * the converter writes it (one KV head, attn_k_b / attn_v_b per head), a leading dense
      * layer, 2 of 8 routed experts of 64 and 2 shared ones (one of 128); the MLA widths are
      * DS2_* below */
-    {"deepseek2", "deepseek2", 128, 27, 4, 1, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0},
-    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0},
+    {"deepseek2", "deepseek2", 128, 27, 4, 1, 0, 64, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0, {0}, 0},
+    /* Qwen3-VL-30B-A3B's text model, small: qwen3moe's shape with M-RoPE sections in its
+     * proportions (24, 20, 20 of 64 pairs there: 6, 5, 5 of 16 here) and 2 deepstack layers
+     * of 4 (3 of 48 there) */
+    {"qwen3vlmoe", "qwen3vlmoe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 5e6f, false, 0, 0,
+     {6, 5, 5, 0}, 2},
+    {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0, {0}, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
-     151936, 1e6f, true, 0, 0},
+     151936, 1e6f, true, 0, 0, {0}, 0},
+    /* Qwen3-VL-30B-A3B-Instruct's text config: Qwen3-30B-A3B's shape, rope_theta 5e6,
+     * mrope_section [24, 20, 20] (interleaved), deepstack after layers 0-2 */
+    {"qwen3-vl-30b-a3b", "qwen3vlmoe", 2048, 48, 32, 4, 128, 768, 128, 8, GGML_TYPE_Q8_0, true, 1e-6f,
+     151936, 5e6f, true, 0, 0, {24, 20, 20, 0}, 3},
 };
 
 /* deepseek2's MLA widths in the preset (V2-Lite's in brackets): kv_lora_rank (512), the roped
@@ -440,7 +470,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, deepseek2, big, qwen3-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, deepseek2, qwen3vlmoe, big, qwen3-30b-a3b, qwen3-vl-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -465,6 +495,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     struct vocab v;
     if (vocab_build(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
     uint32_t bos = v.n - 3, eos = v.n - 1; /* the specials end the BPE's tokens */
+    if (c.mrope_sections[0] && vocab_add_vision(&v)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
     if (vocab_pad(&v, c.n_vocab)) return efail(err, errlen, TIDE_ENOMEM, "out of memory");
     struct gen g = {0};
     g.r.s = o->seed * 0x2545f4914f6cdd1dull + 12345;
@@ -543,6 +574,10 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         gguf_w_f32(w, AK("residual_scale"), 0.22f);
         gguf_w_f32(w, AK("attention.scale"), 0.015625f);
         gguf_w_f32(w, AK("logit_scale"), 6.0f);
+    }
+    if (c.mrope_sections[0]) {
+        gguf_w_arr_i32(w, AK("rope.dimension_sections"), c.mrope_sections, 4);
+        gguf_w_u32(w, AK("n_deepstack_layers"), c.n_deepstack);
     }
     if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
         gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mrope.h"
+
 #define SEQ_MAX_STOPS (JOB_MAX_STOP + 8)
 
 struct engine_seq {
@@ -50,6 +52,10 @@ struct engine_seq {
     size_t n_held, cap;
     int t;                   /* tokens of this choice so far */
     int next;                /* the token the next step feeds (at pos), -1 while prefilling */
+    int32_t *mpos;           /* (n_prompt, 4) M-RoPE ids when the model has them and the prompt
+                                images, else NULL (plain rope at the KV position) */
+    int rope_delta;          /* with mpos: a generated token's ids are its KV position + this */
+    int32_t dpos[4];         /* the decode token's ids */
     bool done;
     int rc;
     char err[400];
@@ -231,6 +237,25 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         goto fail;
     int n = q->n_prompt;
     q->max_new = job->max_tokens < 0 ? e->n_ctx - n : job->max_tokens;
+    if (e->model.cfg.rope_sections[0] && job->n_images > 0 && q->n_prompts == 0) {
+        /* M-RoPE: each image a grid of its own ids, the text after it counting on from the
+         * image's start + max(grid sides) (mrope.h); generated tokens continue that count */
+        struct mrope_image mi[ENGINE_MAX_IMAGES];
+        for (int i = 0; i < job->n_images; i++) {
+            int gw = job->images[i].grid_w > 0 ? job->images[i].grid_w : job->images[i].n_tokens;
+            mi[i] = (struct mrope_image){.at = (uint32_t)q->img_at[i], .nx = (uint32_t)gw,
+                                         .ny = (uint32_t)(job->images[i].n_tokens / gw)};
+        }
+        int64_t next = -1;
+        if ((q->mpos = malloc(sizeof(int32_t) * 4 * (size_t)n)))
+            next = mrope_positions((uint32_t)n, 0, mi, (size_t)job->n_images, q->mpos);
+        if (next < 0) {
+            snprintf(err, errlen, "image positions: %s", q->mpos ? "an image's grid does not fit its rows" : "out of memory");
+            rc = q->mpos ? TIDE_EINVAL : TIDE_ENOMEM;
+            goto fail;
+        }
+        q->rope_delta = (int)(next - n);
+    }
     for (int i = 0; i < job->n_images; i++)
         q->rimg[i] = (struct row_image){.at = q->img_at[i], .n = job->images[i].n_tokens, .keyed = job->images[i].keyed};
     for (int i = 0; i < job->n_images; i++)
@@ -331,6 +356,7 @@ void engine_seq_free(struct engine *e, struct engine_seq *q)
     }
     free(q->prompt_logits);
     free(q->held);
+    free(q->mpos);
     free(q);
 }
 
@@ -496,13 +522,18 @@ static void take_token(struct engine *e, struct engine_seq *q, float *logits, in
 
 /* The rows q runs this step, at most budget of them: its decode token, or its next prompt
  * chunk (tokens, or one image's rows, up to the end of the run). 0 when it has none. */
-static int plan_rows(const struct engine *e, const struct engine_seq *q, int budget, struct forward_seq *f)
+static int plan_rows(const struct engine *e, struct engine_seq *q, int budget, struct forward_seq *f)
 {
     const struct gen_job *job = q->job;
     *f = (struct forward_seq){.slot = q->slot, .pos = q->pos};
     if (q->pos >= q->n_prompt) {
         f->n = 1;
         f->tokens = &q->next;
+        if (q->mpos) {
+            for (int k = 0; k < 4; k++)
+                q->dpos[k] = q->pos + q->rope_delta;
+            f->mpos = q->dpos;
+        }
         f->want_logits = true;
         f->pick_only = q->pick_only;
         return 1;
@@ -519,8 +550,12 @@ static int plan_rows(const struct engine *e, const struct engine_seq *q, int bud
         while (end < q->n_prompt && q->ids[end] < 0 && end - q->img_at[img] < job->images[img].n_tokens &&
                end - p < budget)
             end++;
-        f->embd = job->images[img].embd + (size_t)(p - q->img_at[img]) * e->model.cfg.n_embd;
+        int row = job->images[img].row_floats ? job->images[img].row_floats : (int)e->model.cfg.n_embd;
+        f->embd = job->images[img].embd + (size_t)(p - q->img_at[img]) * row;
+        f->embd_stride = row;
     }
+    if (q->mpos)
+        f->mpos = q->mpos + (size_t)p * 4;
     f->n = end - p;
     f->want_logits = end == q->n_prompt;
     f->pick_only = q->pick_only && q->per == 1;

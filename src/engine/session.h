@@ -67,8 +67,10 @@ struct gen_prompt {
 };
 
 struct gen_image {
-    const float *embd;  /* (n_tokens, n_embd) */
+    const float *embd;  /* (n_tokens, n_embd), or rows of row_floats */
     int n_tokens;
+    int row_floats;     /* floats a row (0: n_embd); wider rows carry deepstack features (qwen3vl) */
+    int grid_w;         /* tokens a row of the image's grid (M-RoPE positions); 0: not a grid */
     bool keyed;         /* key set: the image's rows may be reused from a slot or host RAM */
     uint8_t key[ROW_IMAGE_KEY_BYTES]; /* content hash of the image's bytes */
 };

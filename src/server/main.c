@@ -287,6 +287,37 @@ static void drain(struct app *a, struct fifo *f, const sigset_t *sigs)
 
 static struct app app;
 
+/* The text model and the tower must be a pair: qwen3vlmoe's images need its own tower
+ * (qwen3vl_merger: M-RoPE grids and deepstack features, as many as the text model adds) and
+ * CPU devices (M-RoPE is a CPU op so far); that tower feeds only qwen3vlmoe. */
+static int vision_pair_check(const struct model_config *c, struct vision_lifecycle *v, const struct memory_plan *mp,
+                             char *err, size_t errlen)
+{
+    int rc = 0;
+    if (c->arch == ARCH_QWEN3VLMOE && !v->is_qwen3vl) {
+        snprintf(err, errlen, "the qwen3vlmoe text model takes images from a qwen3vl_merger mmproj, not this one "
+                 "(its projector is LLaVA's 'mlp')");
+        rc = TIDE_EUNSUPPORTED;
+    } else if (c->arch != ARCH_QWEN3VLMOE && v->is_qwen3vl) {
+        snprintf(err, errlen, "a qwen3vl_merger mmproj feeds a qwen3vlmoe text model only (this one is %s)",
+                 model_arch_name(c->arch));
+        rc = TIDE_EUNSUPPORTED;
+    } else if (v->is_qwen3vl && (uint32_t)v->n_deepstack != c->n_deepstack) {
+        snprintf(err, errlen, "the mmproj has %d deepstack layers, the text model adds %u", v->n_deepstack,
+                 c->n_deepstack);
+        rc = TIDE_EFORMAT;
+    }
+    for (int i = 0; !rc && v->is_qwen3vl && i < mp->n_dev; i++)
+        if (mp->dev[i].kind != DEVICE_KIND_CPU) {
+            snprintf(err, errlen, "qwen3vlmoe images run on cpu devices only so far (device %d is not one: M-RoPE "
+                     "has no CUDA op yet)", i);
+            rc = TIDE_EUNSUPPORTED;
+        }
+    if (rc)
+        vision_free(v);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     char err[512];
@@ -358,6 +389,8 @@ int main(int argc, char **argv)
             .embed_cache_entries = (size_t)a->cfg.vision.embed_cache_entries,
             .embed_cache_bytes = (size_t)a->cfg.vision.embed_cache_mib << 20};
         rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
+        if (rc == 0)
+            rc = vision_pair_check(&rt->eng.model.cfg, &a->vis, mp, err, sizeof err);
         a->vis.notify = runtime_vision_event;
         if (rc) {
             /* Text still serves; image requests will say why vision is unavailable. */

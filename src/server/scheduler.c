@@ -171,11 +171,12 @@ static int embed_images(struct runtime *rt, struct job *j, struct gen_job *gj, c
         return TIDE_EUNSUPPORTED;
     }
     for (int i = 0; i < im.n; i++) {
-        int nt = 0;
-        int rc = vision_embed(v, im.bytes[i], im.len[i], &im.img[i], &im.embd[i], &nt, err, errlen);
+        int nt = 0, gw = 0;
+        int rc = vision_embed(v, im.bytes[i], im.len[i], &im.img[i], &im.embd[i], &nt, &gw, err, errlen);
         if (rc < 0)
             return rc;
-        im.g[i] = (struct gen_image){.embd = im.embd[i], .n_tokens = nt, .keyed = true};
+        im.g[i] = (struct gen_image){.embd = im.embd[i], .n_tokens = nt, .row_floats = v->row_floats, .grid_w = gw,
+                                     .keyed = true};
         /* the image's rows are reused from a slot or host RAM only for the same bytes
          * (prompt_rows.h); a SHA-256, as the embedding cache keys them */
         content_hash(im.bytes[i], im.len[i], im.g[i].key);

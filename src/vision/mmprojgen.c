@@ -181,3 +181,121 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
                         tide_strerror(rc));
     return 0;
 }
+
+/* Qwen3-VL's vision tower as llama.cpp's converter writes it: the temporal patch pair
+ * (v.patch_embd.weight and .weight.1, each [p, p, 3, D]) with a bias, a learned position table
+ * of (image_size / patch)^2 rows, blocks with a fused attn_qkv, deepstack mergers
+ * (v.deepstack.N.{norm,fc1,fc2}, N the block they follow) and the 2x2 merger (post_ln, mm.0,
+ * mm.2). No pre-LN, as the real model. */
+static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, const uint32_t *ds_layers, char *err,
+                         size_t errlen)
+{
+    if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
+    const uint32_t T = o->n_embd_text ? o->n_embd_text : 96;
+    const uint32_t S = o->image_size ? o->image_size : 64;
+    const uint32_t p = o->patch_size ? o->patch_size : 8;
+    const uint32_t D = o->n_embd ? o->n_embd : 64;
+    const uint32_t F = o->n_ff ? o->n_ff : 128;
+    const uint32_t H = o->n_head ? o->n_head : 4;
+    const uint32_t L = o->n_layer ? o->n_layer : 4;
+    const uint32_t type = o->type < 0 ? GGML_TYPE_F16 : (uint32_t)o->type;
+    const uint32_t M = 4 * D; /* the merged width: 2x2 patches */
+    if (S % p) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a multiple of patch size %u", S, p);
+    if (D % H || (D / H) % 4)
+        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u must be %u heads of a multiple of 4", D, H);
+    if (F == D) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from n_embd");
+    if (n_deepstack >= L) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: %u deepstack layers of %u", n_deepstack, L);
+    if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 && type != GGML_TYPE_Q8_0)
+        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported", ggml_type_name(type));
+    const uint32_t side = S / p;
+
+    struct gen g = {.w = gguf_writer_new(), .r = {o->seed ? o->seed : 1}};
+    if (!g.w) return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    struct gguf_writer *w = g.w;
+    gguf_w_str(w, "general.architecture", "clip");
+    gguf_w_str(w, "general.name", "tide-mmproj-qwen3vl");
+    gguf_w_str(w, "general.description", "tide random-weight Qwen3-VL vision tower (tests)");
+    gguf_w_u32(w, "general.file_type", type == GGML_TYPE_F32 ? 0 : type == GGML_TYPE_F16 ? 1 :
+                                       type == GGML_TYPE_Q8_0 ? 7 : 32);
+    gguf_w_bool(w, "clip.has_vision_encoder", true);
+    gguf_w_str(w, "clip.projector_type", "qwen3vl_merger");
+    gguf_w_bool(w, "clip.use_gelu", true);
+    gguf_w_u32(w, "clip.vision.image_size", S);
+    gguf_w_u32(w, "clip.vision.patch_size", p);
+    gguf_w_u32(w, "clip.vision.embedding_length", D);
+    gguf_w_u32(w, "clip.vision.feed_forward_length", F);
+    gguf_w_u32(w, "clip.vision.projection_dim", T);
+    gguf_w_u32(w, "clip.vision.block_count", L);
+    gguf_w_u32(w, "clip.vision.attention.head_count", H);
+    gguf_w_f32(w, "clip.vision.attention.layer_norm_epsilon", 1e-6f);
+    gguf_w_u32(w, "clip.vision.spatial_merge_size", 2);
+    const float half[3] = {0.5f, 0.5f, 0.5f};
+    gguf_w_arr_f32(w, "clip.vision.image_mean", half, 3);
+    gguf_w_arr_f32(w, "clip.vision.image_std", half, 3);
+
+    uint64_t pe[4] = {p, p, 3, D};
+    uint32_t pt = type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type;
+    tensor(&g, "v.patch_embd.weight", pt, 4, pe, 0.0f, 0.7f / sqrtf(3.0f * p * p));
+    tensor(&g, "v.patch_embd.weight.1", pt, 4, pe, 0.0f, 0.7f / sqrtf(3.0f * p * p));
+    vec(&g, "v.patch_embd.bias", D, 0.0f, 0.02f);
+    uint64_t pos[2] = {D, (uint64_t)side * side};
+    tensor(&g, "v.position_embd.weight", pt, 2, pos, 0.0f, 0.5f);
+    char nm[64];
+    for (uint32_t l = 0; l < L; l++) {
+#define N(s) (snprintf(nm, sizeof nm, "v.blk.%u.%s", l, s), nm)
+        vec(&g, N("ln1.weight"), D, 1.0f, 0.05f);
+        vec(&g, N("ln1.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("attn_qkv.weight"), type, D, 3 * D, 1.0f);
+        vec(&g, N("attn_qkv.bias"), 3 * D, 0.0f, 0.02f);
+        mat(&g, N("attn_out.weight"), type, D, D, 0.5f);
+        vec(&g, N("attn_out.bias"), D, 0.0f, 0.02f);
+        vec(&g, N("ln2.weight"), D, 1.0f, 0.05f);
+        vec(&g, N("ln2.bias"), D, 0.0f, 0.02f);
+        mat(&g, N("ffn_up.weight"), type, D, F, 1.0f);
+        vec(&g, N("ffn_up.bias"), F, 0.0f, 0.02f);
+        mat(&g, N("ffn_down.weight"), F % 32 && type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type, F, D, 0.5f);
+        vec(&g, N("ffn_down.bias"), D, 0.0f, 0.02f);
+#undef N
+        for (uint32_t k = 1; k <= n_deepstack; k++) {
+            if (l != (ds_layers ? ds_layers[k - 1] : k * L / (n_deepstack + 1)))
+                continue;
+#define N(s) (snprintf(nm, sizeof nm, "v.deepstack.%u.%s", l, s), nm)
+            vec(&g, N("norm.weight"), M, 1.0f, 0.05f);
+            vec(&g, N("norm.bias"), M, 0.0f, 0.02f);
+            mat(&g, N("fc1.weight"), type, M, M, 1.0f);
+            vec(&g, N("fc1.bias"), M, 0.0f, 0.02f);
+            mat(&g, N("fc2.weight"), type, M, T, 1.2f);
+            vec(&g, N("fc2.bias"), T, 0.0f, 0.02f);
+#undef N
+        }
+    }
+    vec(&g, "v.post_ln.weight", D, 1.0f, 0.05f);
+    vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
+    mat(&g, "mm.0.weight", type, M, M, 1.0f);
+    vec(&g, "mm.0.bias", M, 0.0f, 0.02f);
+    mat(&g, "mm.2.weight", type, M, T, 1.2f);
+    vec(&g, "mm.2.bias", T, 0.0f, 0.02f);
+    free(g.buf);
+    if (g.oom) {
+        gguf_writer_free(w);
+        return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    }
+    int rc = gguf_writer_write(w, o->out);
+    gguf_writer_free(w);
+    if (rc) return fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out, tide_strerror(rc));
+    return 0;
+}
+
+int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen)
+{
+    return write_qwen3vl(o, n_deepstack, NULL, err, errlen);
+}
+
+int mmprojgen_write_qwen3vl_30b(const struct mmprojgen_options *o, char *err, size_t errlen)
+{
+    struct mmprojgen_options r = {.out = o->out, .seed = o->seed, .type = o->type, .n_embd_text = 2048,
+                                  .image_size = 768, .patch_size = 16, .n_embd = 1152, .n_ff = 4304, .n_head = 16,
+                                  .n_layer = 27};
+    static const uint32_t ds[3] = {8, 16, 24};
+    return write_qwen3vl(&r, 3, ds, err, errlen);
+}

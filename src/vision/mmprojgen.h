@@ -26,4 +26,15 @@ struct mmprojgen_options {
 /* Write the file. Returns 0 or a negative TIDE_E* code with a message in err. */
 int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen);
 
+/* Qwen3-VL's tower (projector `qwen3vl_merger`, llama.cpp's converter layout, docs/VISION.md):
+ * the same options, other defaults: text width 96 (the qwen3vlmoe preset), position table
+ * image_size / patch_size a side (64 / 8 = 8), width 64, 4 heads, MLP 128, 4 blocks; n_deepstack
+ * (default 2) deepstack mergers after blocks k * n_layer / (n_deepstack + 1), k = 1.. */
+int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen);
+/* Qwen3-VL-30B-A3B's tower at its real size (about 0.6 B parameters, for benchmarks): patch 16,
+ * a 48x48 position table, width 1152, 16 heads, MLP 4304, 27 blocks, deepstack after blocks 8,
+ * 16 and 24, text width 2048; type f16 unless o->type says otherwise (q8_0 keeps the matrices
+ * whose rows are not whole blocks in f16). Only out, seed and type of o are read. */
+int mmprojgen_write_qwen3vl_30b(const struct mmprojgen_options *o, char *err, size_t errlen);
+
 #endif

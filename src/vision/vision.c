@@ -2,6 +2,8 @@
 #include "vision/vision.h"
 #include "vision/content_hash.h"
 #include "engine/backend_cuda.h"
+#include "engine/gguf.h"
+#include "vision/dynres.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,8 @@ struct embed_entry {
     uint8_t key[CONTENT_HASH_SIZE]; /* SHA-256 of the image bytes */
     size_t n_bytes;           /* image bytes, part of the key */
     int n_tokens;
-    float *embd;              /* (n_tokens, n_embd_text) */
+    int grid_w;               /* qwen3vl: tokens a grid row, else 0 */
+    float *embd;              /* (n_tokens, row_floats) */
     struct embed_entry *prev, *next;
 };
 
@@ -126,6 +129,56 @@ static void set_state(struct vision_lifecycle *v, enum vision_state s)
     event(v, VISION_EV_STATE);
 }
 
+/* Does the mmproj at path name this projector type? (false when unreadable: the clip path then
+ * says why) */
+static bool projector_is(const char *path, const char *type)
+{
+    struct gguf_file g;
+    if (gguf_open(&g, path, NULL, 0))
+        return false;
+    struct gguf_str s;
+    bool is = (!gguf_get_str(&g, "clip.projector_type", &s) || !gguf_get_str(&g, "clip.vision.projector_type", &s)) &&
+              gguf_str_eq(s, type);
+    gguf_close(&g);
+    return is;
+}
+
+/* Qwen3-VL's tower: the CPU computes it, so the vision device must be a CPU device; the
+ * reserve is its f32 weights and the workspace of the largest image the budget allows, from
+ * the header. */
+static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options *o, int n_embd_text, char *err,
+                        size_t errlen)
+{
+    char e2[256] = "";
+    struct qwen3vl_hparams hp;
+    int rc = qwen3vl_read_hparams(o->mmproj, &hp, e2, sizeof e2);
+    if (rc == 0)
+        rc = qwen3vl_estimate(o->mmproj, o->max_image_tokens, &v->weights_bytes, &v->workspace_bytes, e2, sizeof e2);
+    if (rc < 0) {
+        snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+        return rc;
+    }
+    if (hp.n_embd_text != n_embd_text) {
+        snprintf(err, errlen, "mmproj %s projects to width %d but the text model is %d wide", o->mmproj,
+                 hp.n_embd_text, n_embd_text);
+        return TIDE_EFORMAT;
+    }
+    if (v->mem->dev[o->device].kind != DEVICE_KIND_CPU) {
+        snprintf(err, errlen, "mmproj %s: the qwen3vl_merger tower runs on cpu devices only so far (vision.device %d "
+                 "is not one)", o->mmproj, o->device);
+        return TIDE_EUNSUPPORTED;
+    }
+    v->is_qwen3vl = true;
+    v->n_deepstack = hp.n_deepstack;
+    v->row_floats = n_embd_text * (1 + hp.n_deepstack);
+    if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
+    if (!v->o.embed_cache_bytes) v->o.embed_cache_bytes = (size_t)64 << 20;
+    v->be = &v->mem->dev[o->device].be;
+    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : v->weights_bytes + v->workspace_bytes;
+    set_state(v, VISION_UNLOADED);
+    return 0;
+}
+
 int vision_init(struct vision_lifecycle *v, const struct vision_options *o, struct memory_plan *mem,
                 int n_embd_text, char *err, size_t errlen)
 {
@@ -138,6 +191,9 @@ int vision_init(struct vision_lifecycle *v, const struct vision_options *o, stru
         return TIDE_EINVAL;
     }
     char e2[256] = "";
+    v->row_floats = n_embd_text;
+    if (projector_is(o->mmproj, "qwen3vl_merger"))
+        return init_qwen3vl(v, o, n_embd_text, err, errlen);
     int rc = clip_estimate(o->mmproj, 0, &v->weights_bytes, &v->workspace_bytes, e2, sizeof e2);
     if (rc < 0) {
         snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
@@ -214,7 +270,7 @@ static void cache_drop(struct vision_lifecycle *v, struct embed_entry *e)
     else v->cache_head = e->next;
     if (e->next) e->next->prev = e->prev;
     v->cache_entries--;
-    v->cache_bytes -= (size_t)e->n_tokens * v->n_embd_text * sizeof(float);
+    v->cache_bytes -= (size_t)e->n_tokens * v->row_floats * sizeof(float);
     free(e->embd);
     free(e);
 }
@@ -225,6 +281,10 @@ void vision_free(struct vision_lifecycle *v)
         clip_free(v->clip);
     if (v->host)
         clip_free(v->host);
+    if (v->q3v) {
+        qwen3vl_free(v->q3v);
+        device_uncharge(&v->mem->dev[v->o.device], MEM_VISION, v->weights_bytes + v->workspace_bytes);
+    }
     while (v->cache_head)
         cache_drop(v, v->cache_head);
     if (v->cpu_be.i)
@@ -277,6 +337,13 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
     if (fault && !strcmp(fault, "load")) {
         rc = TIDE_ENOMEM;
         snprintf(e2, sizeof e2, "injected encoder load failure (TIDE_FAULT_VISION=load)");
+    } else if (v->is_qwen3vl) {
+        /* host memory, charged to the device's ledger first (the hand-back made the room) */
+        struct device *dev = &v->mem->dev[v->o.device];
+        size_t b = v->weights_bytes + v->workspace_bytes;
+        rc = device_charge(dev, MEM_VISION, b);
+        if (rc == 0 && (rc = qwen3vl_load(v->o.mmproj, &v->q3v, e2, sizeof e2)) < 0)
+            device_uncharge(dev, MEM_VISION, b);
     } else {
         rc = v->host ? clip_upload(&v->clip, v->host, &a, v->be, e2, sizeof e2)
                      : clip_load(&v->clip, v->o.mmproj, &a, v->be, e2, sizeof e2);
@@ -298,7 +365,7 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
         regrow(v);
         return rc;
     }
-    if (clip_n_embd_out(v->clip) != v->n_embd_text) {
+    if (!v->is_qwen3vl && clip_n_embd_out(v->clip) != v->n_embd_text) {
         snprintf(err, errlen, "mmproj projects to %d but the text model is %d wide", clip_n_embd_out(v->clip),
                  v->n_embd_text);
         clip_free(v->clip);
@@ -312,6 +379,48 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
     set_state(v, VISION_READY);
     tide_log("vision: encoder ready (hand-back %.1f ms, load %.1f ms, %.1f MiB)", v->t_handback * 1e3,
              v->t_load * 1e3, (double)v->mem->dev[v->o.device].used[MEM_VISION] / (1 << 20));
+    return 0;
+}
+
+/* Qwen3-VL: the image resized by the dynamic-resolution rules within the token budget
+ * (dynres.h; bicubic where a resize is needed), then encoded: nt rows of row_floats, the grid
+ * gw tokens wide. *t0: when the encode began. */
+static int embed_qwen3vl(struct vision_lifecycle *v, const struct image_u8 *img, float **emb, int *nt, int *gw,
+                         double *t0, char *err, size_t errlen)
+{
+    const struct qwen3vl_hparams *hp = qwen3vl_hparams_of(v->q3v);
+    struct dynres_rules r = qwen3vl_rules(hp, v->o.max_image_tokens);
+    int w, h;
+    int n = dynres_size(&r, img->w, img->h, &w, &h);
+    if (n <= 0) {
+        snprintf(err, errlen, "image %dx%d: no size fits", img->w, img->h);
+        return TIDE_EINVAL;
+    }
+    struct image_u8 sized = {0};
+    const struct image_u8 *in = img;
+    if (w != img->w || h != img->h) {
+        int rc = image_resize(img, w, h, &sized);
+        if (rc < 0) {
+            snprintf(err, errlen, "image resize to %dx%d: %s", w, h, tide_strerror(rc));
+            return rc;
+        }
+        in = &sized;
+    }
+    *emb = malloc((size_t)n * v->row_floats * sizeof(float));
+    if (!*emb) {
+        image_u8_free(&sized);
+        return TIDE_ENOMEM;
+    }
+    *t0 = tide_now();
+    int rc = qwen3vl_encode(v->q3v, v->be, in->rgb, w, h, *emb, err, errlen);
+    image_u8_free(&sized);
+    if (rc < 0) {
+        free(*emb);
+        *emb = NULL;
+        return rc;
+    }
+    *nt = n;
+    *gw = w / (hp->patch * hp->merge);
     return 0;
 }
 
@@ -362,13 +471,21 @@ void vision_end(struct vision_lifecycle *v)
 
 int vision_n_tokens(const struct vision_lifecycle *v, int w, int h)
 {
+    if (v->q3v) {
+        struct dynres_rules r = qwen3vl_rules(qwen3vl_hparams_of(v->q3v), v->o.max_image_tokens);
+        int ow, oh;
+        return dynres_size(&r, w, h, &ow, &oh);
+    }
     return v->clip ? clip_n_tokens(v->clip, w, h) : -1;
 }
 
 int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes, const struct image_u8 *img,
-                 float **out, int *n_tokens, char *err, size_t errlen)
+                 float **out, int *n_tokens, int *grid_w, char *err, size_t errlen)
 {
-    size_t row = (size_t)v->n_embd_text * sizeof(float);
+    size_t row = (size_t)v->row_floats * sizeof(float);
+    int gw = 0;
+    if (grid_w)
+        *grid_w = 0;
     struct embed_entry *e = cache_find(v, bytes, n_bytes);
     if (e)
         v->count.cache_hits++;
@@ -380,6 +497,8 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
         if (!*out) return TIDE_ENOMEM;
         memcpy(*out, e->embd, (size_t)e->n_tokens * row);
         *n_tokens = e->n_tokens;
+        if (grid_w)
+            *grid_w = e->grid_w;
         return 0;
     }
     int rc = vision_ensure_ready(v, err, errlen);
@@ -392,20 +511,29 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
         if (rc < 0) return rc;
         img = &decoded;
     }
-    struct image_f32 pre;
-    memset(&pre, 0, sizeof pre);
-    rc = clip_preprocess(v->clip, img, &pre, err, errlen);
-    int nt = clip_n_tokens(v->clip, img->w, img->h);
-    image_u8_free(&decoded);
-    if (rc < 0) return rc;
-    float *emb = malloc((size_t)nt * row);
-    if (!emb) {
+    float *emb = NULL;
+    int nt;
+    double t0;
+    if (v->q3v) {
+        rc = embed_qwen3vl(v, img, &emb, &nt, &gw, &t0, err, errlen);
+        image_u8_free(&decoded);
+        if (rc < 0) return rc;
+    } else {
+        struct image_f32 pre;
+        memset(&pre, 0, sizeof pre);
+        rc = clip_preprocess(v->clip, img, &pre, err, errlen);
+        nt = clip_n_tokens(v->clip, img->w, img->h);
+        image_u8_free(&decoded);
+        if (rc < 0) return rc;
+        emb = malloc((size_t)nt * row);
+        if (!emb) {
+            image_f32_free(&pre);
+            return TIDE_ENOMEM;
+        }
+        t0 = tide_now();
+        rc = clip_encode(v->clip, &pre, emb, err, errlen);
         image_f32_free(&pre);
-        return TIDE_ENOMEM;
     }
-    double t0 = tide_now();
-    rc = clip_encode(v->clip, &pre, emb, err, errlen);
-    image_f32_free(&pre);
     if (rc >= 0) {
         char e2[320] = "";
         int brc = backend_error(v, e2, sizeof e2);
@@ -424,6 +552,8 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
     tide_log("vision: encoded %d tokens in %.1f ms on %s", nt, v->t_encode * 1e3, v->be->i->name);
     *out = emb;
     *n_tokens = nt;
+    if (grid_w)
+        *grid_w = gw;
     /* keep a copy, evicting least recently used entries over the limits */
     size_t b = (size_t)nt * row;
     if (b <= v->o.embed_cache_bytes && v->o.embed_cache_entries) {
@@ -440,6 +570,7 @@ int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_byte
             content_hash(bytes, n_bytes, ne->key);
             ne->n_bytes = n_bytes;
             ne->n_tokens = nt;
+            ne->grid_w = gw;
             ne->embd = copy;
             ne->next = v->cache_head;
             if (v->cache_head) v->cache_head->prev = ne;
@@ -461,6 +592,11 @@ bool vision_tick(struct vision_lifecycle *v)
     if (tide_now() - v->last_image < v->o.idle_s)
         return false;
     set_state(v, VISION_UNLOADING);
+    if (v->q3v) {
+        qwen3vl_free(v->q3v);
+        v->q3v = NULL;
+        device_uncharge(&v->mem->dev[v->o.device], MEM_VISION, v->weights_bytes + v->workspace_bytes);
+    }
     clip_free(v->clip);
     v->clip = NULL;
     v->count.unloads++;

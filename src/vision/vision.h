@@ -15,6 +15,7 @@
 
 #include "memory/plan.h"
 #include "vision/clip.h"
+#include "vision/qwen3vl.h"
 
 enum vision_state { VISION_UNLOADED, VISION_HANDBACK, VISION_LOADING, VISION_READY, VISION_UNLOADING,
                     VISION_REGROW };
@@ -53,6 +54,12 @@ struct vision_lifecycle {
     struct backend *be;           /* where the encoder computes (not owned) */
     struct backend cpu_be;        /* owned when a GPU's encoder runs on the CPU (TIDE_VISION_CPU=1) */
     struct clip_model *host;      /* GPU encoder: the weights' host copy (pinned), from init on */
+    /* Qwen3-VL's tower (mmproj projector qwen3vl_merger): CPU devices, loaded into host memory
+     * charged to the device's ledger as vision; NULL unless loaded. clip is then unused. */
+    bool is_qwen3vl;
+    struct qwen3vl_tower *q3v;
+    int n_deepstack;              /* qwen3vl: deepstack features a row carries */
+    int row_floats;               /* floats an image token's row: n_embd_text * (1 + n_deepstack) */
     double last_image;            /* tide_now() of the last image request; 0 = none */
     bool busy;                    /* an image request is running: no idle unload under it */
     double last_image_unix;
@@ -79,11 +86,12 @@ void vision_lifecycle_extra(const struct vision_lifecycle *v, size_t *extra);
 /* Engine thread: make the encoder ready (hand-back + load when needed). On failure the caches
  * are back and err says why. */
 int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen);
-/* Engine thread: embeddings for one image (n_tokens, n_embd_text), malloc'd into *out.
+/* Engine thread: embeddings for one image (n_tokens rows of row_floats), malloc'd into *out;
+ * *grid_w (when not NULL): tokens a row of the image's grid (qwen3vl), else 0.
  * Looks in the embedding cache first, keyed by the SHA-256 of bytes (a hit needs no encoder
  * and does not wake it). img: the decoded bytes, or NULL / no pixels: decoded here on a miss. */
 int vision_embed(struct vision_lifecycle *v, const uint8_t *bytes, size_t n_bytes, const struct image_u8 *img,
-                 float **out, int *n_tokens, char *err, size_t errlen);
+                 float **out, int *n_tokens, int *grid_w, char *err, size_t errlen);
 /* Token count an image will take (without encoding). */
 int vision_n_tokens(const struct vision_lifecycle *v, int w, int h);
 /* Mark an image request (resets the idle timer) and look the image up in the cache. */

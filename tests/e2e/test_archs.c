@@ -9,8 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/gguf.h"
 #include "engine/modelgen.h"
 #include "req_harness.h"
+#include "vision/mmprojgen.h"
+#include "vision/qwen3vl.h"
 
 static char model_path[64];
 
@@ -180,4 +183,88 @@ Test(archs, gptoss_mxfp4_serves_and_a_small_expert_cache_gives_the_same_text, .f
 {
     /* 5 MiB: kv 4.0, weights 0.7: 24 of the 32 expert slots */
     serves_and_capped_cache_same_text("gpt-oss", GGML_TYPE_MXFP4, "5");
+}
+
+/* qwen3vlmoe (Qwen3-VL-30B-A3B's text model, issue 25): text-only prompts through the daemon
+ * (M-RoPE with every section at the token's position is plain rope), the same greedy text from
+ * a capped expert cache; a LLaVA mmproj leaves text serving and turns an image request away
+ * with the reason. */
+Test(archs, qwen3vlmoe_serves_text_and_names_the_tower_it_needs, .fini = done, .timeout = 120)
+{
+    write_preset("qwen3vlmoe");
+    harness_start("\"parallel\":1");
+    char *full = greedy_reply();
+    cr_expect(full[0] != 0, "empty reply");
+    harness_stop();
+    /* 3 MiB: the resident weights, KV and a few of the 32 expert slots */
+    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":3}]");
+    char *capped = greedy_reply();
+    cr_expect_str_eq(capped, full, "a capped expert cache changes nothing but speed");
+    long misses = expert_misses(32);
+    cr_expect_gt(misses, 32, "the small cache evicted and refetched (%ld misses)", misses);
+    harness_stop();
+    /* a LLaVA mmproj of the text model's width: the pair check, not the width, turns it away */
+    char mmproj[64], err[200] = "";
+    snprintf(mmproj, sizeof mmproj, "/tmp/tide-e2e-arch-%d-mlp96.gguf", (int)getpid());
+    struct mmprojgen_options mo = {.out = mmproj, .seed = 1, .type = -1, .n_embd_text = 96};
+    cr_assert_eq(mmprojgen_write(&mo, err, sizeof err), 0, "%s", err);
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mmproj);
+    harness_start(cfg);
+    unlink(mmproj);
+    char *again = greedy_reply();
+    cr_expect_str_eq(again, full, "text still serves");
+    struct harness_reply r = harness_req("POST", "/v1/chat/completions", NULL, IMAGE_CHAT);
+    cr_expect_geq(r.status, 400, "an image without its tower is refused (status %ld)", r.status);
+    cr_expect(r.body && strstr(r.body, "qwen3vl_merger"), "the reply names the tower: %s", r.body ? r.body : "");
+    harness_reply_free(&r);
+    free(full);
+    free(capped);
+    free(again);
+}
+
+/* The qwen3vlmoe pair: the preset and its tower (mmproj-qwen3vl). An image goes through the
+ * lazy lifecycle (loaded on the first image, the ledger's vision memory what the header says:
+ * the f32 weights and the workspace of the largest image the 1024-token budget allows), its
+ * rows wrapped in <|vision_start|> / <|vision_end|>: the 2x2 BMP grows to 48x48 by the resize
+ * rules, 3x3 tokens; the same image again is the same greedy reply (from the embedding cache). */
+Test(archs, qwen3vlmoe_with_its_tower_answers_an_image, .fini = done, .timeout = 120)
+{
+    write_preset("qwen3vlmoe");
+    char mm[64], err[200] = "";
+    snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q3v.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1};
+    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 2, err, sizeof err), 0, "%s", err);
+    size_t wb = 0, wsb = 0;
+    cr_assert_eq(qwen3vl_estimate(mm, 1024, &wb, &wsb, err, sizeof err), 0, "%s", err);
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mm);
+    harness_start(cfg);
+    cJSON *text = harness_post_ok("/v1/chat/completions", CHAT);
+    cJSON *img = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
+    cJSON *again = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
+    /* "What is this?" and "What colour is the sky?" differ; the image adds 9 rows and 2 markers */
+    int extra = prompt_tokens_of(img) - prompt_tokens_of(text);
+    cr_expect(extra >= 9 + 2 - 6 && extra <= 9 + 2 + 6, "image prompt %d tokens, text %d", prompt_tokens_of(img),
+              prompt_tokens_of(text));
+    cJSON *c1 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(img, "choices"), 0),
+                                                        "message"), "content");
+    cJSON *c2 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(again, "choices"), 0),
+                                                        "message"), "content");
+    cr_assert(cJSON_IsString(c1) && cJSON_IsString(c2) && c1->valuestring[0]);
+    cr_expect_str_eq(c2->valuestring, c1->valuestring, "the same image, the same greedy reply");
+    cJSON_Delete(text);
+    cJSON_Delete(img);
+    cJSON_Delete(again);
+    struct harness_reply r = harness_req("GET", "/v1/vram", NULL, NULL);
+    cJSON *v = harness_json(&r);
+    cJSON *state = cJSON_GetObjectItem(cJSON_GetObjectItem(v, "vision"), "state");
+    cr_expect(cJSON_IsString(state) && !strcmp(state->valuestring, "ready"), "the encoder was loaded for the image");
+    cJSON *vm = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(v, "devices"), 0), "vision_mib");
+    double want = (double)((wb + wsb + (1u << 20) - 1) >> 20); /* /v1/vram rounds up to whole MiB */
+    cr_expect(cJSON_IsNumber(vm) && vm->valuedouble == want, "vision memory %.0f MiB, the header says %.0f",
+              cJSON_IsNumber(vm) ? vm->valuedouble : -1.0, want);
+    cJSON_Delete(v);
+    harness_reply_free(&r);
+    unlink(mm);
 }

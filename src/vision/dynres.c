@@ -1,0 +1,50 @@
+/* dynres.c - the Qwen-VL towers' resize rules (see dynres.h). */
+#include "dynres.h"
+
+#include "../common.h"
+
+#include <math.h>
+
+static long round_to(double x, long f) { return (long)round(x / (double)f) * f; }
+static long floor_to(double x, long f) { return (long)floor(x / (double)f) * f; }
+static long ceil_to(double x, long f) { return (long)ceil(x / (double)f) * f; }
+
+int dynres_size(const struct dynres_rules *r, int w, int h, int *out_w, int *out_h)
+{
+    if (w <= 0 || h <= 0 || r->patch <= 0 || r->merge <= 0 || r->min_pixels < 0 || r->max_pixels < 0 ||
+        r->max_tokens < 0)
+        return TIDE_EINVAL;
+    long a = (long)r->patch * r->merge;
+    long max_px = r->max_pixels;
+    if (r->max_tokens > 0 && (max_px == 0 || (long)r->max_tokens * a * a < max_px))
+        max_px = (long)r->max_tokens * a * a;
+    long min_px = r->min_pixels;
+    if (max_px > 0 && min_px > max_px)
+        min_px = max_px; /* a budget below the model's minimum wins */
+    long wb = round_to(w, a), hb = round_to(h, a);
+    if (wb < a) wb = a;
+    if (hb < a) hb = a;
+    if (max_px > 0 && wb * hb > max_px) {
+        double beta = sqrt((double)h * w / (double)max_px);
+        hb = floor_to(h / beta, a);
+        wb = floor_to(w / beta, a);
+        if (hb < a) hb = a;
+        if (wb < a) wb = a;
+    } else if (min_px > 0 && wb * hb < min_px) {
+        double beta = sqrt((double)min_px / ((double)h * w));
+        hb = ceil_to(h * beta, a);
+        wb = ceil_to(w * beta, a);
+    }
+    /* never over the budget: the longer side gives way (one align a side is one token) */
+    while (max_px > 0 && wb * hb > max_px && (wb > a || hb > a)) {
+        if (wb >= hb)
+            wb -= a;
+        else
+            hb -= a;
+    }
+    if (wb > 1 << 30 || hb > 1 << 30)
+        return TIDE_EINVAL;
+    *out_w = (int)wb;
+    *out_h = (int)hb;
+    return (int)((wb / a) * (hb / a));
+}

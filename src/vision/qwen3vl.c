@@ -1,0 +1,570 @@
+/* qwen3vl.c - Qwen3-VL's vision tower on the CPU (see qwen3vl.h for the computation): the
+ * header and weights (f32 copies, whatever the file stores), then the steps of llama.cpp's
+ * graph (tools/mtmd/models/qwen3vl.cpp there), the heavy ones through the CPU backend's ops or
+ * as plain loops. */
+#include "qwen3vl.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common.h"
+#include "../engine/backend.h"
+#include "../engine/gguf.h"
+
+__attribute__((format(printf, 4, 5)))
+static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+struct q3v_layer {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w, *down_b;
+    int deepstack; /* index of its deepstack merger, or -1 */
+};
+
+struct q3v_merger { float *norm_w, *norm_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b; };
+
+struct qwen3vl_tower {
+    struct qwen3vl_hparams hp;
+    float *patch_w;     /* the temporal pair's two kernels summed: [D][3][p][p] */
+    float *patch_b, *pos, *post_w, *post_b;
+    struct q3v_layer *layers;
+    struct q3v_merger deepstack[QWEN3VL_MAX_DEEPSTACK];
+    struct q3v_merger main; /* norm: none (post_ln is per patch); fc1 = mm.0, fc2 = mm.2 */
+    float **owned;
+    int n_owned;
+};
+
+static int need_u32(const struct gguf_file *g, const char *key, int *out, char *err, size_t errlen)
+{
+    uint32_t v;
+    int rc = gguf_get_u32(g, key, &v);
+    if (rc || v == 0 || v > (1u << 20))
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be a positive integer", key);
+    *out = (int)v;
+    return 0;
+}
+
+static int f32_arr3(const struct gguf_file *g, const char *key, float *out, char *err, size_t errlen)
+{
+    const struct gguf_kv *kv = gguf_find_kv(g, key);
+    if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->v.arr.type != GGUF_TYPE_FLOAT32 || kv->v.arr.n != 3)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be 3 floats", key);
+    memcpy(out, kv->v.arr.data, 12);
+    return 0;
+}
+
+static const struct gguf_tensor *shape(const struct gguf_file *g, const char *name, uint64_t a, uint64_t b,
+                                       uint64_t c, uint64_t d, int *rc, char *err, size_t errlen)
+{
+    if (*rc)
+        return NULL;
+    const struct gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t) {
+        *rc = fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", name);
+        return NULL;
+    }
+    if (t->ne[0] != a || t->ne[1] != b || t->ne[2] != c || t->ne[3] != d) {
+        *rc = fail(TIDE_EFORMAT, err, errlen, "mmproj: tensor %s is [%llu, %llu, %llu, %llu], expected [%llu, %llu, %llu, %llu]",
+                   name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                   (unsigned long long)t->ne[3], (unsigned long long)a, (unsigned long long)b, (unsigned long long)c,
+                   (unsigned long long)d);
+        return NULL;
+    }
+    uint32_t ty = t->type;
+    if (ty != GGML_TYPE_F32 && ty != GGML_TYPE_F16 && ty != GGML_TYPE_BF16 && ty != GGML_TYPE_Q8_0 && ty != GGML_TYPE_Q4_0) {
+        *rc = fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: tensor %s has type %s (f32, f16, bf16, q8_0, q4_0 are read)",
+                   name, ggml_type_name(ty));
+        return NULL;
+    }
+    return t;
+}
+
+static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char *err, size_t errlen)
+{
+    memset(hp, 0, sizeof *hp);
+    struct gguf_str s;
+    if (gguf_get_str(g, "clip.projector_type", &s) && gguf_get_str(g, "clip.vision.projector_type", &s))
+        return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
+    if (!gguf_str_eq(s, "qwen3vl_merger"))
+        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: projector type '%.*s' is not qwen3vl_merger",
+                    (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    int rc;
+    if ((rc = need_u32(g, "clip.vision.patch_size", &hp->patch, err, errlen)) ||
+        (rc = need_u32(g, "clip.vision.embedding_length", &hp->n_embd, err, errlen)) ||
+        (rc = need_u32(g, "clip.vision.feed_forward_length", &hp->n_ff, err, errlen)) ||
+        (rc = need_u32(g, "clip.vision.block_count", &hp->n_layer, err, errlen)) ||
+        (rc = need_u32(g, "clip.vision.attention.head_count", &hp->n_head, err, errlen)))
+        return rc;
+    hp->merge = 2;
+    uint32_t u;
+    if (!gguf_get_u32(g, "clip.vision.spatial_merge_size", &u) && u != 2)
+        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: spatial_merge_size %u (only 2x2 merging is built)", u);
+    if (gguf_get_f32(g, "clip.vision.attention.layer_norm_epsilon", &hp->eps))
+        return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.vision.attention.layer_norm_epsilon");
+    if ((rc = f32_arr3(g, "clip.vision.image_mean", hp->mean, err, errlen)) ||
+        (rc = f32_arr3(g, "clip.vision.image_std", hp->std, err, errlen)))
+        return rc;
+    for (int c = 0; c < 3; c++)
+        if (!(hp->std[c] > 0))
+            return fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
+    bool gelu = false;
+    if (gguf_get_bool(g, "clip.use_gelu", &gelu) || !gelu)
+        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: qwen3vl_merger is read with clip.use_gelu true only");
+    int hd = hp->n_embd / hp->n_head;
+    if (hp->n_embd % hp->n_head || hd % 4)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: width %d is not %d heads of a multiple of 4", hp->n_embd,
+                    hp->n_head);
+    /* llama.cpp's limits for the Qwen-VL towers: 8 to 4096 merged tokens */
+    long area = (long)hp->patch * hp->patch * hp->merge * hp->merge;
+    hp->min_pixels = 8 * area;
+    hp->max_pixels = 4096 * area;
+    return 0;
+}
+
+/* Keys and every tensor's shape; with t set, the weights too (as f32). */
+static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qwen3vl_tower *t, char *err,
+                size_t errlen)
+{
+    int rc = read_keys(g, hp, err, errlen);
+    if (rc)
+        return rc;
+    const struct gguf_tensor *pos = gguf_find_tensor(g, "v.position_embd.weight"), *mm2 = gguf_find_tensor(g, "mm.2.weight");
+    if (!pos || !mm2)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", pos ? "mm.2.weight" : "v.position_embd.weight");
+    hp->pos_side = (int)sqrt((double)pos->ne[1]);
+    if ((uint64_t)hp->pos_side * hp->pos_side != pos->ne[1] || hp->pos_side == 0)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: the position table's %llu rows are not a square",
+                    (unsigned long long)pos->ne[1]);
+    hp->n_embd_text = (int)mm2->ne[1];
+    uint64_t D = hp->n_embd, F = hp->n_ff, p = hp->patch, M = 4 * D, T = hp->n_embd_text;
+    char n[96];
+    hp->n_deepstack = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        snprintf(n, sizeof n, "v.deepstack.%d.fc1.weight", l);
+        if (!gguf_find_tensor(g, n))
+            continue;
+        if (hp->n_deepstack == QWEN3VL_MAX_DEEPSTACK)
+            return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: more than %d deepstack layers", QWEN3VL_MAX_DEEPSTACK);
+        hp->deepstack_layer[hp->n_deepstack++] = l;
+    }
+    float **own = t ? t->owned : NULL;
+#define TENSOR(dst, name, a, b, c, d)                                                        \
+    do {                                                                                     \
+        const struct gguf_tensor *x_ = shape(g, name, a, b, c, d, &rc, err, errlen);         \
+        if (x_ && t) {                                                                       \
+            float *f_ = malloc(sizeof(float) * (size_t)((a) * (b) * (c) * (d)));             \
+            if (!f_)                                                                         \
+                rc = TIDE_ENOMEM;                                                            \
+            else {                                                                           \
+                ggml_dequantize(x_->type, x_->data, f_, (a) * (b) * (c) * (d));              \
+                own[t->n_owned++] = f_;                                                      \
+                (dst) = f_;                                                                  \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+    float *w0 = NULL, *w1 = NULL;
+    TENSOR(w0, "v.patch_embd.weight", p, p, 3, D);
+    TENSOR(w1, "v.patch_embd.weight.1", p, p, 3, D);
+    float *pb = NULL, *pe = NULL, *post_w = NULL, *post_b = NULL;
+    TENSOR(pb, "v.patch_embd.bias", D, 1, 1, 1);
+    TENSOR(pe, "v.position_embd.weight", D, pos->ne[1], 1, 1);
+    TENSOR(post_w, "v.post_ln.weight", D, 1, 1, 1);
+    TENSOR(post_b, "v.post_ln.bias", D, 1, 1, 1);
+    if (t) {
+        t->patch_b = pb;
+        t->pos = pe;
+        t->post_w = post_w;
+        t->post_b = post_b;
+        if (w0 && w1) { /* a still image is one frame twice: the two kernels act as one */
+            for (uint64_t i = 0; i < p * p * 3 * D; i++)
+                w0[i] += w1[i];
+            t->patch_w = w0;
+        }
+    }
+    for (int l = 0; l < hp->n_layer && !rc; l++) {
+        struct q3v_layer dummy, *L = t ? &t->layers[l] : &dummy;
+#define B(s) (snprintf(n, sizeof n, "v.blk.%d.%s", l, s), n)
+        TENSOR(L->ln1_w, B("ln1.weight"), D, 1, 1, 1);
+        TENSOR(L->ln1_b, B("ln1.bias"), D, 1, 1, 1);
+        TENSOR(L->qkv_w, B("attn_qkv.weight"), D, 3 * D, 1, 1);
+        TENSOR(L->qkv_b, B("attn_qkv.bias"), 3 * D, 1, 1, 1);
+        TENSOR(L->o_w, B("attn_out.weight"), D, D, 1, 1);
+        TENSOR(L->o_b, B("attn_out.bias"), D, 1, 1, 1);
+        TENSOR(L->ln2_w, B("ln2.weight"), D, 1, 1, 1);
+        TENSOR(L->ln2_b, B("ln2.bias"), D, 1, 1, 1);
+        TENSOR(L->up_w, B("ffn_up.weight"), D, F, 1, 1);
+        TENSOR(L->up_b, B("ffn_up.bias"), F, 1, 1, 1);
+        TENSOR(L->down_w, B("ffn_down.weight"), F, D, 1, 1);
+        TENSOR(L->down_b, B("ffn_down.bias"), D, 1, 1, 1);
+#undef B
+        L->deepstack = -1;
+        for (int k = 0; k < hp->n_deepstack; k++)
+            if (hp->deepstack_layer[k] == l)
+                L->deepstack = k;
+    }
+    for (int k = 0; k < hp->n_deepstack && !rc; k++) {
+        struct q3v_merger dummy, *m = t ? &t->deepstack[k] : &dummy;
+#define B(s) (snprintf(n, sizeof n, "v.deepstack.%d.%s", hp->deepstack_layer[k], s), n)
+        TENSOR(m->norm_w, B("norm.weight"), M, 1, 1, 1);
+        TENSOR(m->norm_b, B("norm.bias"), M, 1, 1, 1);
+        TENSOR(m->fc1_w, B("fc1.weight"), M, M, 1, 1);
+        TENSOR(m->fc1_b, B("fc1.bias"), M, 1, 1, 1);
+        TENSOR(m->fc2_w, B("fc2.weight"), M, T, 1, 1);
+        TENSOR(m->fc2_b, B("fc2.bias"), T, 1, 1, 1);
+#undef B
+    }
+    struct q3v_merger dummy, *mm = t ? &t->main : &dummy;
+    TENSOR(mm->fc1_w, "mm.0.weight", M, M, 1, 1);
+    TENSOR(mm->fc1_b, "mm.0.bias", M, 1, 1, 1);
+    TENSOR(mm->fc2_w, "mm.2.weight", M, T, 1, 1);
+    TENSOR(mm->fc2_b, "mm.2.bias", T, 1, 1, 1);
+#undef TENSOR
+    if (!rc && gguf_find_tensor(g, "v.pre_ln.weight"))
+        rc = fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: a pre-LN in a qwen3vl_merger tower is not read");
+    return rc;
+}
+
+int qwen3vl_read_hparams(const char *path, struct qwen3vl_hparams *hp, char *err, size_t errlen)
+{
+    struct gguf_file g;
+    int rc = gguf_open(&g, path, err, errlen);
+    if (rc)
+        return rc;
+    rc = walk(&g, hp, NULL, err, errlen);
+    gguf_close(&g);
+    return rc;
+}
+
+int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct gguf_file g;
+    int rc = gguf_open(&g, path, err, errlen);
+    if (rc)
+        return rc;
+    struct qwen3vl_hparams hp;
+    if ((rc = walk(&g, &hp, NULL, err, errlen))) {
+        gguf_close(&g);
+        return rc;
+    }
+    struct qwen3vl_tower *t = calloc(1, sizeof *t);
+    int max_owned = 8 + 12 * hp.n_layer + 6 * hp.n_deepstack + 4;
+    if (t) {
+        t->layers = calloc((size_t)hp.n_layer, sizeof *t->layers);
+        t->owned = calloc((size_t)max_owned, sizeof *t->owned);
+    }
+    if (!t || !t->layers || !t->owned)
+        rc = TIDE_ENOMEM;
+    else
+        rc = walk(&g, &t->hp, t, err, errlen);
+    gguf_close(&g);
+    if (rc) {
+        qwen3vl_free(t);
+        return rc == TIDE_ENOMEM ? fail(rc, err, errlen, "mmproj: out of memory for the weights") : rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void qwen3vl_free(struct qwen3vl_tower *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; t->owned && i < t->n_owned; i++)
+        free(t->owned[i]);
+    free(t->owned);
+    free(t->layers);
+    free(t);
+}
+
+const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t) { return &t->hp; }
+
+struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_tokens)
+{
+    return (struct dynres_rules){hp->patch, hp->merge, hp->min_pixels, hp->max_pixels, max_tokens};
+}
+
+size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp)
+{
+    size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, p = (size_t)hp->patch, M = 4 * D, T = (size_t)hp->n_embd_text;
+    size_t n = 2 * p * p * 3 * D + D + D * (size_t)hp->pos_side * (size_t)hp->pos_side + 2 * D;
+    n += (size_t)hp->n_layer * (4 * D + 3 * D * D + 3 * D + D * D + D + D * F + F + F * D + D);
+    n += (size_t)hp->n_deepstack * (2 * M + M * M + M + M * T + T);
+    n += M * M + M + M * T + T;
+    return n * sizeof(float);
+}
+
+size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
+{
+    size_t n = (size_t)n_patches, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, T = (size_t)hp->n_embd_text;
+    /* x, xn, attention out, q, k, v, ffn, the mergers' input and hidden (n / 4 rows of 4D
+     * each), the attention's scratch (attention_full's; its (n, n) scores), the projections */
+    return sizeof(float) * (n * (3 * D + 3 * D + F) + 2 * n * D +
+                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T);
+}
+
+int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen)
+{
+    struct qwen3vl_hparams hp;
+    int rc = qwen3vl_read_hparams(path, &hp, err, errlen);
+    if (rc)
+        return rc;
+    long area = (long)hp.patch * hp.patch * hp.merge * hp.merge, most = hp.max_pixels / area;
+    if (max_tokens > 0 && max_tokens < most)
+        most = max_tokens;
+    *weights = qwen3vl_weight_bytes(&hp);
+    *workspace = qwen3vl_workspace_bytes(&hp, most * hp.merge * hp.merge);
+    return 0;
+}
+
+/* ---- the computation ---- */
+
+/* Each step through the backend's op when be is set (the CPU backend: threaded products, the
+ * encoder ops clip.c uses), else as plain loops (the reference the unit test holds the ops to). */
+
+/* y[t] = W x[t] + b for n rows (W: out rows of in) */
+static void linear(const struct backend *be, const float *W, const float *b, const float *x, float *y, int n, int in,
+                   int out)
+{
+    if (be) {
+        struct tensor w = {.type = GGML_TYPE_F32, .ne = {(uint64_t)in, (uint64_t)out}, .data = W,
+                           .row_bytes = sizeof(float) * (size_t)in};
+        be->i->matmul(be->ctx, &w, x, y, n);
+        if (b)
+            be->i->add_bias(be->ctx, y, b, n, out);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * in;
+        float *yt = y + (size_t)t * out;
+        for (int r = 0; r < out; r++) {
+            const float *w = W + (size_t)r * in;
+            float s = 0;
+            for (int c = 0; c < in; c++)
+                s += w[c] * xt[c];
+            yt[r] = s + (b ? b[r] : 0.0f);
+        }
+    }
+}
+
+static void layernorm(const struct backend *be, const float *x, float *y, const float *w, const float *b, int n,
+                      int dim, float eps)
+{
+    if (be) {
+        be->i->layernorm(be->ctx, x, y, w, b, n, dim, eps);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const float *v = x + (size_t)t * dim;
+        float *o = y + (size_t)t * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++)
+            mean += v[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++)
+            var += (v[i] - mean) * (v[i] - mean);
+        float s = 1.0f / sqrtf((float)(var / dim) + eps);
+        for (int i = 0; i < dim; i++)
+            o[i] = (float)(v[i] - mean) * s * w[i] + b[i];
+    }
+}
+
+/* the tanh approximation, as ggml_gelu */
+static void gelu(const struct backend *be, float *x, size_t n)
+{
+    if (be) {
+        be->i->activate(be->ctx, x, n, ACT_GELU);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+    }
+}
+
+/* full attention of n tokens, H heads of hd: q, k, v, out (n, H hd) */
+static void attention(const struct backend *be, const float *q, const float *k, const float *v, float *out, int n,
+                      int H, int hd, float *ws)
+{
+    if (be) {
+        be->i->attention_full(be->ctx, q, k, v, out, n, H, hd, ws);
+        return;
+    }
+    int D = H * hd;
+    float scale = 1.0f / sqrtf((float)hd), *sc = ws;
+    for (int hh = 0; hh < H; hh++)
+        for (int i = 0; i < n; i++) {
+            const float *qi = q + (size_t)i * D + hh * hd;
+            float mx = -INFINITY, sum = 0;
+            for (int j = 0; j < n; j++) {
+                const float *kj = k + (size_t)j * D + hh * hd;
+                float s = 0;
+                for (int e = 0; e < hd; e++)
+                    s += qi[e] * kj[e];
+                sc[j] = s * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j < n; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float *o = out + (size_t)i * D + hh * hd;
+            for (int e = 0; e < hd; e++)
+                o[e] = 0;
+            for (int j = 0; j < n; j++) {
+                const float *vj = v + (size_t)j * D + hh * hd;
+                float pj = sc[j] / sum;
+                for (int e = 0; e < hd; e++)
+                    o[e] += pj * vj[e];
+            }
+        }
+}
+
+static void residual(float *x, const float *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += d[i];
+}
+
+/* Patch k of the merge order: its row and column in the patch grid (gw patches wide). */
+static void patch_at(int k, int gw, int *py, int *px)
+{
+    int block = k / 4, in = k % 4, bw = gw / 2;
+    *py = (block / bw) * 2 + in / 2;
+    *px = (block % bw) * 2 + in % 2;
+}
+
+/* The position table (side x side rows of D) at patch (py, px) of a gw x gh grid: bilinear,
+ * corners aligned, in float as ggml_interpolate does. */
+static void pos_embed_at(const struct qwen3vl_tower *t, int py, int px, int gw, int gh, float *add)
+{
+    int S = t->hp.pos_side, D = t->hp.n_embd;
+    float sfx = gw > 1 && S > 1 ? (float)(gw - 1) / (float)(S - 1) : (float)gw / (float)S;
+    float sfy = gh > 1 && S > 1 ? (float)(gh - 1) / (float)(S - 1) : (float)gh / (float)S;
+    float fy = (float)py / sfy, fx = (float)px / sfx;
+    int y0 = (int)floorf(fy), x0 = (int)floorf(fx), y1 = y0 + 1, x1 = x0 + 1;
+    y0 = y0 < 0 ? 0 : y0 > S - 1 ? S - 1 : y0;
+    y1 = y1 < 0 ? 0 : y1 > S - 1 ? S - 1 : y1;
+    x0 = x0 < 0 ? 0 : x0 > S - 1 ? S - 1 : x0;
+    x1 = x1 < 0 ? 0 : x1 > S - 1 ? S - 1 : x1;
+    float dy = fy - (float)y0, dx = fx - (float)x0;
+    dy = dy < 0 ? 0 : dy > 1 ? 1 : dy;
+    dx = dx < 0 ? 0 : dx > 1 ? 1 : dx;
+    const float *a = t->pos + ((size_t)y0 * S + x0) * D, *b = t->pos + ((size_t)y0 * S + x1) * D;
+    const float *c = t->pos + ((size_t)y1 * S + x0) * D, *d = t->pos + ((size_t)y1 * S + x1) * D;
+    for (int i = 0; i < D; i++)
+        add[i] += a[i] * (1 - dx) * (1 - dy) + b[i] * dx * (1 - dy) + c[i] * (1 - dx) * dy + d[i] * dx * dy;
+}
+
+/* 2-D rope of one head (NEOX pairs i, i + hd/2): the first hd/4 pairs turn by the row, the
+ * next hd/4 by the column, each quarter's frequencies 10000^(-4j/hd) from j = 0 */
+static void rope_2d(float *v, int hd, int row, int col)
+{
+    int half = hd / 2, quarter = hd / 4;
+    for (int i = 0; i < half; i++) {
+        int j = i < quarter ? i : i - quarter;
+        double a = (i < quarter ? row : col) * pow(10000.0, -4.0 * j / hd);
+        float cs = (float)cos(a), sn = (float)sin(a);
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x0 * sn + x1 * cs;
+    }
+}
+
+/* A 2x2 merger: the four patches of each merged token side by side (rows of 4D), an optional
+ * LayerNorm, fc1, GELU, fc2, into out's column `col` (rows of ostride floats). */
+static void merge_project(const struct backend *be, const struct q3v_merger *m, const float *x, int n_tok, int D,
+                          int T, float eps, float *hid, float *hid2, float *proj, float *out, int ostride, int col)
+{
+    int M = 4 * D;
+    if (m->norm_w)
+        layernorm(be, x, hid, m->norm_w, m->norm_b, n_tok, M, eps);
+    else
+        memcpy(hid, x, sizeof(float) * (size_t)n_tok * M);
+    linear(be, m->fc1_w, m->fc1_b, hid, hid2, n_tok, M, M);
+    gelu(be, hid2, (size_t)n_tok * M);
+    linear(be, m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
+    for (int k = 0; k < n_tok; k++)
+        memcpy(out + (size_t)k * ostride + col, proj + (size_t)k * T, sizeof(float) * (size_t)T);
+}
+
+int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
+                   float *out, char *err, size_t errlen)
+{
+    const struct qwen3vl_hparams *hp = &t->hp;
+    int p = hp->patch, a = p * hp->merge;
+    if (w <= 0 || h <= 0 || w % a || h % a)
+        return fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);
+    int gw = w / p, gh = h / p, n = gw * gh, n_tok = n / 4;
+    int D = hp->n_embd, F = hp->n_ff, H = hp->n_head, hd = D / H, T = hp->n_embd_text;
+    int ostride = T * (1 + hp->n_deepstack);
+    size_t need = qwen3vl_workspace_bytes(hp, n) / sizeof(float);
+    float *ws = malloc(sizeof(float) * need);
+    if (!ws)
+        return fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
+    size_t nD = (size_t)n * D;
+    float *x = ws, *xn = x + nD, *ao = xn + nD, *q = ao + nD, *k = q + nD, *v = k + nD;
+    float *ff = v + nD, *hid = ff + (size_t)n * F, *hid2 = hid + nD, *att = hid2 + nD;
+    float *proj = att + attention_full_ws_floats(n, hd); /* n_tok rows of T */
+    /* patch embedding (conv of both temporal kernels) + bias + position table, merge order */
+    for (int i = 0; i < n; i++) {
+        int py, px;
+        patch_at(i, gw, &py, &px);
+        float *xk = x + (size_t)i * D;
+        for (int d = 0; d < D; d++) {
+            const float *wk = t->patch_w + (size_t)d * 3 * p * p;
+            float s = 0;
+            for (int c = 0; c < 3; c++)
+                for (int ky = 0; ky < p; ky++)
+                    for (int kx = 0; kx < p; kx++) {
+                        uint8_t u = rgb[((size_t)(py * p + ky) * w + (px * p + kx)) * 3 + c];
+                        float f = ((float)u / 255.0f - hp->mean[c]) / hp->std[c];
+                        s += wk[(c * p + ky) * p + kx] * f;
+                    }
+            xk[d] = s + t->patch_b[d];
+        }
+        pos_embed_at(t, py, px, gw, gh, xk);
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct q3v_layer *L = &t->layers[l];
+        layernorm(be, x, xn, L->ln1_w, L->ln1_b, n, D, hp->eps);
+        /* attn_qkv's rows: q, then k, then v */
+        linear(be, L->qkv_w, L->qkv_b, xn, q, n, D, D);
+        linear(be, L->qkv_w + (size_t)D * D, L->qkv_b + D, xn, k, n, D, D);
+        linear(be, L->qkv_w + 2 * (size_t)D * D, L->qkv_b + 2 * D, xn, v, n, D, D);
+        for (int i = 0; i < n; i++) {
+            int py, px;
+            patch_at(i, gw, &py, &px);
+            for (int hh = 0; hh < H; hh++) {
+                rope_2d(q + (size_t)i * D + hh * hd, hd, py, px);
+                rope_2d(k + (size_t)i * D + hh * hd, hd, py, px);
+            }
+        }
+        attention(be, q, k, v, ao, n, H, hd, att);
+        linear(be, L->o_w, L->o_b, ao, xn, n, D, D);
+        residual(x, xn, nD);
+        layernorm(be, x, xn, L->ln2_w, L->ln2_b, n, D, hp->eps);
+        linear(be, L->up_w, L->up_b, xn, ff, n, D, F);
+        gelu(be, ff, (size_t)n * F);
+        linear(be, L->down_w, L->down_b, ff, xn, n, F, D);
+        residual(x, xn, nD);
+        if (L->deepstack >= 0) /* this block's output, merged, is deepstack feature k */
+            merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride,
+                          T * (1 + L->deepstack));
+    }
+    layernorm(be, x, xn, t->post_w, t->post_b, n, D, hp->eps);
+    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride, 0);
+    free(ws);
+    return 0;
+}

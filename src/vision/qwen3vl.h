@@ -1,0 +1,61 @@
+/* qwen3vl.h - Qwen3-VL's vision tower (mmproj projector `qwen3vl_merger`, the layout
+ * llama.cpp's converter writes) on the CPU, over f32 copies of the weights.
+ *
+ * An image whose sides are multiples of patch * merge (dynres.h gives the size) becomes
+ * (w / patch) x (h / patch) patches, taken in merge order (each 2x2 block's four patches
+ * together, blocks row-major); the temporal patch pair of a still image is one frame twice,
+ * so the patch embedding is the sum of the two kernels; the learned position table is
+ * interpolated bilinearly (corners aligned) to the patch grid; the ViT's blocks rotate q and k
+ * with 2-D rope (a head's first quarter of pairs by the patch's row, the second by its column);
+ * the outputs of the deepstack blocks and of the last one are merged 2x2 (four patches' widths
+ * side by side) and projected to the text width. A merged token's output row is the main
+ * embedding followed by one deepstack feature per deepstack block, in block order:
+ * n_embd_text * (1 + n_deepstack) floats (llama.cpp's layout, n_embd_inp of the text model). */
+#ifndef TIDE_VISION_QWEN3VL_H
+#define TIDE_VISION_QWEN3VL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dynres.h"
+
+#define QWEN3VL_MAX_DEEPSTACK 8
+
+struct qwen3vl_hparams {
+    int n_embd, n_ff, n_head, n_layer;
+    int patch, merge;
+    int pos_side;           /* the position table is pos_side x pos_side */
+    int n_embd_text;        /* the merger's output width (mm.2's rows) */
+    int n_deepstack;
+    int deepstack_layer[QWEN3VL_MAX_DEEPSTACK]; /* the blocks they follow, ascending */
+    float eps;
+    float mean[3], std[3];
+    long min_pixels, max_pixels; /* llama.cpp's: 8 and 4096 merged tokens */
+};
+
+struct qwen3vl_tower;
+
+/* The header's hyper-parameters and the tensors' shapes, checked; no weight is read. */
+int qwen3vl_read_hparams(const char *path, struct qwen3vl_hparams *hp, char *err, size_t errlen);
+int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen);
+void qwen3vl_free(struct qwen3vl_tower *t);
+const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t);
+/* The resize rules of this tower under a budget of max_tokens merged tokens (0: none). */
+struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_tokens);
+/* Bytes of the f32 weights qwen3vl_load keeps, and of the activations of an image of
+ * n_patches patches, from the header alone. */
+size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp);
+size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches);
+/* The encoder's two reserves from the header alone, as the lazy lifecycle's hand-back needs
+ * them: the weights as qwen3vl_load keeps them, and the workspace of the largest image the
+ * budget allows (max_tokens merged tokens, capped by the tower's max_pixels; 0: that cap). */
+int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen);
+/* Normalise 8-bit RGB (w x h, row-major, 3 bytes a pixel) and encode it; w and h multiples of
+ * patch * merge. out: (w / (patch merge)) * (h / (patch merge)) rows of
+ * n_embd_text * (1 + n_deepstack) floats. be: a CPU backend whose ops (matmul, layernorm,
+ * activate, attention_full, add_bias) compute the heavy steps, threaded; NULL: plain loops. */
+struct backend;
+int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
+                   float *out, char *err, size_t errlen);
+
+#endif

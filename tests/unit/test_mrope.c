@@ -1,0 +1,200 @@
+/* test_mrope.c - Qwen3-VL's text side: M-RoPE (src/engine/mrope.c) and the qwen3vlmoe model
+ * file (modelgen's preset, model.c's loader). The section rules are llama.cpp's (ggml's rope
+ * multi mode); the position ids of image tokens are mtmd's (t, row, column from the image's
+ * start, the image advancing the position by max(nx, ny)). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/model.h"
+#include "engine/modelgen.h"
+#include "engine/mrope.h"
+#include "engine/backend.h"
+#include "engine/forward.h"
+
+/* Qwen3-VL-30B-A3B's sections (pairs of a 128-wide head), interleaved: t h w t h w ... for 60
+ * pairs, then pair 60 and 63 are t (t's 24 reach pair 72) and 61, 62 the extra id. */
+Test(mrope, qwen3vl_interleaved_sections)
+{
+    const uint32_t sec[4] = {24, 20, 20, 0};
+    for (int i = 0; i < 60; i++)
+        cr_assert_eq(mrope_section_of(sec, true, i), i % 3, "pair %d", i);
+    cr_assert_eq(mrope_section_of(sec, true, 60), MROPE_T);
+    cr_assert_eq(mrope_section_of(sec, true, 61), MROPE_E);
+    cr_assert_eq(mrope_section_of(sec, true, 62), MROPE_E);
+    cr_assert_eq(mrope_section_of(sec, true, 63), MROPE_T);
+    /* Qwen2-VL's layout: the sections one after the other */
+    const uint32_t q2[4] = {16, 24, 24, 0};
+    cr_assert_eq(mrope_section_of(q2, false, 15), MROPE_T);
+    cr_assert_eq(mrope_section_of(q2, false, 16), MROPE_H);
+    cr_assert_eq(mrope_section_of(q2, false, 39), MROPE_H);
+    cr_assert_eq(mrope_section_of(q2, false, 40), MROPE_W);
+    cr_assert_eq(mrope_section_of(q2, false, 63), MROPE_W);
+    /* the small preset's 16 pairs */
+    const uint32_t small[4] = {6, 5, 5, 0};
+    int want[16] = {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0};
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(mrope_section_of(small, true, i), want[i], "pair %d", i);
+}
+
+/* A unit vector in pair i turns by pos[section] * theta^(-2i/d); the same ids in every
+ * section give plain NEOX rope at that position. */
+Test(mrope, rotation_angles)
+{
+    enum { HD = 32, HALF = HD / 2, NH = 2 };
+    const uint32_t sec[4] = {6, 5, 5, 0};
+    const float theta = 5e6f;
+    int32_t pos[2 * MROPE_N] = {7, 9, 12, 0, /* an image token */ 5, 5, 5, 5 /* a text token */};
+    float v[2 * NH * HD];
+    for (int i = 0; i < 2 * NH * HD; i++)
+        v[i] = 0;
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < HALF; i++)
+                v[(t * NH + h) * HD + i] = 1.0f; /* x0 = 1, x1 = 0: the pair becomes (cos, sin) */
+    mrope_rotate(v, 2, NH, HD, pos, theta, sec, true);
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < HALF; i++) {
+                int p = t == 1 ? 5 : (int[]){7, 9, 12}[i % 3];
+                double a = p * pow(theta, -2.0 * i / HD);
+                cr_assert_float_eq(v[(t * NH + h) * HD + i], cos(a), 1e-6, "t %d pair %d", t, i);
+                cr_assert_float_eq(v[(t * NH + h) * HD + i + HALF], sin(a), 1e-6, "t %d pair %d", t, i);
+            }
+}
+
+/* Two images of different sizes in one prompt: 3 text tokens, a 4x2 image (8 tokens), 2 text
+ * tokens, a 3x5 image (15 tokens), 1 text token; the sequence's next position is 10. */
+Test(mrope, positions_two_images)
+{
+    struct mrope_image im[2] = {{.at = 3, .nx = 4, .ny = 2}, {.at = 13, .nx = 3, .ny = 5}};
+    enum { N = 3 + 8 + 2 + 15 + 1 };
+    int32_t pos[N * MROPE_N];
+    int64_t next = mrope_positions(N, 10, im, 2, pos);
+    /* text 10, 11, 12; image A at 13 spans max(4, 2) = 4: text 17, 18; image B at 19 spans
+     * max(3, 5) = 5; the last text token 24; the next position 25 */
+    cr_assert_eq(next, 25);
+    int32_t want[N][4] = {
+        {10, 10, 10, 10}, {11, 11, 11, 11}, {12, 12, 12, 12},
+        {13, 13, 13, 0}, {13, 13, 14, 0}, {13, 13, 15, 0}, {13, 13, 16, 0},
+        {13, 14, 13, 0}, {13, 14, 14, 0}, {13, 14, 15, 0}, {13, 14, 16, 0},
+        {17, 17, 17, 17}, {18, 18, 18, 18},
+        {19, 19, 19, 0}, {19, 19, 20, 0}, {19, 19, 21, 0},
+        {19, 20, 19, 0}, {19, 20, 20, 0}, {19, 20, 21, 0},
+        {19, 21, 19, 0}, {19, 21, 20, 0}, {19, 21, 21, 0},
+        {19, 22, 19, 0}, {19, 22, 20, 0}, {19, 22, 21, 0},
+        {19, 23, 19, 0}, {19, 23, 20, 0}, {19, 23, 21, 0},
+        {24, 24, 24, 24},
+    };
+    for (int t = 0; t < N; t++)
+        for (int s = 0; s < MROPE_N; s++)
+            cr_assert_eq(pos[t * MROPE_N + s], want[t][s], "token %d section %d: %d, want %d", t, s,
+                         pos[t * MROPE_N + s], want[t][s]);
+    /* an image past the prompt's end, or two that overlap, is an error */
+    struct mrope_image past = {.at = 25, .nx = 3, .ny = 2};
+    cr_assert_lt(mrope_positions(N, 0, &past, 1, pos), 0);
+    struct mrope_image overlap[2] = {{.at = 0, .nx = 2, .ny = 2}, {.at = 3, .nx = 1, .ny = 1}};
+    cr_assert_lt(mrope_positions(N, 0, overlap, 2, pos), 0);
+    /* text only: the usual positions */
+    cr_assert_eq(mrope_positions(4, 2, NULL, 0, pos), 6);
+    cr_assert_eq(pos[3 * MROPE_N + MROPE_W], 5);
+}
+
+/* The qwen3vlmoe preset as llama.cpp reads it (src/models/qwen3vlmoe.cpp there): qwen3moe's
+ * tensors, rope.dimension_sections and n_deepstack_layers, Qwen-VL's vision tokens. */
+Test(mrope, qwen3vlmoe_preset_loads)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q3vl-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen3vlmoe", .out = path, .seed = 1, .type = -1, .threads = 1};
+    struct modelgen_summary s;
+    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.arch, ARCH_QWEN3VLMOE);
+    cr_assert_str_eq(model_arch_name(m.cfg.arch), "qwen3vlmoe");
+    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
+    cr_assert_eq(m.cfg.rope_sections[0], 6);
+    cr_assert_eq(m.cfg.rope_sections[1], 5);
+    cr_assert_eq(m.cfg.rope_sections[2], 5);
+    cr_assert_eq(m.cfg.rope_sections[3], 0);
+    cr_assert_eq(m.cfg.n_deepstack, 2);
+    cr_assert_eq(m.cfg.rope_theta, 5e6f);
+    cr_assert(m.cfg.expert_weights_norm);
+    cr_assert(m.layers[0].q_norm.data && m.layers[0].k_norm.data, "QK-norm as qwen3moe");
+    cr_assert_eq(m.cfg.n_vocab, s.n_vocab);
+    const struct gguf_kv *tok = gguf_find_kv(&m.gguf, "tokenizer.ggml.tokens");
+    const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    for (int i = 0; i < 3; i++)
+        cr_assert(gguf_str_eq(tok->v.arr.strs[s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
+    model_free(&m);
+    unlink(path);
+}
+
+/* The forward's hooks on the qwen3vlmoe preset (engine/forward_eval.c): rows given M-RoPE ids
+ * that are all the KV position give plain rope's logits bit for bit (the op-by-op path with
+ * backend_i.rope_multi against the usual one); input rows wider than n_embd add their slices
+ * to the first n_deepstack layers' outputs: zero slices change nothing, others change the
+ * logits; and ids of an image grid change them too. */
+Test(mrope, forward_hooks_on_the_preset)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q3vl-fw-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen3vlmoe", .out = path, .seed = 2, .type = GGML_TYPE_F32, .threads = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { E = 96, N = 6 };
+    uint32_t V = m.cfg.n_vocab;
+    struct forward_state f;
+    cr_assert_eq(forward_init(&f, &m, be, 64), 0);
+    int toks[N] = {40, 41, 42, 43, 44, 45};
+    float *plain = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    cr_assert_eq(forward_eval(&f, toks, N, 0), 0);
+    memcpy(plain, f.logits, sizeof(float) * V);
+    int32_t ids[N * 4];
+    for (int t = 0; t < N * 4; t++)
+        ids[t] = t / 4;
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N, .tokens = toks, .mpos = ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    /* an image's ids: a 3x2 grid at 0 (t 0, h 0..1, w 0..2) */
+    for (int t = 0; t < N; t++) {
+        ids[t * 4 + 0] = 0;
+        ids[t * 4 + 1] = t / 3;
+        ids[t * 4 + 2] = t % 3;
+        ids[t * 4 + 3] = 0;
+    }
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_neq(memcmp(q.logits, plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    /* embedding rows: the tokens' own, then two deepstack slices */
+    static float rows[N * 3 * E];
+    memset(rows, 0, sizeof rows);
+    for (int t = 0; t < N; t++)
+        ggml_dequantize(m.tok_embd.type, (const uint8_t *)m.tok_embd.data + (size_t)toks[t] * m.tok_embd.row_bytes,
+                        rows + (size_t)t * 3 * E, E);
+    for (int t = 0; t < N * 4; t++)
+        ids[t] = t / 4;
+    struct forward_seq qe = {.slot = 0, .pos = 0, .n = N, .embd = rows, .embd_stride = 3 * E, .mpos = ids,
+                             .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
+    cr_assert_eq(memcmp(qe.logits, plain, sizeof(float) * V), 0, "zero deepstack slices add nothing");
+    for (int t = 0; t < N; t++)
+        rows[(size_t)t * 3 * E + 2 * E + 5] = 3.0f; /* slice 2: after layer 1 */
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
+    memcpy(got, qe.logits, sizeof(float) * V);
+    cr_assert_neq(memcmp(got, plain, sizeof(float) * V), 0, "a deepstack slice reaches the logits");
+    qe.embd_stride = E - 1;
+    cr_assert_eq(forward_eval_batch(&f, &qe, 1), TIDE_EINVAL);
+    free(plain);
+    free(got);
+    forward_free(&f);
+    backend_cpu_free(&be);
+    model_free(&m);
+    unlink(path);
+}

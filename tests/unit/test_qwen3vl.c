@@ -1,0 +1,158 @@
+/* test_qwen3vl.c - Qwen3-VL's vision tower (src/vision/qwen3vl.c) on the mmproj the model tool
+ * writes (mmprojgen_write_qwen3vl): what the header says, the weight and workspace sizes the
+ * hand-back reserve will be made of, the output's shape, and what an image's pixels can and
+ * cannot change. Accuracy against llama.cpp is scripts/check-mtmd-parity.sh (relative RMS
+ * 4.4e-4 to 4.7e-4, docs/VISION.md). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "engine/backend.h"
+#include "engine/gguf.h"
+#include "vision/mmprojgen.h"
+#include "vision/qwen3vl.h"
+
+static char path[64];
+
+static void write_mmproj(void)
+{
+    snprintf(path, sizeof path, "/tmp/tide-test-q3v-%d.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = path, .seed = 7, .type = GGML_TYPE_F32};
+    char err[200] = "";
+    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 2, err, sizeof err), 0, "%s", err);
+}
+
+static void done(void) { unlink(path); }
+
+Test(qwen3vl, header_and_sizes, .init = write_mmproj, .fini = done)
+{
+    struct qwen3vl_hparams hp;
+    char err[200] = "";
+    cr_assert_eq(qwen3vl_read_hparams(path, &hp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(hp.n_embd, 64);
+    cr_assert_eq(hp.n_head, 4);
+    cr_assert_eq(hp.n_layer, 4);
+    cr_assert_eq(hp.patch, 8);
+    cr_assert_eq(hp.merge, 2);
+    cr_assert_eq(hp.pos_side, 8);
+    cr_assert_eq(hp.n_embd_text, 96);
+    cr_assert_eq(hp.n_deepstack, 2);
+    cr_assert(hp.deepstack_layer[0] == 1 && hp.deepstack_layer[1] == 2);
+    cr_assert_eq(hp.min_pixels, 8 * 256);
+    cr_assert_eq(hp.max_pixels, 4096 * 256);
+    /* the f32 weights kept: every tensor's elements (both temporal patch kernels are held,
+     * the second summed into the first at load) */
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, path, err, sizeof err), 0, "%s", err);
+    size_t elems = 0;
+    for (uint64_t i = 0; i < g.n_tensors; i++)
+        elems += g.tensors[i].ne[0] * g.tensors[i].ne[1] * g.tensors[i].ne[2] * g.tensors[i].ne[3];
+    gguf_close(&g);
+    cr_assert_eq(qwen3vl_weight_bytes(&hp), elems * sizeof(float));
+    /* the budget's rules: a 1024x768 photo under 64 tokens */
+    struct dynres_rules r = qwen3vl_rules(&hp, 64);
+    int w, h;
+    int nt = dynres_size(&r, 1024, 768, &w, &h);
+    cr_assert(nt > 0 && nt <= 64 && w % 16 == 0 && h % 16 == 0, "%d tokens, %dx%d", nt, w, h);
+    cr_assert_gt(qwen3vl_workspace_bytes(&hp, 4L * nt), qwen3vl_workspace_bytes(&hp, 4));
+    /* the hand-back's two numbers: the budget's largest image, or the tower's 4096 tokens */
+    size_t wb, wsb;
+    cr_assert_eq(qwen3vl_estimate(path, 64, &wb, &wsb, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(wb, elems * sizeof(float));
+    cr_assert_eq(wsb, qwen3vl_workspace_bytes(&hp, 4 * 64));
+    cr_assert_eq(qwen3vl_estimate(path, 0, &wb, &wsb, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(wsb, qwen3vl_workspace_bytes(&hp, 4 * 4096));
+    /* the budget's largest image encodes: 128x128, 16x16 patches (the table stretched from 8x8) */
+    struct qwen3vl_tower *t;
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    static uint8_t rgb[128 * 128 * 3];
+    static float out[64 * 96 * 3];
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, 128, 128, out, err, sizeof err), 0, "%s", err);
+    qwen3vl_free(t);
+}
+
+static void pattern(uint8_t *rgb, int w, int h, int salt)
+{
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < 3; c++)
+                rgb[((size_t)y * w + x) * 3 + c] = (uint8_t)((x * 37 + y * 91 + c * 53 + salt * (x ^ y)) & 255);
+}
+
+/* A 64x48 image: 8x6 patches, 4x3 merged tokens of 96 * 3 floats (main + 2 deepstack). A pixel
+ * of the last merged token's block changes that token's main embedding; through attention it
+ * reaches the others too; the output is the same for the same pixels. */
+Test(qwen3vl, encode_shapes_and_locality, .init = write_mmproj, .fini = done)
+{
+    struct qwen3vl_tower *t;
+    char err[200] = "";
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    enum { W = 64, H = 48, N = 12, E = 96 * 3 };
+    uint8_t rgb[W * H * 3];
+    pattern(rgb, W, H, 1);
+    static float a[N * E], b[N * E], c[N * E];
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, b, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "deterministic");
+    double norm_main = 0, norm_ds = 0;
+    for (int k = 0; k < N; k++)
+        for (int i = 0; i < E; i++) {
+            cr_assert(isfinite(a[k * E + i]));
+            *(i < 96 ? &norm_main : &norm_ds) += a[k * E + i] * a[k * E + i];
+        }
+    cr_assert_gt(norm_main, 1.0);
+    cr_assert_gt(norm_ds, 1.0, "the deepstack features are written");
+    rgb[((size_t)(H - 1) * W + (W - 1)) * 3] ^= 0x80; /* the bottom-right pixel */
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, c, err, sizeof err), 0, "%s", err);
+    double d_last = 0;
+    for (int i = 0; i < 96; i++)
+        d_last += fabs(c[(N - 1) * E + i] - a[(N - 1) * E + i]);
+    cr_assert_gt(d_last, 1e-3, "the changed pixel's token moved");
+    /* sides that are not multiples of patch * merge are the caller's error (dynres sizes them) */
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W - 8, H, c, err, sizeof err), TIDE_EINVAL);
+    cr_assert(strstr(err, "multiple of 16"), "%s", err);
+    qwen3vl_free(t);
+}
+
+/* The daemon's path (the CPU backend's threaded ops) against the plain loops: the same
+ * numbers up to summation order, on a 96x64 image (the table stretched to 12x8 patches). */
+Test(qwen3vl, backend_ops_match_the_loops, .init = write_mmproj, .fini = done)
+{
+    struct qwen3vl_tower *t;
+    char err[200] = "";
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    enum { W = 96, H = 64, N = 24, E = 96 * 3 };
+    static uint8_t rgb[W * H * 3];
+    pattern(rgb, W, H, 3);
+    static float ref[N * E], got[N * E];
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, ref, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    cr_assert_eq(qwen3vl_encode(t, &be, rgb, W, H, got, err, sizeof err), 0, "%s", err);
+    double d = 0, r = 0;
+    for (int i = 0; i < N * E; i++) {
+        d += (got[i] - ref[i]) * (double)(got[i] - ref[i]);
+        r += ref[i] * (double)ref[i];
+    }
+    cr_assert_lt(sqrt(d / r), 1e-5, "relative RMS %g", sqrt(d / r));
+    backend_cpu_free(&be);
+    qwen3vl_free(t);
+}
+
+/* The LLaVA projector is not this tower: the reader says what it found. */
+Test(qwen3vl, refuses_other_projectors)
+{
+    char p[64], err[200] = "";
+    snprintf(p, sizeof p, "/tmp/tide-test-q3v-mlp-%d.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = p, .seed = 1, .type = -1};
+    cr_assert_eq(mmprojgen_write(&o, err, sizeof err), 0, "%s", err);
+    struct qwen3vl_hparams hp;
+    cr_assert_eq(qwen3vl_read_hparams(p, &hp, err, sizeof err), TIDE_EUNSUPPORTED);
+    cr_assert(strstr(err, "'mlp'"), "%s", err);
+    unlink(p);
+}
