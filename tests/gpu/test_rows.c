@@ -149,3 +149,58 @@ void test_rows(void)
     }
     verdict("rows", ok, "a decode step's rows in one op each = one row at a time (%.0f cases)", n_cases);
 }
+
+/* --bench --only bench_moe_rows: moe_ffn_table_route of n tokens on Qwen3-30B-A3B's expert shape
+ * (q8_0, E 2048, F 768, 128 experts, top 8), random routing: microseconds a call (one layer's
+ * MoE) and the distinct experts' bytes over that time, for n = 1 (the fused one-token kernel), 8,
+ * 32, 64; each n with kernel 2 copying x quantised once a step and (TIDE_MOE_ROWS_PREQ=0) with
+ * each CTA quantising it itself */
+void bench_moe_rows(double d2d)
+{
+    const int E = 2048, F = 768, NE = 128, k = 8, ns[] = {1, 8, 32, 64};
+    struct experts x;
+    experts_make(&x, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, E, F, NE);
+    size_t ebytes = 2 * ggml_row_size(GGML_TYPE_Q8_0, E) * F + ggml_row_size(GGML_TYPE_Q8_0, F) * E;
+    float *lg = rand_vec((size_t)64 * NE, 2.0f), *xs = rand_vec((size_t)64 * E, 1.0f);
+    float *ld = dev_put(lg, sizeof(float) * 64 * NE), *xd = dev_put(xs, sizeof(float) * 64 * E);
+    float *yd = dev_put(xs, sizeof(float) * 64 * E);
+    int32_t *rd = dev_put(NULL, sizeof(int32_t) * 2 * k * 64);
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        for (int preq = 1; preq >= 0; preq--) {
+            int n = ns[i];
+            if (n == 1 && !preq)
+                continue;
+            setenv("TIDE_MOE_ROWS_PREQ", preq ? "1" : "0", 1);
+            double t0 = 0;
+            int rc = 0;
+            for (int it = -3; it < 50 && rc == 0; it++) {
+                if (it == 0) {
+                    gpu.i->sync(gpu.ctx);
+                    t0 = now_s();
+                }
+                rc = gpu.i->moe_ffn_table_route(gpu.ctx, &x.shape, x.tab_d, ld, n, NE, true, rd, k, xd, yd, false);
+            }
+            gpu.i->sync(gpu.ctx);
+            double us = (now_s() - t0) * 1e6 / 50;
+            int32_t *r = (int32_t *)dev_get(rd, 2 * (size_t)k * n);
+            bool used[128] = {false};
+            int distinct = 0;
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < k; j++)
+                    if (r[t * 2 * k + j] >= 0 && r[t * 2 * k + j] < NE && !used[r[t * 2 * k + j]])
+                        used[r[t * 2 * k + j]] = true, distinct++;
+            free(r);
+            double gbs = distinct * (double)ebytes / (us * 1e-6) / 1e9;
+            printf("  bench_moe_rows: n=%2d %s rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n", n,
+                   preq ? "x quantised once" : "x quantised per CTA", rc, us, distinct, gbs,
+                   d2d > 0 ? 100.0 * gbs / d2d : 0.0);
+        }
+    }
+    unsetenv("TIDE_MOE_ROWS_PREQ");
+    void *dv[] = {ld, xd, yd, rd, x.mem, x.tab_d};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
+        gpu.i->free(gpu.ctx, dv[i]);
+    free(lg);
+    free(xs);
+    verdict("bench_moe_rows", true, "%g sizes", (double)(sizeof ns / sizeof ns[0]));
+}

@@ -4,12 +4,13 @@
  * Per token (moe.cu's fused op n times) each token reads its k experts' weights, so a step
  * of 32 sequences reads 256 experts' worth where a step needs the ~120 distinct ones; and
  * grouping on the host (moe_prefill.cu's path) waits for the routing every layer. Here the
- * grouping happens on the device, in four launches a layer and no wait:
+ * grouping happens on the device, in five launches a layer and no wait:
  *   1. route: one warp a token, route_warp (route()'s bits) into the token's routed row;
+ *   1b. every token's x quantised once (quantize_q8_elem), for kernel 2 to copy;
  *   2. gate + up + SwiGLU: a CTA per (32 rows of F, expert); it finds the tokens that chose
  *      its expert in the routed rows (a CTA of an expert nobody chose returns at once),
- *      quantises their x into shared memory (quantize_q8_elem, the formula of every other
- *      path) and runs the row-dot of each weight row against up to MOEB_NT tokens at once:
+ *      copies their quantised x into shared memory (quantising it in each of an expert's 24
+ *      CTAs cost as much as reading the weights) and runs the row-dot of each weight row against up to MOEB_NT tokens at once:
  *      each expert row is read once a step, not once a token. h goes out quantised, one row
  *      per (token, choice) pair;
  *   3. down: a CTA per (32 output rows, expert), the same search, the pairs' h rows copied to
@@ -20,6 +21,7 @@
 #include "engine/cuda/kquant.cuh"
 #include "engine/cuda/route.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define MOEB_WARPS 16 /* kernels 2 and 3: 16 warps x 2 rows = 32 rows a CTA */
@@ -60,10 +62,22 @@ __global__ void __launch_bounds__(32) route_rows_kernel(const float *__restrict_
 
 /* grid (F / 32, n_expert): rows r0..r0+31 of gate and up of expert blockIdx.y -> hq, hd rows of
  * the pairs (pair p: hq[p F ..], hd[p F / 32 ..]) */
+/* grid n: every token's x quantised once a step, xq (n, E), xd (n, E / 32): the blocks of
+ * quantize_q8_elem, so kernel 2 copies them instead of quantising them again in each CTA */
+__global__ void moe_rows_quant_x_kernel(const float *__restrict__ x, int E, int8_t *__restrict__ xq,
+                                        float *__restrict__ xd)
+{
+    const int t = blockIdx.x, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int b = threadIdx.x >> 5; b < E / QK; b += nw) {
+        size_t i = (size_t)t * E + (size_t)b * QK + lane;
+        quantize_q8_elem(__ldg(x + i), (int)i, xq, xd);
+    }
+}
+
 template <int QT>
 __global__ void __launch_bounds__(MOEB_WARPS * 32)
-moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, int8_t *__restrict__ hq,
-                        float *__restrict__ hd)
+moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, const int8_t *__restrict__ xqg,
+                        const float *__restrict__ xdg, int8_t *__restrict__ hq, float *__restrict__ hd)
 {
     __shared__ int pl[MOEB_MAX_N], np;
     __shared__ float hs[MOEB_NT][QK];
@@ -78,9 +92,20 @@ moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, int8
     const uint8_t *G = (const uint8_t *)a.table[3 * e], *U = (const uint8_t *)a.table[3 * e + 1];
     for (int c0 = 0; c0 < cnt; c0 += a.nt) {
         int nt = cnt - c0 < a.nt ? cnt - c0 : a.nt;
-        for (int b = warp; b < nt * nb; b += MOEB_WARPS) { /* the tokens' x, quantised */
-            int i = b / nb, bb = b - i * nb, t = pl[c0 + i] / a.k;
-            quantize_q8_elem(__ldg(x + (size_t)t * E + (size_t)bb * QK + lane), i * E + bb * QK + lane, xq, xd);
+        if (xqg) { /* the tokens' x, quantised by kernel 1b: 16 bytes at a time */
+            for (int i4 = tid; i4 < nt * (E / 16); i4 += blockDim.x) {
+                int i = i4 / (E / 16), o = i4 - i * (E / 16), t = pl[c0 + i] / a.k;
+                ((int4 *)(xq + (size_t)i * E))[o] = ((const int4 *)(xqg + (size_t)t * E))[o];
+            }
+            for (int i1 = tid; i1 < nt * nb; i1 += blockDim.x) {
+                int i = i1 / nb, bb = i1 - i * nb;
+                xd[i1] = xdg[(size_t)(pl[c0 + i] / a.k) * nb + bb];
+            }
+        } else {
+            for (int b = warp; b < nt * nb; b += MOEB_WARPS) { /* the tokens' x, quantised here */
+                int i = b / nb, bb = b - i * nb, t = pl[c0 + i] / a.k;
+                quantize_q8_elem(__ldg(x + (size_t)t * E + (size_t)bb * QK + lane), i * E + bb * QK + lane, xq, xd);
+            }
         }
         __syncthreads();
         for (int h = 0; h < QK / MOEB_WARPS; h++) {
@@ -220,24 +245,36 @@ int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *sha
 
     size_t P = (size_t)n * k;
     size_t qbytes = (P * a.F + 255) & ~(size_t)255, dbytes = (P * (a.F / QK) * sizeof(float) + 255) & ~(size_t)255;
-    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + P * a.E * sizeof(float));
+    size_t xqbytes = ((size_t)n * a.E + 255) & ~(size_t)255, xdbytes = ((size_t)n * (a.E / QK) * sizeof(float) + 255) & ~(size_t)255;
+    size_t obytes = (P * a.E * sizeof(float) + 255) & ~(size_t)255;
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + obytes + xqbytes + xdbytes);
     if (!ws)
         return c->err ? c->err : TIDE_ENOMEM;
     int8_t *hq = (int8_t *)ws;
     float *hd = (float *)(ws + qbytes), *out = (float *)(ws + qbytes + dbytes);
+    /* TIDE_MOE_ROWS_PREQ=0: each CTA quantises its tokens' x itself (the first form; A/B runs) */
+    const char *pq = getenv("TIDE_MOE_ROWS_PREQ");
+    bool preq = !(pq && pq[0] == '0');
+    int8_t *xqg = preq ? (int8_t *)(ws + qbytes + dbytes + obytes) : NULL;
+    float *xdg = preq ? (float *)(ws + qbytes + dbytes + obytes + xqbytes) : NULL;
 
     route_rows_kernel<<<n, 32, 0, c->st>>>(logits, n_expert, k, norm ? 1 : 0, routed);
     if (!CU_LAUNCH(c, "route_rows_kernel"))
         return c->err;
+    if (preq) {
+        moe_rows_quant_x_kernel<<<n, 256, 0, c->st>>>(x, a.E, xqg, xdg);
+        if (!CU_LAUNCH(c, "moe_rows_quant_x_kernel"))
+            return c->err;
+    }
     size_t sm_gu = (size_t)a.nt * per_tok;
     dim3 g1((unsigned)(a.F / QK), (unsigned)n_expert), g2((unsigned)(a.E / QK), (unsigned)n_expert);
     unsigned b = MOEB_WARPS * 32;
     switch (T) {
-    case GGML_TYPE_Q8_0: moe_rows_gate_up_kernel<8><<<g1, b, sm_gu, c->st>>>(a, x, hq, hd); break;
-    case GGML_TYPE_Q4_0: moe_rows_gate_up_kernel<2><<<g1, b, sm_gu, c->st>>>(a, x, hq, hd); break;
-    case GGML_TYPE_Q4_K: moe_rows_gate_up_kernel<KQ_Q4_K><<<g1, b, sm_gu, c->st>>>(a, x, hq, hd); break;
-    case GGML_TYPE_Q5_K: moe_rows_gate_up_kernel<KQ_Q5_K><<<g1, b, sm_gu, c->st>>>(a, x, hq, hd); break;
-    default: moe_rows_gate_up_kernel<KQ_Q6_K><<<g1, b, sm_gu, c->st>>>(a, x, hq, hd); break;
+    case GGML_TYPE_Q8_0: moe_rows_gate_up_kernel<8><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
+    case GGML_TYPE_Q4_0: moe_rows_gate_up_kernel<2><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
+    case GGML_TYPE_Q4_K: moe_rows_gate_up_kernel<KQ_Q4_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
+    case GGML_TYPE_Q5_K: moe_rows_gate_up_kernel<KQ_Q5_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
+    default: moe_rows_gate_up_kernel<KQ_Q6_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
     }
     if (!CU_LAUNCH(c, "moe_rows_gate_up_kernel"))
         return c->err;
