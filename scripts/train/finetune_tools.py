@@ -45,7 +45,7 @@ SEED0 = 2 * 10**6  # fine-tune data seeds (train.py used 1000..~10^6; the tests 
 
 def sample(seed):
     """-> (ids, loss mask over ids, image or None)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng((seed, 7))  # not train.sample's stream: its first draw picks image or text
     if rng.random() >= TOOL_FRAC:
         ids, n_prompt, img, _ = T.sample(seed)
         return ids, [0] * n_prompt + [1] * (len(ids) - n_prompt), img
