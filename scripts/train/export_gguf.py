@@ -1,7 +1,8 @@
 """export_gguf.py - writes train.py's weights.npz as tide's two GGUF files (numpy only).
 
 models/tide-shapes.gguf: the `llama` MoE text model with its byte-level tokenizer (256 byte
-tokens in GPT-2's alphabet, no merges, ChatML specials) and chat template;
+tokens in GPT-2's alphabet, no merges, ChatML specials) and chat template (shapes.CHAT_TEMPLATE:
+ChatML, plus tools and tool calls in the hermes <tool_call> format);
 models/tide-shapes-mmproj.gguf: the `clip` vision tower with the `mlp` projector (the keys
 src/vision/clip.c reads, docs/VISION.md). Matrices f16, vectors and the router f32.
 A small GGUF v3 writer of our own. Usage: export_gguf.py weights.npz TEXT.gguf MMPROJ.gguf
@@ -65,13 +66,8 @@ def byte_cp():
     return dict(zip(bs, cs))
 
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-          " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
-def main():
-    w = dict(np.load(sys.argv[1]))
+def export(w, text_path, mmproj_path, template=S.CHAT_TEMPLATE):
+    """w: train.py's weights (name -> array, f16-rounded matrices) -> the two GGUF files."""
     m = byte_cp()
     toks = [chr(m[b]) for b in range(256)] + S.SPECIALS
     a = "llama."
@@ -91,9 +87,9 @@ def main():
            ("tokenizer.ggml.merges", ARR, (STR, [])),
            ("tokenizer.ggml.bos_token_id", U32, S.EOT), ("tokenizer.ggml.eos_token_id", U32, S.IM_END),
            ("tokenizer.ggml.padding_token_id", U32, S.EOT), ("tokenizer.ggml.add_bos_token", BOOL, False),
-           ("tokenizer.chat_template", STR, CHATML)]
+           ("tokenizer.chat_template", STR, template)]
     text = [(k, v, v.ndim >= 2 and "ffn_gate_inp" not in k) for k, v in w.items() if not k.startswith(("v.", "mm."))]
-    write(sys.argv[2], kvs, text)
+    write(text_path, kvs, text)
     kvs = [("general.architecture", STR, "clip"), ("general.name", STR, "tide-shapes-mmproj"),
            ("general.license", STR, "tide (ours)"), ("general.file_type", U32, 1),
            ("clip.has_text_encoder", BOOL, False), ("clip.has_vision_encoder", BOOL, True),
@@ -107,8 +103,8 @@ def main():
            ("clip.vision.image_mean", ARR, (F32, [0.48145466, 0.4578275, 0.40821073])),
            ("clip.vision.image_std", ARR, (F32, [0.26862954, 0.26130258, 0.27577711]))]
     vis = [(k, v, v.ndim >= 2) for k, v in w.items() if k.startswith(("v.", "mm."))]
-    write(sys.argv[3], kvs, vis)
+    write(mmproj_path, kvs, vis)
 
 
 if __name__ == "__main__":
-    main()
+    export(dict(np.load(sys.argv[1])), sys.argv[2], sys.argv[3])

@@ -30,12 +30,16 @@ def top5(logits):
 
 
 def main():
-    r = np.load(sys.argv[1])
+    write(np.load(sys.argv[1]), sys.argv[2])
+
+
+def write(r, out_json):
+    """r: refs.npz's arrays (a mapping) -> out_json and vision_embd.bin beside it."""
     out = [{"question": "What is 3 + 4?", "image": None, "top": top5(r["text_logits"])},
            {"question": S.Q_WHAT, "image": r["image"].tolist(), "top": top5(r["image_logits"])}]
-    json.dump(out, open(sys.argv[2], "w"))
+    json.dump(out, open(out_json, "w"))
     img, emb = r["image"].astype(np.uint8), r["image_embd"].astype("<f4")
-    with open(os.path.join(os.path.dirname(sys.argv[2]), "vision_embd.bin"), "wb") as f:
+    with open(os.path.join(os.path.dirname(out_json) or ".", "vision_embd.bin"), "wb") as f:
         f.write(struct.pack("<ii", img.shape[1], img.shape[0]) + img.tobytes() +
                 struct.pack("<ii", *emb.shape) + emb.tobytes())
 

@@ -27,7 +27,24 @@ STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
 SEQ = NP + 128  # the longest sample (three shapes named) fits
 LR = float(os.environ.get("TRAIN_LR", "1e-3"))
 AUX = float(os.environ.get("TRAIN_AUX", "0.5"))
-dev = "cuda"
+dev = os.environ.get("TRAIN_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sdpa(q, k, v, causal=False):
+    """F.scaled_dot_product_attention (torch >= 2.0), or the same in plain ops (Debian's 1.13,
+    for trying the scripts on a CPU)."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s.float(), -1).to(v.dtype) @ v
+
+
+def autocast():
+    """bf16 autocast on the GPU; none on a CPU (slow there, and only for trying the scripts)."""
+    return torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda")
 
 
 def P_(*shape, std=None):
@@ -87,7 +104,7 @@ def vision(w, img):
         h = F.layer_norm(x, (VD,), w[b + "ln1.weight"], w[b + "ln1.bias"], 1e-5)
         q, k, v = (F.linear(h, w[b + n + ".weight"], w[b + n + ".bias"]).view(B, NP, VH, -1).transpose(1, 2)
                    for n in ("attn_q", "attn_k", "attn_v"))
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, NP, VD)
+        a = sdpa(q, k, v).transpose(1, 2).reshape(B, NP, VD)
         x = x + F.linear(a, w[b + "attn_out.weight"], w[b + "attn_out.bias"])
         h = F.layer_norm(x, (VD,), w[b + "ln2.weight"], w[b + "ln2.bias"], 1e-5)
         h = F.gelu(F.linear(h, w[b + "ffn_up.weight"], w[b + "ffn_up.bias"]), approximate="tanh")
@@ -121,7 +138,7 @@ def decoder(w, h):
         v = F.linear(x, w[b + "attn_v.weight"]).view(B, T, NKV, HD).transpose(1, 2)
         q, k = rope(q, pos), rope(k, pos)
         k, v = k.repeat_interleave(NH // NKV, 1), v.repeat_interleave(NH // NKV, 1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, NH * HD)
+        a = sdpa(q, k, v, True).transpose(1, 2).reshape(B, T, NH * HD)
         h = h + F.linear(a, w[b + "attn_output.weight"])
         x = rms(h, w[b + "ffn_norm.weight"])
         gl = F.linear(x, w[b + "ffn_gate_inp.weight"]).float()
@@ -185,7 +202,7 @@ def sample(seed):
 
 
 def batches(n, base):
-    with mp.Pool(16) as pool:
+    with mp.Pool(min(16, os.cpu_count() or 1)) as pool:
         data = pool.map(sample, range(base, base + n), chunksize=512)
     return data
 
@@ -248,6 +265,21 @@ def evaluate(w, seed0, n=128):
     return res
 
 
+@torch.no_grad()
+def reference_vectors(w):
+    """A text prompt's last logits, an image's embeddings, an image prompt's logits (refs.npz,
+    for make_refs.py)."""
+    rng = np.random.default_rng(424242)
+    img, objs = S.make_image(rng, 1)
+    emb = vision(w, norm_img(img[None]))[0]
+    tp = S.prompt_ids("What is 3 + 4?", False, NP)
+    tl = forward(w, torch.tensor([tp], device=dev), None)[0, -1]
+    ip = S.prompt_ids(S.Q_WHAT, True, NP)
+    il = forward(w, torch.tensor([ip], device=dev), norm_img(img[None]))[0, -1]
+    return dict(image=img, image_embd=emb.cpu().numpy(), text_ids=np.array(tp), text_logits=tl.cpu().numpy(),
+                image_ids=np.array(ip), image_logits=il.cpu().numpy())
+
+
 def main():
     out = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
@@ -274,7 +306,7 @@ def main():
         o = (step * BS) % (n_data - BS)
         ids, lm, im, lab = collate(data[o:o + BS])
         decoder.aux = 0.0
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with autocast():
             logits, emb = forward(w, ids[:, :-1], im, True)
         ce = F.cross_entropy(logits.float().reshape(-1, S.N_VOCAB), ids[:, 1:].reshape(-1), reduction="none",
                              ignore_index=S.IMG)  # image positions are masked out of the loss anyway
@@ -308,18 +340,7 @@ def main():
         json.dump(dict(CFG, LR=LR, AUX=AUX), f)
     with open(os.path.join(out, "loss.csv"), "w") as f:
         f.write("step,loss\n" + "".join("%d,%.5f\n" % s for s in log))
-    # reference vectors: a text prompt's last logits, an image's embeddings, an image prompt's logits
-    rng = np.random.default_rng(424242)
-    img, objs = S.make_image(rng, 1)
-    with torch.no_grad():
-        emb = vision(w, norm_img(img[None]))[0]
-        tp = S.prompt_ids("What is 3 + 4?", False, NP)
-        tl = forward(w, torch.tensor([tp], device=dev), None)[0, -1]
-        ip = S.prompt_ids(S.Q_WHAT, True, NP)
-        il = forward(w, torch.tensor([ip], device=dev), norm_img(img[None]))[0, -1]
-    np.savez(os.path.join(out, "refs.npz"), image=img, image_embd=emb.cpu().numpy(),
-             text_ids=np.array(tp), text_logits=tl.cpu().numpy(),
-             image_ids=np.array(ip), image_logits=il.cpu().numpy())
+    np.savez(os.path.join(out, "refs.npz"), **reference_vectors(w))
     ev = evaluate(w, 10**9 + 7)
     ev.update(train_s=ttrain, datagen_s=tgen, steps=step + 1, batch=BS, skipped=skipped, samples=n_data,
               cfg=dict(CFG, LR=LR, AUX=AUX))

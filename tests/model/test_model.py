@@ -10,7 +10,14 @@ Starts $TIDE_BIN on a free loopback port with the shipped model and its mmproj, 
     its colour and shape, >= 95%) and "How many shapes are there?" (1-3 shapes, >= 90%);
  3. text: a fixed list of prompts; the arithmetic ones must give the right sum;
  4. the README's request: models/red-square.png, "What is in this image?", default sampling
-    (temperature 0, as the README's curl sends it), must answer a red square.
+    (temperature 0, as the README's curl sends it), must answer a red square;
+ 5. tool calls (issue 23): the GGUF's chat template is scripts/train/shapes.py's CHAT_TEMPLATE,
+    and tide renders it (build/tide-jinja, and prompt_tokens through the API) as the training
+    data was rendered; with get_shape_count offered, "How many COLOUR shapes are there?" about
+    N/2 held-out pictures must give message.tool_calls = one get_shape_count call with
+    arguments {"colour": COLOUR} (>= 90%), and the round trip (that reply, then a tool message
+    {"count": K}, K random 0-9) an answer with K in it and no call (>= 90%); tool_choice
+    "required" (constrained decoding) on N/10 of them must name the asked colour (>= 90%).
 Prints the measured accuracies. Usage: tests/model/test_model.py [N]   (env: TIDE_BIN)
 Run by `make test` (N = 200); tests/unit/test_model_refs.c checks the vision embeddings.
 """
@@ -28,7 +35,9 @@ import urllib.request
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "train"))
 import numpy as np  # noqa: E402
+import gguf_read  # noqa: E402
 import shapes as S  # noqa: E402
+from train_cfg import NP  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 fails = []
@@ -49,6 +58,97 @@ def ask(port, question, img=None):
     r = post(port, "/v1/chat/completions", {"model": "tide", "temperature": 0, "max_tokens": 64,
                                             "messages": [{"role": "user", "content": content}]})
     return r["choices"][0]["message"]["content"]
+
+
+def image_content(img, question):
+    url = "data:image/png;base64," + base64.b64encode(S.png_bytes(img)).decode()
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+
+
+def template(tide_jinja):
+    """The GGUF carries the template the training data was rendered with, and tide renders it
+    as shapes.render_chat does (the round trip's messages, as the API passes them on)."""
+    kv, _ = gguf_read.read(os.path.join(ROOT, "models", "tide-shapes.gguf"))
+    if kv.get("tokenizer.chat_template") != S.CHAT_TEMPLATE:
+        fails.append("template: models/tide-shapes.gguf's chat template is not shapes.CHAT_TEMPLATE "
+                     "(the model was not exported by scripts/train/export_gguf.py of this tree)")
+    user = {"role": "user", "content": S.IMAGE_MARK + S.Q_COLOUR_COUNT[0] % "red"}
+    call = {"id": "call_x", "type": "function", "function": {"name": S.FN_NAME, "arguments": '{"colour":"red"}'}}
+    chats = [([user], [S.TOOL]), ([{"role": "system", "content": "Be brief."}, user], [S.TOOL]),
+             ([user, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_x", "content": '{"count": 3}'}], [S.TOOL]),
+             ([{"role": "user", "content": "Hello"}], None)]
+    with tempfile.TemporaryDirectory() as d:
+        tp = os.path.join(d, "t.jinja")
+        open(tp, "w").write(S.CHAT_TEMPLATE)
+        for i, (msgs, tools) in enumerate(chats):
+            ctx = {"messages": msgs, "add_generation_prompt": True, "bos_token": "<|endoftext|>",
+                   "eos_token": "<|im_end|>"}
+            if tools:
+                ctx["tools"] = tools
+            dp = os.path.join(d, "c%d.json" % i)
+            json.dump(ctx, open(dp, "w"))
+            r = subprocess.run([tide_jinja, tp, dp], capture_output=True)
+            want = S.render_chat(msgs, tools)
+            if r.returncode or r.stdout.decode() != want:
+                fails.append("template: tide-jinja renders chat %d as %r, the training data as %r" %
+                             (i, r.stdout.decode()[-120:], want[-120:]))
+    print("template: chat template checked (%d chats through tide-jinja)" % len(chats))
+
+
+def tool_request(port, messages, choice="auto"):
+    return post(port, "/v1/chat/completions", {"model": "tide", "temperature": 0, "max_tokens": 96,
+                                               "messages": messages, "tools": [S.TOOL], "tool_choice": choice})
+
+
+def tools(port):
+    n = max(1, N // 2)
+    rng = np.random.default_rng(10**9 + 4242)
+    ok_call = ok_trip = ok_req = n_req = 0
+    for i in range(n):
+        img, objs = S.make_image(rng)
+        colour = S.CNAMES[int(rng.integers(len(S.CNAMES)))]
+        k = int(rng.integers(10))
+        user = {"role": "user", "content": image_content(img, S.Q_COLOUR_COUNT[0] % colour)}
+        r = tool_request(port, [user])
+        if i == 0:  # the prompt tide built is the one the training data had
+            want = len(S.text_ids(S.render_chat([{"role": "user", "content": S.IMAGE_MARK + S.Q_COLOUR_COUNT[0] % colour}],
+                                                [S.TOOL]), NP))
+            if r["usage"]["prompt_tokens"] != want:
+                fails.append("tools: prompt_tokens %d, the training data's render has %d" % (r["usage"]["prompt_tokens"], want))
+        ch = r["choices"][0]
+        calls = ch["message"].get("tool_calls") or []
+        good = (ch["finish_reason"] == "tool_calls" and len(calls) == 1 and calls[0]["function"]["name"] == S.FN_NAME
+                and json.loads(calls[0]["function"]["arguments"]) == {"colour": colour})
+        ok_call += good
+        if not good and i + 1 - ok_call <= 3:
+            print("  miss: tool call for %r -> %r" % (colour, ch["message"]))
+        # the round trip: the reply as it came back (or, when it was no call, the call it should have been)
+        reply = ch["message"] if good else {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": S.FN_NAME, "arguments": '{"colour":"%s"}' % colour}}]}
+        call_id = reply["tool_calls"][0]["id"]
+        r = tool_request(port, [user, reply, {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"count": k})}])
+        ch = r["choices"][0]
+        a = ch["message"].get("content") or ""
+        good = str(k) in a and not ch["message"].get("tool_calls") and ch["finish_reason"] == "stop"
+        ok_trip += good
+        if not good and i + 1 - ok_trip <= 3:
+            print("  miss: %r with count %d -> %r" % (colour, k, ch["message"]))
+        if i % 10 == 0:  # forced: constrained decoding makes it a call; the model picks the colour
+            n_req += 1
+            r = tool_request(port, [user], "required")
+            calls = r["choices"][0]["message"].get("tool_calls") or []
+            ok_req += len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]).get("colour") == colour
+    pc, pt, pr = ok_call / n, ok_trip / n, ok_req / n_req
+    print("tools: 'How many COLOUR shapes are there?' with get_shape_count offered: the call %d/%d = %.1f%%" % (ok_call, n, 100 * pc))
+    print("tools: the round trip with the tool's count: the number in the answer %d/%d = %.1f%%" % (ok_trip, n, 100 * pt))
+    print("tools: tool_choice required: the asked colour %d/%d = %.1f%%" % (ok_req, n_req, 100 * pr))
+    if pc < 0.90:
+        fails.append("tool call accuracy %.3f < 0.90" % pc)
+    if pt < 0.90:
+        fails.append("tool round trip accuracy %.3f < 0.90" % pt)
+    if pr < 0.90:
+        fails.append("tool_choice required colour accuracy %.3f < 0.90" % pr)
 
 
 def parity(port):
@@ -148,10 +248,12 @@ def main():
                 if p.poll() is not None:
                     break
                 time.sleep(0.1)
+        template(os.path.join(os.path.dirname(tide), "tide-jinja"))
         parity(port)
         bundled(port)
         text(port)
         accuracy(port)
+        tools(port)
     finally:
         p.terminate()
         try:
