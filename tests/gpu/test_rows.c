@@ -153,8 +153,7 @@ void test_rows(void)
 /* --bench --only bench_moe_rows: moe_ffn_table_route of n tokens on Qwen3-30B-A3B's expert shape
  * (q8_0, E 2048, F 768, 128 experts, top 8), random routing: microseconds a call (one layer's
  * MoE) and the distinct experts' bytes over that time, for n = 1 (the fused one-token kernel), 8,
- * 32, 64; each n with kernel 2 copying x quantised once a step and (TIDE_MOE_ROWS_PREQ=0) with
- * each CTA quantising it itself */
+ * 32, 64; n > 1 under each TIDE_MOE_ROWS_CFG (the grouped kernels' warps a CTA) */
 void bench_moe_rows(double d2d)
 {
     const int E = 2048, F = 768, NE = 128, k = 8, ns[] = {1, 8, 32, 64};
@@ -166,11 +165,13 @@ void bench_moe_rows(double d2d)
     float *yd = dev_put(xs, sizeof(float) * 64 * E);
     int32_t *rd = dev_put(NULL, sizeof(int32_t) * 2 * k * 64);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        for (int preq = 1; preq >= 0; preq--) {
+        for (int cfg = 0; cfg <= 4; cfg++) {
             int n = ns[i];
-            if (n == 1 && !preq)
+            if (n == 1 && cfg)
                 continue;
-            setenv("TIDE_MOE_ROWS_PREQ", preq ? "1" : "0", 1);
+            char cs[8];
+            snprintf(cs, sizeof cs, "%d", cfg);
+            setenv("TIDE_MOE_ROWS_CFG", cs, 1);
             double t0 = 0;
             int rc = 0;
             for (int it = -3; it < 50 && rc == 0; it++) {
@@ -191,12 +192,11 @@ void bench_moe_rows(double d2d)
                         used[r[t * 2 * k + j]] = true, distinct++;
             free(r);
             double gbs = distinct * (double)ebytes / (us * 1e-6) / 1e9;
-            printf("  bench_moe_rows: n=%2d %s rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n", n,
-                   preq ? "x quantised once" : "x quantised per CTA", rc, us, distinct, gbs,
-                   d2d > 0 ? 100.0 * gbs / d2d : 0.0);
+            printf("  bench_moe_rows: n=%2d cfg %d rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n", n,
+                   cfg, rc, us, distinct, gbs, d2d > 0 ? 100.0 * gbs / d2d : 0.0);
         }
     }
-    unsetenv("TIDE_MOE_ROWS_PREQ");
+    unsetenv("TIDE_MOE_ROWS_CFG");
     void *dv[] = {ld, xd, yd, rd, x.mem, x.tab_d};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         gpu.i->free(gpu.ctx, dv[i]);

@@ -7,7 +7,7 @@
  * grouping happens on the device, in five launches a layer and no wait:
  *   1. route: one warp a token, route_warp (route()'s bits) into the token's routed row;
  *   1b. every token's x quantised once (quantize_q8_elem), for kernel 2 to copy;
- *   2. gate + up + SwiGLU: a CTA per (32 rows of F, expert); it finds the tokens that chose
+ *   2. gate + up + SwiGLU: a CTA (W warps, 32 / W rows each) per (32 rows of F, expert); it finds the tokens that chose
  *      its expert in the routed rows (a CTA of an expert nobody chose returns at once),
  *      copies their quantised x into shared memory (quantising it in each of an expert's 24
  *      CTAs cost as much as reading the weights) and runs the row-dot of each weight row against up to MOEB_NT tokens at once:
@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MOEB_WARPS 16 /* kernels 2 and 3: 16 warps x 2 rows = 32 rows a CTA */
 #define MOEB_NT MM_NT /* tokens a weight row is dotted with at once */
 #define MOEB_MAX_N 512 /* tokens a step (one thread a token searches the routed rows) */
 #define MOEB_MAX_K 16
@@ -74,8 +73,8 @@ __global__ void moe_rows_quant_x_kernel(const float *__restrict__ x, int E, int8
     }
 }
 
-template <int QT>
-__global__ void __launch_bounds__(MOEB_WARPS * 32)
+template <int QT, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
 moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, const int8_t *__restrict__ xqg,
                         const float *__restrict__ xdg, int8_t *__restrict__ hq, float *__restrict__ hd)
 {
@@ -102,14 +101,14 @@ moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, cons
                 xd[i1] = xdg[(size_t)(pl[c0 + i] / a.k) * nb + bb];
             }
         } else {
-            for (int b = warp; b < nt * nb; b += MOEB_WARPS) { /* the tokens' x, quantised here */
+            for (int b = warp; b < nt * nb; b += W) { /* the tokens' x, quantised here */
                 int i = b / nb, bb = b - i * nb, t = pl[c0 + i] / a.k;
                 quantize_q8_elem(__ldg(x + (size_t)t * E + (size_t)bb * QK + lane), i * E + bb * QK + lane, xq, xd);
             }
         }
         __syncthreads();
-        for (int h = 0; h < QK / MOEB_WARPS; h++) {
-            int rr = warp + h * MOEB_WARPS, r = r0 + rr;
+        for (int h = 0; h < QK / W; h++) {
+            int rr = warp + h * W, r = r0 + rr;
             float g[MM_NT], u[MM_NT];
 #pragma unroll
             for (int i = 0; i < MM_NT; i++)
@@ -131,7 +130,7 @@ moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, cons
             }
         }
         __syncthreads();
-        for (int i = warp; i < nt; i += MOEB_WARPS) /* a warp quantises one pair's 32 values */
+        for (int i = warp; i < nt; i += W) /* a warp quantises one pair's 32 values */
             quantize_q8_elem(hs[i][lane], pl[c0 + i] * a.F + r0 + lane, hq, hd);
         __syncthreads(); /* before the next tokens overwrite xq and hs */
     }
@@ -139,8 +138,8 @@ moe_rows_gate_up_kernel(const moe_rows_args a, const float *__restrict__ x, cons
 
 /* grid (E / 32, n_expert): rows r0..r0+31 of down of expert blockIdx.y for each of its pairs:
  * out[p E + r], unweighted */
-template <int QT>
-__global__ void __launch_bounds__(MOEB_WARPS * 32)
+template <int QT, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
 moe_rows_down_kernel(const moe_rows_args a, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                      float *__restrict__ out)
 {
@@ -165,8 +164,8 @@ moe_rows_down_kernel(const moe_rows_args a, const int8_t *__restrict__ hq, const
             hds[i * nb + b] = hd[(size_t)pl[c0 + i] * nb + b];
         }
         __syncthreads();
-        for (int h = 0; h < QK / MOEB_WARPS; h++) {
-            int rr = warp + h * MOEB_WARPS, r = r0 + rr;
+        for (int h = 0; h < QK / W; h++) {
+            int rr = warp + h * W, r = r0 + rr;
             if (r >= a.E)
                 break;
             float s[MM_NT];
@@ -268,25 +267,58 @@ int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *sha
     }
     size_t sm_gu = (size_t)a.nt * per_tok;
     dim3 g1((unsigned)(a.F / QK), (unsigned)n_expert), g2((unsigned)(a.E / QK), (unsigned)n_expert);
-    unsigned b = MOEB_WARPS * 32;
+    /* q8_0's CTA shape: cfg 3, 4 warps a CTA with registers for 6 CTAs an SM. 16 warps (cfg 0,
+     * the first form) took 99-120 registers, so one CTA an SM, whose serial phases (finding
+     * its pairs, copying x, quantising h) left the SM's loads idle: on one H200, one layer's
+     * MoE (Qwen3-30B-A3B shape) at 8 / 32 / 64 tokens took 263 / 568 / 820 us with cfg 0,
+     * 210 / 468 / 693 with 1 (8 warps, 2 CTAs), 196 / 434 / 659 with 2 (4, 4), 170 / 372 / 591
+     * with 3 (4, 6) and 170 / 393 / 620 with 4 (2, 12); test-gpu --bench --only bench_moe_rows.
+     * TIDE_MOE_ROWS_CFG=0..4 picks another for A/B runs. The other types keep cfg 0's shape
+     * (their kernels need more registers; not measured). */
+    const char *cf = getenv("TIDE_MOE_ROWS_CFG");
+    int cfg = cf ? atoi(cf) : 3;
+#define MOEB_LAUNCH(QTV, W, MINB)                                                                          \
+    do {                                                                                                   \
+        moe_rows_gate_up_kernel<QTV, W, MINB><<<g1, (W) * 32, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd);    \
+        if (!CU_LAUNCH(c, "moe_rows_gate_up_kernel"))                                                      \
+            return c->err;                                                                                 \
+    } while (0)
+#define MOEB_LAUNCH_D(QTV, W, MINB)                                                                        \
+    do {                                                                                                   \
+        moe_rows_down_kernel<QTV, W, MINB><<<g2, (W) * 32, sm_d, c->st>>>(a, hq, hd, out);                \
+        if (!CU_LAUNCH(c, "moe_rows_down_kernel"))                                                         \
+            return c->err;                                                                                 \
+    } while (0)
     switch (T) {
-    case GGML_TYPE_Q8_0: moe_rows_gate_up_kernel<8><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
-    case GGML_TYPE_Q4_0: moe_rows_gate_up_kernel<2><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
-    case GGML_TYPE_Q4_K: moe_rows_gate_up_kernel<KQ_Q4_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
-    case GGML_TYPE_Q5_K: moe_rows_gate_up_kernel<KQ_Q5_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
-    default: moe_rows_gate_up_kernel<KQ_Q6_K><<<g1, b, sm_gu, c->st>>>(a, x, xqg, xdg, hq, hd); break;
+    case GGML_TYPE_Q8_0:
+        switch (cfg) {
+        case 1: MOEB_LAUNCH(8, 8, 2); break;
+        case 2: MOEB_LAUNCH(8, 4, 4); break;
+        case 3: MOEB_LAUNCH(8, 4, 6); break;
+        case 4: MOEB_LAUNCH(8, 2, 12); break;
+        default: MOEB_LAUNCH(8, 16, 1); break;
+        }
+        break;
+    case GGML_TYPE_Q4_0: MOEB_LAUNCH(2, 16, 1); break;
+    case GGML_TYPE_Q4_K: MOEB_LAUNCH(KQ_Q4_K, 16, 1); break;
+    case GGML_TYPE_Q5_K: MOEB_LAUNCH(KQ_Q5_K, 16, 1); break;
+    default: MOEB_LAUNCH(KQ_Q6_K, 16, 1); break;
     }
-    if (!CU_LAUNCH(c, "moe_rows_gate_up_kernel"))
-        return c->err;
     switch (TD) {
-    case GGML_TYPE_Q8_0: moe_rows_down_kernel<8><<<g2, b, sm_d, c->st>>>(a, hq, hd, out); break;
-    case GGML_TYPE_Q4_0: moe_rows_down_kernel<2><<<g2, b, sm_d, c->st>>>(a, hq, hd, out); break;
-    case GGML_TYPE_Q4_K: moe_rows_down_kernel<KQ_Q4_K><<<g2, b, sm_d, c->st>>>(a, hq, hd, out); break;
-    case GGML_TYPE_Q5_K: moe_rows_down_kernel<KQ_Q5_K><<<g2, b, sm_d, c->st>>>(a, hq, hd, out); break;
-    default: moe_rows_down_kernel<KQ_Q6_K><<<g2, b, sm_d, c->st>>>(a, hq, hd, out); break;
+    case GGML_TYPE_Q8_0:
+        switch (cfg) {
+        case 1: MOEB_LAUNCH_D(8, 8, 2); break;
+        case 2: MOEB_LAUNCH_D(8, 4, 4); break;
+        case 3: MOEB_LAUNCH_D(8, 4, 6); break;
+        case 4: MOEB_LAUNCH_D(8, 2, 12); break;
+        default: MOEB_LAUNCH_D(8, 16, 1); break;
+        }
+        break;
+    case GGML_TYPE_Q4_0: MOEB_LAUNCH_D(2, 16, 1); break;
+    case GGML_TYPE_Q4_K: MOEB_LAUNCH_D(KQ_Q4_K, 16, 1); break;
+    case GGML_TYPE_Q5_K: MOEB_LAUNCH_D(KQ_Q5_K, 16, 1); break;
+    default: MOEB_LAUNCH_D(KQ_Q6_K, 16, 1); break;
     }
-    if (!CU_LAUNCH(c, "moe_rows_down_kernel"))
-        return c->err;
     moe_rows_combine_kernel<<<n, 256, 0, c->st>>>(a, out, y);
     return CU_LAUNCH(c, "moe_rows_combine_kernel") ? 0 : c->err;
 }
