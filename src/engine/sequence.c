@@ -590,11 +590,14 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
                 rows += k;
             }
         }
+    e->last_forward_s = 0;
     if (!nf)
         return 0;
+    double t_fw = tide_now();
     if (e->slow_token_us)
         usleep(e->slow_token_us); /* test hook, see engine_init */
     int rc = step_fault(e) ? TIDE_EINTERNAL : forward_eval_batch(&e->fw, fs, nf);
+    e->last_forward_s = tide_now() - t_fw;
     if (rc < 0) {
         const char *be = e->fw.backend_failed ? e->fw.backend_err : NULL;
         for (int i = 0; i < nf; i++) {

@@ -49,6 +49,8 @@ struct engine {
     int n_slots;
     uint64_t use_clock;
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
+    double last_forward_s;    /* the last engine_step's forward (forward_eval_batch), seconds; 0 when
+                                 it ran none */
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };

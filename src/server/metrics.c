@@ -187,6 +187,12 @@ static const struct hist_def hist_defs[METRICS_HIST_COUNT] = {
     [METRICS_REGROW] = {"tide_vram_regrow_seconds",
         "Time for the expert caches to grow back and refill the experts they held.", 15,
         {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
+    [METRICS_STEP_FORWARD] = {"tide_step_forward_seconds",
+        "Time of one scheduler step's forward over its running sequences (device work and the wait for its tokens or logits).", 16,
+        {0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1}},
+    [METRICS_STEP_HOST] = {"tide_step_host_seconds",
+        "Time of one scheduler step outside its forward: planning rows, sampling on the host, text and stop strings, handing chunks to the replies.", 16,
+        {0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1}},
 };
 
 struct hist {
@@ -198,10 +204,10 @@ struct hist {
 
 static struct hist hists[METRICS_HIST_COUNT] = {
 #define H PTHREAD_MUTEX_INITIALIZER
-    {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H},
+    {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H}, {.mu = H},
 #undef H
 };
-_Static_assert(METRICS_HIST_COUNT == 8, "one initializer per histogram above");
+_Static_assert(METRICS_HIST_COUNT == 10, "one initializer per histogram above");
 
 void metrics_observe(enum metrics_hist h, double seconds)
 {

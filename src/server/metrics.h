@@ -39,6 +39,8 @@ enum metrics_hist {
     METRICS_VISION_ENCODE,  /* tide_vision_encode_seconds */
     METRICS_HANDBACK,       /* tide_vram_handback_seconds */
     METRICS_REGROW,         /* tide_vram_regrow_seconds */
+    METRICS_STEP_FORWARD,   /* tide_step_forward_seconds: a scheduler step's forward */
+    METRICS_STEP_HOST,      /* tide_step_host_seconds: the rest of the step on the engine thread */
     METRICS_HIST_COUNT
 };
 void metrics_observe(enum metrics_hist h, double seconds);

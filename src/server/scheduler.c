@@ -276,6 +276,7 @@ static void step(struct scheduler *S)
         qs[i] = S->order[i]->q;
     int rows = rt->cfg->max_batch_tokens;
     int cap = forward_step_rows(&rt->eng.fw);
+    double t0 = tide_now();
     if (engine_step(&rt->eng, qs, S->n, rows < cap ? rows : cap) < 0 && rt->eng.fw.backend_failed) {
         tide_log("the backend failed: %s; the daemon reports itself unhealthy (GET /health 503) until restarted",
                  rt->eng.fw.backend_err);
@@ -307,6 +308,12 @@ static void step(struct scheduler *S)
     S->n = k;
     if (ended)
         runtime_publish(rt);
+    /* where a step's time goes: the forward, and the engine thread's work around it */
+    double fw = rt->eng.last_forward_s;
+    if (fw > 0) {
+        metrics_observe(METRICS_STEP_FORWARD, fw);
+        metrics_observe(METRICS_STEP_HOST, tide_now() - t0 - fw);
+    }
 }
 
 static void *engine_main(void *arg)

@@ -187,6 +187,11 @@ for h in ("tide_queue_time_seconds", "tide_time_to_first_token_seconds", "tide_r
     if not val(h + "_count") >= 1: errs.append("%s_count %g after a chat request" % (h, val(h + "_count")))
 if gen >= 2 and not val("tide_inter_token_latency_seconds_count") >= 1:
     errs.append("no inter-token latency after %g tokens" % gen)
+# each generated token came out of a scheduler step, and each step with a forward is timed twice
+steps = val("tide_step_forward_seconds_count")
+if not steps >= 1 or val("tide_step_host_seconds_count") != steps:
+    errs.append("tide_step_forward_seconds_count %g (tokens %g), tide_step_host_seconds_count %g"
+                % (steps, gen, val("tide_step_host_seconds_count")))
 if errs:
     print("FAIL test_prometheus: " + "; ".join(errs))
     sys.exit(1)

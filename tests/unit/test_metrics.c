@@ -188,6 +188,8 @@ Test(metrics, histograms_cumulative_count_sum)
     metrics_observe(METRICS_ITL, NAN);     /* ignored */
     metrics_observe(METRICS_E2E, 90);
     metrics_observe(METRICS_REGROW, 0.0003);
+    metrics_observe(METRICS_STEP_FORWARD, 0.03);
+    metrics_observe(METRICS_STEP_HOST, 0.00004);
     char *t = metrics_render();
     cr_assert_not_null(t);
     cr_expect_eq(check_histogram(t, "tide_inter_token_latency_seconds", 5000.029), 5);
@@ -199,6 +201,11 @@ Test(metrics, histograms_cumulative_count_sum)
     cr_expect_eq(sample(t, "tide_request_duration_seconds_bucket{le=\"60\"}"), 0);
     cr_expect_eq(sample(t, "tide_request_duration_seconds_bucket{le=\"120\"}"), 1);
     cr_expect_eq(check_histogram(t, "tide_vram_regrow_seconds", 0.0003), 1);
+    cr_expect_eq(check_histogram(t, "tide_step_forward_seconds", 0.03), 1);
+    cr_expect_eq(sample(t, "tide_step_forward_seconds_bucket{le=\"0.02\"}"), 0);
+    cr_expect_eq(sample(t, "tide_step_forward_seconds_bucket{le=\"0.03\"}"), 1);
+    cr_expect_eq(check_histogram(t, "tide_step_host_seconds", 0.00004), 1);
+    cr_expect_eq(sample(t, "tide_step_host_seconds_bucket{le=\"5e-05\"}"), 1);
     static const char *const names[] = {
         "tide_time_to_first_token_seconds", "tide_queue_time_seconds", "tide_vision_load_seconds",
         "tide_vision_encode_seconds", "tide_vram_handback_seconds"};
