@@ -66,12 +66,17 @@ struct experts {
     struct expert_weights shape;
 };
 
-static void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE)
+static void experts_make_at(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE, size_t stride)
 {
     size_t parts[3] = {ggml_row_size(T, E) * F, ggml_row_size(T, E) * F, ggml_row_size(TD, F) * E}, slot = 0;
     for (int m = 0; m < 3; m++)
         slot += (parts[m] + 255) / 256 * 256;
+    if (stride > slot) /* expert e at e * stride: spread over NE * stride bytes, as in a large cache */
+        slot = (stride + 255) / 256 * 256;
     x->mem = gpu.i->alloc(gpu.ctx, slot * NE);
+    x->tab_d = NULL;
+    if (!x->mem)
+        return;
     const void **tab = malloc(sizeof(void *) * 3 * NE);
     for (int e = 0; e < NE; e++) {
         size_t off = 0;
@@ -93,6 +98,11 @@ static void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int 
     }
     x->tab_d = dev_put(tab, sizeof(void *) * 3 * NE);
     free(tab);
+}
+
+static void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE)
+{
+    experts_make_at(x, T, TD, E, F, NE, 0);
 }
 
 static bool moe_rows_case(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n)
@@ -153,12 +163,27 @@ void test_rows(void)
 /* --bench --only bench_moe_rows: moe_ffn_table_route of n tokens on Qwen3-30B-A3B's expert shape
  * (q8_0, E 2048, F 768, 128 experts, top 8), random routing: microseconds a call (one layer's
  * MoE) and the distinct experts' bytes over that time, for n = 1 (the fused one-token kernel), 8,
- * 32, 64; n > 1 under each TIDE_MOE_ROWS_CFG (the grouped kernels' warps a CTA) */
+ * 32, 64; n > 1 under each TIDE_MOE_ROWS_CFG (the grouped kernels' warps a CTA). Then the
+ * default cfg again with the experts spread 240 MB apart (30 GB, the full model's expert cache
+ * on one H200) instead of packed in 0.6 GB: the difference is what scattered addresses cost. */
+static void bench_moe_rows_at(double d2d, size_t stride, bool all_cfgs);
+
 void bench_moe_rows(double d2d)
+{
+    bench_moe_rows_at(d2d, 0, true);
+    bench_moe_rows_at(d2d, (size_t)240 << 20, false);
+    verdict("bench_moe_rows", true, "%g layouts", 2.0);
+}
+
+static void bench_moe_rows_at(double d2d, size_t stride, bool all_cfgs)
 {
     const int E = 2048, F = 768, NE = 128, k = 8, ns[] = {1, 8, 32, 64};
     struct experts x;
-    experts_make(&x, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, E, F, NE);
+    experts_make_at(&x, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, E, F, NE, stride);
+    if (!x.mem) {
+        printf("  bench_moe_rows: no memory for %zu MB a expert\n", stride >> 20);
+        return;
+    }
     size_t ebytes = 2 * ggml_row_size(GGML_TYPE_Q8_0, E) * F + ggml_row_size(GGML_TYPE_Q8_0, F) * E;
     float *lg = rand_vec((size_t)64 * NE, 2.0f), *xs = rand_vec((size_t)64 * E, 1.0f);
     float *ld = dev_put(lg, sizeof(float) * 64 * NE), *xd = dev_put(xs, sizeof(float) * 64 * E);
@@ -167,7 +192,7 @@ void bench_moe_rows(double d2d)
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         for (int cfg = 0; cfg <= 4; cfg++) {
             int n = ns[i];
-            if (n == 1 && cfg)
+            if ((n == 1 || !all_cfgs) && cfg != 3)
                 continue;
             char cs[8];
             snprintf(cs, sizeof cs, "%d", cfg);
@@ -192,8 +217,8 @@ void bench_moe_rows(double d2d)
                         used[r[t * 2 * k + j]] = true, distinct++;
             free(r);
             double gbs = distinct * (double)ebytes / (us * 1e-6) / 1e9;
-            printf("  bench_moe_rows: n=%2d cfg %d rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n", n,
-                   cfg, rc, us, distinct, gbs, d2d > 0 ? 100.0 * gbs / d2d : 0.0);
+            printf("  bench_moe_rows: %s n=%2d cfg %d rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n",
+                   stride ? "spread" : "packed", n, cfg, rc, us, distinct, gbs, d2d > 0 ? 100.0 * gbs / d2d : 0.0);
         }
     }
     unsetenv("TIDE_MOE_ROWS_CFG");
@@ -202,5 +227,4 @@ void bench_moe_rows(double d2d)
         gpu.i->free(gpu.ctx, dv[i]);
     free(lg);
     free(xs);
-    verdict("bench_moe_rows", true, "%g sizes", (double)(sizeof ns / sizeof ns[0]));
 }
