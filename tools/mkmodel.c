@@ -12,7 +12,7 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: tide-mkmodel --preset dense|moe|qwen3moe|qwen2moe|gpt-oss|olmoe|granitemoe|granitemoe-shared|deepseek2|qwen3vlmoe|big|qwen3-30b-a3b|qwen3-vl-30b-a3b --out FILE [--seed N]\n"
+            "usage: tide-mkmodel --preset dense|moe|qwen3moe|qwen2moe|gpt-oss|olmoe|granitemoe|granitemoe-shared|deepseek2|qwen3vlmoe|qwen2vl|big|qwen3-30b-a3b|qwen3-vl-30b-a3b --out FILE [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_K|q5_K|q6_K|iq4_xs|mxfp4] [--down-type T]\n"
             "       [--mix Q4_K_M|Q5_K_M|Q6_K] [--layers N] [--embd N] [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
