@@ -330,3 +330,25 @@ Test(archs, qwen2vl_with_a_qwen25vl_tower_answers_an_image, .fini = done, .timeo
 {
     qwen2vl_pair_answers_an_image(true);
 }
+
+/* qwen2vl with Qwen3-VL's tower (of its width): text serves, an image is refused naming the
+ * towers qwen2vl takes. */
+Test(archs, qwen2vl_refuses_images_from_another_tower, .fini = done, .timeout = 120)
+{
+    write_preset("qwen2vl");
+    char mm[64], err[200] = "";
+    snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q3v128.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1, .n_embd_text = 128};
+    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 0, err, sizeof err), 0, "%s", err);
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mm);
+    harness_start(cfg);
+    unlink(mm);
+    char *text = greedy_reply();
+    cr_expect(text[0] != 0, "text still serves");
+    struct harness_reply r = harness_req("POST", "/v1/chat/completions", NULL, IMAGE_CHAT);
+    cr_expect_geq(r.status, 400, "an image from the wrong tower is refused (status %ld)", r.status);
+    cr_expect(r.body && strstr(r.body, "qwen2vl_merger"), "the reply names the towers: %s", r.body ? r.body : "");
+    harness_reply_free(&r);
+    free(text);
+}
