@@ -278,3 +278,17 @@ Test(mrope, qwen2vl_forward_takes_sections_in_order)
     model_free(&m);
     unlink(path);
 }
+
+/* qwen2vl is dense in llama.cpp: a file of it with experts is refused by name. */
+Test(mrope, qwen2vl_with_experts_is_refused)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-moe-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 1, .type = -1, .threads = 1,
+                                 .n_expert = 4, .n_expert_used = 2};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EUNSUPPORTED);
+    cr_assert(strstr(err, "qwen2vl with experts"), "%s", err);
+    unlink(path);
+}
