@@ -23,7 +23,7 @@ if [ -f "$LD/include/llama.h" ] && [ -e "$LD/build/bin/libllama.so" ]; then
 fi
 [ -n "$LL" ] || echo "(no libllama in LLAMA_DIR=$LD: greedy texts only, no step-0 logits)"
 fail=0
-for preset in ${PRESETS:-dense moe qwen3moe qwen2moe gpt-oss olmoe granitemoe granitemoe-shared qwen3vlmoe}; do
+for preset in ${PRESETS:-dense moe qwen3moe qwen2moe gpt-oss olmoe granitemoe granitemoe-shared qwen3vlmoe qwen2vl}; do
   # PRESET:TYPE runs a preset in another type (gpt-oss:mxfp4); the default is f32
   type=f32; case $preset in *:*) type=${preset#*:}; preset=${preset%%:*};; esac
   build/tide-mkmodel --preset $preset --type $type --out "$tmp/$preset.gguf" >/dev/null

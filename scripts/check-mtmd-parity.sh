@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Qwen3-VL image embeddings, tide vs llama.cpp's libmtmd (issue 25): the qwen3vlmoe text preset
-# and the mmproj-qwen3vl tower (f32 matrices), synthetic images of several sizes whose sides are
-# already multiples of 16 (no resize on either side, so the towers alone are compared: patch
-# embedding, position-table interpolation, 2-D rope, deepstack and the 2x2 merger). The relative
-# RMS difference of the main embeddings and of each deepstack feature must be under 1e-3.
-# Then the greedy reply to a chat with a 64x48 image (24 tokens, temperature 0) from the daemon
+# Qwen-VL image embeddings, tide vs llama.cpp's libmtmd (issue 25), for each pair of PAIRS:
+# qwen3vl (the qwen3vlmoe text preset and the mmproj-qwen3vl tower), qwen2vl (qwen2vl and
+# mmproj-qwen2vl), qwen25vl (qwen2vl and mmproj-qwen25vl), f32 matrices; synthetic images of
+# several sizes whose sides are already multiples of patch * 2 (no resize on either side, so the
+# towers alone are compared: patch embedding, position-table interpolation, 2-D rope, deepstack,
+# window attention and the 2x2 merger). The relative RMS difference of the main embeddings and
+# of each deepstack feature must be under 1e-3.
+# Then the greedy reply to a chat with an image (24 tokens, temperature 0) from the daemon
 # and from libmtmd's helper (scripts/mtmd-greedy.c: the same ChatML text, the image between
 # <|vision_start|> and <|vision_end|>, M-RoPE positions, deepstack) must be the same text.
-# Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) scripts/check-mtmd-parity.sh
+# Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) [PAIRS="qwen2vl ..."] scripts/check-mtmd-parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LD="${LLAMA_DIR:-/tmp/llama.cpp}"
@@ -19,18 +21,26 @@ cc -O2 -std=c11 scripts/mtmd-embd.c -I"$LD/include" -I"$LD/ggml/include" -I"$LD/
 cc -O2 -std=c11 scripts/mtmd-greedy.c -I"$LD/include" -I"$LD/ggml/include" -I"$LD/tools/mtmd" -L"$LD/build/bin" \
   -lmtmd -lllama -lm -Wl,-rpath,"$LD/build/bin" -o "$tmp/mtmd-greedy"
 cc -O2 -std=c11 -Isrc scripts/tide-embd.c build/libtide.a $(make -s print-gpu-ldlibs) -o "$tmp/tide-embd"
-build/tide-mkmodel --preset qwen3vlmoe --type f32 --out "$tmp/text.gguf" >/dev/null
-build/tide-mkmodel --preset mmproj-qwen3vl --type f32 --out "$tmp/mmproj.gguf" >/dev/null
 fail=0
-for size in "64 48" "96 64" "32 80"; do
+for pair in ${PAIRS:-qwen3vl qwen2vl qwen25vl}; do
+case $pair in # text preset, tower preset, text width, image sizes, the greedy prompt's image
+  qwen3vl) text=qwen3vlmoe T=96 sizes=("64 48" "96 64" "32 80") gsize="64 48";;
+  qwen2vl) text=qwen2vl T=128 sizes=("64 48" "96 64" "32 80") gsize="64 48";;
+  qwen25vl) text=qwen2vl T=128 sizes=("112 56" "168 112" "252 140") gsize="168 112";; # windows of 4x4 merged tokens
+  *) echo "unknown pair $pair"; exit 2;;
+esac
+echo "== $pair"
+build/tide-mkmodel --preset $text --type f32 --out "$tmp/text.gguf" >/dev/null
+build/tide-mkmodel --preset mmproj-$pair --type f32 --out "$tmp/mmproj.gguf" >/dev/null
+for size in "${sizes[@]}"; do
   "$tmp/mtmd-embd" "$tmp/text.gguf" "$tmp/mmproj.gguf" $size 2>/dev/null >"$tmp/ref.txt"
   "$tmp/tide-embd" "$tmp/mmproj.gguf" $size >"$tmp/ours.txt"
-  python3 - "$tmp/ours.txt" "$tmp/ref.txt" "$size" <<'PY' || fail=1
+  python3 - "$tmp/ours.txt" "$tmp/ref.txt" "$size" $T <<'PY' || fail=1
 import math, sys
 a = open(sys.argv[1]).read().split(); b = open(sys.argv[2]).read().split()
 if a[:2] != b[:2]:
     print(f"DIFFERENT: {sys.argv[3]}: tide {a[0]} tokens of {a[1]}, llama.cpp {b[0]} of {b[1]}"); sys.exit(1)
-n, e = int(a[0]), int(a[1]); T = 96
+n, e = int(a[0]), int(a[1]); T = int(sys.argv[4])
 a = [float(x) for x in a[2:]]; b = [float(x) for x in b[2:]]
 worst, parts = 0.0, []
 for p in range(e // T):
@@ -46,14 +56,14 @@ sys.exit(0 if ok else 1)
 PY
 done
 Q=$'What is this?'
-"$tmp/mtmd-greedy" "$tmp/text.gguf" "$tmp/mmproj.gguf" 64 48 $'<|im_start|>user\n<__media__>'"$Q"$'<|im_end|>\n<|im_start|>assistant\n' 24 \
+"$tmp/mtmd-greedy" "$tmp/text.gguf" "$tmp/mmproj.gguf" $gsize $'<|im_start|>user\n<__media__>'"$Q"$'<|im_end|>\n<|im_start|>assistant\n' 24 \
   2>/dev/null >"$tmp/ref-text"
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 build/tide --port "$port" --model "$tmp/text.gguf" --mmproj "$tmp/mmproj.gguf" >"$tmp/log" 2>&1 & pid=$!
 for _ in $(seq 50); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 0.1; done
-python3 - "$Q" >"$tmp/req.json" <<'PY'
+python3 - "$Q" $gsize >"$tmp/req.json" <<'PY'
 import base64, json, struct, sys
-w, h = 64, 48
+w, h = int(sys.argv[2]), int(sys.argv[3])
 rows = b''
 for y in range(h - 1, -1, -1):  # a 24-bit BMP: rows bottom-up, BGR; the pixels of mtmd-greedy.c
     r = b''.join(bytes([(x * 37 + y * 91 + c * 53 + (x * y) % 17) & 255 for c in (2, 1, 0)]) for x in range(w))
@@ -66,16 +76,17 @@ print(json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"
 PY
 curl -s "localhost:$port/v1/chat/completions" -H 'Content-Type: application/json' -d @"$tmp/req.json" >"$tmp/ours.json"
 kill $pid; wait $pid 2>/dev/null || true
-python3 - "$tmp/ours.json" "$tmp/ref-text" <<'PY' || fail=1
+python3 - "$tmp/ours.json" "$tmp/ref-text" "$gsize" <<'PY' || fail=1
 import json, sys
 ours = json.load(open(sys.argv[1]))["choices"][0]["message"]["content"]
 ref = open(sys.argv[2], "rb").read().decode("utf-8", "replace").rstrip("\n")
 # a partial UTF-8 character at the end: tide holds it back, llama.cpp prints its bytes
 strip = lambda t: t.rstrip("\ufffd")
 ok = strip(ours) == strip(ref) and len(ours) > 0
-print(f"{'same' if ok else 'DIFFERENT'}: greedy reply to a 64x48 image prompt (24 tokens)")
+print(f"{'same' if ok else 'DIFFERENT'}: greedy reply to a {sys.argv[3].replace(' ', 'x')} image prompt (24 tokens)")
 if not ok:
     print(" llama.cpp:", repr(ref)); print(" tide:     ", repr(ours))
 sys.exit(0 if ok else 1)
 PY
+done
 exit $fail

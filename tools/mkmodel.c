@@ -12,14 +12,14 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: tide-mkmodel --preset dense|moe|qwen3moe|qwen2moe|gpt-oss|olmoe|granitemoe|granitemoe-shared|deepseek2|qwen3vlmoe|big|qwen3-30b-a3b|qwen3-vl-30b-a3b --out FILE [--seed N]\n"
+            "usage: tide-mkmodel --preset dense|moe|qwen3moe|qwen2moe|gpt-oss|olmoe|granitemoe|granitemoe-shared|deepseek2|qwen3vlmoe|qwen2vl|big|qwen3-30b-a3b|qwen3-vl-30b-a3b --out FILE [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_K|q5_K|q6_K|iq4_xs|mxfp4] [--down-type T]\n"
             "       [--mix Q4_K_M|Q5_K_M|Q6_K] [--layers N] [--embd N] [--heads N]\n"
             "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
             "       (--down-type: ffn_down and output.weight in T, e.g. q4_K with q6_K as in Q4_K_M)\n"
             "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
             "       its matrices are made by --threads threads, default all CPUs)\n"
-            "       tide-mkmodel --preset mmproj|mmproj-qwen3vl|mmproj-qwen3vl-30b --out FILE [--text-embd N] [--seed N]\n"
+            "       tide-mkmodel --preset mmproj|mmproj-qwen3vl|mmproj-qwen3vl-30b|mmproj-qwen2vl|mmproj-qwen25vl --out FILE [--text-embd N] [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0] [--layers N] [--embd N] [--heads N] [--ff N]\n"
             "       (a LLaVA-style vision tower; --text-embd is the text model's n_embd)\n");
 }
@@ -85,6 +85,19 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("tide-mkmodel: %s preset 'mmproj-qwen3vl' (text n_embd %u)\n", o.out, text_embd ? text_embd : 96);
+        return 0;
+    }
+    if (!strcmp(o.preset, "mmproj-qwen2vl") || !strcmp(o.preset, "mmproj-qwen25vl")) {
+        bool q25 = !strcmp(o.preset, "mmproj-qwen25vl");
+        struct mmprojgen_options m = {.out = o.out, .seed = o.seed, .type = o.type,
+                                      .n_embd_text = text_embd, .n_embd = o.n_embd,
+                                      .n_ff = o.n_ff, .n_head = o.n_head, .n_layer = o.n_layer};
+        int rc = mmprojgen_write_qwen2vl(&m, q25, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "tide-mkmodel: %s (%s)\n", err, tide_strerror(rc));
+            return 1;
+        }
+        printf("tide-mkmodel: %s preset '%s' (text n_embd %u)\n", o.out, o.preset, text_embd ? text_embd : 128);
         return 0;
     }
     if (!strcmp(o.preset, "mmproj-qwen3vl-30b")) { /* Qwen3-VL-30B-A3B's tower, real size */

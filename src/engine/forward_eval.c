@@ -351,15 +351,17 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const struct run *R = &rn[r];
             float *q = st->q + (size_t)R->t0 * qd;
             float *k = kpos + (size_t)(one ? 0 : R->t0) * kvd, *v = vpos + (size_t)(one ? 0 : R->t0) * kvd;
-            if (R->mpos) { /* M-RoPE (qwen3vlmoe with images): head norms, then each row's four ids */
+            if (R->mpos) { /* M-RoPE (qwen3vlmoe, qwen2vl with images): head norms, then each row's four ids */
                 if (!B->rope_multi)
                     return TIDE_EUNSUPPORTED;
                 if (qn)
                     B->rmsnorm(bc, q, qn, q, hd, R->n * (int)c->n_head, c->rms_eps);
                 if (kn)
                     B->rmsnorm(bc, k, kn, k, hd, R->n * (int)c->n_head_kv, c->rms_eps);
-                B->rope_multi(bc, q, R->n, (int)c->n_head, hd, R->mpos, c->rope_theta, c->rope_sections, true);
-                B->rope_multi(bc, k, R->n, (int)c->n_head_kv, hd, R->mpos, c->rope_theta, c->rope_sections, true);
+                B->rope_multi(bc, q, R->n, (int)c->n_head, hd, R->mpos, c->rope_theta, c->rope_sections,
+                              c->rope_sections_interleaved);
+                B->rope_multi(bc, k, R->n, (int)c->n_head_kv, hd, R->mpos, c->rope_theta, c->rope_sections,
+                              c->rope_sections_interleaved);
             } else if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
                 B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
                 B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale);

@@ -32,6 +32,7 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_OLMOE: return "olmoe";
     case ARCH_GRANITEMOE: return "granitemoe";
     case ARCH_QWEN3VLMOE: return "qwen3vlmoe";
+    case ARCH_QWEN2VL: return "qwen2vl";
     }
     return "?";
 }
@@ -254,33 +255,44 @@ static int load_granite_config(const struct gguf_file *g, struct model_config *c
     return 0;
 }
 
-/* qwen3vlmoe: rope.dimension_sections (required, as llama.cpp has it: an array of up to 4
- * integers, pairs per section, at most head_dim / 2 in all) and n_deepstack_layers (default 0).
- * A MoE model: llama.cpp refuses it without experts. */
-static int load_qwen3vl_config(const struct gguf_file *g, struct model_config *c, char *err, size_t errlen)
+/* M-RoPE's rope.dimension_sections (required, as llama.cpp has it: an array of up to 4
+ * integers, pairs per section, at most head_dim / 2 in all); qwen3vlmoe interleaves them. */
+static int load_rope_sections(const struct gguf_file *g, const char *arch, struct model_config *c, char *err,
+                              size_t errlen)
 {
-    int rc;
-    if (c->n_expert == 0)
-        return fail(err, errlen, TIDE_EFORMAT, "missing qwen3vlmoe.expert_count");
-    const struct gguf_kv *kv = gguf_find_kv(g, "qwen3vlmoe.rope.dimension_sections");
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    const struct gguf_kv *kv = gguf_find_kv(g, key);
     if (!kv)
-        return fail(err, errlen, TIDE_EFORMAT, "missing key qwen3vlmoe.rope.dimension_sections");
+        return fail(err, errlen, TIDE_EFORMAT, "missing key %s", key);
     if (kv->type != GGUF_TYPE_ARRAY || (kv->v.arr.type != GGUF_TYPE_INT32 && kv->v.arr.type != GGUF_TYPE_UINT32) ||
         kv->v.arr.n == 0 || kv->v.arr.n > 4)
-        return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections: expected 1 to 4 integers");
+        return fail(err, errlen, TIDE_EFORMAT, "%s: expected 1 to 4 integers", key);
     uint64_t sum = 0;
     for (uint64_t i = 0; i < kv->v.arr.n; i++) {
         int32_t v;
         memcpy(&v, kv->v.arr.data + 4 * i, 4);
         if (v < 0)
-            return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections[%llu] = %d is negative",
-                        (unsigned long long)i, v);
+            return fail(err, errlen, TIDE_EFORMAT, "%s[%llu] = %d is negative", key, (unsigned long long)i, v);
         c->rope_sections[i] = (uint32_t)v;
         sum += (uint32_t)v;
     }
     if (sum == 0 || sum > c->head_dim / 2)
-        return fail(err, errlen, TIDE_EFORMAT, "qwen3vlmoe.rope.dimension_sections sum to %llu pairs (1 to head_dim/2 = %u)",
+        return fail(err, errlen, TIDE_EFORMAT, "%s sum to %llu pairs (1 to head_dim/2 = %u)", key,
                     (unsigned long long)sum, c->head_dim / 2);
+    c->rope_sections_interleaved = c->arch == ARCH_QWEN3VLMOE;
+    return 0;
+}
+
+/* qwen3vlmoe: the sections and n_deepstack_layers (default 0). A MoE model: llama.cpp refuses
+ * it without experts. */
+static int load_qwen3vl_config(const struct gguf_file *g, struct model_config *c, char *err, size_t errlen)
+{
+    int rc;
+    if (c->n_expert == 0)
+        return fail(err, errlen, TIDE_EFORMAT, "missing qwen3vlmoe.expert_count");
+    if ((rc = load_rope_sections(g, "qwen3vlmoe", c, err, errlen)))
+        return rc;
     if ((rc = arch_u32(g, "qwen3vlmoe", "n_deepstack_layers", 0, false, &c->n_deepstack, err, errlen)))
         return rc;
     if (c->n_deepstack > c->n_layer)
@@ -305,6 +317,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     else if (gguf_str_eq(a, "olmoe")) { c->arch = ARCH_OLMOE; arch = "olmoe"; }
     else if (gguf_str_eq(a, "granitemoe")) { c->arch = ARCH_GRANITEMOE; arch = "granitemoe"; }
     else if (gguf_str_eq(a, "qwen3vlmoe")) { c->arch = ARCH_QWEN3VLMOE; arch = "qwen3vlmoe"; }
+    else if (gguf_str_eq(a, "qwen2vl")) { c->arch = ARCH_QWEN2VL; arch = "qwen2vl"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
@@ -390,6 +403,11 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (c->arch == ARCH_GRANITEMOE && (rc = load_granite_config(g, c, n_ff_shexp, err, errlen)))
         return rc;
     if (c->arch == ARCH_QWEN3VLMOE && (rc = load_qwen3vl_config(g, c, err, errlen)))
+        return rc;
+    /* qwen2vl: dense only (llama.cpp reads no experts for it), sections one after the other */
+    if (c->arch == ARCH_QWEN2VL && c->n_expert)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "qwen2vl with experts is not a model llama.cpp knows");
+    if (c->arch == ARCH_QWEN2VL && (rc = load_rope_sections(g, "qwen2vl", c, err, errlen)))
         return rc;
 
     const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");

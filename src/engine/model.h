@@ -10,7 +10,9 @@
  * (Mixtral-style MoE with four scalars: embedding, residual, attention and logit scales),
  * qwen3vlmoe (Qwen3-VL-MoE's
  * text model: qwen3moe with M-RoPE in rope.dimension_sections and deepstack image features added
- * after its first n_deepstack layers; a text token's M-RoPE is plain NEOX rope, see mrope.h).
+ * after its first n_deepstack layers; a text token's M-RoPE is plain NEOX rope, see mrope.h),
+ * qwen2vl (Qwen2-VL's and Qwen2.5-VL's text model: Qwen2 dense with q/k/v biases and M-RoPE
+ * whose sections lie one after the other rather than interleaved).
  * Weights stay in the mmapped file (host RAM); a struct tensor is a view, never a copy.
  * Experts are reached only through expert_lookup (see forward.h) so that the elastic
  * expert cache can sit in between. */
@@ -29,7 +31,7 @@ struct tensor {
 };
 
 enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_OLMOE, ARCH_GRANITEMOE,
-                  ARCH_QWEN3VLMOE };
+                  ARCH_QWEN3VLMOE, ARCH_QWEN2VL };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -59,10 +61,11 @@ struct model_config {
      * attention_scale instead of 1/sqrt(head_dim) (0: the usual); the logits divided by
      * logit_scale (folded into output_norm at load: the output product is linear). */
     float embedding_scale, residual_scale, attention_scale, logit_scale;
-    /* qwen3vlmoe: M-RoPE's pairs per section (time, height, width, extra; interleaved, see
-     * mrope.h) and how many first layers add a deepstack feature of an image token to their
-     * output; zeros elsewhere */
+    /* qwen3vlmoe, qwen2vl: M-RoPE's pairs per section (time, height, width, extra; see
+     * mrope.h), interleaved (qwen3vlmoe) or one after the other (qwen2vl); qwen3vlmoe: how many
+     * first layers add a deepstack feature of an image token to their output; zeros elsewhere */
     uint32_t rope_sections[4];
+    bool rope_sections_interleaved;
     uint32_t n_deepstack;
 };
 

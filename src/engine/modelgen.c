@@ -323,6 +323,11 @@ static const struct preset presets[] = {
      * of 4 (3 of 48 there) */
     {"qwen3vlmoe", "qwen3vlmoe", 96, 4, 4, 2, 32, 128, 8, 2, GGML_TYPE_F16, true, 1e-6f, 0, 5e6f, false, 0, 0,
      {6, 5, 5, 0}, 2},
+    /* Qwen2-VL's (and Qwen2.5-VL's) text model, small: Qwen2 dense with q/k/v biases, GQA,
+     * head_dim n_embd / n_head, M-RoPE sections one after the other in Qwen2-VL-2B's
+     * proportions (16, 24, 24 of 64 pairs there: 4, 6, 6 of 16 here) */
+    {"qwen2vl", "qwen2vl", 128, 4, 4, 2, 0, 256, 0, 0, GGML_TYPE_F16, false, 1e-6f, 0, 1e6f, false, 0, 0,
+     {4, 6, 6, 0}, 0},
     {"big", "llama", 1024, 8, 16, 8, 0, 512, 16, 2, GGML_TYPE_F16, false, 1e-5f, 0, 0, false, 0, 0, {0}, 0},
     /* Qwen3-30B-A3B's config.json: hidden 2048, 48 layers, 32 heads / 4 KV heads of 128,
      * 128 experts of moe_intermediate 768, 8 used, vocab 151936, rope_theta 1e6, eps 1e-6 */
@@ -470,7 +475,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (o->preset && strcmp(o->preset, presets[i].name) == 0) p = &presets[i];
-    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, deepseek2, qwen3vlmoe, big, qwen3-30b-a3b, qwen3-vl-30b-a3b)");
+    if (!p) return efail(err, errlen, TIDE_EINVAL, "unknown preset (dense, moe, qwen3moe, qwen2moe, gpt-oss, olmoe, granitemoe, granitemoe-shared, deepseek2, qwen3vlmoe, qwen2vl, big, qwen3-30b-a3b, qwen3-vl-30b-a3b)");
     struct preset c = *p;
     if (o->n_layer) c.n_layer = o->n_layer;
     if (o->n_embd) c.n_embd = o->n_embd;
@@ -577,7 +582,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     }
     if (c.mrope_sections[0]) {
         gguf_w_arr_i32(w, AK("rope.dimension_sections"), c.mrope_sections, 4);
-        gguf_w_u32(w, AK("n_deepstack_layers"), c.n_deepstack);
+        if (!strcmp(c.arch, "qwen3vlmoe"))
+            gguf_w_u32(w, AK("n_deepstack_layers"), c.n_deepstack);
     }
     if (c.n_swa) { /* gpt-oss: the window, and yarn as gpt-oss-20b's file has it (factor 32 over 4096) */
         gguf_w_u32(w, AK("attention.sliding_window"), c.n_swa);
@@ -618,7 +624,7 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
         tensor(&g, BN("attn_v"), T, 2, E, KV, 1, 1.0f / sqrtf((float)E), 0);
         tensor(&g, BN("attn_output"), T, 2, Q, E, 1, 1.0f / sqrtf((float)Q), 0);
 #define BB(s) (snprintf(n, sizeof n, "blk.%u." s ".bias", l), n)
-        if ((qwen2 && c.n_ff_shexp) || oss) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
+        if ((qwen2 && c.n_ff_shexp) || oss || !strcmp(c.arch, "qwen2vl")) { /* qwen2's and gpt-oss's q/k/v biases (f32, as converted files have them) */
             tensor(&g, BB("attn_q"), GGML_TYPE_F32, 1, Q, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_k"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);
             tensor(&g, BB("attn_v"), GGML_TYPE_F32, 1, KV, 1, 1, 0.2f, 0);

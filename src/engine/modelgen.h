@@ -8,7 +8,7 @@
 
 struct modelgen_options {
     const char *preset;   /* "dense", "moe", "qwen3moe", "qwen2moe", "gpt-oss", "olmoe", "granitemoe", "granitemoe-shared",
-                           * "deepseek2" (llama.cpp only), "qwen3vlmoe", "big", "qwen3-30b-a3b", "qwen3-vl-30b-a3b" (benchmarks) */
+                           * "deepseek2" (llama.cpp only), "qwen3vlmoe", "qwen2vl", "big", "qwen3-30b-a3b", "qwen3-vl-30b-a3b" (benchmarks) */
     const char *out;      /* output path */
     uint64_t seed;        /* PRNG seed; same options -> byte-identical file */
     int type;             /* ggml type of the big matrices, or -1 for the preset's */

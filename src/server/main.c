@@ -288,28 +288,38 @@ static void drain(struct app *a, struct fifo *f, const sigset_t *sigs)
 static struct app app;
 
 /* The text model and the tower must be a pair: qwen3vlmoe's images need its own tower
- * (qwen3vl_merger: M-RoPE grids and deepstack features, as many as the text model adds) and
- * CPU devices (M-RoPE is a CPU op so far); that tower feeds only qwen3vlmoe. */
+ * (qwen3vl_merger: M-RoPE grids and deepstack features, as many as the text model adds),
+ * qwen2vl's a qwen2vl_merger or qwen2.5vl_merger tower, and CPU devices (M-RoPE is a CPU op so
+ * far); those towers feed only their text models. */
 static int vision_pair_check(const struct model_config *c, struct vision_lifecycle *v, const struct memory_plan *mp,
                              char *err, size_t errlen)
 {
     int rc = 0;
-    if (c->arch == ARCH_QWEN3VLMOE && !v->is_qwen3vl) {
+    bool q3 = v->is_qwen3vl && v->qwenvl_kind == QWENVL_3, q2 = v->is_qwen3vl && v->qwenvl_kind != QWENVL_3;
+    if (c->arch == ARCH_QWEN3VLMOE && !q3) {
         snprintf(err, errlen, "the qwen3vlmoe text model takes images from a qwen3vl_merger mmproj, not this one "
-                 "(its projector is LLaVA's 'mlp')");
+                 "(its projector is %s)", q2 ? "Qwen2-VL's" : "LLaVA's 'mlp'");
         rc = TIDE_EUNSUPPORTED;
-    } else if (c->arch != ARCH_QWEN3VLMOE && v->is_qwen3vl) {
+    } else if (c->arch == ARCH_QWEN2VL && !q2) {
+        snprintf(err, errlen, "the qwen2vl text model takes images from a qwen2vl_merger or qwen2.5vl_merger mmproj, "
+                 "not this one (its projector is %s)", q3 ? "qwen3vl_merger" : "LLaVA's 'mlp'");
+        rc = TIDE_EUNSUPPORTED;
+    } else if (c->arch != ARCH_QWEN3VLMOE && q3) {
         snprintf(err, errlen, "a qwen3vl_merger mmproj feeds a qwen3vlmoe text model only (this one is %s)",
                  model_arch_name(c->arch));
         rc = TIDE_EUNSUPPORTED;
-    } else if (v->is_qwen3vl && (uint32_t)v->n_deepstack != c->n_deepstack) {
+    } else if (c->arch != ARCH_QWEN2VL && q2) {
+        snprintf(err, errlen, "a Qwen2-VL mmproj feeds a qwen2vl text model only (this one is %s)",
+                 model_arch_name(c->arch));
+        rc = TIDE_EUNSUPPORTED;
+    } else if (q3 && (uint32_t)v->n_deepstack != c->n_deepstack) {
         snprintf(err, errlen, "the mmproj has %d deepstack layers, the text model adds %u", v->n_deepstack,
                  c->n_deepstack);
         rc = TIDE_EFORMAT;
     }
     for (int i = 0; !rc && v->is_qwen3vl && i < mp->n_dev; i++)
         if (mp->dev[i].kind != DEVICE_KIND_CPU) {
-            snprintf(err, errlen, "qwen3vlmoe images run on cpu devices only so far (device %d is not one: M-RoPE "
+            snprintf(err, errlen, "Qwen-VL images run on cpu devices only so far (device %d is not one: M-RoPE "
                      "has no CUDA op yet)", i);
             rc = TIDE_EUNSUPPORTED;
         }

@@ -187,13 +187,18 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
  * of (image_size / patch)^2 rows, blocks with a fused attn_qkv, deepstack mergers
  * (v.deepstack.N.{norm,fc1,fc2}, N the block they follow) and the 2x2 merger (post_ln, mm.0,
  * mm.2). No pre-LN, as the real model. */
-static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, const uint32_t *ds_layers, char *err,
-                         size_t errlen)
+/* kind 3: Qwen3-VL; 2: Qwen2-VL (no patch bias, no position table, no deepstack, attn_q/k/v
+ * split as the converter writes them, quick-GELU MLP: neither use_gelu nor use_silu); 25:
+ * Qwen2.5-VL (that with weight-only RMSNorms, a gated SiLU MLP with ffn_gate, use_silu and
+ * n_wa_pattern 2: blocks 1, 3, ... attend fully, the others in windows). */
+static int write_qwenvl(const struct mmprojgen_options *o, int kind, uint32_t n_deepstack, const uint32_t *ds_layers,
+                        char *err, size_t errlen)
 {
+    bool q3 = kind == 3, q25 = kind == 25;
     if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
     const uint32_t T = o->n_embd_text ? o->n_embd_text : 96;
-    const uint32_t S = o->image_size ? o->image_size : 64;
-    const uint32_t p = o->patch_size ? o->patch_size : 8;
+    const uint32_t S = o->image_size ? o->image_size : q25 ? 112 : 64;
+    const uint32_t p = o->patch_size ? o->patch_size : q25 ? 14 : 8; /* q25: 112-pixel windows of 4x4 merged tokens */
     const uint32_t D = o->n_embd ? o->n_embd : 64;
     const uint32_t F = o->n_ff ? o->n_ff : 128;
     const uint32_t H = o->n_head ? o->n_head : 4;
@@ -204,6 +209,7 @@ static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack
     if (D % H || (D / H) % 4)
         return fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u must be %u heads of a multiple of 4", D, H);
     if (F == D) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from n_embd");
+    if (!q3 && n_deepstack) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: only Qwen3-VL has deepstack layers");
     if (n_deepstack >= L) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: %u deepstack layers of %u", n_deepstack, L);
     if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 && type != GGML_TYPE_Q8_0)
         return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported", ggml_type_name(type));
@@ -213,13 +219,20 @@ static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack
     if (!g.w) return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
     struct gguf_writer *w = g.w;
     gguf_w_str(w, "general.architecture", "clip");
-    gguf_w_str(w, "general.name", "tide-mmproj-qwen3vl");
-    gguf_w_str(w, "general.description", "tide random-weight Qwen3-VL vision tower (tests)");
+    gguf_w_str(w, "general.name", q3 ? "tide-mmproj-qwen3vl" : q25 ? "tide-mmproj-qwen25vl" : "tide-mmproj-qwen2vl");
+    gguf_w_str(w, "general.description", q3 ? "tide random-weight Qwen3-VL vision tower (tests)"
+                                         : q25 ? "tide random-weight Qwen2.5-VL vision tower (tests)"
+                                               : "tide random-weight Qwen2-VL vision tower (tests)");
     gguf_w_u32(w, "general.file_type", type == GGML_TYPE_F32 ? 0 : type == GGML_TYPE_F16 ? 1 :
                                        type == GGML_TYPE_Q8_0 ? 7 : 32);
     gguf_w_bool(w, "clip.has_vision_encoder", true);
-    gguf_w_str(w, "clip.projector_type", "qwen3vl_merger");
-    gguf_w_bool(w, "clip.use_gelu", true);
+    gguf_w_str(w, "clip.projector_type", q3 ? "qwen3vl_merger" : q25 ? "qwen2.5vl_merger" : "qwen2vl_merger");
+    if (q3)
+        gguf_w_bool(w, "clip.use_gelu", true);
+    if (q25) {
+        gguf_w_bool(w, "clip.use_silu", true);
+        gguf_w_u32(w, "clip.vision.n_wa_pattern", 2);
+    }
     gguf_w_u32(w, "clip.vision.image_size", S);
     gguf_w_u32(w, "clip.vision.patch_size", p);
     gguf_w_u32(w, "clip.vision.embedding_length", D);
@@ -230,27 +243,47 @@ static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack
     gguf_w_f32(w, "clip.vision.attention.layer_norm_epsilon", 1e-6f);
     gguf_w_u32(w, "clip.vision.spatial_merge_size", 2);
     const float half[3] = {0.5f, 0.5f, 0.5f};
-    gguf_w_arr_f32(w, "clip.vision.image_mean", half, 3);
-    gguf_w_arr_f32(w, "clip.vision.image_std", half, 3);
+    /* Qwen2-VL's and Qwen2.5-VL's preprocessors normalise with CLIP's mean and std */
+    const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+    const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    gguf_w_arr_f32(w, "clip.vision.image_mean", q3 ? half : clip_mean, 3);
+    gguf_w_arr_f32(w, "clip.vision.image_std", q3 ? half : clip_std, 3);
 
     uint64_t pe[4] = {p, p, 3, D};
     uint32_t pt = type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type;
     tensor(&g, "v.patch_embd.weight", pt, 4, pe, 0.0f, 0.7f / sqrtf(3.0f * p * p));
     tensor(&g, "v.patch_embd.weight.1", pt, 4, pe, 0.0f, 0.7f / sqrtf(3.0f * p * p));
-    vec(&g, "v.patch_embd.bias", D, 0.0f, 0.02f);
-    uint64_t pos[2] = {D, (uint64_t)side * side};
-    tensor(&g, "v.position_embd.weight", pt, 2, pos, 0.0f, 0.5f);
+    if (q3) {
+        vec(&g, "v.patch_embd.bias", D, 0.0f, 0.02f);
+        uint64_t pos[2] = {D, (uint64_t)side * side};
+        tensor(&g, "v.position_embd.weight", pt, 2, pos, 0.0f, 0.5f);
+    }
     char nm[64];
     for (uint32_t l = 0; l < L; l++) {
 #define N(s) (snprintf(nm, sizeof nm, "v.blk.%u.%s", l, s), nm)
         vec(&g, N("ln1.weight"), D, 1.0f, 0.05f);
-        vec(&g, N("ln1.bias"), D, 0.0f, 0.02f);
-        mat(&g, N("attn_qkv.weight"), type, D, 3 * D, 1.0f);
-        vec(&g, N("attn_qkv.bias"), 3 * D, 0.0f, 0.02f);
+        if (!q25)
+            vec(&g, N("ln1.bias"), D, 0.0f, 0.02f);
+        if (q3) {
+            mat(&g, N("attn_qkv.weight"), type, D, 3 * D, 1.0f);
+            vec(&g, N("attn_qkv.bias"), 3 * D, 0.0f, 0.02f);
+        } else {
+            mat(&g, N("attn_q.weight"), type, D, D, 1.0f);
+            vec(&g, N("attn_q.bias"), D, 0.0f, 0.02f);
+            mat(&g, N("attn_k.weight"), type, D, D, 1.0f);
+            vec(&g, N("attn_k.bias"), D, 0.0f, 0.02f);
+            mat(&g, N("attn_v.weight"), type, D, D, 1.0f);
+            vec(&g, N("attn_v.bias"), D, 0.0f, 0.02f);
+        }
         mat(&g, N("attn_out.weight"), type, D, D, 0.5f);
         vec(&g, N("attn_out.bias"), D, 0.0f, 0.02f);
         vec(&g, N("ln2.weight"), D, 1.0f, 0.05f);
-        vec(&g, N("ln2.bias"), D, 0.0f, 0.02f);
+        if (!q25)
+            vec(&g, N("ln2.bias"), D, 0.0f, 0.02f);
+        if (q25) {
+            mat(&g, N("ffn_gate.weight"), type, D, F, 1.0f);
+            vec(&g, N("ffn_gate.bias"), F, 0.0f, 0.02f);
+        }
         mat(&g, N("ffn_up.weight"), type, D, F, 1.0f);
         vec(&g, N("ffn_up.bias"), F, 0.0f, 0.02f);
         mat(&g, N("ffn_down.weight"), F % 32 && type == GGML_TYPE_Q8_0 ? GGML_TYPE_F16 : type, F, D, 0.5f);
@@ -270,7 +303,8 @@ static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack
         }
     }
     vec(&g, "v.post_ln.weight", D, 1.0f, 0.05f);
-    vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
+    if (!q25)
+        vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
     mat(&g, "mm.0.weight", type, M, M, 1.0f);
     vec(&g, "mm.0.bias", M, 0.0f, 0.02f);
     mat(&g, "mm.2.weight", type, M, T, 1.2f);
@@ -288,7 +322,15 @@ static int write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack
 
 int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen)
 {
-    return write_qwen3vl(o, n_deepstack, NULL, err, errlen);
+    return write_qwenvl(o, 3, n_deepstack, NULL, err, errlen);
+}
+
+int mmprojgen_write_qwen2vl(const struct mmprojgen_options *o, bool qwen25, char *err, size_t errlen)
+{
+    struct mmprojgen_options r = *o;
+    if (!r.n_embd_text)
+        r.n_embd_text = 128; /* the qwen2vl text preset's width */
+    return write_qwenvl(&r, qwen25 ? 25 : 2, 0, NULL, err, errlen);
 }
 
 int mmprojgen_write_qwen3vl_30b(const struct mmprojgen_options *o, char *err, size_t errlen)
@@ -297,5 +339,5 @@ int mmprojgen_write_qwen3vl_30b(const struct mmprojgen_options *o, char *err, si
                                   .image_size = 768, .patch_size = 16, .n_embd = 1152, .n_ff = 4304, .n_head = 16,
                                   .n_layer = 27};
     static const uint32_t ds[3] = {8, 16, 24};
-    return write_qwen3vl(&r, 3, ds, err, errlen);
+    return write_qwenvl(&r, 3, 3, ds, err, errlen);
 }

@@ -31,6 +31,11 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
  * image_size / patch_size a side (64 / 8 = 8), width 64, 4 heads, MLP 128, 4 blocks; n_deepstack
  * (default 2) deepstack mergers after blocks k * n_layer / (n_deepstack + 1), k = 1.. */
 int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen);
+/* Qwen2-VL's tower (projector `qwen2vl_merger`) or, qwen25, Qwen2.5-VL's (`qwen2.5vl_merger`),
+ * llama.cpp's converter layout (docs/VISION.md): the same options, defaults as
+ * mmprojgen_write_qwen3vl's but text width 128 (the qwen2vl preset) and, for Qwen2.5-VL, patch
+ * 14 (112-pixel attention windows of 4x4 merged tokens) and image_size 112; no deepstack. */
+int mmprojgen_write_qwen2vl(const struct mmprojgen_options *o, bool qwen25, char *err, size_t errlen);
 /* Qwen3-VL-30B-A3B's tower at its real size (about 0.6 B parameters, for benchmarks): patch 16,
  * a 48x48 position table, width 1152, 16 heads, MLP 4304, 27 blocks, deepstack after blocks 8,
  * 16 and 24, text width 2048; type f16 unless o->type says otherwise (q8_0 keeps the matrices

@@ -1,7 +1,7 @@
-/* qwen3vl.c - Qwen3-VL's vision tower on the CPU (see qwen3vl.h for the computation): the
+/* qwen3vl.c - the Qwen-VL vision towers on the CPU (see qwen3vl.h for the computation): the
  * header and weights (f32 copies, whatever the file stores), then the steps of llama.cpp's
- * graph (tools/mtmd/models/qwen3vl.cpp there), the heavy ones through the CPU backend's ops or
- * as plain loops. */
+ * graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there), the heavy ones through the CPU
+ * backend's ops or as plain loops. */
 #include "qwen3vl.h"
 
 #include <math.h>
@@ -28,7 +28,9 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 }
 
 struct q3v_layer {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w, *down_b;
+    float *ln1_w, *ln1_b, *o_w, *o_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w, *down_b;
+    float *q_w, *k_w, *v_w, *q_b, *k_b, *v_b; /* qwen3vl: views of its fused attn_qkv */
+    float *gate_w, *gate_b;                   /* qwen25vl's gated MLP; NULL elsewhere */
     int deepstack; /* index of its deepstack merger, or -1 */
 };
 
@@ -96,8 +98,15 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     struct gguf_str s;
     if (gguf_get_str(g, "clip.projector_type", &s) && gguf_get_str(g, "clip.vision.projector_type", &s))
         return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
-    if (!gguf_str_eq(s, "qwen3vl_merger"))
-        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: projector type '%.*s' is not qwen3vl_merger",
+    if (gguf_str_eq(s, "qwen3vl_merger"))
+        hp->kind = QWENVL_3;
+    else if (gguf_str_eq(s, "qwen2vl_merger"))
+        hp->kind = QWENVL_2;
+    else if (gguf_str_eq(s, "qwen2.5vl_merger"))
+        hp->kind = QWENVL_25;
+    else
+        return fail(TIDE_EUNSUPPORTED, err, errlen,
+                    "mmproj: projector type '%.*s' is not qwen3vl_merger, qwen2vl_merger or qwen2.5vl_merger",
                     (int)(s.len > 64 ? 64 : s.len), s.ptr);
     int rc;
     if ((rc = need_u32(g, "clip.vision.patch_size", &hp->patch, err, errlen)) ||
@@ -118,9 +127,20 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     for (int c = 0; c < 3; c++)
         if (!(hp->std[c] > 0))
             return fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
-    bool gelu = false;
-    if (gguf_get_bool(g, "clip.use_gelu", &gelu) || !gelu)
-        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: qwen3vl_merger is read with clip.use_gelu true only");
+    /* the MLP's activation as llama.cpp picks it: use_gelu, use_silu, else quick GELU */
+    bool gelu = false, silu = false;
+    gguf_get_bool(g, "clip.use_gelu", &gelu);
+    gguf_get_bool(g, "clip.use_silu", &silu);
+    if (gelu && silu)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: both clip.use_gelu and clip.use_silu are set");
+    hp->act = gelu ? ACT_GELU : silu ? ACT_SILU : ACT_GELU_QUICK;
+    if (hp->kind == QWENVL_25) { /* llama.cpp requires the pattern of Qwen2.5-VL's full-attention blocks */
+        if ((rc = need_u32(g, "clip.vision.n_wa_pattern", &hp->n_wa_pattern, err, errlen)))
+            return rc;
+        hp->window = 112 / (hp->patch * hp->merge);
+        if (hp->window == 0)
+            return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: patch %d is too large for 112-pixel windows", hp->patch);
+    }
     int hd = hp->n_embd / hp->n_head;
     if (hp->n_embd % hp->n_head || hd % 4)
         return fail(TIDE_EFORMAT, err, errlen, "mmproj: width %d is not %d heads of a multiple of 4", hp->n_embd,
@@ -139,18 +159,25 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
     int rc = read_keys(g, hp, err, errlen);
     if (rc)
         return rc;
+    bool q3 = hp->kind == QWENVL_3, q25 = hp->kind == QWENVL_25;
     const struct gguf_tensor *pos = gguf_find_tensor(g, "v.position_embd.weight"), *mm2 = gguf_find_tensor(g, "mm.2.weight");
-    if (!pos || !mm2)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", pos ? "mm.2.weight" : "v.position_embd.weight");
-    hp->pos_side = (int)sqrt((double)pos->ne[1]);
-    if ((uint64_t)hp->pos_side * hp->pos_side != pos->ne[1] || hp->pos_side == 0)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: the position table's %llu rows are not a square",
-                    (unsigned long long)pos->ne[1]);
+    if ((q3 && !pos) || !mm2)
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", mm2 ? "v.position_embd.weight" : "mm.2.weight");
+    if (!q3 && (pos || gguf_find_tensor(g, "v.patch_embd.bias")))
+        return fail(TIDE_EFORMAT, err, errlen, "mmproj: a %s tower has no position table or patch bias",
+                    q25 ? "qwen2.5vl_merger" : "qwen2vl_merger");
+    if (q3) {
+        hp->pos_side = (int)sqrt((double)pos->ne[1]);
+        if ((uint64_t)hp->pos_side * hp->pos_side != pos->ne[1] || hp->pos_side == 0)
+            return fail(TIDE_EFORMAT, err, errlen, "mmproj: the position table's %llu rows are not a square",
+                        (unsigned long long)pos->ne[1]);
+    }
     hp->n_embd_text = (int)mm2->ne[1];
     uint64_t D = hp->n_embd, F = hp->n_ff, p = hp->patch, M = 4 * D, T = hp->n_embd_text;
     char n[96];
     hp->n_deepstack = 0;
-    for (int l = 0; l < hp->n_layer; l++) {
+    hp->weight_floats = 0;
+    for (int l = 0; l < hp->n_layer && q3; l++) {
         snprintf(n, sizeof n, "v.deepstack.%d.fc1.weight", l);
         if (!gguf_find_tensor(g, n))
             continue;
@@ -162,6 +189,8 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
 #define TENSOR(dst, name, a, b, c, d)                                                        \
     do {                                                                                     \
         const struct gguf_tensor *x_ = shape(g, name, a, b, c, d, &rc, err, errlen);         \
+        if (x_)                                                                              \
+            hp->weight_floats += (size_t)((a) * (b) * (c) * (d));                            \
         if (x_ && t) {                                                                       \
             float *f_ = malloc(sizeof(float) * (size_t)((a) * (b) * (c) * (d)));             \
             if (!f_)                                                                         \
@@ -177,10 +206,13 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
     TENSOR(w0, "v.patch_embd.weight", p, p, 3, D);
     TENSOR(w1, "v.patch_embd.weight.1", p, p, 3, D);
     float *pb = NULL, *pe = NULL, *post_w = NULL, *post_b = NULL;
-    TENSOR(pb, "v.patch_embd.bias", D, 1, 1, 1);
-    TENSOR(pe, "v.position_embd.weight", D, pos->ne[1], 1, 1);
+    if (q3) {
+        TENSOR(pb, "v.patch_embd.bias", D, 1, 1, 1);
+        TENSOR(pe, "v.position_embd.weight", D, pos->ne[1], 1, 1);
+    }
     TENSOR(post_w, "v.post_ln.weight", D, 1, 1, 1);
-    TENSOR(post_b, "v.post_ln.bias", D, 1, 1, 1);
+    if (!q25) /* Qwen2.5-VL's norms are RMSNorms: weights only */
+        TENSOR(post_b, "v.post_ln.bias", D, 1, 1, 1);
     if (t) {
         t->patch_b = pb;
         t->pos = pe;
@@ -196,13 +228,33 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
         struct q3v_layer dummy, *L = t ? &t->layers[l] : &dummy;
 #define B(s) (snprintf(n, sizeof n, "v.blk.%d.%s", l, s), n)
         TENSOR(L->ln1_w, B("ln1.weight"), D, 1, 1, 1);
-        TENSOR(L->ln1_b, B("ln1.bias"), D, 1, 1, 1);
-        TENSOR(L->qkv_w, B("attn_qkv.weight"), D, 3 * D, 1, 1);
-        TENSOR(L->qkv_b, B("attn_qkv.bias"), 3 * D, 1, 1, 1);
+        if (!q25)
+            TENSOR(L->ln1_b, B("ln1.bias"), D, 1, 1, 1);
+        if (q3) { /* attn_qkv's rows: q, then k, then v */
+            float *qkv_w = NULL, *qkv_b = NULL;
+            TENSOR(qkv_w, B("attn_qkv.weight"), D, 3 * D, 1, 1);
+            TENSOR(qkv_b, B("attn_qkv.bias"), 3 * D, 1, 1, 1);
+            if (qkv_w && qkv_b) {
+                L->q_w = qkv_w, L->k_w = qkv_w + D * D, L->v_w = qkv_w + 2 * D * D;
+                L->q_b = qkv_b, L->k_b = qkv_b + D, L->v_b = qkv_b + 2 * D;
+            }
+        } else { /* the converter splits the checkpoint's qkv */
+            TENSOR(L->q_w, B("attn_q.weight"), D, D, 1, 1);
+            TENSOR(L->q_b, B("attn_q.bias"), D, 1, 1, 1);
+            TENSOR(L->k_w, B("attn_k.weight"), D, D, 1, 1);
+            TENSOR(L->k_b, B("attn_k.bias"), D, 1, 1, 1);
+            TENSOR(L->v_w, B("attn_v.weight"), D, D, 1, 1);
+            TENSOR(L->v_b, B("attn_v.bias"), D, 1, 1, 1);
+        }
         TENSOR(L->o_w, B("attn_out.weight"), D, D, 1, 1);
         TENSOR(L->o_b, B("attn_out.bias"), D, 1, 1, 1);
         TENSOR(L->ln2_w, B("ln2.weight"), D, 1, 1, 1);
-        TENSOR(L->ln2_b, B("ln2.bias"), D, 1, 1, 1);
+        if (!q25)
+            TENSOR(L->ln2_b, B("ln2.bias"), D, 1, 1, 1);
+        if (q25) {
+            TENSOR(L->gate_w, B("ffn_gate.weight"), D, F, 1, 1);
+            TENSOR(L->gate_b, B("ffn_gate.bias"), F, 1, 1, 1);
+        }
         TENSOR(L->up_w, B("ffn_up.weight"), D, F, 1, 1);
         TENSOR(L->up_b, B("ffn_up.bias"), F, 1, 1, 1);
         TENSOR(L->down_w, B("ffn_down.weight"), F, D, 1, 1);
@@ -259,7 +311,7 @@ int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t
         return rc;
     }
     struct qwen3vl_tower *t = calloc(1, sizeof *t);
-    int max_owned = 8 + 12 * hp.n_layer + 6 * hp.n_deepstack + 4;
+    int max_owned = 8 + 16 * hp.n_layer + 6 * hp.n_deepstack + 4;
     if (t) {
         t->layers = calloc((size_t)hp.n_layer, sizeof *t->layers);
         t->owned = calloc((size_t)max_owned, sizeof *t->owned);
@@ -297,21 +349,18 @@ struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_toke
 
 size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp)
 {
-    size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, p = (size_t)hp->patch, M = 4 * D, T = (size_t)hp->n_embd_text;
-    size_t n = 2 * p * p * 3 * D + D + D * (size_t)hp->pos_side * (size_t)hp->pos_side + 2 * D;
-    n += (size_t)hp->n_layer * (4 * D + 3 * D * D + 3 * D + D * D + D + D * F + F + F * D + D);
-    n += (size_t)hp->n_deepstack * (2 * M + M * M + M + M * T + T);
-    n += M * M + M + M * T + T;
-    return n * sizeof(float);
+    return hp->weight_floats * sizeof(float);
 }
 
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
 {
     size_t n = (size_t)n_patches, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, T = (size_t)hp->n_embd_text;
-    /* x, xn, attention out, q, k, v, ffn, the mergers' input and hidden (n / 4 rows of 4D
-     * each), the attention's scratch (attention_full's; its (n, n) scores), the projections */
-    return sizeof(float) * (n * (3 * D + 3 * D + F) + 2 * n * D +
-                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T);
+    /* x, xn, attention out, q, k, v, ffn (twice for a gated MLP), the mergers' input and hidden
+     * (n / 4 rows of 4D each), the attention's scratch (attention_full's; its (n, n) scores),
+     * the projections, the window order (qwen25vl) */
+    size_t gate = hp->kind == QWENVL_25 ? n * F : 0;
+    return sizeof(float) * (n * (3 * D + 3 * D + F) + gate + 2 * n * D +
+                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T + n / 4);
 }
 
 int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen)
@@ -380,18 +429,49 @@ static void layernorm(const struct backend *be, const float *x, float *y, const 
     }
 }
 
-/* the tanh approximation, as ggml_gelu */
-static void gelu(const struct backend *be, float *x, size_t n)
+/* LayerNorm with bias (qwen2vl, qwen3vl) or RMSNorm (qwen25vl), as the tower's blocks have */
+static void block_norm(const struct backend *be, const struct qwen3vl_hparams *hp, const float *x, float *y,
+                       const float *w, const float *b, int n, int dim)
+{
+    if (hp->kind != QWENVL_25) {
+        layernorm(be, x, y, w, b, n, dim, hp->eps);
+        return;
+    }
+    if (be) {
+        struct tensor wt = {.type = GGML_TYPE_F32, .ne = {(uint64_t)dim, 1}, .data = w,
+                            .row_bytes = sizeof(float) * (size_t)dim};
+        be->i->rmsnorm(be->ctx, x, &wt, y, dim, n, hp->eps);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const float *v = x + (size_t)t * dim;
+        float *o = y + (size_t)t * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)v[i] * v[i];
+        float s = 1.0f / sqrtf((float)(ss / dim) + hp->eps);
+        for (int i = 0; i < dim; i++)
+            o[i] = v[i] * s * w[i];
+    }
+}
+
+/* GELU the tanh approximation (as ggml_gelu), quick GELU x sigmoid(1.702 x), SiLU */
+static void activate(const struct backend *be, int act, float *x, size_t n)
 {
     if (be) {
-        be->i->activate(be->ctx, x, n, ACT_GELU);
+        be->i->activate(be->ctx, x, n, (enum act_kind)act);
         return;
     }
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+        if (act == ACT_GELU)
+            x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+        else
+            x[i] = v / (1.0f + expf(act == ACT_SILU ? -v : -1.702f * v));
     }
 }
+
+static void gelu(const struct backend *be, float *x, size_t n) { activate(be, ACT_GELU, x, n); }
 
 /* full attention of n tokens, H heads of hd: q, k, v, out (n, H hd) */
 static void attention(const struct backend *be, const float *q, const float *k, const float *v, float *out, int n,
@@ -483,9 +563,11 @@ static void rope_2d(float *v, int hd, int row, int col)
 }
 
 /* A 2x2 merger: the four patches of each merged token side by side (rows of 4D), an optional
- * LayerNorm, fc1, GELU, fc2, into out's column `col` (rows of ostride floats). */
+ * LayerNorm, fc1, GELU, fc2, into out's column `col` (rows of ostride floats), merged token k
+ * to row dst[k] (the image's row-major order; qwen25vl computes in window order). */
 static void merge_project(const struct backend *be, const struct q3v_merger *m, const float *x, int n_tok, int D,
-                          int T, float eps, float *hid, float *hid2, float *proj, float *out, int ostride, int col)
+                          int T, float eps, float *hid, float *hid2, float *proj, float *out, int ostride, int col,
+                          const int *dst)
 {
     int M = 4 * D;
     if (m->norm_w)
@@ -496,7 +578,24 @@ static void merge_project(const struct backend *be, const struct q3v_merger *m, 
     gelu(be, hid2, (size_t)n_tok * M);
     linear(be, m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
     for (int k = 0; k < n_tok; k++)
-        memcpy(out + (size_t)k * ostride + col, proj + (size_t)k * T, sizeof(float) * (size_t)T);
+        memcpy(out + (size_t)dst[k] * ostride + col, proj + (size_t)k * T, sizeof(float) * (size_t)T);
+}
+
+/* The merged tokens in the order the blocks see them: row-major, or for qwen25vl window by
+ * window (windows of `window` tokens a side, row-major, each window's tokens row-major), as
+ * llama.cpp reorders them. win_end[w]: the order's index past window w's last token. */
+static int window_order(const struct qwen3vl_hparams *hp, int pw, int ph, int *order, int *win_end)
+{
+    int n_win = 0, k = 0;
+    int G = hp->kind == QWENVL_25 ? hp->window : (pw > ph ? pw : ph);
+    for (int y = 0; y < ph; y += G)
+        for (int x = 0; x < pw; x += G) {
+            for (int dy = 0; dy < G && y + dy < ph; dy++)
+                for (int dx = 0; dx < G && x + dx < pw; dx++)
+                    order[k++] = (y + dy) * pw + x + dx;
+            win_end[n_win++] = k;
+        }
+    return n_win;
 }
 
 int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
@@ -511,16 +610,23 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     int ostride = T * (1 + hp->n_deepstack);
     size_t need = qwen3vl_workspace_bytes(hp, n) / sizeof(float);
     float *ws = malloc(sizeof(float) * need);
-    if (!ws)
+    int *order = malloc(sizeof(int) * 2 * (size_t)n_tok), *win_end = order + n_tok;
+    if (!ws || !order) {
+        free(ws);
+        free(order);
         return fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
+    }
+    int n_win = window_order(hp, gw / 2, gh / 2, order, win_end);
     size_t nD = (size_t)n * D;
     float *x = ws, *xn = x + nD, *ao = xn + nD, *q = ao + nD, *k = q + nD, *v = k + nD;
     float *ff = v + nD, *hid = ff + (size_t)n * F, *hid2 = hid + nD, *att = hid2 + nD;
     float *proj = att + attention_full_ws_floats(n, hd); /* n_tok rows of T */
-    /* patch embedding (conv of both temporal kernels) + bias + position table, merge order */
+    float *ff2 = proj + (size_t)n_tok * T;                /* the gate's (n, F): qwen25vl */
+    /* patch embedding (conv of both temporal kernels) + bias + position table (qwen3vl), in
+     * merge order (each 2x2 block's four patches together), the blocks in `order` */
     for (int i = 0; i < n; i++) {
         int py, px;
-        patch_at(i, gw, &py, &px);
+        patch_at(order[i / 4] * 4 + i % 4, gw, &py, &px);
         float *xk = x + (size_t)i * D;
         for (int d = 0; d < D; d++) {
             const float *wk = t->patch_w + (size_t)d * 3 * p * p;
@@ -532,39 +638,54 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
                         float f = ((float)u / 255.0f - hp->mean[c]) / hp->std[c];
                         s += wk[(c * p + ky) * p + kx] * f;
                     }
-            xk[d] = s + t->patch_b[d];
+            xk[d] = s + (t->patch_b ? t->patch_b[d] : 0.0f);
         }
-        pos_embed_at(t, py, px, gw, gh, xk);
+        if (t->pos)
+            pos_embed_at(t, py, px, gw, gh, xk);
     }
     for (int l = 0; l < hp->n_layer; l++) {
         const struct q3v_layer *L = &t->layers[l];
-        layernorm(be, x, xn, L->ln1_w, L->ln1_b, n, D, hp->eps);
-        /* attn_qkv's rows: q, then k, then v */
-        linear(be, L->qkv_w, L->qkv_b, xn, q, n, D, D);
-        linear(be, L->qkv_w + (size_t)D * D, L->qkv_b + D, xn, k, n, D, D);
-        linear(be, L->qkv_w + 2 * (size_t)D * D, L->qkv_b + 2 * D, xn, v, n, D, D);
+        block_norm(be, hp, x, xn, L->ln1_w, L->ln1_b, n, D);
+        linear(be, L->q_w, L->q_b, xn, q, n, D, D);
+        linear(be, L->k_w, L->k_b, xn, k, n, D, D);
+        linear(be, L->v_w, L->v_b, xn, v, n, D, D);
         for (int i = 0; i < n; i++) {
             int py, px;
-            patch_at(i, gw, &py, &px);
+            patch_at(order[i / 4] * 4 + i % 4, gw, &py, &px);
             for (int hh = 0; hh < H; hh++) {
                 rope_2d(q + (size_t)i * D + hh * hd, hd, py, px);
                 rope_2d(k + (size_t)i * D + hh * hd, hd, py, px);
             }
         }
-        attention(be, q, k, v, ao, n, H, hd, att);
+        bool full = hp->kind != QWENVL_25 || (l + 1) % hp->n_wa_pattern == 0;
+        if (full)
+            attention(be, q, k, v, ao, n, H, hd, att);
+        else /* a window's patches are a contiguous range in this order: attention within it */
+            for (int wi = 0, s0 = 0; wi < n_win; s0 = win_end[wi++]) {
+                size_t o = (size_t)s0 * 4 * D;
+                attention(be, q + o, k + o, v + o, ao + o, (win_end[wi] - s0) * 4, H, hd, att);
+            }
         linear(be, L->o_w, L->o_b, ao, xn, n, D, D);
         residual(x, xn, nD);
-        layernorm(be, x, xn, L->ln2_w, L->ln2_b, n, D, hp->eps);
+        block_norm(be, hp, x, xn, L->ln2_w, L->ln2_b, n, D);
         linear(be, L->up_w, L->up_b, xn, ff, n, D, F);
-        gelu(be, ff, (size_t)n * F);
+        if (L->gate_w) { /* act(gate x) * up x */
+            linear(be, L->gate_w, L->gate_b, xn, ff2, n, D, F);
+            activate(be, hp->act, ff2, (size_t)n * F);
+            for (size_t i = 0; i < (size_t)n * F; i++)
+                ff[i] *= ff2[i];
+        } else {
+            activate(be, hp->act, ff, (size_t)n * F);
+        }
         linear(be, L->down_w, L->down_b, ff, xn, n, F, D);
         residual(x, xn, nD);
         if (L->deepstack >= 0) /* this block's output, merged, is deepstack feature k */
             merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride,
-                          T * (1 + L->deepstack));
+                          T * (1 + L->deepstack), order);
     }
-    layernorm(be, x, xn, t->post_w, t->post_b, n, D, hp->eps);
-    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride, 0);
+    block_norm(be, hp, x, xn, t->post_w, t->post_b, n, D);
+    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride, 0, order);
+    free(order);
     free(ws);
     return 0;
 }

@@ -1,5 +1,7 @@
-/* qwen3vl.h - Qwen3-VL's vision tower (mmproj projector `qwen3vl_merger`, the layout
- * llama.cpp's converter writes) on the CPU, over f32 copies of the weights.
+/* qwen3vl.h - the Qwen-VL vision towers on the CPU, over f32 copies of the weights: Qwen3-VL's
+ * (mmproj projector `qwen3vl_merger`, described here), and Qwen2-VL's and Qwen2.5-VL's
+ * (`qwen2vl_merger`, `qwen2.5vl_merger`: see enum qwenvl_kind), in the layout llama.cpp's
+ * converter writes.
  *
  * An image whose sides are multiples of patch * merge (dynres.h gives the size) becomes
  * (w / patch) x (h / patch) patches, taken in merge order (each 2x2 block's four patches
@@ -21,7 +23,20 @@
 
 #define QWEN3VL_MAX_DEEPSTACK 8
 
+/* The Qwen-VL towers this module runs: the same ViT with the same 2-D rope and 2x2 merger.
+ * Qwen2-VL (qwen2vl_merger) has no patch bias, no position table, no deepstack, q/k/v as three
+ * tensors, LayerNorms and a quick-GELU MLP; Qwen2.5-VL (qwen2.5vl_merger) is that with RMSNorms,
+ * a gated SiLU MLP (ffn_gate, ffn_up, ffn_down) and window attention: every n_wa_pattern-th
+ * block attends to the whole image, the others within windows of 112 / (patch * merge) merged
+ * tokens a side (llama.cpp's default window of 112 pixels). */
+enum qwenvl_kind { QWENVL_3, QWENVL_2, QWENVL_25 };
+
 struct qwen3vl_hparams {
+    enum qwenvl_kind kind;
+    int act;                /* the MLP's activation, enum act_kind: gelu, quick gelu or silu */
+    int n_wa_pattern;       /* qwen25vl: blocks l with (l + 1) % n_wa_pattern == 0 attend fully */
+    int window;             /* qwen25vl: a window's side in merged tokens */
+    size_t weight_floats;   /* every tensor's elements (what qwen3vl_load keeps, as f32) */
     int n_embd, n_ff, n_head, n_layer;
     int patch, merge;
     int pos_side;           /* the position table is pos_side x pos_side */

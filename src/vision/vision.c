@@ -164,11 +164,12 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
         return TIDE_EFORMAT;
     }
     if (v->mem->dev[o->device].kind != DEVICE_KIND_CPU) {
-        snprintf(err, errlen, "mmproj %s: the qwen3vl_merger tower runs on cpu devices only so far (vision.device %d "
+        snprintf(err, errlen, "mmproj %s: the Qwen-VL towers run on cpu devices only so far (vision.device %d "
                  "is not one)", o->mmproj, o->device);
         return TIDE_EUNSUPPORTED;
     }
     v->is_qwen3vl = true;
+    v->qwenvl_kind = (int)hp.kind;
     v->n_deepstack = hp.n_deepstack;
     v->row_floats = n_embd_text * (1 + hp.n_deepstack);
     if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
@@ -192,7 +193,8 @@ int vision_init(struct vision_lifecycle *v, const struct vision_options *o, stru
     }
     char e2[256] = "";
     v->row_floats = n_embd_text;
-    if (projector_is(o->mmproj, "qwen3vl_merger"))
+    if (projector_is(o->mmproj, "qwen3vl_merger") || projector_is(o->mmproj, "qwen2vl_merger") ||
+        projector_is(o->mmproj, "qwen2.5vl_merger"))
         return init_qwen3vl(v, o, n_embd_text, err, errlen);
     int rc = clip_estimate(o->mmproj, 0, &v->weights_bytes, &v->workspace_bytes, e2, sizeof e2);
     if (rc < 0) {

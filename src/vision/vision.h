@@ -54,9 +54,11 @@ struct vision_lifecycle {
     struct backend *be;           /* where the encoder computes (not owned) */
     struct backend cpu_be;        /* owned when a GPU's encoder runs on the CPU (TIDE_VISION_CPU=1) */
     struct clip_model *host;      /* GPU encoder: the weights' host copy (pinned), from init on */
-    /* Qwen3-VL's tower (mmproj projector qwen3vl_merger): CPU devices, loaded into host memory
-     * charged to the device's ledger as vision; NULL unless loaded. clip is then unused. */
+    /* a Qwen-VL tower (mmproj projector qwen3vl_merger, qwen2vl_merger or qwen2.5vl_merger,
+     * qwen3vl.h): CPU devices, loaded into host memory charged to the device's ledger as vision;
+     * NULL unless loaded. clip is then unused. */
     bool is_qwen3vl;
+    int qwenvl_kind;              /* enum qwenvl_kind when is_qwen3vl */
     struct qwen3vl_tower *q3v;
     int n_deepstack;              /* qwen3vl: deepstack features a row carries */
     int row_floats;               /* floats an image token's row: n_embd_text * (1 + n_deepstack) */

@@ -1,5 +1,5 @@
-/* test_mrope.c - Qwen3-VL's text side: M-RoPE (src/engine/mrope.c) and the qwen3vlmoe model
- * file (modelgen's preset, model.c's loader). The section rules are llama.cpp's (ggml's rope
+/* test_mrope.c - the Qwen-VL text side: M-RoPE (src/engine/mrope.c) and the qwen3vlmoe and qwen2vl
+ * model files (modelgen's preset, model.c's loader). The section rules are llama.cpp's (ggml's rope
  * multi mode); the position ids of image tokens are mtmd's (t, row, column from the image's
  * start, the image advancing the position by max(nx, ny)). */
 #include <criterion/criterion.h>
@@ -196,5 +196,99 @@ Test(mrope, forward_hooks_on_the_preset)
     forward_free(&f);
     backend_cpu_free(&be);
     model_free(&m);
+    unlink(path);
+}
+
+/* The qwen2vl preset as llama.cpp reads it (src/models/qwen2vl.cpp there): Qwen2 dense with
+ * q/k/v biases, rope.dimension_sections laid one after the other, no deepstack, Qwen-VL's
+ * vision tokens. */
+Test(mrope, qwen2vl_preset_loads)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 1, .type = -1, .threads = 1};
+    struct modelgen_summary s;
+    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.cfg.arch, ARCH_QWEN2VL);
+    cr_assert_str_eq(model_arch_name(m.cfg.arch), "qwen2vl");
+    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
+    uint32_t want[4] = {4, 6, 6, 0};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(m.cfg.rope_sections[i], want[i], "section %d", i);
+    cr_assert_not(m.cfg.rope_sections_interleaved);
+    cr_assert_eq(m.cfg.n_deepstack, 0);
+    cr_assert_eq(m.cfg.n_expert, 0);
+    cr_assert_eq(m.cfg.n_ff, 256);
+    cr_assert_eq(m.cfg.rope_theta, 1e6f);
+    cr_assert(m.layers[0].bq.data && m.layers[0].bk.data && m.layers[0].bv.data, "q/k/v biases");
+    cr_assert_null(m.layers[0].q_norm.data);
+    const struct gguf_kv *tok = gguf_find_kv(&m.gguf, "tokenizer.ggml.tokens");
+    const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    for (int i = 0; i < 3; i++)
+        cr_assert(gguf_str_eq(tok->v.arr.strs[s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
+    model_free(&m);
+    unlink(path);
+}
+
+/* On the qwen2vl preset the forward's M-RoPE rows follow the file's section layout: equal ids
+ * are plain rope bit for bit, an image grid's ids change the logits, and the same grid read as
+ * interleaved sections (qwen3vlmoe's layout) gives other logits again. */
+Test(mrope, qwen2vl_forward_takes_sections_in_order)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-fw-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 2, .type = GGML_TYPE_F32, .threads = 1};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { N = 6 };
+    uint32_t V = m.cfg.n_vocab;
+    struct forward_state f;
+    cr_assert_eq(forward_init(&f, &m, be, 64), 0);
+    int toks[N] = {40, 41, 42, 43, 44, 45};
+    float *plain = malloc(sizeof(float) * V), *grid = malloc(sizeof(float) * V);
+    cr_assert_eq(forward_eval(&f, toks, N, 0), 0);
+    memcpy(plain, f.logits, sizeof(float) * V);
+    int32_t ids[N * 4];
+    for (int t = 0; t < N * 4; t++)
+        ids[t] = t / 4;
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N, .tokens = toks, .mpos = ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    for (int t = 0; t < N; t++) { /* a 3x2 grid at 0 */
+        ids[t * 4 + 0] = 0;
+        ids[t * 4 + 1] = t / 3;
+        ids[t * 4 + 2] = t % 3;
+        ids[t * 4 + 3] = 0;
+    }
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    memcpy(grid, q.logits, sizeof(float) * V);
+    cr_assert_neq(memcmp(grid, plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    m.cfg.rope_sections_interleaved = true;
+    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_neq(memcmp(q.logits, grid, sizeof(float) * V), 0, "the layout of the sections matters");
+    free(plain);
+    free(grid);
+    forward_free(&f);
+    backend_cpu_free(&be);
+    model_free(&m);
+    unlink(path);
+}
+
+/* qwen2vl is dense in llama.cpp: a file of it with experts is refused by name. */
+Test(mrope, qwen2vl_with_experts_is_refused)
+{
+    char path[64], err[200] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-moe-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 1, .type = -1, .threads = 1,
+                                 .n_expert = 4, .n_expert_used = 2};
+    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EUNSUPPORTED);
+    cr_assert(strstr(err, "qwen2vl with experts"), "%s", err);
     unlink(path);
 }

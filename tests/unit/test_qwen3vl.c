@@ -17,6 +17,8 @@
 #include "vision/mmprojgen.h"
 #include "vision/qwen3vl.h"
 
+#include <stdbool.h>
+
 static char path[64];
 
 static void write_mmproj(void)
@@ -154,5 +156,101 @@ Test(qwen3vl, refuses_other_projectors)
     struct qwen3vl_hparams hp;
     cr_assert_eq(qwen3vl_read_hparams(p, &hp, err, sizeof err), TIDE_EUNSUPPORTED);
     cr_assert(strstr(err, "'mlp'"), "%s", err);
+    unlink(p);
+}
+
+/* Qwen2-VL's and Qwen2.5-VL's towers (mmprojgen_write_qwen2vl, llama.cpp's converter layout):
+ * the header's kind, activation and windows; the weights kept are every tensor's elements
+ * (no position table, no patch bias); the daemon's ops equal the plain loops on an image whose
+ * grid (9x5 merged tokens for Qwen2.5-VL: windows of 4x4, 4x1, 1x4 and 1x1) has partial windows.
+ * Accuracy against llama.cpp: scripts/check-mtmd-parity.sh (PAIRS="qwen2vl qwen25vl"). */
+static void qwen2vl_tower_checks(bool qwen25)
+{
+    char p[64], err[200] = "";
+    snprintf(p, sizeof p, "/tmp/tide-test-q2v-%d-%d.gguf", (int)getpid(), qwen25);
+    struct mmprojgen_options o = {.out = p, .seed = 9, .type = GGML_TYPE_F32};
+    cr_assert_eq(mmprojgen_write_qwen2vl(&o, qwen25, err, sizeof err), 0, "%s", err);
+    struct qwen3vl_hparams hp;
+    cr_assert_eq(qwen3vl_read_hparams(p, &hp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(hp.kind, qwen25 ? QWENVL_25 : QWENVL_2);
+    cr_assert_eq(hp.act, qwen25 ? ACT_SILU : ACT_GELU_QUICK);
+    cr_assert_eq(hp.patch, qwen25 ? 14 : 8);
+    cr_assert_eq(hp.n_embd_text, 128);
+    cr_assert_eq(hp.n_deepstack, 0);
+    cr_assert_eq(hp.n_wa_pattern, qwen25 ? 2 : 0);
+    cr_assert_eq(hp.window, qwen25 ? 4 : 0, "112 pixels: 4 merged tokens of 28");
+    struct gguf_file g;
+    cr_assert_eq(gguf_open(&g, p, err, sizeof err), 0, "%s", err);
+    size_t elems = 0;
+    for (uint64_t i = 0; i < g.n_tensors; i++)
+        elems += g.tensors[i].ne[0] * g.tensors[i].ne[1] * g.tensors[i].ne[2] * g.tensors[i].ne[3];
+    cr_assert_null(gguf_find_tensor(&g, "v.position_embd.weight"));
+    cr_assert_null(gguf_find_tensor(&g, "v.patch_embd.bias"));
+    cr_assert_not_null(gguf_find_tensor(&g, "v.blk.0.attn_q.weight"));
+    cr_assert(!gguf_find_tensor(&g, "v.blk.0.ffn_gate.weight") == !qwen25);
+    cr_assert(!gguf_find_tensor(&g, "v.blk.0.ln1.bias") == qwen25, "RMSNorms have no bias");
+    gguf_close(&g);
+    cr_assert_eq(qwen3vl_weight_bytes(&hp), elems * sizeof(float));
+    struct qwen3vl_tower *t;
+    cr_assert_eq(qwen3vl_load(p, &t, err, sizeof err), 0, "%s", err);
+    int W = qwen25 ? 252 : 96, H = qwen25 ? 140 : 64, N = qwen25 ? 45 : 24, E = 128;
+    uint8_t *rgb = malloc((size_t)W * H * 3);
+    float *ref = malloc(sizeof(float) * N * E), *got = malloc(sizeof(float) * N * E);
+    pattern(rgb, W, H, 5);
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, ref, err, sizeof err), 0, "%s", err);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    cr_assert_eq(qwen3vl_encode(t, &be, rgb, W, H, got, err, sizeof err), 0, "%s", err);
+    double d = 0, r = 0;
+    for (int i = 0; i < N * E; i++) {
+        cr_assert(isfinite(ref[i]));
+        d += (got[i] - ref[i]) * (double)(got[i] - ref[i]);
+        r += ref[i] * (double)ref[i];
+    }
+    cr_assert_gt(r, 1.0);
+    cr_assert_lt(sqrt(d / r), 1e-5, "relative RMS %g", sqrt(d / r));
+    backend_cpu_free(&be);
+    qwen3vl_free(t);
+    free(rgb);
+    free(ref);
+    free(got);
+    unlink(p);
+}
+
+Test(qwen3vl, qwen2vl_tower) { qwen2vl_tower_checks(false); }
+Test(qwen3vl, qwen25vl_tower) { qwen2vl_tower_checks(true); }
+
+/* Qwen2.5-VL's window attention: with every block windowed (n_wa_pattern larger than the
+ * block count), a pixel changes the merged tokens of its own window only; the real pattern's
+ * full-attention blocks carry it to the others. */
+Test(qwen3vl, qwen25vl_windows_keep_pixels_in_their_window)
+{
+    char p[64], err[200] = "";
+    snprintf(p, sizeof p, "/tmp/tide-test-q25w-%d.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = p, .seed = 4, .type = GGML_TYPE_F32};
+    cr_assert_eq(mmprojgen_write_qwen2vl(&o, true, err, sizeof err), 0, "%s", err);
+    enum { W = 168, H = 112, N = 24, E = 128 }; /* 6x4 merged tokens: windows x 0..3 and 4..5 */
+    static uint8_t rgb[W * H * 3];
+    static float a[N * E], b[N * E];
+    for (int all_windowed = 0; all_windowed < 2; all_windowed++) {
+        struct qwen3vl_tower *t;
+        cr_assert_eq(qwen3vl_load(p, &t, err, sizeof err), 0, "%s", err);
+        if (all_windowed)
+            ((struct qwen3vl_hparams *)qwen3vl_hparams_of(t))->n_wa_pattern = 100;
+        pattern(rgb, W, H, 2);
+        cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, a, err, sizeof err), 0, "%s", err);
+        rgb[(10 * W + 10) * 3] ^= 0x80; /* a pixel of merged token (0, 0): the left window */
+        cr_assert_eq(qwen3vl_encode(t, NULL, rgb, W, H, b, err, sizeof err), 0, "%s", err);
+        double left = 0, right = 0;
+        for (int k = 0; k < N; k++)
+            for (int i = 0; i < E; i++)
+                *(k % 6 < 4 ? &left : &right) += fabs(a[k * E + i] - b[k * E + i]);
+        cr_assert_gt(left, 1e-4, "its own window moved");
+        if (all_windowed)
+            cr_assert_eq(right, 0.0, "the other window cannot see it");
+        else
+            cr_assert_gt(right, 1e-6, "full-attention blocks reach the other window");
+        qwen3vl_free(t);
+    }
     unlink(p);
 }
