@@ -29,6 +29,10 @@ enum tide_err {
 
 const char *tide_strerror(int err);
 
+/* Writes the printf-style message into err (errlen bytes; err may be NULL) and returns code:
+ * `return tide_fail(TIDE_EFORMAT, err, errlen, "bad %s", what);` */
+int tide_fail(int code, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 /* Log one line to stderr, prefixed with a timestamp. printf-style. */
 void tide_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

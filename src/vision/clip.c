@@ -10,17 +10,6 @@
 
 #define ALIGN 64
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -33,10 +22,10 @@ static int get_f32_arr(const struct gguf_file *g, const char *key, float *out, i
                        char *err, size_t errlen)
 {
     const struct gguf_kv *kv = gguf_find_kv(g, key);
-    if (!kv) return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key %s", key);
+    if (!kv) return tide_fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key %s", key);
     if (kv->type != GGUF_TYPE_ARRAY || kv->v.arr.type != GGUF_TYPE_FLOAT32 ||
         kv->v.arr.n < (uint64_t)n)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be an array of >= %d floats",
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be an array of >= %d floats",
                     key, n);
     memcpy(out, kv->v.arr.data, sizeof(float) * (size_t)n);
     return 0;
@@ -46,9 +35,9 @@ static int need_u32(const struct gguf_file *g, const char *key, int *out, char *
 {
     uint32_t v;
     int rc = gguf_get_u32(g, key, &v);
-    if (rc == TIDE_ENOTFOUND) return fail(rc, err, errlen, "mmproj: missing key %s", key);
+    if (rc == TIDE_ENOTFOUND) return tide_fail(rc, err, errlen, "mmproj: missing key %s", key);
     if (rc || v == 0 || v > (1u << 20))
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be a positive integer", key);
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be a positive integer", key);
     *out = (int)v;
     return 0;
 }
@@ -59,14 +48,14 @@ static int read_hparams(const struct gguf_file *g, struct clip_hparams *hp, char
     memset(hp, 0, sizeof *hp);
     struct gguf_str s;
     if (gguf_get_str(g, "clip.projector_type", &s) && gguf_get_str(g, "clip.vision.projector_type", &s))
-        return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
+        return tide_fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
     if (!gguf_str_eq(s, "mlp"))
-        return fail(TIDE_EUNSUPPORTED, err, errlen,
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                     "mmproj: projector type '%.*s' is not supported (only 'mlp', LLaVA-1.5 style)",
                     (int)(s.len > 64 ? 64 : s.len), s.ptr);
     bool b;
     if (!gguf_get_bool(g, "clip.has_vision_encoder", &b) && !b)
-        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: file has no vision encoder");
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: file has no vision encoder");
     int rc;
     if ((rc = need_u32(g, "clip.vision.image_size", &hp->image_size, err, errlen)) ||
         (rc = need_u32(g, "clip.vision.patch_size", &hp->patch_size, err, errlen)) ||
@@ -76,23 +65,23 @@ static int read_hparams(const struct gguf_file *g, struct clip_hparams *hp, char
         (rc = need_u32(g, "clip.vision.attention.head_count", &hp->n_head, err, errlen)))
         return rc;
     if (gguf_get_f32(g, "clip.vision.attention.layer_norm_epsilon", &hp->eps))
-        return fail(TIDE_ENOTFOUND, err, errlen,
+        return tide_fail(TIDE_ENOTFOUND, err, errlen,
                     "mmproj: missing key clip.vision.attention.layer_norm_epsilon");
     uint32_t u;
     hp->head_dim = hp->n_embd / hp->n_head;
     if (!gguf_get_u32(g, "clip.vision.attention.head_dim", &u) && u) hp->head_dim = (int)u;
     if (!gguf_get_u32(g, "clip.vision.attention.head_count_kv", &u) && (int)u != hp->n_head)
-        return fail(TIDE_EUNSUPPORTED, err, errlen,
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                     "mmproj: grouped-query attention in the vision tower is not supported");
     if (hp->image_size % hp->patch_size)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: image_size %d is not a multiple of "
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: image_size %d is not a multiple of "
                     "patch_size %d", hp->image_size, hp->patch_size);
     if ((rc = get_f32_arr(g, "clip.vision.image_mean", hp->mean, 3, err, errlen)) ||
         (rc = get_f32_arr(g, "clip.vision.image_std", hp->std, 3, err, errlen)))
         return rc;
     for (int c = 0; c < 3; c++) {
         if (!(hp->std[c] > 0))
-            return fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
+            return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
         float v = hp->mean[c] * 255.0f;  /* truncated, as llama.cpp's {122,116,104} for CLIP */
         hp->pad_rgb[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
     }
@@ -100,7 +89,7 @@ static int read_hparams(const struct gguf_file *g, struct clip_hparams *hp, char
     gguf_get_bool(g, "clip.use_gelu", &gelu);
     gguf_get_bool(g, "clip.use_silu", &silu);
     if (gelu && silu)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: both clip.use_gelu and clip.use_silu set");
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: both clip.use_gelu and clip.use_silu set");
     hp->act = gelu ? CLIP_ACT_GELU : silu ? CLIP_ACT_SILU : CLIP_ACT_GELU_QUICK;
     /* Which block's output feeds the projector. LLaVA takes the penultimate layer: without
      * clip.vision.feature_layer llama.cpp runs n_layer - 1 blocks; with it, max(layers). */
@@ -110,17 +99,17 @@ static int read_hparams(const struct gguf_file *g, struct clip_hparams *hp, char
         if (fl->type != GGUF_TYPE_ARRAY ||
             (fl->v.arr.type != GGUF_TYPE_INT32 && fl->v.arr.type != GGUF_TYPE_UINT32) ||
             fl->v.arr.n == 0)
-            return fail(TIDE_EFORMAT, err, errlen,
+            return tide_fail(TIDE_EFORMAT, err, errlen,
                         "mmproj: clip.vision.feature_layer must be an array of integers");
         if (fl->v.arr.n > 1)
-            return fail(TIDE_EUNSUPPORTED, err, errlen,
+            return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                         "mmproj: several feature layers (stacked features) are not supported");
         int32_t v;
         memcpy(&v, fl->v.arr.data, 4);
         hp->n_layer_run = v;
     }
     if (hp->n_layer_run < 0 || hp->n_layer_run > hp->n_layer)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: feature layer %d outside 0..%d",
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: feature layer %d outside 0..%d",
                     hp->n_layer_run, hp->n_layer);
     int side = hp->image_size / hp->patch_size;
     hp->n_patches = side * side;
@@ -142,7 +131,7 @@ static const struct gguf_tensor *find(struct ld *L, const char *name, bool requi
 {
     const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
     if (!t && required && !L->rc)
-        L->rc = fail(TIDE_ENOTFOUND, L->err, L->errlen, "mmproj: missing tensor %s", name);
+        L->rc = tide_fail(TIDE_ENOTFOUND, L->err, L->errlen, "mmproj: missing tensor %s", name);
     return t;
 }
 
@@ -159,12 +148,12 @@ static bool vec(struct ld *L, float **out, const char *name, uint64_t n, bool re
     const struct gguf_tensor *t = find(L, name, required);
     if (!t || L->rc) return false;
     if (nelem(t) != n) {
-        L->rc = fail(TIDE_EFORMAT, L->err, L->errlen, "mmproj: %s has %llu elements, want %llu",
+        L->rc = tide_fail(TIDE_EFORMAT, L->err, L->errlen, "mmproj: %s has %llu elements, want %llu",
                      name, (unsigned long long)nelem(t), (unsigned long long)n);
         return false;
     }
     if (!ggml_row_size(t->type, t->ne[0])) {
-        L->rc = fail(TIDE_EUNSUPPORTED, L->err, L->errlen, "mmproj: %s has unsupported type %s",
+        L->rc = tide_fail(TIDE_EUNSUPPORTED, L->err, L->errlen, "mmproj: %s has unsupported type %s",
                      name, ggml_type_name(t->type));
         return false;
     }
@@ -185,7 +174,7 @@ static bool mat(struct ld *L, struct tensor *out, const char *name, uint64_t col
     const struct gguf_tensor *t = find(L, name, required);
     if (!t || L->rc) return false;
     if (nelem(t) != cols * rows || t->ne[0] * (t->n_dims == 4 ? t->ne[1] * t->ne[2] : 1) != cols) {
-        L->rc = fail(TIDE_EFORMAT, L->err, L->errlen,
+        L->rc = tide_fail(TIDE_EFORMAT, L->err, L->errlen,
                      "mmproj: %s has shape [%llu,%llu,%llu,%llu], want (%llu -> %llu)", name,
                      (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                      (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
@@ -196,7 +185,7 @@ static bool mat(struct ld *L, struct tensor *out, const char *name, uint64_t col
     if (!rb || (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 &&
                 t->type != GGML_TYPE_BF16 && t->type != GGML_TYPE_Q8_0 &&
                 t->type != GGML_TYPE_Q4_0)) {
-        L->rc = fail(TIDE_EUNSUPPORTED, L->err, L->errlen,
+        L->rc = tide_fail(TIDE_EUNSUPPORTED, L->err, L->errlen,
                      "mmproj: %s has type %s, not supported here (f32, f16, bf16, q8_0, q4_0)",
                      name, ggml_type_name(t->type));
         return false;
@@ -246,7 +235,7 @@ static int walk(struct ld *L, struct clip_model *m)
         vec(L, &ly->ln2_w, N("ln2.weight"), (uint64_t)D, false);
         vec(L, &ly->ln2_b, N("ln2.bias"), (uint64_t)D, false);
         if (gguf_find_tensor(L->g, N("ffn_gate.weight")) && !L->rc)
-            L->rc = fail(TIDE_EUNSUPPORTED, L->err, L->errlen,
+            L->rc = tide_fail(TIDE_EUNSUPPORTED, L->err, L->errlen,
                          "mmproj: gated vision MLP (%s) is not supported", nm);
         /* Old llava conversions swapped the names of fc1/fc2; llama.cpp recognises them by
          * ffn_down taking D inputs, and so do we. */
@@ -307,10 +296,10 @@ static int plan(const char *path, struct gguf_file *g, struct clip_model *m, siz
 {
     char e2[200] = "";
     int rc = gguf_open(g, path, e2, sizeof e2);
-    if (rc) return fail(rc, err, errlen, "mmproj %s: %s", path, e2);
+    if (rc) return tide_fail(rc, err, errlen, "mmproj %s: %s", path, e2);
     if ((rc = read_hparams(g, &m->hp, err, errlen))) goto bad;
     m->layers = calloc((size_t)(m->hp.n_layer_run ? m->hp.n_layer_run : 1), sizeof *m->layers);
-    if (!m->layers) { rc = fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory"); goto bad; }
+    if (!m->layers) { rc = tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory"); goto bad; }
     struct ld L = {.g = g, .err = err, .errlen = errlen};
     if ((rc = walk(&L, m))) goto bad;
     *wbytes = L.off;
@@ -344,7 +333,7 @@ int clip_estimate_on(const char *path, struct backend *be, int max_image_tokens,
     free(m.layers);
     gguf_close(&g);
     if (max_image_tokens > 0 && max_image_tokens < m.hp.n_patches)
-        return fail(TIDE_ERANGE, err, errlen,
+        return tide_fail(TIDE_ERANGE, err, errlen,
                     "mmproj: the encoder yields %d tokens per image, more than "
                     "max_image_tokens %d", m.hp.n_patches, max_image_tokens);
     struct ws_layout w;
@@ -376,7 +365,7 @@ static int alloc_stage(struct clip_model *m, char *err, size_t errlen)
     size_t p = (size_t)m->hp.patch_size;
     m->stage_floats = (size_t)m->hp.n_patches * 3 * p * p;
     m->stage = malloc(sizeof(float) * m->stage_floats);
-    return m->stage ? 0 : fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
+    return m->stage ? 0 : tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
 }
 
 static int load_impl(struct clip_model **out, const char *path, const struct clip_alloc *a,
@@ -384,7 +373,7 @@ static int load_impl(struct clip_model **out, const char *path, const struct cli
 {
     *out = NULL;
     struct clip_model *m = calloc(1, sizeof *m);
-    if (!m) return fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
+    if (!m) return tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
     m->alloc = a ? *a : (struct clip_alloc){default_alloc, default_free, NULL};
     m->be = be;
     struct gguf_file g;
@@ -397,7 +386,7 @@ static int load_impl(struct clip_model **out, const char *path, const struct cli
     m->weights = m->alloc.alloc(m->alloc.ud, wb);
     m->ws = m->weights && wsb ? m->alloc.alloc(m->alloc.ud, wsb) : NULL;
     if (!m->weights || (wsb && !m->ws)) {
-        rc = fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
+        rc = tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
                   "%zu bytes of workspace", wb, wsb);
         gguf_close(&g);
         clip_free(m);
@@ -448,7 +437,7 @@ int clip_upload(struct clip_model **out, const struct clip_model *host, const st
 {
     *out = NULL;
     struct clip_model *m = calloc(1, sizeof *m);
-    if (!m) return fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
+    if (!m) return tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory");
     *m = *host;
     m->alloc = *a;
     m->be = be;
@@ -456,7 +445,7 @@ int clip_upload(struct clip_model **out, const struct clip_model *host, const st
     m->ws = NULL;
     m->stage = NULL;
     m->layers = calloc((size_t)(host->hp.n_layer_run ? host->hp.n_layer_run : 1), sizeof *m->layers);
-    if (!m->layers) { free(m); return fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory"); }
+    if (!m->layers) { free(m); return tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: out of memory"); }
     memcpy(m->layers, host->layers, sizeof *m->layers * (size_t)host->hp.n_layer_run);
     struct ws_layout w;
     layout(&m->hp, &w);
@@ -464,7 +453,7 @@ int clip_upload(struct clip_model **out, const struct clip_model *host, const st
     m->weights = m->alloc.alloc(m->alloc.ud, m->weights_bytes);
     m->ws = m->weights ? m->alloc.alloc(m->alloc.ud, m->ws_bytes) : NULL;
     if (!m->weights || !m->ws) {
-        int rc = fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
+        int rc = tide_fail(TIDE_ENOMEM, err, errlen, "mmproj: cannot allocate %zu bytes of weights + "
                       "%zu bytes of workspace on the %s backend", m->weights_bytes, m->ws_bytes,
                       be->i->name);
         clip_free(m);
@@ -503,7 +492,7 @@ int clip_preprocess(const struct clip_model *m, const struct image_u8 *img,
 {
     int rc = image_preprocess_square(img, m->hp.image_size, m->hp.pad_rgb, m->hp.mean,
                                      m->hp.std, out);
-    if (rc) return fail(rc, err, errlen, "cannot preprocess a %dx%d image: %s", img->w, img->h,
+    if (rc) return tide_fail(rc, err, errlen, "cannot preprocess a %dx%d image: %s", img->w, img->h,
                         tide_strerror(rc));
     return 0;
 }
@@ -598,11 +587,11 @@ int clip_encode(struct clip_model *m, const struct image_f32 *img, float *out, c
 {
     const struct clip_hparams *hp = &m->hp;
     if (!img || !img->data || img->w != hp->image_size || img->h != hp->image_size)
-        return fail(TIDE_EINVAL, err, errlen, "clip_encode: image must be %dx%d (got %dx%d); "
+        return tide_fail(TIDE_EINVAL, err, errlen, "clip_encode: image must be %dx%d (got %dx%d); "
                     "run clip_preprocess first", hp->image_size, hp->image_size,
                     img ? img->w : 0, img ? img->h : 0);
     if (!m->ws || !m->be)
-        return fail(TIDE_EINVAL, err, errlen, "clip_encode: a host copy (clip_load_host) does "
+        return tide_fail(TIDE_EINVAL, err, errlen, "clip_encode: a host copy (clip_load_host) does "
                     "not run; clip_upload it to a backend first");
     struct ws_layout w;
     layout(hp, &w);

@@ -94,17 +94,6 @@ static void *stb_mem_realloc(void *q, size_t n)
 #include <stb/stb_image.h>
 #pragma GCC diagnostic pop
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ---- base64 ---- */
 
@@ -123,15 +112,15 @@ int image_base64_decode(const char *in, size_t len, uint8_t **out, size_t *out_l
 {
     *out = NULL;
     *out_len = 0;
-    if (len == 0) return fail(TIDE_EFORMAT, err, errlen, "base64 data is empty");
-    if (len % 4) return fail(TIDE_EFORMAT, err, errlen,
+    if (len == 0) return tide_fail(TIDE_EFORMAT, err, errlen, "base64 data is empty");
+    if (len % 4) return tide_fail(TIDE_EFORMAT, err, errlen,
                              "base64 length %zu is not a multiple of 4", len);
     size_t pad = 0;
     if (in[len - 1] == '=') pad++;
     if (in[len - 2] == '=') pad++;
     size_t n = len / 4 * 3 - pad;
     uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) return fail(TIDE_ENOMEM, err, errlen, "out of memory decoding %zu bytes", n);
+    if (!buf) return tide_fail(TIDE_ENOMEM, err, errlen, "out of memory decoding %zu bytes", n);
     size_t o = 0;
     for (size_t i = 0; i < len; i += 4) {
         bool last = i + 4 == len;
@@ -143,9 +132,9 @@ int image_base64_decode(const char *in, size_t len, uint8_t **out, size_t *out_l
             if (v[k] < 0) {
                 free(buf);
                 if (c == '=')
-                    return fail(TIDE_EFORMAT, err, errlen,
+                    return tide_fail(TIDE_EFORMAT, err, errlen,
                                 "base64 padding '=' at offset %zu is not at the end", i + k);
-                return fail(TIDE_EFORMAT, err, errlen,
+                return tide_fail(TIDE_EFORMAT, err, errlen,
                             "invalid base64 character 0x%02x at offset %zu", c, i + k);
             }
         }
@@ -154,7 +143,7 @@ int image_base64_decode(const char *in, size_t len, uint8_t **out, size_t *out_l
         /* Canonical encodings only: the bits the padding drops must be zero. */
         if (last && ((pad == 1 && (q & 0xff)) || (pad == 2 && (q & 0xffff)))) {
             free(buf);
-            return fail(TIDE_EFORMAT, err, errlen, "base64 padding leaves non-zero bits");
+            return tide_fail(TIDE_EFORMAT, err, errlen, "base64 padding leaves non-zero bits");
         }
         size_t take = last ? 3 - pad : 3;
         for (size_t k = 0; k < take; k++) buf[o++] = (uint8_t)(q >> (16 - 8 * k));
@@ -175,36 +164,36 @@ int image_parse_url(const char *url, size_t len, size_t max_bytes, uint8_t **byt
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         size_t l = strlen(refused[i]);
         if (len >= l && !strncasecmp(url, refused[i], l))
-            return fail(TIDE_EUNSUPPORTED, err, errlen,
+            return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                         "%.*s image URLs are refused (only data: URLs are accepted unless "
                         "an allow-list enables them)", (int)(l - 3), refused[i]);
     }
     if (len < 5 || strncasecmp(url, "data:", 5))
-        return fail(TIDE_EINVAL, err, errlen,
+        return tide_fail(TIDE_EINVAL, err, errlen,
                     "image_url must be a data: URL (data:image/png;base64,...)");
     const char *comma = memchr(url, ',', len);
-    if (!comma) return fail(TIDE_EINVAL, err, errlen, "data: URL has no ',' before the data");
+    if (!comma) return tide_fail(TIDE_EINVAL, err, errlen, "data: URL has no ',' before the data");
     const char *meta = url + 5;
     size_t mlen = (size_t)(comma - meta);
     const char *semi = memchr(meta, ';', mlen);
     size_t tlen = semi ? (size_t)(semi - meta) : mlen;   /* the media type proper */
     if (tlen <= 6 || strncasecmp(meta, "image/", 6))
-        return fail(TIDE_EINVAL, err, errlen,
+        return tide_fail(TIDE_EINVAL, err, errlen,
                     "data: URL media type must be image/<type>, got '%.*s'", (int)tlen, meta);
     if (mlen < 7 + 7 || strncasecmp(comma - 7, ";base64", 7))
-        return fail(TIDE_EINVAL, err, errlen, "data: URL must be base64-encoded (;base64,)");
+        return tide_fail(TIDE_EINVAL, err, errlen, "data: URL must be base64-encoded (;base64,)");
     const char *data = comma + 1;
     size_t dlen = len - (size_t)(data - url);
     if (max_bytes && dlen / 4 * 3 > max_bytes + 2)
-        return fail(TIDE_ERANGE, err, errlen,
+        return tide_fail(TIDE_ERANGE, err, errlen,
                     "image is about %zu bytes, over the %zu byte limit", dlen / 4 * 3, max_bytes);
     char e2[160];
     int rc = image_base64_decode(data, dlen, bytes, n, e2, sizeof e2);
-    if (rc) return fail(rc, err, errlen, "data: URL: %s", e2);
+    if (rc) return tide_fail(rc, err, errlen, "data: URL: %s", e2);
     if (max_bytes && *n > max_bytes) {
         free(*bytes);
         *bytes = NULL;
-        return fail(TIDE_ERANGE, err, errlen, "image is %zu bytes, over the %zu byte limit",
+        return tide_fail(TIDE_ERANGE, err, errlen, "image is %zu bytes, over the %zu byte limit",
                     *n, max_bytes);
     }
     return 0;
@@ -365,32 +354,32 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
 {
     memset(out, 0, sizeof *out);
     if (lim && lim->max_bytes && n > lim->max_bytes)
-        return fail(TIDE_ERANGE, err, errlen, "image is %zu bytes, over the %zu byte limit", n,
+        return tide_fail(TIDE_ERANGE, err, errlen, "image is %zu bytes, over the %zu byte limit", n,
                     lim->max_bytes);
     const char *fmt = sniff(bytes, n);
     if (!fmt)
-        return fail(TIDE_EUNSUPPORTED, err, errlen,
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                     "not a PNG, JPEG, BMP or GIF image (%zu bytes)", n);
-    if (n > INT32_MAX) return fail(TIDE_ERANGE, err, errlen, "image is too large");
+    if (n > INT32_MAX) return tide_fail(TIDE_ERANGE, err, errlen, "image is too large");
     if (fmt[0] == 'J' && !jpeg_tables_ok(bytes, n))
-        return fail(TIDE_EFORMAT, err, errlen, "cannot decode JPEG image: a Huffman table has more than 256 symbols");
+        return tide_fail(TIDE_EFORMAT, err, errlen, "cannot decode JPEG image: a Huffman table has more than 256 symbols");
     int w, h, comp;
     size_t idat;
     uint64_t raw;
     if (fmt[0] == 'P' && !png_idat_plausible(bytes, n, &idat, &raw))
-        return fail(TIDE_EFORMAT, err, errlen, "PNG image data is %zu bytes compressed, more than the %llu bytes "
+        return tide_fail(TIDE_EFORMAT, err, errlen, "PNG image data is %zu bytes compressed, more than the %llu bytes "
                     "of rows its header declares can need (a decompression bomb?)", idat, (unsigned long long)raw);
     struct host_budget *budget = lim ? lim->budget : NULL;
     memset(&stb_mem, 0, sizeof stb_mem);
     stb_mem.budget = budget;
     /* Header only first: refuse a decompression bomb before allocating its pixels. */
     if (!stbi_info_from_memory(bytes, (int)n, &w, &h, &comp))
-        return fail(stb_mem.over_budget ? TIDE_EFULL : TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
+        return tide_fail(stb_mem.over_budget ? TIDE_EFULL : TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt,
                     stb_mem.over_budget ? "no request memory left for it now, retry later" : stbi_failure_reason());
     if (w <= 0 || h <= 0)   /* stb takes a BMP with height 0 */
-        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: it is %dx%d", fmt, w, h);
+        return tide_fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: it is %dx%d", fmt, w, h);
     if (lim && lim->max_pixels && (uint64_t)w * (uint64_t)h > lim->max_pixels)
-        return fail(TIDE_ERANGE, err, errlen, "image is %dx%d = %llu pixels, over the %llu limit",
+        return tide_fail(TIDE_ERANGE, err, errlen, "image is %dx%d = %llu pixels, over the %llu limit",
                     w, h, (unsigned long long)w * h, (unsigned long long)lim->max_pixels);
     /* What decoding a w x h image can take, the worst format (16-bit RGBA PNG: inflated rows,
      * the image, its 8-bit and RGB conversions; JPEG's planes and coefficients; GIF's three
@@ -403,11 +392,11 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
         memset(&stb_mem, 0, sizeof stb_mem);
         stb_mem.peak = peak;
         if (over_cap)
-            return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: its data inflates past what a %dx%d "
+            return tide_fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: its data inflates past what a %dx%d "
                         "image can need (a decompression bomb?)", fmt, w, h);
         if (over_budget)
-            return fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
-        return fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt, stbi_failure_reason());
+            return tide_fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
+        return tide_fail(TIDE_EFORMAT, err, errlen, "cannot decode %s image: %s", fmt, stbi_failure_reason());
     }
     /* Copy into malloc memory so callers free with free()/image_u8_free like the rest; with a
      * budget the copy is charged before it is made, and stays charged (image.h). */
@@ -416,14 +405,14 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
         stbi_image_free(px);
         memset(&stb_mem, 0, sizeof stb_mem);
         stb_mem.peak = peak;
-        return fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
+        return tide_fail(TIDE_EFULL, err, errlen, "no request memory left to decode a %dx%d image now, retry later", w, h);
     }
     out->rgb = malloc(bytes_rgb);
     if (!out->rgb) {
         if (budget) host_budget_release(budget, bytes_rgb);
         stbi_image_free(px);
         memset(&stb_mem, 0, sizeof stb_mem);
-        return fail(TIDE_ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
+        return tide_fail(TIDE_ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
     }
     memcpy(out->rgb, px, bytes_rgb);
     stbi_image_free(px);
@@ -435,7 +424,7 @@ int image_decode(const uint8_t *bytes, size_t n, const struct image_limits *lim,
         int rc = image_apply_orientation(out, image_exif_orientation(bytes, n));
         if (rc) {
             image_u8_free(out);
-            return fail(rc, err, errlen, "cannot apply EXIF orientation: %s", tide_strerror(rc));
+            return tide_fail(rc, err, errlen, "cannot apply EXIF orientation: %s", tide_strerror(rc));
         }
     }
     return 0;

@@ -11,17 +11,6 @@
 
 #include "../engine/gguf.h"
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* splitmix64 + Box-Muller: deterministic on every platform */
 struct rng { uint64_t s; };
@@ -78,7 +67,7 @@ static void mat(struct gen *g, const char *name, uint32_t type, uint64_t in, uin
 
 int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
 {
-    if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
+    if (!o->out) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
     const uint32_t T = o->n_embd_text ? o->n_embd_text : 128;
     const uint32_t S = o->image_size ? o->image_size : 64;
     const uint32_t p = o->patch_size ? o->patch_size : 8;
@@ -87,22 +76,22 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
     const uint32_t H = o->n_head ? o->n_head : 4;
     const uint32_t L = o->n_layer ? o->n_layer : 2;
     const uint32_t type = o->type < 0 ? GGML_TYPE_F16 : (uint32_t)o->type;
-    if (S % p) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a "
+    if (S % p) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a "
                            "multiple of patch size %u", S, p);
-    if (D % H) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u is not a multiple "
+    if (D % H) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u is not a multiple "
                            "of %u heads", D, H);
-    if (F == D) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from "
+    if (F == D) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from "
                             "n_embd (readers tell fc1 from fc2 by shape)");
     if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 &&
         type != GGML_TYPE_Q8_0)
-        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported",
+        return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported",
                     ggml_type_name(type));
     if (type == GGML_TYPE_Q8_0 && (D % 32 || F % 32 || T % 32))
-        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: q8_0 needs widths divisible by 32");
+        return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: q8_0 needs widths divisible by 32");
     const uint32_t n_patch = (S / p) * (S / p), n_pos = n_patch + (o->class_token ? 1 : 0);
 
     struct gen g = {.w = gguf_writer_new(), .r = {o->seed ? o->seed : 1}};
-    if (!g.w) return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    if (!g.w) return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
     struct gguf_writer *w = g.w;
     gguf_w_str(w, "general.architecture", "clip");
     gguf_w_str(w, "general.name", "tide-mmproj");
@@ -173,11 +162,11 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
     free(g.buf);
     if (g.oom) {
         gguf_writer_free(w);
-        return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+        return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
     }
     int rc = gguf_writer_write(w, o->out);
     gguf_writer_free(w);
-    if (rc) return fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out,
+    if (rc) return tide_fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out,
                         tide_strerror(rc));
     return 0;
 }
@@ -195,7 +184,7 @@ static int write_qwenvl(const struct mmprojgen_options *o, int kind, uint32_t n_
                         char *err, size_t errlen)
 {
     bool q3 = kind == 3, q25 = kind == 25;
-    if (!o->out) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
+    if (!o->out) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
     const uint32_t T = o->n_embd_text ? o->n_embd_text : 96;
     const uint32_t S = o->image_size ? o->image_size : q25 ? 112 : 64;
     const uint32_t p = o->patch_size ? o->patch_size : q25 ? 14 : 8; /* q25: 112-pixel windows of 4x4 merged tokens */
@@ -205,18 +194,18 @@ static int write_qwenvl(const struct mmprojgen_options *o, int kind, uint32_t n_
     const uint32_t L = o->n_layer ? o->n_layer : 4;
     const uint32_t type = o->type < 0 ? GGML_TYPE_F16 : (uint32_t)o->type;
     const uint32_t M = 4 * D; /* the merged width: 2x2 patches */
-    if (S % p) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a multiple of patch size %u", S, p);
+    if (S % p) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: image size %u is not a multiple of patch size %u", S, p);
     if (D % H || (D / H) % 4)
-        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u must be %u heads of a multiple of 4", D, H);
-    if (F == D) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from n_embd");
-    if (!q3 && n_deepstack) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: only Qwen3-VL has deepstack layers");
-    if (n_deepstack >= L) return fail(TIDE_EINVAL, err, errlen, "mmprojgen: %u deepstack layers of %u", n_deepstack, L);
+        return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: width %u must be %u heads of a multiple of 4", D, H);
+    if (F == D) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: n_ff must differ from n_embd");
+    if (!q3 && n_deepstack) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: only Qwen3-VL has deepstack layers");
+    if (n_deepstack >= L) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: %u deepstack layers of %u", n_deepstack, L);
     if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 && type != GGML_TYPE_Q8_0)
-        return fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported", ggml_type_name(type));
+        return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: type %s is not supported", ggml_type_name(type));
     const uint32_t side = S / p;
 
     struct gen g = {.w = gguf_writer_new(), .r = {o->seed ? o->seed : 1}};
-    if (!g.w) return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+    if (!g.w) return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
     struct gguf_writer *w = g.w;
     gguf_w_str(w, "general.architecture", "clip");
     gguf_w_str(w, "general.name", q3 ? "tide-mmproj-qwen3vl" : q25 ? "tide-mmproj-qwen25vl" : "tide-mmproj-qwen2vl");
@@ -312,11 +301,11 @@ static int write_qwenvl(const struct mmprojgen_options *o, int kind, uint32_t n_
     free(g.buf);
     if (g.oom) {
         gguf_writer_free(w);
-        return fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
+        return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
     }
     int rc = gguf_writer_write(w, o->out);
     gguf_writer_free(w);
-    if (rc) return fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out, tide_strerror(rc));
+    if (rc) return tide_fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out, tide_strerror(rc));
     return 0;
 }
 

@@ -15,17 +15,6 @@
 #include "../engine/backend.h"
 #include "../engine/gguf.h"
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 struct q3v_layer {
     float *ln1_w, *ln1_b, *o_w, *o_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w, *down_b;
@@ -52,7 +41,7 @@ static int need_u32(const struct gguf_file *g, const char *key, int *out, char *
     uint32_t v;
     int rc = gguf_get_u32(g, key, &v);
     if (rc || v == 0 || v > (1u << 20))
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be a positive integer", key);
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be a positive integer", key);
     *out = (int)v;
     return 0;
 }
@@ -61,7 +50,7 @@ static int f32_arr3(const struct gguf_file *g, const char *key, float *out, char
 {
     const struct gguf_kv *kv = gguf_find_kv(g, key);
     if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->v.arr.type != GGUF_TYPE_FLOAT32 || kv->v.arr.n != 3)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be 3 floats", key);
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: %s must be 3 floats", key);
     memcpy(out, kv->v.arr.data, 12);
     return 0;
 }
@@ -73,11 +62,11 @@ static const struct gguf_tensor *shape(const struct gguf_file *g, const char *na
         return NULL;
     const struct gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t) {
-        *rc = fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", name);
+        *rc = tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", name);
         return NULL;
     }
     if (t->ne[0] != a || t->ne[1] != b || t->ne[2] != c || t->ne[3] != d) {
-        *rc = fail(TIDE_EFORMAT, err, errlen, "mmproj: tensor %s is [%llu, %llu, %llu, %llu], expected [%llu, %llu, %llu, %llu]",
+        *rc = tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: tensor %s is [%llu, %llu, %llu, %llu], expected [%llu, %llu, %llu, %llu]",
                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
                    (unsigned long long)t->ne[3], (unsigned long long)a, (unsigned long long)b, (unsigned long long)c,
                    (unsigned long long)d);
@@ -85,7 +74,7 @@ static const struct gguf_tensor *shape(const struct gguf_file *g, const char *na
     }
     uint32_t ty = t->type;
     if (ty != GGML_TYPE_F32 && ty != GGML_TYPE_F16 && ty != GGML_TYPE_BF16 && ty != GGML_TYPE_Q8_0 && ty != GGML_TYPE_Q4_0) {
-        *rc = fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: tensor %s has type %s (f32, f16, bf16, q8_0, q4_0 are read)",
+        *rc = tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: tensor %s has type %s (f32, f16, bf16, q8_0, q4_0 are read)",
                    name, ggml_type_name(ty));
         return NULL;
     }
@@ -97,7 +86,7 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     memset(hp, 0, sizeof *hp);
     struct gguf_str s;
     if (gguf_get_str(g, "clip.projector_type", &s) && gguf_get_str(g, "clip.vision.projector_type", &s))
-        return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
+        return tide_fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.projector_type");
     if (gguf_str_eq(s, "qwen3vl_merger"))
         hp->kind = QWENVL_3;
     else if (gguf_str_eq(s, "qwen2vl_merger"))
@@ -105,7 +94,7 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     else if (gguf_str_eq(s, "qwen2.5vl_merger"))
         hp->kind = QWENVL_25;
     else
-        return fail(TIDE_EUNSUPPORTED, err, errlen,
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen,
                     "mmproj: projector type '%.*s' is not qwen3vl_merger, qwen2vl_merger or qwen2.5vl_merger",
                     (int)(s.len > 64 ? 64 : s.len), s.ptr);
     int rc;
@@ -118,32 +107,32 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     hp->merge = 2;
     uint32_t u;
     if (!gguf_get_u32(g, "clip.vision.spatial_merge_size", &u) && u != 2)
-        return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: spatial_merge_size %u (only 2x2 merging is built)", u);
+        return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: spatial_merge_size %u (only 2x2 merging is built)", u);
     if (gguf_get_f32(g, "clip.vision.attention.layer_norm_epsilon", &hp->eps))
-        return fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.vision.attention.layer_norm_epsilon");
+        return tide_fail(TIDE_ENOTFOUND, err, errlen, "mmproj: missing key clip.vision.attention.layer_norm_epsilon");
     if ((rc = f32_arr3(g, "clip.vision.image_mean", hp->mean, err, errlen)) ||
         (rc = f32_arr3(g, "clip.vision.image_std", hp->std, err, errlen)))
         return rc;
     for (int c = 0; c < 3; c++)
         if (!(hp->std[c] > 0))
-            return fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
+            return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: image_std must be positive");
     /* the MLP's activation as llama.cpp picks it: use_gelu, use_silu, else quick GELU */
     bool gelu = false, silu = false;
     gguf_get_bool(g, "clip.use_gelu", &gelu);
     gguf_get_bool(g, "clip.use_silu", &silu);
     if (gelu && silu)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: both clip.use_gelu and clip.use_silu are set");
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: both clip.use_gelu and clip.use_silu are set");
     hp->act = gelu ? ACT_GELU : silu ? ACT_SILU : ACT_GELU_QUICK;
     if (hp->kind == QWENVL_25) { /* llama.cpp requires the pattern of Qwen2.5-VL's full-attention blocks */
         if ((rc = need_u32(g, "clip.vision.n_wa_pattern", &hp->n_wa_pattern, err, errlen)))
             return rc;
         hp->window = 112 / (hp->patch * hp->merge);
         if (hp->window == 0)
-            return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: patch %d is too large for 112-pixel windows", hp->patch);
+            return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: patch %d is too large for 112-pixel windows", hp->patch);
     }
     int hd = hp->n_embd / hp->n_head;
     if (hp->n_embd % hp->n_head || hd % 4)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: width %d is not %d heads of a multiple of 4", hp->n_embd,
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: width %d is not %d heads of a multiple of 4", hp->n_embd,
                     hp->n_head);
     /* llama.cpp's limits for the Qwen-VL towers: 8 to 4096 merged tokens */
     long area = (long)hp->patch * hp->patch * hp->merge * hp->merge;
@@ -162,14 +151,14 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
     bool q3 = hp->kind == QWENVL_3, q25 = hp->kind == QWENVL_25;
     const struct gguf_tensor *pos = gguf_find_tensor(g, "v.position_embd.weight"), *mm2 = gguf_find_tensor(g, "mm.2.weight");
     if ((q3 && !pos) || !mm2)
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", mm2 ? "v.position_embd.weight" : "mm.2.weight");
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: missing tensor %s", mm2 ? "v.position_embd.weight" : "mm.2.weight");
     if (!q3 && (pos || gguf_find_tensor(g, "v.patch_embd.bias")))
-        return fail(TIDE_EFORMAT, err, errlen, "mmproj: a %s tower has no position table or patch bias",
+        return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: a %s tower has no position table or patch bias",
                     q25 ? "qwen2.5vl_merger" : "qwen2vl_merger");
     if (q3) {
         hp->pos_side = (int)sqrt((double)pos->ne[1]);
         if ((uint64_t)hp->pos_side * hp->pos_side != pos->ne[1] || hp->pos_side == 0)
-            return fail(TIDE_EFORMAT, err, errlen, "mmproj: the position table's %llu rows are not a square",
+            return tide_fail(TIDE_EFORMAT, err, errlen, "mmproj: the position table's %llu rows are not a square",
                         (unsigned long long)pos->ne[1]);
     }
     hp->n_embd_text = (int)mm2->ne[1];
@@ -182,7 +171,7 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
         if (!gguf_find_tensor(g, n))
             continue;
         if (hp->n_deepstack == QWEN3VL_MAX_DEEPSTACK)
-            return fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: more than %d deepstack layers", QWEN3VL_MAX_DEEPSTACK);
+            return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: more than %d deepstack layers", QWEN3VL_MAX_DEEPSTACK);
         hp->deepstack_layer[hp->n_deepstack++] = l;
     }
     float **own = t ? t->owned : NULL;
@@ -283,7 +272,7 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
     TENSOR(mm->fc2_b, "mm.2.bias", T, 1, 1, 1);
 #undef TENSOR
     if (!rc && gguf_find_tensor(g, "v.pre_ln.weight"))
-        rc = fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: a pre-LN in a qwen3vl_merger tower is not read");
+        rc = tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: a pre-LN in a qwen3vl_merger tower is not read");
     return rc;
 }
 
@@ -323,7 +312,7 @@ int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t
     gguf_close(&g);
     if (rc) {
         qwen3vl_free(t);
-        return rc == TIDE_ENOMEM ? fail(rc, err, errlen, "mmproj: out of memory for the weights") : rc;
+        return rc == TIDE_ENOMEM ? tide_fail(rc, err, errlen, "mmproj: out of memory for the weights") : rc;
     }
     *out = t;
     return 0;
@@ -604,7 +593,7 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     const struct qwen3vl_hparams *hp = &t->hp;
     int p = hp->patch, a = p * hp->merge;
     if (w <= 0 || h <= 0 || w % a || h % a)
-        return fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);
+        return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);
     int gw = w / p, gh = h / p, n = gw * gh, n_tok = n / 4;
     int D = hp->n_embd, F = hp->n_ff, H = hp->n_head, hd = D / H, T = hp->n_embd_text;
     int ostride = T * (1 + hp->n_deepstack);
@@ -614,7 +603,7 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     if (!ws || !order) {
         free(ws);
         free(order);
-        return fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
+        return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
     }
     int n_win = window_order(hp, gw / 2, gh / 2, order, win_end);
     size_t nD = (size_t)n * D;
