@@ -32,7 +32,7 @@ static int layer_tensors(struct model_layer *L, struct tensor **out)
                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
                             &L->ffn_gate_inp, &L->ffn_gate_inp_shexp, &L->ffn_gate_shexp, &L->ffn_up_shexp,
                             &L->ffn_down_shexp, &L->bo, &L->attn_sinks, &L->ffn_gate_inp_b, &L->gate_exps_b,
-                            &L->up_exps_b, &L->down_exps_b};
+                            &L->up_exps_b, &L->down_exps_b, &L->wkv_a_mqa, &L->kv_a_norm, &L->wk_b, &L->wv_b};
     _Static_assert(sizeof all / sizeof all[0] <= LAYER_MAX_TENSORS, "layer_tensors' array");
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

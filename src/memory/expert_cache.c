@@ -317,8 +317,8 @@ static void refill(struct expert_cache *c)
         if (c->slot_of[k] < 0 && c->key_tick[k])
             cand[nc++] = (int32_t)k;
     qsort_r(cand, nc, sizeof(int32_t), cmp_tick_desc, c->key_tick);
-    for (size_t k = 0; k < n_keys; k++)
-        if (c->slot_of[k] < 0 && !c->key_tick[k])
+    for (size_t k = 0; k < n_keys; k++) /* (not the keys of a dense layer: it has no experts) */
+        if (c->slot_of[k] < 0 && !c->key_tick[k] && model_expert_bytes(c->m, c->l0 + (uint32_t)(k / c->n_expert)))
             cand[nc++] = (int32_t)k;
     int n = c->n_seg * c->slots_per_seg;
     size_t next = 0;
