@@ -134,6 +134,17 @@ Test(archs, granitemoe_shared_serves_and_a_small_expert_cache_gives_the_same_tex
     serves_and_capped_cache_same_text("granitemoe-shared", -1, "4");
 }
 
+/* deepseek2 (DeepSeek-V2-Lite's layout): MLA, the leading dense layer and the two shared
+ * experts through the daemon. 28 MiB: weights 6.6 (the shared experts resident), KV 16.9 (27
+ * layers of one 80-wide K row and its V copy per token), 91 of the 208 experts (layer 0 has none);
+ * more misses than 208 shows the small cache evicted and refetched */
+Test(archs, deepseek2_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 180)
+{
+    serves_and_capped_cache_same_text("deepseek2", -1, "28");
+    long misses = expert_misses(208);
+    cr_expect_gt(misses, 208, "deepseek2: more misses than its 208 experts (%ld)", misses);
+}
+
 /* A 2x2 24-bit BMP (the vision encoder resizes it) */
 #define IMAGE_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"}," \
     "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,Qk1GAAAAAAAAADYAAAAoAAAAAgAAAAIAAAABABgAAAA" \
@@ -174,6 +185,9 @@ Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy
 /* granitemoe scales input embeddings (the image's rows too, as llama.cpp does for a model
  * without deepstack layers) */
 Test(archs, granitemoe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("granitemoe"); }
+
+/* deepseek2: an image's rows (input embeddings, no token) through MLA's op-by-op path */
+Test(archs, deepseek2_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("deepseek2"); }
 
 /* gpt-oss with MXFP4 experts (its released files' type): sinks, windowed layers (a window of 4,
  * shorter than the chat prompt) and biases through the daemon, and the same text from a CPU
