@@ -205,3 +205,44 @@ Test(mla, deepseek2_f32_matches_the_unabsorbed_reference, .timeout = 60)
     model_free(&m);
     unlink(path);
 }
+
+/* A header of V2-Lite's MLA form with one key changed (or added): what DeepSeek-V2 and V3 add is
+ * refused by the key's name before any tensor is read. */
+static void refused_with(const char *key, uint32_t u, float f, int kv_len, const char *want)
+{
+    char path[96], err[256] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-mla-hdr-%d.gguf", (int)getpid());
+    struct gguf_writer *w = gguf_writer_new();
+    gguf_w_str(w, "general.architecture", "deepseek2");
+    const struct { const char *k; uint32_t v; } keys[] = {
+        {"deepseek2.embedding_length", 128}, {"deepseek2.block_count", 27}, {"deepseek2.attention.head_count", 4},
+        {"deepseek2.attention.head_count_kv", 1}, {"deepseek2.feed_forward_length", 256},
+        {"deepseek2.expert_count", 8}, {"deepseek2.expert_used_count", 2},
+        {"deepseek2.expert_feed_forward_length", 64}, {"deepseek2.attention.kv_lora_rank", 64},
+        {"deepseek2.attention.key_length_mla", 48}, {"deepseek2.attention.value_length_mla", 32},
+        {"deepseek2.rope.dimension_count", 16}, {"deepseek2.leading_dense_block_count", 1},
+        {"deepseek2.expert_shared_count", 2}, {"deepseek2.vocab_size", 50},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        gguf_w_u32(w, keys[i].k, keys[i].v);
+    gguf_w_u32(w, "deepseek2.attention.key_length", (uint32_t)kv_len);
+    if (key && f != 0)
+        gguf_w_f32(w, key, f);
+    else if (key)
+        gguf_w_u32(w, key, u);
+    cr_assert_eq(gguf_writer_write(w, path), 0);
+    gguf_writer_free(w);
+    struct model m;
+    int rc = model_load(&m, path, err, sizeof err);
+    cr_assert_lt(rc, 0, "%s: refused", want);
+    cr_assert(strstr(err, want) != NULL, "message: %s", err);
+    unlink(path);
+}
+
+Test(mla, deepseek2_refusals_name_the_key)
+{
+    refused_with("deepseek2.attention.q_lora_rank", 1536, 0, 80, "q_lora_rank 1536");
+    refused_with("deepseek2.expert_gating_func", 2, 0, 80, "expert_gating_func 2");
+    refused_with("deepseek2.expert_weights_scale", 0, 2.5f, 80, "expert_weights_scale 2.5");
+    refused_with(NULL, 0, 0, 192, "not the converter's MLA form"); /* key_length of the unabsorbed heads */
+}
