@@ -186,6 +186,44 @@ Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy
  * without deepstack layers) */
 Test(archs, granitemoe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("granitemoe"); }
 
+/* Device 0's field in a /v1/vram answer (GET, or a POST's reply). */
+static double vram_field(const char *method, const char *body, const char *field)
+{
+    struct harness_reply r = harness_req(method, "/v1/vram", NULL, body);
+    cr_assert_eq(r.status, 200, "%s /v1/vram %s", method, body ? body : "");
+    cJSON *j = harness_json(&r);
+    cJSON *n = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "devices"), 0), field);
+    cr_assert(cJSON_IsNumber(n), "%s", field);
+    double v = n->valuedouble;
+    cJSON_Delete(j);
+    harness_reply_free(&r);
+    return v;
+}
+
+/* deepseek2 with the elastic cache: every one of its 208 experts resident (the dense layer's keys
+ * take no slot), then a reserve that takes half the cache back, then the restore: the same
+ * greedy text each time */
+Test(archs, deepseek2_elastic_cache_reserve_and_restore_same_text, .fini = done, .timeout = 180)
+{
+    write_preset("deepseek2");
+    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":64}]");
+    cr_assert_eq(vram_field("GET", NULL, "expert_slots"), 208, "the full cache holds the 208 routed experts, no more");
+    char *full = greedy_reply();
+    char body[64];
+    snprintf(body, sizeof body, "{\"reserve_mib\":%ld}",
+             (long)(vram_field("GET", NULL, "free_mib") + vram_field("GET", NULL, "expert_cache_mib") / 2 + 1));
+    double shrunk = vram_field("POST", body, "expert_slots");
+    cr_expect(shrunk > 0 && shrunk < 208, "the reserve took some of the slots (%g left)", shrunk);
+    char *small = greedy_reply();
+    cr_expect_str_eq(small, full, "deepseek2: a shrunk cache changes nothing but speed");
+    cr_expect_eq(vram_field("POST", "{\"reserve_mib\":null}", "expert_slots"), 208, "restored to full");
+    char *again = greedy_reply();
+    cr_expect_str_eq(again, full, "deepseek2: the same after the restore");
+    free(full);
+    free(small);
+    free(again);
+}
+
 /* deepseek2: an image's rows (input embeddings, no token) through MLA's op-by-op path */
 Test(archs, deepseek2_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("deepseek2"); }
 
