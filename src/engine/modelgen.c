@@ -477,6 +477,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (o->n_head) c.n_head = o->n_head;
     if (o->n_head_kv) c.n_head_kv = o->n_head_kv;
     if (o->n_ff) c.n_ff = o->n_ff;
+    if (!strcmp(c.arch, "deepseek2")) /* its 2 shared experts, as wide as a routed one whatever --ff says */
+        c.n_ff_shexp = 2 * c.n_ff;
     if (o->n_expert) c.n_expert = o->n_expert;
     if (o->n_expert_used) c.n_used = o->n_expert_used;
     if (o->type >= 0) c.type = o->type;
