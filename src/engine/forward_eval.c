@@ -312,8 +312,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
         if (c->kv_lora_rank) { /* deepseek2's MLA: its own attention block (forward_mla.c), op by op */
             struct mla_run mr[FORWARD_MAX_SEQ];
             for (int r = 0; r < nr; r++)
-                mr[r] = (struct mla_run){slot_rows(s, st, st->k_cache, l, rn[r].slot),
-                                         slot_rows(s, st, st->v_cache, l, rn[r].slot), rn[r].pos, rn[r].t0, rn[r].n};
+                mr[r] = (struct mla_run){slot_rows(s, st, st->k_cache, l, rn[r].slot), rn[r].pos, rn[r].t0, rn[r].n};
             int rc = at || rows ? TIDE_EUNSUPPORTED : forward_mla_attention(s, st, L, n, mr, nr);
             if (rc < 0)
                 return rc;

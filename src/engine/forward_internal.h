@@ -18,10 +18,10 @@ void forward_unbind_buffers(struct forward_state *s);
 int forward_oai_moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits);
 
 /* deepseek2's attention block of one layer for n tokens (forward_mla.c): x (n, E) += the MLA
- * attention's output; the runs' new K/V rows written into their slots. TIDE_EUNSUPPORTED where
- * the backend has no rope_freqs. */
+ * attention's output; the runs' new K rows (V reads them too) written into their slots.
+ * TIDE_EUNSUPPORTED where the backend has no rope_freqs. */
 struct mla_run {
-    float *kc, *vc; /* the run's slot: K and V rows (n_ctx, head_dim) */
+    float *kc;      /* the run's slot: K rows (n_ctx, head_dim) */
     int pos, t0, n; /* rows t0.. of the step at positions pos.. */
 };
 int forward_mla_attention(struct forward_state *s, struct forward_stage *st, const struct model_layer *L, int n,

@@ -4,10 +4,10 @@
  *
  * MLA runs here as multi-query attention over the compressed KV, as llama.cpp's absorbed form
  * does: one KV head of width kv_lora_rank + n_rot per token (head_dim), the first kv_lora_rank
- * the rmsnormed latent, the last n_rot the roped key part shared by every head. The V cache
- * holds a copy of the K row (so the existing attention op reads it unchanged; the last n_rot
- * values of each head's output are then ignored): twice the memory of a view, the price of
- * using the attention op as it is. Each q head is absorbed into the latent space: q_nope (mla_k
+ * the rmsnormed latent, the last n_rot the roped key part shared by every head. V is the same
+ * rows: the attention op is given the K cache as its V cache (forward.c allocates no V cache
+ * for MLA), and the last n_rot values of each head's output (the roped part's weighted sum) are
+ * ignored. Each q head is absorbed into the latent space: q_nope (mla_k
  * - n_rot) times the head's attn_k_b gives kv_lora_rank values, followed by the head's roped
  * q_pe. After the attention, each head's first kv_lora_rank outputs times its attn_v_b give its
  * mla_v values, and attn_output takes the H * mla_v of them.
@@ -64,7 +64,6 @@ int forward_mla_attention(struct forward_state *s, struct forward_stage *st, con
                 B->rope_freqs(bc, dst + kvl, 1, 1, rot, R->pos + t, s->m->rope_freqs, c->rope_mscale, ROPE_NORM);
             }
         }
-        B->gather_rows(bc, R->vc + (size_t)R->pos * hd, k, s->iota, R->n, hd); /* V: a copy of K */
     }
     /* q times mla_kq_mscale^2 * sqrt(head_dim / mla_k) (zero + axpy: a scale op's bits);
      * att_out's q before the absorption is consumed by now */
@@ -75,8 +74,8 @@ int forward_mla_attention(struct forward_state *s, struct forward_stage *st, con
     B->axpy(bc, st->q, st->att_out, 1.0f, n * qd);
     for (int r = 0; r < nr; r++) {
         const struct mla_run *R = &runs[r];
-        B->attention(bc, st->q + (size_t)R->t0 * qd, R->kc, R->vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n,
-                     R->pos, H, 1, hd);
+        B->attention(bc, st->q + (size_t)R->t0 * qd, R->kc, R->kc, st->att_out + (size_t)R->t0 * qd, st->att, R->n,
+                     R->pos, H, 1, hd); /* V: the K rows, whose first kv_lora_rank are the latent */
     }
     /* each head's latent output through its attn_v_b into q (n, H * mla_v; free now, and
      * mla_v <= head_dim, checked at load), then x += wo of it */
