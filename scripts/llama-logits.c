@@ -4,7 +4,11 @@
  * {"piece": logprob, ...} (log-softmax of the last position's logits), for comparison with
  * tide's /v1/completions top_logprobs. Built by the script against a llama.cpp build:
  *   cc -O2 scripts/llama-logits.c -I$LLAMA/include -I$LLAMA/ggml/include -L$LLAMA/build/bin -lllama
- * Not part of tide's build. Usage: llama-logits MODEL PROMPT [N] */
+ * Not part of tide's build. Usage: llama-logits MODEL PROMPT [N [G]]
+ * With G > 0 it prints instead PROMPT and the G greedy tokens after it, as llama-simple does,
+ * but with the f32 KV cache: the greedy reference where llama-simple's f16 cache flips a near tie
+ * (deepseek2's preset: tide and this agree on 24 tokens, llama-simple differs from token 16,
+ * whose top two are 0.022 apart). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +41,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s MODEL PROMPT [N]\n", argv[0]);
         return 2;
     }
-    int top = argc > 3 ? atoi(argv[3]) : 20;
+    int top = argc > 3 ? atoi(argv[3]) : 20, greedy = argc > 4 ? atoi(argv[4]) : 0;
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
@@ -54,7 +58,7 @@ int main(int argc, char **argv)
     if (!toks || llama_tokenize(vocab, prompt, (int32_t)strlen(prompt), toks, n, true, true) < 0)
         return 1;
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t)n + 8;
+    cp.n_ctx = (uint32_t)n + 8 + (uint32_t)(greedy > 0 ? greedy : 0);
     cp.n_batch = (uint32_t)n;
     /* an f32 KV cache and no flash attention (llama.cpp's defaults are f16 K/V and, on the
      * CPU, flash attention, which rounds Q to f16: 1-2e-3 apart on these logprobs; tide keeps
@@ -67,6 +71,25 @@ int main(int argc, char **argv)
         return 1;
     const float *lg = llama_get_logits_ith(ctx, -1);
     int V = llama_vocab_n_tokens(vocab);
+    if (greedy > 0) { /* the prompt, then each step's argmax piece (the first of equal logits) */
+        fputs(prompt, stdout);
+        for (int s = 0; s < greedy; s++) {
+            llama_token b = 0;
+            for (int i = 1; i < V; i++)
+                if (lg[i] > lg[b])
+                    b = i;
+            if (llama_vocab_is_eog(vocab, b))
+                break;
+            char piece[256];
+            int len = llama_token_to_piece(vocab, b, piece, sizeof piece, 0, true);
+            fwrite(piece, 1, len > 0 ? (size_t)len : 0, stdout);
+            if (llama_decode(ctx, llama_batch_get_one(&b, 1)) != 0)
+                return 1;
+            lg = llama_get_logits_ith(ctx, -1);
+        }
+        putchar('\n');
+        return 0;
+    }
     double mx = -INFINITY, z = 0;
     for (int i = 0; i < V; i++)
         mx = lg[i] > mx ? lg[i] : mx;

@@ -81,12 +81,12 @@ struct backend_i {
     void (*attention_sinks)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                             float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
                             int window);
-    /* Rope with a frequency per pair (NEOX pairs (i, i + head_dim/2)): n tokens of n_heads
+    /* Rope with a frequency per pair (kind's pairs: NEOX (i, i + head_dim/2), NORM (2i, 2i+1)): n tokens of n_heads
      * heads, token t at position pos + t, pair i turned by (pos + t) * freqs[i] (head_dim / 2
      * floats in backend memory), and the result scaled by mscale: rope scaling (gpt-oss's yarn,
-     * model.rope_freqs). NULL where the backend has none. */
+     * deepseek2's rope, model.rope_freqs). NULL where the backend has none. */
     void (*rope_freqs)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
-                       float mscale);
+                       float mscale, enum rope_kind kind);
     /* M-RoPE (engine/mrope.h): n tokens of n_heads heads, token t's four position ids at
      * pos[4t..4t+3] (host memory), pairs per section in sections, interleaved (Qwen3-VL) or
      * not. NULL where the backend has none (CUDA: the forward then refuses such rows). */

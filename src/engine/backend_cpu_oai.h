@@ -10,7 +10,8 @@ void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const 
                          int window);
 /* Run fn(arg, ith, nth) on the CPU backend's nth threads, ith = 0..nth-1, and wait (backend_cpu.c). */
 void backend_cpu_parallel(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg);
-void cpu_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs, float mscale);
+void cpu_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs, float mscale,
+                    enum rope_kind kind);
 void cpu_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit);
 
 #endif

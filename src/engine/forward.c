@@ -12,10 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* K and V rows, or K only where V reads K's rows (deepseek2's MLA: forward_mla.c) */
+static size_t kv_parts(const struct model *m) { return m->cfg.kv_lora_rank ? 1 : 2; }
+
 size_t forward_kv_bytes(const struct model *m, int n_ctx)
 {
     size_t kvd = (size_t)m->cfg.n_head_kv * m->cfg.head_dim;
-    return 2 * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * sizeof(float);
+    return kv_parts(m) * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * sizeof(float);
 }
 
 static size_t tbytes(const struct tensor *t) { return t->data ? t->row_bytes * t->ne[1] : 0; }
@@ -32,7 +35,7 @@ static int layer_tensors(struct model_layer *L, struct tensor **out)
                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
                             &L->ffn_gate_inp, &L->ffn_gate_inp_shexp, &L->ffn_gate_shexp, &L->ffn_up_shexp,
                             &L->ffn_down_shexp, &L->bo, &L->attn_sinks, &L->ffn_gate_inp_b, &L->gate_exps_b,
-                            &L->up_exps_b, &L->down_exps_b};
+                            &L->up_exps_b, &L->down_exps_b, &L->wkv_a_mqa, &L->kv_a_norm, &L->wk_b, &L->wv_b};
     _Static_assert(sizeof all / sizeof all[0] <= LAYER_MAX_TENSORS, "layer_tensors' array");
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -209,10 +212,10 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     }
     if (rc)
         return rc;
-    size_t kvh = forward_kv_bytes(m, s->n_ctx) / 2 / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
+    size_t kvh = forward_kv_bytes(m, s->n_ctx) / kv_parts(m) / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
     if (kvh) {
         st->k_cache = stage_alloc(st, MEM_KV, kvh);
-        st->v_cache = stage_alloc(st, MEM_KV, kvh);
+        st->v_cache = kv_parts(m) == 1 ? st->k_cache : stage_alloc(st, MEM_KV, kvh); /* MLA: V is K's rows */
         if (!st->k_cache || !st->v_cache)
             return TIDE_ERANGE;
     }
@@ -442,7 +445,7 @@ void forward_unbind_buffers(struct forward_state *s)
 
 size_t forward_kv_row_bytes(const struct forward_state *s)
 {
-    return 2 * sizeof(float) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
+    return kv_parts(s->m) * sizeof(float) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
 }
 
 int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int host_n, bool save)
@@ -450,19 +453,21 @@ int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int h
     if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n)
         return TIDE_EINVAL;
     size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim, part = (size_t)n * kvd;
-    size_t hpart = (size_t)host_n * kvd;
+    size_t hpart = (size_t)host_n * kvd, parts = kv_parts(s->m);
     for (int i = 0; i < s->n_stage; i++) {
         struct forward_stage *st = &s->stage[i];
         for (uint32_t l = st->l0; l < st->l1 && n > 0; l++) {
             size_t at = ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd;
-            float *kc = st->k_cache + at, *vc = st->v_cache + at, *hk = host + (size_t)l * 2 * hpart,
+            float *kc = st->k_cache + at, *vc = st->v_cache + at, *hk = host + (size_t)l * parts * hpart,
                   *hv = hk + hpart;
             if (save) {
                 st->be.i->download(st->be.ctx, hk, kc, sizeof(float) * part);
-                st->be.i->download(st->be.ctx, hv, vc, sizeof(float) * part);
+                if (parts == 2)
+                    st->be.i->download(st->be.ctx, hv, vc, sizeof(float) * part);
             } else {
                 st->be.i->upload(st->be.ctx, kc, hk, sizeof(float) * part);
-                st->be.i->upload(st->be.ctx, vc, hv, sizeof(float) * part);
+                if (parts == 2)
+                    st->be.i->upload(st->be.ctx, vc, hv, sizeof(float) * part);
             }
         }
     }

@@ -64,7 +64,7 @@ struct forward_stage {
     size_t *owned_bytes;
     int *owned_kind;
     int n_owned, cap_owned;
-    float *k_cache, *v_cache;    /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim) */
+    float *k_cache, *v_cache;    /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim); MLA: v_cache is k_cache */
     /* the buffers of the chunk being run: dec or pre below */
     float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out, *k_new, *v_new;
     struct stage_bufs dec;       /* batch n_seq (a decode token per sequence), always there */

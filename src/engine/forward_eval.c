@@ -309,6 +309,15 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                                             : st->k_new;
         float *vpos = at ? st->kv_new + kvd : one ? slot_rows(s, st, st->v_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
                                                   : st->v_new;
+        if (c->kv_lora_rank) { /* deepseek2's MLA: its own attention block (forward_mla.c), op by op */
+            struct mla_run mr[FORWARD_MAX_SEQ];
+            for (int r = 0; r < nr; r++)
+                mr[r] = (struct mla_run){slot_rows(s, st, st->k_cache, l, rn[r].slot), rn[r].pos, rn[r].t0, rn[r].n};
+            int rc = at || rows ? TIDE_EUNSUPPORTED : forward_mla_attention(s, st, L, n, mr, nr);
+            if (rc < 0)
+                return rc;
+            goto ffn;
+        }
 
         if (B->matmul3) { /* one op: the norm and the three products of xb */
             const struct tensor *const w3[3] = {&L->wq, &L->wk, &L->wv};
@@ -363,8 +372,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->rope_multi(bc, k, R->n, (int)c->n_head_kv, hd, R->mpos, c->rope_theta, c->rope_sections,
                               c->rope_sections_interleaved);
             } else if (s->m->rope_freqs) { /* rope scaling (gpt-oss's yarn; no head norms there) */
-                B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
-                B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale);
+                B->rope_freqs(bc, q, R->n, (int)c->n_head, hd, R->pos, s->m->rope_freqs, c->rope_mscale, c->rope);
+                B->rope_freqs(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, s->m->rope_freqs, c->rope_mscale, c->rope);
             } else if (B->qk_norm_rope) {
                 B->qk_norm_rope(bc, q, k, qn, kn, R->n, (int)c->n_head, (int)c->n_head_kv, hd, R->pos, c->rope_theta,
                                 c->rope, c->rms_eps);
@@ -397,13 +406,16 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->add_bias(bc, st->x, L->bo.data, n, E);
         }
 
+    ffn:;
+        /* deepseek2's leading layers are dense */
+        bool moe = c->n_expert && l >= c->n_dense_lead;
         /* a decode token's norm and router product in one op where the backend has it */
-        bool routed = n == 1 && c->n_expert && B->norm_matmul &&
+        bool routed = n == 1 && moe && B->norm_matmul &&
                       B->norm_matmul(bc, &L->ffn_gate_inp, st->x, st->router, &L->ffn_norm, c->rms_eps, st->xb) == 0;
         if (!routed)
             B->rmsnorm(bc, st->x, &L->ffn_norm, st->xb, E, n, c->rms_eps);
         forward_arch_ffn_begin(c, st, n); /* granitemoe's residual scale */
-        if (c->n_expert) {
+        if (moe) {
             int rc = c->arch == ARCH_GPTOSS ? forward_oai_moe_ffn(s, st, l, n, routed) : moe_ffn(s, st, l, n, routed);
             if (rc < 0)
                 return rc;
@@ -587,6 +599,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     bool mrope = false;
     for (int r = 0; r < nr; r++)
         mrope = mrope || rn[r].mpos;
+    mrope = mrope || c->kv_lora_rank; /* deepseek2's MLA too: forward_mla.c runs op by op */
     bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */

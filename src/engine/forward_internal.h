@@ -17,6 +17,16 @@ void forward_unbind_buffers(struct forward_state *s);
  * backend lacks swiglu_oai). */
 int forward_oai_moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits);
 
+/* deepseek2's attention block of one layer for n tokens (forward_mla.c): x (n, E) += the MLA
+ * attention's output; the runs' new K rows (V reads them too) written into their slots.
+ * TIDE_EUNSUPPORTED where the backend has no rope_freqs. */
+struct mla_run {
+    float *kc;      /* the run's slot: K rows (n_ctx, head_dim) */
+    int pos, t0, n; /* rows t0.. of the step at positions pos.. */
+};
+int forward_mla_attention(struct forward_state *s, struct forward_stage *st, const struct model_layer *L, int n,
+                          const struct mla_run *runs, int nr);
+
 /* olmoe's and granitemoe's own steps (forward_arch.c), called by stage_layers; each does nothing
  * for an architecture without them. forward_arch_embed: x (n, E) times embedding_scale (stage 0,
  * before layer 0). forward_arch_qk: after the q/k/v products of n tokens (q in st->q, k the new

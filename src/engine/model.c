@@ -33,6 +33,7 @@ const char *model_arch_name(enum model_arch a)
     case ARCH_GRANITEMOE: return "granitemoe";
     case ARCH_QWEN3VLMOE: return "qwen3vlmoe";
     case ARCH_QWEN2VL: return "qwen2vl";
+    case ARCH_DEEPSEEK2: return "deepseek2";
     }
     return "?";
 }
@@ -161,8 +162,8 @@ static int load_gptoss_config(const struct gguf_file *g, struct model_config *c,
  * f = base^(-2i/d) turns at f * (s (1 - r) + r), s = 1 / factor and r the ramp between the
  * correction dims (1 below, 0 above; llama.cpp's ggml_rope_yarn_corr_dims with beta_fast and
  * beta_slow over original_context_length), and the magnitude is 1 + 0.1 ln(factor) (llama.cpp's
- * attn_factor comes to 1 for it unless yarn_log_multiplier is set, which tide refuses). Linear:
- * f * s, magnitude 1. Only gpt-oss reads these keys here. */
+ * attn_factor comes to 1 for it; yarn_log_multiplier only for deepseek2, said below). Linear:
+ * f * s, magnitude 1. gpt-oss and deepseek2 read these keys here (d: the roped width). */
 static int load_rope_scaling(struct model *m, const char *arch, char *err, size_t errlen)
 {
     const struct gguf_file *g = &m->gguf;
@@ -186,20 +187,25 @@ static int load_rope_scaling(struct model *m, const char *arch, char *err, size_
     arch_f32(g, arch, "rope.scaling.yarn_ext_factor", 1.0f, &ext);
     arch_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast);
     arch_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow);
-    if ((!yarn && !linear) || factor == 0.0f || (linear && factor == 1.0f))
+    bool ds2 = c->arch == ARCH_DEEPSEEK2; /* rope through the table always (its NORM pairs, n_rot wide) */
+    bool none = (!yarn && !linear) || factor == 0.0f || (linear && factor == 1.0f);
+    if (none && !ds2)
         return 0;
-    if (!(factor > 0) || (yarn && (log_mul != 0.0f || ext != 1.0f)))
+    if (ds2)
+        log_mul /= 0.1f; /* llama.cpp cancels the converter's 0.1 */
+    if (!none && (!(factor > 0) || (yarn && ((log_mul != 0.0f && !ds2) || ext != 1.0f))))
         return fail(err, errlen, TIDE_EUNSUPPORTED, "%s.rope.scaling: factor %g, yarn_log_multiplier %g, "
                     "yarn_ext_factor %g not supported", arch, factor, log_mul, ext);
     uint32_t orig = c->n_ctx_train;
     int rc = arch_u32(g, arch, "rope.scaling.original_context_length", c->n_ctx_train, false, &orig, err, errlen);
     if (rc)
         return rc;
-    int d = (int)c->head_dim, half = d / 2;
+    int d = (int)c->n_rot, half = d / 2;
     m->rope_freqs = malloc(sizeof(float) * (size_t)half);
     if (!m->rope_freqs)
         return TIDE_ENOMEM;
-    float s = 1.0f / factor, lo = 0, hi = 0;
+    float s = none ? 1.0f : 1.0f / factor, lo = 0, hi = 0;
+    yarn = yarn && !none;
     if (yarn) { /* the correction dims, in float as llama.cpp computes them */
         const float pi = 3.14159265358979f;
         lo = floorf(d * logf(orig / (beta_fast * 2 * pi)) / (2 * logf(c->rope_theta)));
@@ -207,6 +213,13 @@ static int load_rope_scaling(struct model *m, const char *arch, char *err, size_
         lo = lo > 0 ? lo : 0;
         hi = hi < d - 1 ? hi : (float)(d - 1);
         c->rope_mscale = (1.0f + 0.1f * logf(factor)) * attn_factor;
+        /* deepseek2 with yarn_log_multiplier: llama.cpp's rope magnitude comes to attn_factor
+         * (mscale = mscale_all_dim cancels), and q.k is scaled by the square of that times
+         * 1 + 0.1 log_mul ln(factor) */
+        if (ds2 && log_mul != 0.0f)
+            c->rope_mscale = attn_factor;
+        if (ds2)
+            c->mla_kq_mscale = c->rope_mscale * (1.0f + 0.1f * log_mul * logf(factor));
     }
     for (int i = 0; i < half; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / d), r = 0;
@@ -301,6 +314,52 @@ static int load_qwen3vl_config(const struct gguf_file *g, struct model_config *c
     return 0;
 }
 
+/* deepseek2 in DeepSeek-V2-Lite's form: MLA as the converter writes it (attn_kv_a_mqa, the
+ * per-head attn_k_b / attn_v_b), q without a LoRA, leading dense layers, ungated shared experts
+ * (expert_shared_count of the experts' width), softmax routing. What V2 (q's LoRA), V3
+ * (sigmoid routing, expert bias, a routed scale) add is refused by name. */
+static int load_deepseek2_config(const struct gguf_file *g, struct model_config *c, uint32_t n_ff, char *err,
+                                 size_t errlen)
+{
+    const char *a = "deepseek2";
+    uint32_t q_lora = 0, n_shared = 0, gating = 1;
+    int rc;
+    if ((rc = arch_u32(g, a, "attention.kv_lora_rank", 0, true, &c->kv_lora_rank, err, errlen)) ||
+        (rc = arch_u32(g, a, "attention.key_length_mla", 0, true, &c->mla_k, err, errlen)) ||
+        (rc = arch_u32(g, a, "attention.value_length_mla", 0, true, &c->mla_v, err, errlen)) ||
+        (rc = arch_u32(g, a, "rope.dimension_count", 0, true, &c->n_rot, err, errlen)) ||
+        (rc = arch_u32(g, a, "leading_dense_block_count", 0, false, &c->n_dense_lead, err, errlen)) ||
+        (rc = arch_u32(g, a, "expert_shared_count", 0, false, &n_shared, err, errlen)) ||
+        (rc = arch_u32(g, a, "expert_gating_func", 1, false, &gating, err, errlen)) ||
+        (rc = arch_u32(g, a, "attention.q_lora_rank", 0, false, &q_lora, err, errlen)))
+        return rc;
+    if (q_lora)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "deepseek2.attention.q_lora_rank %u: q through a LoRA (DeepSeek-V2, "
+                    "V3) is not supported, only V2-Lite's form", q_lora);
+    if (gating != 1)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "deepseek2.expert_gating_func %u: only softmax routing (1) is "
+                    "supported", gating);
+    float scale = 1.0f;
+    arch_f32(g, a, "expert_weights_scale", 1.0f, &scale);
+    if (scale != 1.0f)
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "deepseek2.expert_weights_scale %g: only 1 is supported", scale);
+    if (!c->n_expert)
+        return fail(err, errlen, TIDE_EFORMAT, "missing deepseek2.expert_count (only the MoE form is supported)");
+    if (c->n_head_kv != 1 || c->n_rot == 0 || c->n_rot % 2 || c->mla_k <= c->n_rot ||
+        c->head_dim != c->kv_lora_rank + c->n_rot || c->mla_k - c->n_rot > c->kv_lora_rank ||
+        c->mla_v > c->head_dim)
+        return fail(err, errlen, TIDE_EFORMAT, "deepseek2: MLA widths (head_count_kv %u, key_length %u, kv_lora_rank "
+                    "%u, rope.dimension_count %u, key_length_mla %u, value_length_mla %u) are not the converter's "
+                    "MLA form", c->n_head_kv, c->head_dim, c->kv_lora_rank, c->n_rot, c->mla_k, c->mla_v);
+    if (c->n_dense_lead > c->n_layer || (c->n_dense_lead && !n_ff))
+        return fail(err, errlen, TIDE_EFORMAT, "deepseek2: %u leading dense layers need feed_forward_length",
+                    c->n_dense_lead);
+    c->n_ff = c->n_dense_lead ? n_ff : 0;
+    c->n_ff_shexp = c->n_ff_exp * n_shared;
+    c->mla_kq_mscale = 1.0f;
+    return 0;
+}
+
 static int load_config(struct model *m, char *err, size_t errlen)
 {
     const struct gguf_file *g = &m->gguf;
@@ -318,6 +377,7 @@ static int load_config(struct model *m, char *err, size_t errlen)
     else if (gguf_str_eq(a, "granitemoe")) { c->arch = ARCH_GRANITEMOE; arch = "granitemoe"; }
     else if (gguf_str_eq(a, "qwen3vlmoe")) { c->arch = ARCH_QWEN3VLMOE; arch = "qwen3vlmoe"; }
     else if (gguf_str_eq(a, "qwen2vl")) { c->arch = ARCH_QWEN2VL; arch = "qwen2vl"; }
+    else if (gguf_str_eq(a, "deepseek2")) { c->arch = ARCH_DEEPSEEK2; arch = "deepseek2"; }
     else
         return fail(err, errlen, TIDE_EUNSUPPORTED, "unsupported architecture %.*s",
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
@@ -350,7 +410,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
     arch_f32(g, arch, "rope.freq_base", 10000.0f, &c->rope_theta);
     c->rope_mscale = 1.0f;
     arch_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps);
-    c->rope = c->arch == ARCH_LLAMA || c->arch == ARCH_GRANITEMOE ? ROPE_NORM : ROPE_NEOX;
+    c->rope = c->arch == ARCH_LLAMA || c->arch == ARCH_GRANITEMOE || c->arch == ARCH_DEEPSEEK2 ? ROPE_NORM : ROPE_NEOX;
+    c->n_rot = c->head_dim;
     c->embedding_scale = c->residual_scale = c->logit_scale = 1.0f;
     c->attention_scale = 0.0f;
     if ((c->arch == ARCH_OLMOE || c->arch == ARCH_GRANITEMOE) && c->n_expert == 0)
@@ -392,6 +453,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
         /* qwen3vlmoe: llama.cpp renormalises the top-k weights whatever the key says */
         if (c->arch == ARCH_QWEN3VLMOE)
             c->expert_weights_norm = true;
+        if (c->arch == ARCH_DEEPSEEK2) /* llama.cpp's default for it: off, unless the key says */
+            c->expert_weights_norm = gguf_get_bool(g, key, &b) == 0 && b;
     } else {
         if (n_ff == 0)
             return fail(err, errlen, TIDE_EFORMAT, "missing %s.feed_forward_length", arch);
@@ -409,6 +472,8 @@ static int load_config(struct model *m, char *err, size_t errlen)
         return fail(err, errlen, TIDE_EUNSUPPORTED, "qwen2vl with experts is not a model llama.cpp knows");
     if (c->arch == ARCH_QWEN2VL && (rc = load_rope_sections(g, "qwen2vl", c, err, errlen)))
         return rc;
+    if (c->arch == ARCH_DEEPSEEK2 && (rc = load_deepseek2_config(g, c, n_ff, err, errlen)))
+        return rc;
 
     const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.tokens");
     if (kv && kv->type == GGUF_TYPE_ARRAY)
@@ -418,6 +483,56 @@ static int load_config(struct model *m, char *err, size_t errlen)
     if (c->n_vocab == 0)
         return fail(err, errlen, TIDE_EFORMAT, "empty vocabulary");
     return 0;
+}
+
+/* A 3-D per-head tensor (ne0, ne1, n_head) as one (ne0, ne1 * n_head) matrix: head h is rows
+ * [h ne1, (h + 1) ne1). */
+static int get_heads(const struct gguf_file *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t heads,
+                     struct tensor *out, char *err, size_t errlen)
+{
+    const struct gguf_tensor *t;
+    int rc = get_exps(g, name, ne0, ne1, heads, &t, err, errlen);
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    out->type = t->type;
+    out->ne[0] = ne0;
+    out->ne[1] = ne1 * heads;
+    out->data = t->data;
+    out->row_bytes = ggml_row_size(t->type, ne0);
+    return 0;
+}
+
+/* deepseek2's attention tensors of layer l (MLA, V2-Lite's q without a LoRA). */
+static int load_mla_tensors(const struct gguf_file *g, const struct model_config *c, uint32_t l,
+                            struct model_layer *L, char *err, size_t errlen)
+{
+    uint64_t E = c->n_embd, H = c->n_head, kvl = c->kv_lora_rank, nope = c->mla_k - c->n_rot;
+    char n[96];
+    int rc;
+    snprintf(n, sizeof n, "blk.%u.attn_q.weight", l);
+    if (!gguf_find_tensor(g, n))
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "deepseek2: %s missing: q through a LoRA (attn_q_a/attn_q_b, "
+                    "DeepSeek-V2, V3) is not supported, only V2-Lite's form", n);
+    if ((rc = get_tensor(g, n, E, H * c->mla_k, true, &L->wq, err, errlen)))
+        return rc;
+    snprintf(n, sizeof n, "blk.%u.attn_kv_a_mqa.weight", l);
+    if ((rc = get_tensor(g, n, E, kvl + c->n_rot, true, &L->wkv_a_mqa, err, errlen)))
+        return rc;
+    snprintf(n, sizeof n, "blk.%u.attn_kv_a_norm.weight", l);
+    if ((rc = get_tensor(g, n, kvl, 1, true, &L->kv_a_norm, err, errlen)))
+        return rc;
+    snprintf(n, sizeof n, "blk.%u.attn_k_b.weight", l);
+    if (!gguf_find_tensor(g, n))
+        return fail(err, errlen, TIDE_EUNSUPPORTED, "deepseek2: %s missing: files with the unsplit attn_kv_b (older "
+                    "converters) are not supported", n);
+    if ((rc = get_heads(g, n, nope, kvl, H, &L->wk_b, err, errlen)))
+        return rc;
+    snprintf(n, sizeof n, "blk.%u.attn_v_b.weight", l);
+    if ((rc = get_heads(g, n, kvl, c->mla_v, H, &L->wv_b, err, errlen)))
+        return rc;
+    snprintf(n, sizeof n, "blk.%u.attn_output.weight", l);
+    return get_tensor(g, n, H * c->mla_v, E, true, &L->wo, err, errlen);
 }
 
 static int load_tensors(struct model *m, char *err, size_t errlen)
@@ -451,10 +566,15 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
             return rc;                                                               \
     } while (0)
         T(attn_norm, "attn_norm", E, 1, true);
-        T(wq, "attn_q", E, qd, true);
-        T(wk, "attn_k", E, kvd, true);
-        T(wv, "attn_v", E, kvd, true);
-        T(wo, "attn_output", qd, E, true);
+        if (c->arch == ARCH_DEEPSEEK2) {
+            if ((rc = load_mla_tensors(g, c, l, L, err, errlen)))
+                return rc;
+        } else {
+            T(wq, "attn_q", E, qd, true);
+            T(wk, "attn_k", E, kvd, true);
+            T(wv, "attn_v", E, kvd, true);
+            T(wo, "attn_output", qd, E, true);
+        }
         /* q/k/v biases: qwen2moe's files have them; optional for every architecture, as in
          * llama.cpp. Added by the f32 add_bias op, so they must be f32. */
 #define BIAS(field, nm, len, rows, req)                                               \
@@ -497,7 +617,7 @@ static int load_tensors(struct model *m, char *err, size_t errlen)
                             ggml_type_name(L->attn_sinks.type));
         }
 #undef BIAS
-        if (c->n_expert == 0) {
+        if (c->n_expert == 0 || l < c->n_dense_lead) { /* deepseek2's leading dense layers too */
             T(ffn_gate, "ffn_gate", E, c->n_ff, true);
             T(ffn_up, "ffn_up", E, c->n_ff, true);
             T(ffn_down, "ffn_down", c->n_ff, E, true);
@@ -556,6 +676,7 @@ int model_load(struct model *m, const char *path, char *err, size_t errlen)
         return rc;
     if ((rc = load_config(m, err, errlen)) < 0 ||
         (m->cfg.arch == ARCH_GPTOSS && (rc = load_rope_scaling(m, "gpt-oss", err, errlen)) < 0) ||
+        (m->cfg.arch == ARCH_DEEPSEEK2 && (rc = load_rope_scaling(m, "deepseek2", err, errlen)) < 0) ||
         (rc = load_tensors(m, err, errlen)) < 0 || (rc = fold_logit_scale(m)) < 0) {
         if (rc == TIDE_ENOMEM)
             fail(err, errlen, rc, "out of memory loading %s", path);
@@ -593,6 +714,10 @@ void model_expert_host(const struct model *m, uint32_t l, uint32_t e,
                        struct expert_weights *out)
 {
     const struct model_layer *L = &m->layers[l];
+    if (!L->gate_exps) { /* a dense layer (deepseek2's leading ones): no experts */
+        memset(out, 0, sizeof(*out));
+        return;
+    }
     slice(L->gate_exps, L->exps_pinned[0], e, &out->gate);
     slice(L->up_exps, L->exps_pinned[1], e, &out->up);
     slice(L->down_exps, L->exps_pinned[2], e, &out->down);

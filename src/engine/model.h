@@ -31,7 +31,8 @@ struct tensor {
 };
 
 enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPTOSS, ARCH_OLMOE, ARCH_GRANITEMOE,
-                  ARCH_QWEN3VLMOE, ARCH_QWEN2VL };
+                  ARCH_QWEN3VLMOE, ARCH_QWEN2VL,
+                  ARCH_DEEPSEEK2 };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
 
 struct model_config {
@@ -67,6 +68,14 @@ struct model_config {
     uint32_t rope_sections[4];
     bool rope_sections_interleaved;
     uint32_t n_deepstack;
+    /* deepseek2's multi-head latent attention, run as multi-query attention over the
+     * compressed KV (forward_mla.c): one KV head of head_dim = kv_lora_rank + n_rot, each q head
+     * as wide; q's own heads before the absorption are mla_k wide (mla_k - n_rot unroped, then
+     * n_rot roped), v heads mla_v wide. The first n_dense_lead layers have a dense FFN of n_ff.
+     * mla_kq_mscale: q.k is multiplied by mla_kq_mscale^2 / sqrt(mla_k) (llama.cpp's yarn
+     * attention-scale correction). Zeros for every other architecture (n_rot: head_dim). */
+    uint32_t n_rot, kv_lora_rank, mla_k, mla_v, n_dense_lead;
+    float mla_kq_mscale;
 };
 
 struct model_layer {
@@ -101,6 +110,13 @@ struct model_layer {
     struct tensor gate_exps_b;   /* (n_ff_exp, n_expert) */
     struct tensor up_exps_b;     /* (n_ff_exp, n_expert) */
     struct tensor down_exps_b;   /* (n_embd, n_expert) */
+    /* deepseek2 (MLA): the compressed KV and the roped key part from one product, its norm
+     * over the first kv_lora_rank, and the per-head k and v expansions, H heads stacked:
+     * wk_b (mla_k - n_rot -> kv_lora_rank) per head, as (mla_k - n_rot, kv_lora_rank * H);
+     * wv_b (kv_lora_rank -> mla_v) per head, as (kv_lora_rank, mla_v * H) */
+    struct tensor wkv_a_mqa;     /* (n_embd -> kv_lora_rank + n_rot) */
+    struct tensor kv_a_norm;     /* (kv_lora_rank) */
+    struct tensor wk_b, wv_b;
     void *exps_pinned[3];        /* page-locked copies of gate/up/down_exps, or NULL (the mapping) */
 };
 

@@ -312,8 +312,8 @@ static const struct preset presets[] = {
     {"granitemoe", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 0, 0, {0}, 0},
     /* GraniteMoeShared: the same with an ungated shared expert of 128 beside the routed ones */
     {"granitemoe-shared", "granitemoe", 128, 4, 4, 2, 0, 128, 8, 2, GGML_TYPE_F16, false, 1e-6f, 0, 0, false, 128, 0, {0}, 0},
-    /* DeepSeek-V2-Lite's layout, narrow (a test file for llama.cpp: tide does not load deepseek2
-     * yet): its 27 layers (llama.cpp tells V2-Lite, q without a LoRA, by the layer count), MLA as
+    /* DeepSeek-V2-Lite's layout, narrow (tide runs it on CPU devices; llama.cpp loads it too):
+     * its 27 layers (llama.cpp tells V2-Lite, q without a LoRA, by the layer count), MLA as
      * the converter writes it (one KV head, attn_k_b / attn_v_b per head), a leading dense
      * layer, 2 of 8 routed experts of 64 and 2 shared ones (one of 128); the MLA widths are
      * DS2_* below */
@@ -482,6 +482,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (o->n_head) c.n_head = o->n_head;
     if (o->n_head_kv) c.n_head_kv = o->n_head_kv;
     if (o->n_ff) c.n_ff = o->n_ff;
+    if (!strcmp(c.arch, "deepseek2")) /* its 2 shared experts, as wide as a routed one whatever --ff says */
+        c.n_ff_shexp = 2 * c.n_ff;
     if (o->n_expert) c.n_expert = o->n_expert;
     if (o->n_expert_used) c.n_used = o->n_expert_used;
     if (o->type >= 0) c.type = o->type;

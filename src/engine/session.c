@@ -68,9 +68,11 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
     /* q5_0/q5_1, iq4_xs and MXFP4 have CPU kernels only: a CUDA device would multiply by nothing */
     for (int i = 0; i < e->mem.n_dev; i++) {
         /* gpt-oss's sinks, windows and clamped SwiGLU have CPU ops only (backend_cpu_oai.c) */
-        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && e->model.cfg.arch == ARCH_GPTOSS) {
-            snprintf(err, errlen, "device %d is cuda, but gpt-oss models run on cpu devices only yet (set \"devices\" "
-                     "to cpu)", i);
+        /* deepseek2's MLA uses rope_freqs, a CPU op (forward_mla.c) */
+        enum model_arch a = e->model.cfg.arch;
+        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && (a == ARCH_GPTOSS || a == ARCH_DEEPSEEK2)) {
+            snprintf(err, errlen, "device %d is cuda, but %s models run on cpu devices only yet (set \"devices\" "
+                     "to cpu)", i, model_arch_name(a));
             rc = TIDE_EINVAL;
             goto fail_mem;
         }

@@ -21,7 +21,10 @@ void expert_cache_geometry(struct expert_cache *c, const struct model *m, uint32
     c->l1 = l1;
     c->n_expert = m->cfg.n_expert;
     c->slot_bytes = 0;
+    c->n_routed_keys = 0;
     for (uint32_t l = l0; l < l1 && c->n_expert; l++) {
+        if (model_expert_bytes(m, l))
+            c->n_routed_keys += c->n_expert;
         struct expert_weights w;
         model_expert_host(m, l, 0, &w);
         size_t b = align_up(part_bytes(&w.gate), SLOT_ALIGN) + align_up(part_bytes(&w.up), SLOT_ALIGN) +
@@ -29,7 +32,7 @@ void expert_cache_geometry(struct expert_cache *c, const struct model *m, uint32
         if (b > c->slot_bytes)
             c->slot_bytes = b;
     }
-    size_t n_keys = (size_t)(l1 - l0) * c->n_expert;
+    size_t n_keys = c->n_routed_keys; /* slots beyond it would never be used */
     if (!c->slot_bytes || !n_keys) {
         c->slots_per_seg = 1;
         c->seg_bytes = 0;
@@ -55,7 +58,7 @@ void expert_cache_geometry(struct expert_cache *c, const struct model *m, uint32
 
 int expert_cache_slots(const struct expert_cache *c)
 {
-    size_t keys = (size_t)(c->l1 - c->l0) * c->n_expert;
+    size_t keys = c->n_routed_keys;
     size_t s = (size_t)c->n_seg * c->slots_per_seg;
     return (int)(s < keys ? s : keys);
 }
@@ -76,7 +79,7 @@ int expert_cache_init(struct expert_cache *c, struct device *d, const struct mod
     if (d->vmm_granularity) {
         /* Segments are physical allocations in granularity units: widen each to a whole number
          * of units and fit as many slots as that holds. */
-        size_t g = d->vmm_granularity, seg = align_up(c->seg_bytes, g), keys = (size_t)(l1 - l0) * c->n_expert;
+        size_t g = d->vmm_granularity, seg = align_up(c->seg_bytes, g), keys = c->n_routed_keys;
         c->slots_per_seg = (int)(seg / c->slot_bytes);
         c->seg_bytes = seg;
         c->n_seg_max = (int)((keys + c->slots_per_seg - 1) / c->slots_per_seg);
@@ -317,8 +320,8 @@ static void refill(struct expert_cache *c)
         if (c->slot_of[k] < 0 && c->key_tick[k])
             cand[nc++] = (int32_t)k;
     qsort_r(cand, nc, sizeof(int32_t), cmp_tick_desc, c->key_tick);
-    for (size_t k = 0; k < n_keys; k++)
-        if (c->slot_of[k] < 0 && !c->key_tick[k])
+    for (size_t k = 0; k < n_keys; k++) /* (not the keys of a dense layer: it has no experts) */
+        if (c->slot_of[k] < 0 && !c->key_tick[k] && model_expert_bytes(c->m, c->l0 + (uint32_t)(k / c->n_expert)))
             cand[nc++] = (int32_t)k;
     int n = c->n_seg * c->slots_per_seg;
     size_t next = 0;
@@ -376,7 +379,7 @@ size_t expert_cache_table_bytes(const struct expert_cache *g, const struct devic
 
 bool expert_cache_complete(const struct expert_cache *c)
 {
-    return c->table_dev && c->n_borrowed == 0 && c->n_live_keys == (size_t)(c->l1 - c->l0) * c->n_expert;
+    return c->table_dev && c->n_borrowed == 0 && c->n_live_keys == c->n_routed_keys;
 }
 
 int expert_cache_sync_table(struct expert_cache *c)

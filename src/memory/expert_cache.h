@@ -40,6 +40,8 @@ struct expert_cache {
     int n_borrowed;             /* tail segments lent as prefill scratch right now */
     uint64_t hits, misses, bytes_copied;
     size_t n_live_keys;         /* experts that have a live slot */
+    size_t n_routed_keys;       /* the experts of these layers: keys of layers that have experts
+                                 * (deepseek2's leading dense layers have none) */
     /* The device's view of the slots, for backends that run a decode step's experts without
      * the host (backend_i.moe_ffn_table): per expert of these layers, the device addresses of
      * its gate, up and down data (NULL when it has no slot). Rebuilt and uploaded by

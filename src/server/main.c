@@ -436,7 +436,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < mp->n_dev; i++) {
         const struct device *d = &mp->dev[i];
         const struct expert_cache *ec = &mp->cache[i];
-        int keys = (int)((ec->l1 - ec->l0) * ec->n_expert);
+        int keys = (int)ec->n_routed_keys;
         tide_log("device %d: %s, %.0f MiB: layers %u-%u, weights %.1f MiB, kv %.1f MiB, workspace %.1f MiB, "
                  "vision %.1f MiB, expert cache %.1f MiB = %d/%d experts (%d segments of %.2f MiB), free %.1f MiB",
                  i, d->kind == DEVICE_KIND_CUDA ? "cuda" : "cpu", (double)d->total / (1 << 20), ec->l0, ec->l1 - 1,

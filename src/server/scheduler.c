@@ -64,7 +64,7 @@ void runtime_publish(struct runtime *rt)
         x->cache_bytes = expert_cache_bytes(c);
         x->cache_full_bytes = (size_t)c->n_seg_full * c->seg_bytes;
         x->slots = expert_cache_slots(c);
-        int full = c->n_seg_full * c->slots_per_seg, keys = (int)((c->l1 - c->l0) * c->n_expert);
+        int full = c->n_seg_full * c->slots_per_seg, keys = (int)c->n_routed_keys;
         x->slots_full = c->n_seg_max ? (full < keys ? full : keys) : 0;
         x->l0 = p->l0[i];
         x->l1 = p->l1[i];

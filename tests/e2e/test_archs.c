@@ -134,6 +134,17 @@ Test(archs, granitemoe_shared_serves_and_a_small_expert_cache_gives_the_same_tex
     serves_and_capped_cache_same_text("granitemoe-shared", -1, "4");
 }
 
+/* deepseek2 (DeepSeek-V2-Lite's layout): MLA, the leading dense layer and the two shared
+ * experts through the daemon. 20 MiB: weights 6.6 (the shared experts resident), KV 8.4 (27
+ * layers of one 80-wide K row per token, which V reads too), 98 of the 208 experts (layer 0 has
+ * none); more misses than 208 shows the small cache evicted and refetched */
+Test(archs, deepseek2_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 180)
+{
+    serves_and_capped_cache_same_text("deepseek2", -1, "20");
+    long misses = expert_misses(208);
+    cr_expect_gt(misses, 208, "deepseek2: more misses than its 208 experts (%ld)", misses);
+}
+
 /* A 2x2 24-bit BMP (the vision encoder resizes it) */
 #define IMAGE_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"}," \
     "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/bmp;base64,Qk1GAAAAAAAAADYAAAAoAAAAAgAAAAIAAAABABgAAAA" \
@@ -174,6 +185,47 @@ Test(archs, qwen2moe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy
 /* granitemoe scales input embeddings (the image's rows too, as llama.cpp does for a model
  * without deepstack layers) */
 Test(archs, granitemoe_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("granitemoe"); }
+
+/* Device 0's field in a /v1/vram answer (GET, or a POST's reply). */
+static double vram_field(const char *method, const char *body, const char *field)
+{
+    struct harness_reply r = harness_req(method, "/v1/vram", NULL, body);
+    cr_assert_eq(r.status, 200, "%s /v1/vram %s", method, body ? body : "");
+    cJSON *j = harness_json(&r);
+    cJSON *n = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "devices"), 0), field);
+    cr_assert(cJSON_IsNumber(n), "%s", field);
+    double v = n->valuedouble;
+    cJSON_Delete(j);
+    harness_reply_free(&r);
+    return v;
+}
+
+/* deepseek2 with the elastic cache: every one of its 208 experts resident (the dense layer's keys
+ * take no slot), then a reserve that takes half the cache back, then the restore: the same
+ * greedy text each time */
+Test(archs, deepseek2_elastic_cache_reserve_and_restore_same_text, .fini = done, .timeout = 180)
+{
+    write_preset("deepseek2");
+    harness_start("\"parallel\":1,\"devices\":[{\"backend\":\"cpu\",\"vram_mib\":64}]");
+    cr_assert_eq(vram_field("GET", NULL, "expert_slots"), 208, "the full cache holds the 208 routed experts, no more");
+    char *full = greedy_reply();
+    char body[64];
+    snprintf(body, sizeof body, "{\"reserve_mib\":%ld}",
+             (long)(vram_field("GET", NULL, "free_mib") + vram_field("GET", NULL, "expert_cache_mib") / 2 + 1));
+    double shrunk = vram_field("POST", body, "expert_slots");
+    cr_expect(shrunk > 0 && shrunk < 208, "the reserve took some of the slots (%g left)", shrunk);
+    char *small = greedy_reply();
+    cr_expect_str_eq(small, full, "deepseek2: a shrunk cache changes nothing but speed");
+    cr_expect_eq(vram_field("POST", "{\"reserve_mib\":null}", "expert_slots"), 208, "restored to full");
+    char *again = greedy_reply();
+    cr_expect_str_eq(again, full, "deepseek2: the same after the restore");
+    free(full);
+    free(small);
+    free(again);
+}
+
+/* deepseek2: an image's rows (input embeddings, no token) through MLA's op-by-op path */
+Test(archs, deepseek2_with_lazy_vision, .fini = done, .timeout = 120) { with_lazy_vision("deepseek2"); }
 
 /* gpt-oss with MXFP4 experts (its released files' type): sinks, windowed layers (a window of 4,
  * shorter than the chat prompt) and biases through the daemon, and the same text from a CPU

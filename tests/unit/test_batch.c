@@ -126,6 +126,7 @@ Test(batch, qwen2moe_f16_batched_equals_alone) { check_preset("qwen2moe", -1); }
 Test(batch, olmoe_f16_batched_equals_alone) { check_preset("olmoe", -1); }
 Test(batch, granitemoe_f16_batched_equals_alone) { check_preset("granitemoe", -1); }
 Test(batch, granitemoe_shared_f16_batched_equals_alone) { check_preset("granitemoe-shared", -1); }
+Test(batch, deepseek2_f16_batched_equals_alone) { check_preset("deepseek2", -1); }
 Test(batch, moe_q8_0_batched_equals_alone) { check_preset("moe", GGML_TYPE_Q8_0); }
 Test(batch, dense_f32_batched_equals_alone) { check_preset("dense", GGML_TYPE_F32); }
 

@@ -4,6 +4,7 @@
  * scale folded into output_norm), and the experts' bytes for the expert cache. The forward's
  * arithmetic for both is checked against a double reference in test_forward.c. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -157,8 +158,10 @@ Test(moe_archs, modelgen_granitemoe_shared_preset)
 /* deepseek2 in DeepSeek-V2-Lite's layout (27 layers: llama.cpp tells the Lite form, q without a
  * LoRA, by the layer count) with narrow MLA widths, as llama.cpp's loader names and shapes it
  * (src/models/deepseek2.cpp; llama-simple loads and runs it, checked by hand: no llama.cpp in
- * CI). tide does not run deepseek2 yet: loading it says so. */
-Test(moe_archs, modelgen_deepseek2_preset_and_the_refusal)
+ * CI), and what tide's loader makes of it: MLA as one KV head of kv_lora_rank + n_rot, the
+ * leading dense layer (no experts for the cache), the shared experts' width, NORM rope through
+ * the yarn table, llama.cpp's q.k scale correction, unnormalised softmax top-k. */
+Test(moe_archs, modelgen_deepseek2_preset_and_its_config)
 {
     char path[80];
     write_preset("deepseek2", path, sizeof path);
@@ -190,7 +193,25 @@ Test(moe_archs, modelgen_deepseek2_preset_and_the_refusal)
     cr_assert_null(gguf_find_tensor(&g, "blk.1.ffn_gate.weight"), "only layer 0 is dense");
     gguf_close(&g);
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), TIDE_EUNSUPPORTED);
-    cr_assert(strstr(err, "unsupported architecture deepseek2") != NULL, "message: %s", err);
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    const struct model_config *c = &m.cfg;
+    cr_assert_eq(c->arch, ARCH_DEEPSEEK2);
+    cr_assert(c->n_head_kv == 1 && c->head_dim == 80 && c->kv_lora_rank == 64 && c->n_rot == 16 && c->mla_k == 48 &&
+              c->mla_v == 32, "MLA widths");
+    cr_assert(c->n_dense_lead == 1 && c->n_ff == 256 && c->n_ff_exp == 64 && c->n_ff_shexp == 128, "FFN widths");
+    cr_assert(c->rope == ROPE_NORM && !c->expert_weights_norm);
+    /* yarn_log_multiplier 0.0707 is 0.707 (the converter's 0.1 cancelled): the rope's magnitude
+     * 1, q.k times (1 + 0.1 * 0.707 * ln 40)^2 / sqrt(48) */
+    cr_assert_float_eq(c->rope_mscale, 1.0f, 1e-6f);
+    cr_assert_float_eq(c->mla_kq_mscale, 1.0f + 0.0707f * logf(40.0f), 1e-5f);
+    cr_assert_not_null(m.rope_freqs);
+    cr_assert_float_eq(m.rope_freqs[0], 1.0f, 1e-6f);                      /* below the ramp: unscaled */
+    cr_assert_float_eq(m.rope_freqs[7], powf(10000.0f, -14.0f / 16) / 40, 1e-9f); /* above it: over 40 */
+    cr_assert_not_null(m.layers[0].ffn_gate.data);
+    cr_assert_eq(model_expert_bytes(&m, 0), 0, "the dense layer has no experts");
+    cr_assert_gt(model_expert_bytes(&m, 1), 0);
+    cr_assert(m.layers[1].wk_b.ne[0] == 32 && m.layers[1].wk_b.ne[1] == 64 * 4, "wk_b as one matrix of 4 heads");
+    cr_assert(m.layers[1].wv_b.ne[0] == 64 && m.layers[1].wv_b.ne[1] == 32 * 4, "wv_b as one matrix of 4 heads");
+    model_free(&m);
     unlink(path);
 }

@@ -68,7 +68,7 @@ Test(oai_ops, rope_freqs_turns_neox_pairs_and_scales)
     enum { H = 2, D = 8, N = 3, POS = 5 };
     float x[N * H * D], y[N * H * D], f[D / 2] = {1.0f, 0.3f, 0.01f, 0.002f}, m = 1.35f;
     for (int i = 0; i < N * H * D; i++) x[i] = y[i] = val(i);
-    be.i->rope_freqs(be.ctx, y, N, H, D, POS, f, m);
+    be.i->rope_freqs(be.ctx, y, N, H, D, POS, f, m, ROPE_NEOX);
     for (int t = 0; t < N; t++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < D / 2; i++) {
@@ -77,6 +77,27 @@ Test(oai_ops, rope_freqs_turns_neox_pairs_and_scales)
                 double w0 = m * (a[i] * cos(th) - a[i + D / 2] * sin(th)), w1 = m * (a[i] * sin(th) + a[i + D / 2] * cos(th));
                 cr_assert(fabs(y[(t * H + h) * D + i] - w0) < 1e-5 && fabs(y[(t * H + h) * D + i + D / 2] - w1) < 1e-5,
                           "t %d h %d pair %d", t, h, i);
+            }
+    backend_cpu_free(&be);
+}
+
+/* deepseek2's rope: NORM pairs (2i, 2i + 1) turned by the table's frequencies. */
+Test(oai_ops, rope_freqs_turns_norm_pairs)
+{
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    enum { H = 2, D = 8, N = 3, POS = 5 };
+    float x[N * H * D], y[N * H * D], f[D / 2] = {1.0f, 0.3f, 0.01f, 0.002f}, m = 0.8f;
+    for (int i = 0; i < N * H * D; i++) x[i] = y[i] = val(i);
+    be.i->rope_freqs(be.ctx, y, N, H, D, POS, f, m, ROPE_NORM);
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < D / 2; i++) {
+                const float *a = x + (t * H + h) * D + 2 * i;
+                const float *b = y + (t * H + h) * D + 2 * i;
+                double th = (double)(POS + t) * f[i];
+                double w0 = m * (a[0] * cos(th) - a[1] * sin(th)), w1 = m * (a[0] * sin(th) + a[1] * cos(th));
+                cr_assert(fabs(b[0] - w0) < 1e-5 && fabs(b[1] - w1) < 1e-5, "t %d h %d pair %d", t, h, i);
             }
     backend_cpu_free(&be);
 }
