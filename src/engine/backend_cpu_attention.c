@@ -70,7 +70,24 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
     for (int i = 0; i < nv; i++)
         q[i] = _mm256_loadu_ps(qh + 8 * i);
     float mx = -INFINITY;
-    for (int p = 0; p <= last; p++) {
+    if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
+        __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
+        for (int p = 0; p <= last; p++) {
+            const float *kp = k + (size_t)p * kv_dim;
+            __m256 acc0 = _mm256_mul_ps(q0, _mm256_loadu_ps(kp));
+            __m256 acc1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kp + 8), _mm256_setzero_ps());
+            acc0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(kp + 16), acc0);
+            acc1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(kp + 24), acc1);
+            acc0 = _mm256_fmadd_ps(q4, _mm256_loadu_ps(kp + 32), acc0);
+            acc1 = _mm256_fmadd_ps(q5, _mm256_loadu_ps(kp + 40), acc1);
+            acc0 = _mm256_fmadd_ps(q6, _mm256_loadu_ps(kp + 48), acc0);
+            acc1 = _mm256_fmadd_ps(q7, _mm256_loadu_ps(kp + 56), acc1);
+            a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+            if (a[p] > mx)
+                mx = a[p];
+        }
+    }
+    for (int p = 0; p <= last && nv != 8; p++) {
         const float *kp = k + (size_t)p * kv_dim;
         __m256 acc0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(kp)), acc1 = _mm256_setzero_ps();
         for (int i = 1; i + 1 < nv; i += 2) {
