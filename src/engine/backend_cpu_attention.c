@@ -55,6 +55,62 @@ AVX2 static inline float hsum8f(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
+/* e^x for x <= 0, eight lanes: x = k ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial
+ * (Cephes' expf coefficients, relative error ~1e-7 against libm's), 2^k into the exponent.
+ * Below -87 it gives 2^-126 times e^r: a weight of ~1e-38 after the max's 1, as good as 0. */
+AVX2 static inline __m256 exp8_nonpos(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* The softmax of a[0..n) in place, eight lanes at a time: the max (exact in any order), e^(a -
+ * max) by exp8_nonpos, the sum in eight lanes then hsum8f, each weight divided by it. The
+ * scalar form (expf and a running sum, one position at a time) was about half of a prefill's
+ * attention: its sum and max were chains of dependent adds. */
+AVX2 static void softmax8(float *a, int n)
+{
+    int n8 = n / 8 * 8;
+    __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - n8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (int p = 0; p < n8; p += 8)
+        m8 = _mm256_max_ps(m8, _mm256_loadu_ps(a + p));
+    if (n8 < n)
+        m8 = _mm256_max_ps(m8, _mm256_blendv_ps(m8, _mm256_maskload_ps(a + n8, tail), _mm256_castsi256_ps(tail)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1))));
+    __m256 s8 = _mm256_setzero_ps();
+    for (int p = 0; p < n8; p += 8) {
+        __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(a + p), mx));
+        _mm256_storeu_ps(a + p, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    if (n8 < n) {
+        __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_maskload_ps(a + n8, tail), mx));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
+        _mm256_maskstore_ps(a + n8, tail, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    __m256 sum = _mm256_set1_ps(hsum8f(s8));
+    for (int p = 0; p < n8; p += 8)
+        _mm256_storeu_ps(a + p, _mm256_div_ps(_mm256_loadu_ps(a + p), sum));
+    if (n8 < n)
+        _mm256_maskstore_ps(a + n8, tail, _mm256_div_ps(_mm256_maskload_ps(a + n8, tail), sum));
+}
+
 /* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
  * registers over the positions, and the output in 64-wide chunks over the positions (where the
  * portable form loads and stores the whole output row for every position). Every (token, head)
@@ -69,7 +125,6 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
     __m256 q[32];
     for (int i = 0; i < nv; i++)
         q[i] = _mm256_loadu_ps(qh + 8 * i);
-    float mx = -INFINITY;
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
         for (int p = 0; p <= last; p++) {
@@ -83,8 +138,6 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
             acc0 = _mm256_fmadd_ps(q6, _mm256_loadu_ps(kp + 48), acc0);
             acc1 = _mm256_fmadd_ps(q7, _mm256_loadu_ps(kp + 56), acc1);
             a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
-            if (a[p] > mx)
-                mx = a[p];
         }
     }
     for (int p = 0; p <= last && nv != 8; p++) {
@@ -97,20 +150,8 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
         if (!(nv & 1))
             acc1 = _mm256_fmadd_ps(q[nv - 1], _mm256_loadu_ps(kp + 8 * (nv - 1)), acc1);
         a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
-        if (a[p] > mx)
-            mx = a[p];
     }
-    float sum = 0;
-    for (int p = 0; p <= last; p++) {
-        a[p] = expf(a[p] - mx);
-        sum += a[p];
-    }
-    /* the same IEEE quotient per element as the scalar loop, eight at a time */
-    int p8 = 0;
-    for (__m256 s8 = _mm256_set1_ps(sum); p8 + 8 <= last + 1; p8 += 8)
-        _mm256_storeu_ps(a + p8, _mm256_div_ps(_mm256_loadu_ps(a + p8), s8));
-    for (int p = p8; p <= last; p++)
-        a[p] /= sum;
+    softmax8(a, last + 1);
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     for (int c = 0; c < nv; c += 8) {
         int m = nv - c < 8 ? nv - c : 8;
