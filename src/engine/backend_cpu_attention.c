@@ -4,9 +4,10 @@
  * How the work is split: a decode step (one query token) is claimed by the threads a KV
  * head's group of query heads at a time (GQA: the heads that read the same K and V rows stay
  * on one core). A prefill chunk of n tokens is one pool job for all its (token, head) pairs,
- * claimed a KV head's group for a block of tokens at a time (prefill_worker says why). Each (token, head) is computed by the same function whichever thread runs it, so the
- * result does not depend on the split, and a token's output in a prefill is the bits it gets
- * when decoded alone at that position. */
+ * claimed a KV head's group for a block of tokens at a time (prefill_worker says why). Each
+ * (token, head) is computed by the same function whichever thread runs it, so the result does
+ * not depend on the split, and a token's output in a prefill is the bits it gets when decoded
+ * alone at that position. */
 #include "backend_cpu_attention.h"
 
 #include <math.h>
@@ -245,9 +246,9 @@ static void decode_worker(void *p, int ith, int nth)
  * KV head by KV head, each for the query heads that read it; scores in its own row of att
  * (the (n_head, n_ctx) scratch holds nth rows of pos + n floats while nth <= n_head).
  * Why this order: one KV head's K and V rows (pos + n rows of head_dim floats each) stay in
- * the core's L2 over many tokens. Token by token over all heads (the old order) streamed all of
- * a layer's K and V (2 MB at 512 positions, n_embd 1024) through the cache for every token:
- * 23% of a 512-token f16 prefill, bound by L3. */
+ * the core's L2 over many tokens, where token by token over all heads (the old order) reads all
+ * of a layer's K and V for every token. At 512 positions (2 MB a layer at n_embd 1024) that
+ * measured no different on a core with 2 MB of L2; it is for contexts whose K and V do not fit. */
 static void prefill_worker(void *p, int ith, int nth)
 {
     struct att_job *j = p;
