@@ -16,6 +16,7 @@
 #include "cpu_quant.h"
 #include "cpu_f16.h"
 #include "backend_cpu_attention.h"
+#include "backend_cpu_rows.h"
 #include "mrope.h"
 
 #include <math.h>
@@ -415,42 +416,13 @@ static void cpu_rmsnorm(void *ctx, const float *x, const struct tensor *w, float
     if (!wf)
         return;
     cpu_get_row(ctx, w, 0, wf);
-    for (int t = 0; t < n; t++) {
-        const float *v = x + (size_t)t * dim;
-        float *o = out + (size_t)t * dim;
-        double ss = 0;
-        for (int i = 0; i < dim; i++)
-            ss += (double)v[i] * v[i];
-        float s = 1.0f / sqrtf((float)(ss / dim) + eps);
-        for (int i = 0; i < dim; i++)
-            o[i] = v[i] * s * wf[i];
-    }
-}
-
-static void rope_one(float *vec, int n_heads, int head_dim, int pos, float theta, enum rope_kind kind)
-{
-    int half = head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        double freq = pow((double)theta, -2.0 * i / head_dim);
-        double a = pos * freq;
-        float cs = (float)cos(a), sn = (float)sin(a);
-        for (int h = 0; h < n_heads; h++) {
-            float *v = vec + (size_t)h * head_dim;
-            int i0 = kind == ROPE_NORM ? 2 * i : i;
-            int i1 = kind == ROPE_NORM ? 2 * i + 1 : i + half;
-            float x0 = v[i0], x1 = v[i1];
-            v[i0] = x0 * cs - x1 * sn;
-            v[i1] = x0 * sn + x1 * cs;
-        }
-    }
+    cpu_rows_rmsnorm(ctx, x, wf, out, dim, n, eps); /* over the pool's threads (backend_cpu_rows.c) */
 }
 
 static void cpu_rope(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, float theta,
                      enum rope_kind kind)
 {
-    (void)ctx;
-    for (int t = 0; t < n; t++)
-        rope_one(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, pos + t, theta, kind);
+    cpu_rows_rope(ctx, vec, n_heads, NULL, 0, n, head_dim, pos, theta, kind);
 }
 
 static void cpu_rope_multi(void *ctx, float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta,
@@ -469,21 +441,12 @@ static void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor 
         cpu_rmsnorm(ctx, q, q_norm, q, head_dim, n * n_head, eps);
     if (k_norm)
         cpu_rmsnorm(ctx, k, k_norm, k, head_dim, n * n_head_kv, eps);
-    cpu_rope(ctx, q, n, n_head, head_dim, pos, theta, kind);
-    cpu_rope(ctx, k, n, n_head_kv, head_dim, pos, theta, kind);
+    cpu_rows_rope(ctx, q, n_head, k, n_head_kv, n, head_dim, pos, theta, kind); /* one cos/sin for both */
 }
 
-static void cpu_swiglu(void *ctx, float *gate, const float *up, int n)
-{
-    for (int i = 0; i < n; i++)
-        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-}
+static void cpu_swiglu(void *ctx, float *gate, const float *up, int n) { cpu_rows_swiglu(ctx, gate, up, n); }
 
-static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n)
-{
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
+static void cpu_axpy(void *ctx, float *y, const float *x, float a, int n) { cpu_rows_axpy(ctx, y, x, a, n); }
 
 static void cpu_axpy_sigmoid(void *ctx, float *y, const float *x, const float *g, int n, int dim)
 {
@@ -528,8 +491,7 @@ static void cpu_matmul_add(void *ctx, const struct tensor *w, const float *x, fl
 static void cpu_scatter_axpy(void *ctx, float *y, const float *x, const int *rows, const float *w, int n,
                              int dim)
 {
-    for (int i = 0; i < n; i++)
-        cpu_axpy(ctx, y + (size_t)rows[i] * dim, x + (size_t)i * dim, w[i], dim);
+    cpu_rows_scatter_axpy(ctx, y, x, rows, w, n, dim);
 }
 
 /* Buffers of 4 MiB and up get their own 2 MiB-aligned mapping advised for transparent huge
@@ -590,8 +552,7 @@ static void cpu_free(void *ctx, void *ptr)
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int *rows, int n, int dim)
 {
-    for (int i = 0; i < n; i++)
-        memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+    cpu_rows_gather(ctx, dst, src, rows, n, dim);
 }
 static void cpu_zero(void *ctx, float *x, int n) { memset(x, 0, sizeof(float) * (size_t)n); }
 static void cpu_sync(void *ctx) { (void)ctx; }
