@@ -41,7 +41,10 @@ def one(url, body, out, i):
                 if o.get("usage"):
                     usage = o["usage"]
                 for c in o.get("choices", []):
-                    if c.get("delta", {}).get("content"):
+                    # llama-server may put the text in reasoning_content (its reasoning parser on a
+                    # Qwen3-style template): a token either way
+                    d = c.get("delta", {})
+                    if d.get("content") or d.get("reasoning_content"):
                         times.append(time.perf_counter())
                         ntok += 1
     except Exception as e:  # noqa: BLE001 - counted as an error
