@@ -7,12 +7,12 @@
  * grouping happens on the device, in five launches a layer and no wait:
  *   1. route: one warp a token, route_warp (route()'s bits) into the token's routed row;
  *   1b. every token's x quantised once (quantize_q8_elem), for kernel 2 to copy;
- *   2. gate + up + SwiGLU: a CTA (W warps, 32 / W rows each) per (32 rows of F, expert); it finds the tokens that chose
- *      its expert in the routed rows (a CTA of an expert nobody chose returns at once),
- *      copies their quantised x into shared memory (quantising it in each of an expert's 24
- *      CTAs cost as much as reading the weights) and runs the row-dot of each weight row against up to MOEB_NT tokens at once:
- *      each expert row is read once a step, not once a token. h goes out quantised, one row
- *      per (token, choice) pair;
+ *   2. gate + up + SwiGLU: a CTA (W warps, 32 / W rows each) per (32 rows of F, expert); it
+ *      finds the tokens that chose its expert in the routed rows (a CTA of an expert nobody
+ *      chose returns at once), copies their quantised x into shared memory (quantising it in
+ *      each of an expert's 24 CTAs cost as much as reading the weights) and runs the row-dot
+ *      of each weight row against up to MOEB_NT tokens at once: each expert row is read once
+ *      a step, not once a token. h goes out quantised, one row per (token, choice) pair;
  *   3. down: a CTA per (32 output rows, expert), the same search, the pairs' h rows copied to
  *      shared memory, one unweighted output row per pair;
  *   4. combine: per token, y (+)= the sum over its k choices, in choice order, of w * out.
