@@ -244,7 +244,8 @@ int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *sha
 
     size_t P = (size_t)n * k;
     size_t qbytes = (P * a.F + 255) & ~(size_t)255, dbytes = (P * (a.F / QK) * sizeof(float) + 255) & ~(size_t)255;
-    size_t xqbytes = ((size_t)n * a.E + 255) & ~(size_t)255, xdbytes = ((size_t)n * (a.E / QK) * sizeof(float) + 255) & ~(size_t)255;
+    size_t xqbytes = ((size_t)n * a.E + 255) & ~(size_t)255;
+    size_t xdbytes = ((size_t)n * (a.E / QK) * sizeof(float) + 255) & ~(size_t)255;
     size_t obytes = (P * a.E * sizeof(float) + 255) & ~(size_t)255;
     uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + dbytes + obytes + xqbytes + xdbytes);
     if (!ws)
