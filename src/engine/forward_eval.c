@@ -11,6 +11,7 @@
  * buffers are forward.c. */
 #include "forward.h"
 #include "forward_internal.h"
+#include "phase_clock.h"
 #include "sample.h"
 #include "backend_cuda.h"
 #include "memory/device.h"
@@ -299,6 +300,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     int E = (int)c->n_embd, hd = (int)c->head_dim;
     int kvd = (int)c->n_head_kv * hd, qd = (int)c->n_head * hd;
     bool one = nr == 1, rows = !at && st->rows;
+    bool pc = !at && phase_clock_on(); /* never inside a recording (at): a mark waits */
     size_t slot_floats = (size_t)s->n_ctx * kvd;
     if (st->l0 == 0) /* granitemoe's embedding scale */
         forward_arch_embed(c, st, n);
@@ -335,6 +337,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->add_bias(bc, kpos, L->bk.data, n, kvd);
         if (L->bv.data)
             B->add_bias(bc, vpos, L->bv.data, n, kvd);
+        if (pc)
+            phase_clock_mark(B, bc, PHASE_QKV);
         if (c->arch == ARCH_OLMOE || c->attention_scale != 0.0f) /* olmoe's q/k norms, granite's scale */
             forward_arch_qk(c, st, L, kpos, n);
         /* qwen3: rmsnorm each head before rope (olmoe's whole-width norms are done by now) */
@@ -398,6 +402,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
                              (int)c->n_head_kv, hd);
         }
+        if (pc)
+            phase_clock_mark(B, bc, PHASE_ATTN);
         if (c->residual_scale != 1.0f) { /* granitemoe */
             forward_arch_attn_residual(c, st, L, n);
         } else {
@@ -405,6 +411,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             if (L->bo.data) /* gpt-oss's output bias */
                 B->add_bias(bc, st->x, L->bo.data, n, E);
         }
+        if (pc)
+            phase_clock_mark(B, bc, PHASE_WO);
 
     ffn:;
         /* deepseek2's leading layers are dense */
@@ -442,6 +450,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             B->axpy(bc, st->x + (size_t)R->t0 * E, st->xb + (size_t)R->t0 * E, 1.0f, R->n * E);
         }
         forward_arch_ffn_end(c, st, n);
+        if (pc)
+            phase_clock_mark(B, bc, PHASE_FFN);
     }
     return 0;
 }
@@ -600,6 +610,9 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     for (int r = 0; r < nr; r++)
         mrope = mrope || rn[r].mpos;
     mrope = mrope || c->kv_lora_rank; /* deepseek2's MLA too: forward_mla.c runs op by op */
+    bool pc = phase_clock_on();
+    if (pc)
+        phase_clock_start(s->stage[0].be.i, s->stage[0].be.ctx, n);
     bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
@@ -659,6 +672,8 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     }
     if (one_embed)
         st->be.i->get_rows(st->be.ctx, &st->tok_embd, ids, nr, st->x);
+    if (pc)
+        phase_clock_mark(st->be.i, st->be.ctx, PHASE_EMBED);
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         if (i > 0) { /* hand the activations to the next device */
@@ -672,10 +687,18 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
         if (rc < 0)
             return rc;
     }
+    if (pc) /* a recorded decode step's layers count as ffn */
+        phase_clock_mark(st->be.i, st->be.ctx, PHASE_FFN);
     step_logits(s, st, rn, nr, seqs);
+    if (pc)
+        phase_clock_mark(st->be.i, st->be.ctx, PHASE_LOGITS);
     for (int i = 0; i < s->n_stage; i++)
         if (s->stage[i].from_table)
             count_table_step(s, &s->stage[i], n);
+    if (pc) {
+        phase_clock_mark(st->be.i, st->be.ctx, PHASE_BOOK);
+        phase_clock_stop();
+    }
     return 0;
 }
 
