@@ -600,6 +600,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     for (int r = 0; r < nr; r++)
         mrope = mrope || rn[r].mpos;
     mrope = mrope || c->kv_lora_rank; /* deepseek2's MLA too: forward_mla.c runs op by op */
+    mrope = mrope || c->arch == ARCH_GPTOSS || s->m->rope_freqs; /* sinks, windows, rope tables: not in the _at ops */
     bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
