@@ -1,6 +1,6 @@
 /* test_oai.c - gpt-oss's ops on the GPU (cuda/oai_ops.cu) against the CPU backend's
  * (backend_cpu_oai.c): attention with per-head sinks and a sliding window (decode rows and a
- * prefill chunk, with and without sinks, GQA), rope with a frequency per pair (NEOX and NORM
+ * prefill chunk, with and without sinks, GQA, MLA's 576-wide rows), rope with a frequency per pair (NEOX and NORM
  * pairs, a magnitude), and the clamped SwiGLU. Every GPU output is poisoned with NaN first.
  * Limits: 1e-5 for the attention (both f32, the sums in another order), 1e-6 for the rope and
  * the SwiGLU (the same f32 formula; angles in double on both sides). */
@@ -40,11 +40,12 @@ static void test_attention_sinks(void)
 {
     /* n, pos, heads, kv heads, head_dim, sinks, window: gpt-oss-20b's heads (64 of 64, 8 KV,
      * window 128), a decode row and a prefill chunk, windows shorter and longer than the
-     * context, and more than 32 positions (several steps of the online softmax) */
+     * context, more than 32 positions (several steps of the online softmax), and deepseek2's MLA
+ * rows (one KV head of 576, no sinks, no window: forward_mla.c's wide attention) */
     static const int cases[][7] = {
         {1, 0, 64, 8, 64, 1, 128},  {1, 300, 64, 8, 64, 1, 128}, {1, 300, 64, 8, 64, 1, 0}, {64, 0, 64, 8, 64, 1, 128},
         {64, 200, 64, 8, 64, 1, 128}, {37, 90, 4, 2, 64, 1, 4},  {5, 7, 4, 2, 32, 0, 3},    {9, 40, 8, 8, 128, 0, 0},
-        {3, 1000, 16, 2, 256, 1, 0},
+        {3, 1000, 16, 2, 256, 1, 0}, {1, 77, 16, 1, 576, 0, 0},   {40, 10, 16, 1, 576, 0, 0}, /* MLA's rows */
     };
     bool ok = true;
     double worst = 0;

@@ -5,13 +5,15 @@
  * The attention runs a warp per (query token, head) with an online softmax over the token's
  * window, 32 kv positions a step (a lane scores one position; the lanes then split head_dim to
  * add the values), so it needs no score buffer however long the context: correct and simple,
- * not tuned (the sink attention is gpt-oss's only, and gpt-oss's decode runs op by op). */
+ * not tuned (gpt-oss's decode runs op by op anyway). Without sinks and window it is the plain
+ * causal attention, which deepseek2's MLA takes for its 576-wide rows (attention.cu stops at
+ * head_dim 256). */
 #include "engine/cuda/common.cuh"
 
 #include <math.h>
 
 #define SINK_WARPS 4   /* (token, head) pairs a CTA */
-#define SINK_MAX_HD 256 /* head_dim / 32 values a lane */
+#define SINK_MAX_HD 576 /* head_dim / 32 values a lane: up to deepseek2's MLA rows (512 + 64) */
 #define ROPE_MAX_PAIRS 256
 
 static inline bool oenter(struct cuda_ctx *c)
@@ -100,7 +102,7 @@ void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const
     if (!oenter(c) || n <= 0)
         return;
     if (head_dim % 32 || head_dim > SINK_MAX_HD || n_head_kv <= 0 || n_head % n_head_kv) {
-        cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: head_dim not a multiple of 32 up to 256", __FILE__,
+        cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: head_dim not a multiple of 32 up to 576", __FILE__,
                   __LINE__);
         return;
     }
