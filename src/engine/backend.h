@@ -76,15 +76,15 @@ struct backend_i {
     /* attention with gpt-oss's two extras. sinks (n_head floats in backend memory, or NULL):
      * head h's softmax denominator gains exp(sinks[h]), a logit whose value row is zero.
      * window > 0: the token at position p attends to kv positions max(0, p - window + 1)..p
-     * only (a sliding-window layer). Otherwise as attention. NULL where the backend has none
-     * (CUDA: gpt-oss is refused there at start-up). */
+     * only (a sliding-window layer). Otherwise as attention. NULL where the backend has none. */
     void (*attention_sinks)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
                             float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
                             int window);
     /* Rope with a frequency per pair (kind's pairs: NEOX (i, i + head_dim/2), NORM (2i, 2i+1)): n tokens of n_heads
      * heads, token t at position pos + t, pair i turned by (pos + t) * freqs[i] (head_dim / 2
-     * floats in backend memory), and the result scaled by mscale: rope scaling (gpt-oss's yarn,
-     * deepseek2's rope, model.rope_freqs). NULL where the backend has none. */
+     * <= 256 floats in host memory, read when the op is queued: model.rope_freqs), and the
+     * result scaled by mscale: rope scaling (gpt-oss's yarn, deepseek2's rope). NULL where the
+     * backend has none. */
     void (*rope_freqs)(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
                        float mscale, enum rope_kind kind);
     /* M-RoPE (engine/mrope.h): n tokens of n_heads heads, token t's four position ids at

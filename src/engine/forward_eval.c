@@ -610,6 +610,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     for (int r = 0; r < nr; r++)
         mrope = mrope || rn[r].mpos;
     mrope = mrope || c->kv_lora_rank; /* deepseek2's MLA too: forward_mla.c runs op by op */
+    mrope = mrope || c->arch == ARCH_GPTOSS || s->m->rope_freqs; /* sinks, windows, rope tables: not in the _at ops */
     bool pc = phase_clock_on();
     if (pc)
         phase_clock_start(s->stage[0].be.i, s->stage[0].be.ctx, n);

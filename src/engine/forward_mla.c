@@ -17,8 +17,9 @@
  * sqrt(mla_k), so q is multiplied by the ratio first.
  *
  * Everything is made of backend ops, token by token and head by head for the per-head
- * products: correct, not fast. Only the CPU backend has rope_freqs, so a CUDA device refuses
- * deepseek2 at start-up (session.c). */
+ * products: correct, not fast. Both backends have them (CUDA: rope_freqs and the wide rows'
+ * attention in cuda/oai_ops.cu); a CUDA device refuses deepseek2 at start-up until those have
+ * run on a GPU (session.c cuda_runs_arch). */
 #include "forward.h"
 #include "forward_internal.h"
 
@@ -72,10 +73,16 @@ int forward_mla_attention(struct forward_state *s, struct forward_stage *st, con
     B->axpy(bc, st->att_out, st->q, a, n * qd);
     B->zero(bc, st->q, n * qd);
     B->axpy(bc, st->q, st->att_out, 1.0f, n * qd);
+    /* rows wider than 256 (V2-Lite's 576) take the sink attention without sinks or window, the
+     * same softmax: CUDA's attention kernel stops at head_dim 256, its sink kernel does not */
+    bool wide = hd > 256 && B->attention_sinks;
     for (int r = 0; r < nr; r++) {
         const struct mla_run *R = &runs[r];
-        B->attention(bc, st->q + (size_t)R->t0 * qd, R->kc, R->kc, st->att_out + (size_t)R->t0 * qd, st->att, R->n,
-                     R->pos, H, 1, hd); /* V: the K rows, whose first kv_lora_rank are the latent */
+        float *q = st->q + (size_t)R->t0 * qd, *o = st->att_out + (size_t)R->t0 * qd;
+        if (wide) /* V: the K rows, whose first kv_lora_rank are the latent */
+            B->attention_sinks(bc, q, R->kc, R->kc, o, st->att, R->n, R->pos, H, 1, hd, NULL, 0);
+        else
+            B->attention(bc, q, R->kc, R->kc, o, st->att, R->n, R->pos, H, 1, hd);
     }
     /* each head's latent output through its attn_v_b into q (n, H * mla_v; free now, and
      * mla_v <= head_dim, checked at load), then x += wo of it */

@@ -788,13 +788,27 @@ size_t model_expert_bytes(const struct model *m, uint32_t l)
            ggml_row_size(L->down_exps->type, L->down_exps->ne[0]) * L->down_exps->ne[1];
 }
 
+/* Whether a CUDA device takes weights of type t. A type whose CUDA kernels exist but have not
+ * yet passed their test-gpu tests on a GPU stays refused at start-up: each is one line here,
+ * and lifting its refusal is turning that line's false into true. */
+static bool cuda_runs_type(uint32_t t)
+{
+    switch (t) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: /* k-quants: cuda/kquant.cu */
+        return true;
+    case GGML_TYPE_Q5_0: return false;   /* cuda/qblock.cu; test-gpu matmul_q5_0, get_rows_qb */
+    case GGML_TYPE_Q5_1: return false;   /* cuda/qblock.cu; test-gpu matmul_q5_1, get_rows_qb */
+    case GGML_TYPE_IQ4_XS: return false; /* cuda/qblock.cu; test-gpu matmul_iq4_xs, get_rows_qb */
+    case GGML_TYPE_MXFP4: return false;  /* cuda/qblock.cu; test-gpu matmul_mxfp4, e2e_gptoss_mxfp4 */
+    default: return false;
+    }
+}
+
 uint32_t model_first_cpu_only_type(const struct model *m)
 {
-    for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
-        uint32_t t = m->gguf.tensors[i].type;
-        if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && t != GGML_TYPE_Q8_0 &&
-            t != GGML_TYPE_Q4_0 && t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q5_K && t != GGML_TYPE_Q6_K)
-            return t; /* the CUDA backend's types (k-quants: cuda/kquant.cu) */
-    }
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
+        if (!cuda_runs_type(m->gguf.tensors[i].type))
+            return m->gguf.tensors[i].type;
     return UINT32_MAX;
 }

@@ -151,8 +151,8 @@ const char *model_arch_name(enum model_arch a);
 void model_expert_host(const struct model *m, uint32_t l, uint32_t e, struct expert_weights *out);
 /* The type of the first tensor stored as type a or b, or UINT32_MAX when there is none. */
 uint32_t model_first_type_of(const struct model *m, uint32_t a, uint32_t b);
-/* The type of the first tensor in a type only the CPU backend runs (a k-quant, q5_0, q5_1,
- * iq4_xs, MXFP4: CUDA runs f32, f16, bf16, q8_0 and q4_0), or UINT32_MAX when there is none. */
+/* The type of the first tensor in a type a CUDA device refuses (model.c cuda_runs_type: q5_0,
+ * q5_1, iq4_xs and MXFP4 until their kernels have run on a GPU), or UINT32_MAX when none is. */
 uint32_t model_first_cpu_only_type(const struct model *m);
 
 /* Copy every layer's experts into page-locked host memory from alloc (CUDA uploads from it

@@ -275,34 +275,39 @@ Test(archs, qwen3vlmoe_serves_text_and_names_the_tower_it_needs, .fini = done, .
     free(again);
 }
 
-/* The qwen3vlmoe pair: the preset and its tower (mmproj-qwen3vl). An image goes through the
- * lazy lifecycle (loaded on the first image, the ledger's vision memory what the header says:
- * the f32 weights and the workspace of the largest image the 1024-token budget allows), its
- * rows wrapped in <|vision_start|> / <|vision_end|>: the 2x2 BMP grows to 48x48 by the resize
- * rules, 3x3 tokens; the same image again is the same greedy reply (from the embedding cache). */
-Test(archs, qwen3vlmoe_with_its_tower_answers_an_image, .fini = done, .timeout = 120)
+/* The greedy reply's content in a chat completion's JSON */
+static cJSON *content_of(cJSON *reply)
 {
-    write_preset("qwen3vlmoe");
-    char mm[64], err[200] = "";
-    snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q3v.gguf", (int)getpid());
-    struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1};
-    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 2, err, sizeof err), 0, "%s", err);
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(reply, "choices"), 0);
+    return cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content");
+}
+
+/* A Qwen-VL pair: the model file written (TIDE_MODEL) and its tower at mm, served with the
+ * 1024-token image budget; text, then the same image twice. What every pair shows: no encoder
+ * before the first image; the image adds rows_lo..rows_hi rows and its 2 markers to the
+ * prompt (+-6 for the two prompts' other words); the same image again is the same greedy
+ * reply; afterwards the encoder is loaded and the ledger's vision memory is what the header
+ * says (the f32 weights and the workspace of the largest image the budget allows). */
+static void vl_pair_answers_an_image(const char *mm, int rows_lo, int rows_hi)
+{
+    char err[200] = "", cfg[256];
     size_t wb = 0, wsb = 0;
     cr_assert_eq(qwen3vl_estimate(mm, 1024, &wb, &wsb, err, sizeof err), 0, "%s", err);
-    char cfg[256];
     snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mm);
     harness_start(cfg);
     cJSON *text = harness_post_ok("/v1/chat/completions", CHAT);
+    struct harness_reply r0 = harness_req("GET", "/v1/vram", NULL, NULL);
+    cJSON *v0 = harness_json(&r0);
+    cJSON *state0 = cJSON_GetObjectItem(cJSON_GetObjectItem(v0, "vision"), "state");
+    cr_expect(cJSON_IsString(state0) && strcmp(state0->valuestring, "ready"), "no encoder before an image");
+    cJSON_Delete(v0);
+    harness_reply_free(&r0);
     cJSON *img = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
     cJSON *again = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
-    /* "What is this?" and "What colour is the sky?" differ; the image adds 9 rows and 2 markers */
     int extra = prompt_tokens_of(img) - prompt_tokens_of(text);
-    cr_expect(extra >= 9 + 2 - 6 && extra <= 9 + 2 + 6, "image prompt %d tokens, text %d", prompt_tokens_of(img),
-              prompt_tokens_of(text));
-    cJSON *c1 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(img, "choices"), 0),
-                                                        "message"), "content");
-    cJSON *c2 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(again, "choices"), 0),
-                                                        "message"), "content");
+    cr_expect(extra >= rows_lo + 2 - 6 && extra <= rows_hi + 2 + 6, "image prompt %d tokens, text %d",
+              prompt_tokens_of(img), prompt_tokens_of(text));
+    cJSON *c1 = content_of(img), *c2 = content_of(again);
     cr_assert(cJSON_IsString(c1) && cJSON_IsString(c2) && c1->valuestring[0]);
     cr_expect_str_eq(c2->valuestring, c1->valuestring, "the same image, the same greedy reply");
     cJSON_Delete(text);
@@ -321,11 +326,22 @@ Test(archs, qwen3vlmoe_with_its_tower_answers_an_image, .fini = done, .timeout =
     unlink(mm);
 }
 
-/* A qwen2vl pair (Qwen2-VL's or Qwen2.5-VL's text model and tower, issue 25): text, then an
- * image through the lazy lifecycle (loaded on the first image; the ledger's vision memory the
- * header's f32 weights and the workspace of the largest image the 1024-token budget allows),
- * its rows M-RoPE'd on the grid in sections one after the other; the same image again is the
- * same greedy reply, and the image changes the reply's prompt by its rows and 2 markers. */
+/* The qwen3vlmoe pair: the preset and its tower (mmproj-qwen3vl), the image's rows wrapped in
+ * <|vision_start|> / <|vision_end|>: the 2x2 BMP grows to 48x48 by the resize rules, 3x3
+ * tokens; the same image again comes from the embedding cache. */
+Test(archs, qwen3vlmoe_with_its_tower_answers_an_image, .fini = done, .timeout = 120)
+{
+    write_preset("qwen3vlmoe");
+    char mm[64], err[200] = "";
+    snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q3v.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1};
+    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 2, err, sizeof err), 0, "%s", err);
+    vl_pair_answers_an_image(mm, 9, 9);
+}
+
+/* A qwen2vl pair (Qwen2-VL's or Qwen2.5-VL's text model and tower, issue 25), the image's rows
+ * M-RoPE'd on the grid in sections one after the other: the 2x2 BMP grows to the tower's
+ * 8-token minimum or more (3x3 at patch 8, 3x3 at 14). */
 static void qwen2vl_pair_answers_an_image(bool qwen25)
 {
     write_preset("qwen2vl");
@@ -333,44 +349,7 @@ static void qwen2vl_pair_answers_an_image(bool qwen25)
     snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q2v.gguf", (int)getpid());
     struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1};
     cr_assert_eq(mmprojgen_write_qwen2vl(&o, qwen25, err, sizeof err), 0, "%s", err);
-    size_t wb = 0, wsb = 0;
-    cr_assert_eq(qwen3vl_estimate(mm, 1024, &wb, &wsb, err, sizeof err), 0, "%s", err);
-    char cfg[256];
-    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mm);
-    harness_start(cfg);
-    cJSON *text = harness_post_ok("/v1/chat/completions", CHAT);
-    struct harness_reply r0 = harness_req("GET", "/v1/vram", NULL, NULL);
-    cJSON *v0 = harness_json(&r0);
-    cJSON *state0 = cJSON_GetObjectItem(cJSON_GetObjectItem(v0, "vision"), "state");
-    cr_expect(cJSON_IsString(state0) && strcmp(state0->valuestring, "ready"), "no encoder before an image");
-    cJSON_Delete(v0);
-    harness_reply_free(&r0);
-    cJSON *img = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
-    cJSON *again = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
-    /* the 2x2 BMP grows to the tower's 8-token minimum or more (3x3 at patch 8, 3x3 at 14) */
-    int extra = prompt_tokens_of(img) - prompt_tokens_of(text);
-    cr_expect(extra >= 8 + 2 - 6 && extra <= 16 + 2 + 6, "image prompt %d tokens, text %d", prompt_tokens_of(img),
-              prompt_tokens_of(text));
-    cJSON *c1 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(img, "choices"), 0),
-                                                        "message"), "content");
-    cJSON *c2 = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(again, "choices"), 0),
-                                                        "message"), "content");
-    cr_assert(cJSON_IsString(c1) && cJSON_IsString(c2) && c1->valuestring[0]);
-    cr_expect_str_eq(c2->valuestring, c1->valuestring, "the same image, the same greedy reply");
-    cJSON_Delete(text);
-    cJSON_Delete(img);
-    cJSON_Delete(again);
-    struct harness_reply r = harness_req("GET", "/v1/vram", NULL, NULL);
-    cJSON *v = harness_json(&r);
-    cJSON *state = cJSON_GetObjectItem(cJSON_GetObjectItem(v, "vision"), "state");
-    cr_expect(cJSON_IsString(state) && !strcmp(state->valuestring, "ready"), "the encoder was loaded for the image");
-    cJSON *vm = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(v, "devices"), 0), "vision_mib");
-    double want = (double)((wb + wsb + (1u << 20) - 1) >> 20); /* /v1/vram rounds up to whole MiB */
-    cr_expect(cJSON_IsNumber(vm) && vm->valuedouble == want, "vision memory %.0f MiB, the header says %.0f",
-              cJSON_IsNumber(vm) ? vm->valuedouble : -1.0, want);
-    cJSON_Delete(v);
-    harness_reply_free(&r);
-    unlink(mm);
+    vl_pair_answers_an_image(mm, 8, 16);
 }
 
 Test(archs, qwen2vl_with_its_tower_answers_an_image, .fini = done, .timeout = 120)

@@ -50,6 +50,13 @@ void test_matmul_kq(void);
 void test_get_rows_kq(void);
 void test_moe_kq(void);
 void bench_kquant(void);
+/* y = W x (add: y0 + W x) on the GPU from a device copy of th at byte offset off, against
+ * kq_ref_product on x as the kernels see it: the rel err; *e_f32 the one against the CPU's product */
+double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32);
+/* test_qblock.c: q5_0 / q5_1 / iq4_xs / MXFP4 products and get_rows vs the CPU (only: a filter) */
+void test_qblock(const char *only);
+/* test_oai.c: gpt-oss's ops (attention_sinks, rope_freqs, swiglu_oai) vs the CPU */
+void test_oai(const char *only);
 /* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */
 void kq_view_of_x(const float *x, float *out, int n, int cols);
 /* y (+)= W xv: k-quant W decoded by be's get_row and dotted in double; other types be's matmul */

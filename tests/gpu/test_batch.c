@@ -172,6 +172,10 @@ void test_batch(const char *only)
     static const struct { const char *name, *preset; int type; double lim; } c[] = {
         {"batch_moe", "moe", -1, 1e-3},
         {"batch_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
+        /* op by op (no rows' ops, no recorded step): gpt-oss's sinks, windows and yarn, and
+         * deepseek2's MLA, several sequences' runs in one step */
+        {"batch_gptoss", "gpt-oss", -1, 1e-3},
+        {"batch_deepseek2", "deepseek2", -1, 1e-3},
         /* wider and deeper, 16 experts: a 1e-6 difference in a router logit can flip an expert
          * choice, and a flipped choice moves that row by ~0.3 (measured 0.29 on the H200, 0.048
          * with TIDE_ATTN_MMA=0; the same flips as e2e_big_q8_0): here the rows only catch garbage */

@@ -29,11 +29,12 @@
 
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
-    "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_mmq", "rmsnorm", "rope",
+    "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_q5_0", "matmul_q5_1", "matmul_iq4_xs", "matmul_mxfp4",
+    "get_rows_qb", "attention_sinks", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
     "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
-    "e2e_olmoe", "e2e_granitemoe", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
-    "batch_moe", "batch_qwen3moe_q8_0", "batch_big_q8_0", "bench_batch", "bench_moe_rows",
+    "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
+    "batch_moe", "batch_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0", "bench_batch", "bench_moe_rows",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
@@ -634,6 +635,14 @@ static void test_e2e(const char *only)
         {"e2e_qwen2moe", "qwen2moe", -1, 1e-3},    /* f16, q/k/v biases, sigmoid-gated shared expert */
         {"e2e_olmoe", "olmoe", -1, 1e-3},          /* f16, q/k norms over the whole width */
         {"e2e_granitemoe", "granitemoe", -1, 1e-3}, /* f16, embedding/residual/attention/logit scales */
+        {"e2e_gptoss", "gpt-oss", -1, 1e-3}, /* f16: sinks, windows, yarn, biases, clamped SwiGLU */
+        {"e2e_deepseek2", "deepseek2", -1, 1e-3}, /* f16: MLA (forward_mla.c, rope_freqs), shared experts */
+        /* qblock.cu: prefill rounds x to f16 where the CPU quantises it to int8; matmul_q5_0 etc.
+         * check the kernels, these the wiring (a wrong expert, bias or scale is O(1)) */
+        {"e2e_gptoss_mxfp4", "gpt-oss", GGML_TYPE_MXFP4, 0.1}, /* MXFP4 experts, q8_0 the rest */
+        {"e2e_moe_q5_0", "moe", GGML_TYPE_Q5_0, 0.1},
+        {"e2e_moe_q5_1", "moe", GGML_TYPE_Q5_1, 0.1},
+        {"e2e_big_iq4_xs", "big", GGML_TYPE_IQ4_XS, 1.0}, /* the CPU's x in blocks of 256: see e2e_big_q4_K_M */
         /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
@@ -731,7 +740,9 @@ int main(int argc, char **argv)
     if (want(only, "get_rows_kq")) test_get_rows_kq();
     if (want(only, "moe_ffn_kq")) test_moe_kq();
     if (want(only, "matmul_mmq")) test_mmq();
+    test_qblock(only); /* q5_0, q5_1, iq4_xs, MXFP4: test_qblock.c */
 #endif
+    test_oai(only); /* gpt-oss's ops: test_oai.c */
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
     if (want(only, "qk_norm_rope")) test_qk_norm_rope();

@@ -45,7 +45,9 @@ void kq_view_of_x(const float *x, float *out, int n, int cols)
  * dotted in double with xv (the products' reference, whatever be does to x); else be's matmul. */
 void kq_ref_product(struct backend be, const struct tensor *w, const float *xv, float *y, int n, bool add)
 {
-    bool kq = w->type == GGML_TYPE_Q4_K || w->type == GGML_TYPE_Q5_K || w->type == GGML_TYPE_Q6_K;
+    uint32_t t = w->type; /* the types whose CUDA products quantise x (kquant.cu, qblock.cu) */
+    bool kq = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K || t == GGML_TYPE_Q5_0 ||
+              t == GGML_TYPE_Q5_1 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_MXFP4;
     if (!kq) {
         if (add)
             be.i->matmul_add(be.ctx, w, xv, y, n);
@@ -97,10 +99,10 @@ void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float 
 static const uint32_t kq_types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
 /* y = W x (or y0 + W x) on the GPU from a device copy of th at byte offset off (misaligned
- * rows, when off is odd, or 2 mod 4 for q4_K/q5_K, go to the element-wise kernel, which reads
+ * rows, when off is odd, or 2 mod 4 for 4-byte loads, go to the element-wise kernel, which reads
  * x in f32), against kq_ref_product on x as the kernel sees it; the rel err, and in *e_f32 the one
  * against the CPU's product of f32 x. */
-static double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32)
+double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32)
 {
     int cols = (int)th->ne[0], rows = (int)th->ne[1];
     size_t wb = th->row_bytes * rows, ylen = (size_t)n * rows;
@@ -110,7 +112,9 @@ static double kq_product(const struct tensor *th, const float *x, int n, bool ad
     td.data = wd + off;
     float *yc = rand_vec(ylen, 1.0f), *y0 = malloc(ylen * sizeof(float)), *yf = malloc(ylen * sizeof(float));
     memcpy(y0, yc, ylen * sizeof(float));
-    bool fast = off % (th->type == GGML_TYPE_Q6_K ? 2 : 4) == 0;
+    uint32_t T = th->type; /* the row alignment the word-loading kernels need */
+    size_t align = T == GGML_TYPE_Q6_K || T == GGML_TYPE_Q5_0 ? 2 : T == GGML_TYPE_MXFP4 ? 1 : 4;
+    bool fast = off % align == 0;
     float *xv = malloc((size_t)n * cols * sizeof(float));
     if (fast)
         kq_view_of_x(x, xv, n, cols);

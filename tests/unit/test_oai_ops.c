@@ -123,3 +123,20 @@ Test(oai_ops, attention_sinks_threads_same_bits)
     backend_cpu_free(&b1);
     backend_cpu_free(&b2);
 }
+
+/* No sinks and no window is the plain causal attention: forward_mla.c takes it for MLA rows wider
+ * than 256 (V2-Lite's one KV head of 576, its V the K rows). */
+Test(oai_ops, attention_sinks_without_sinks_or_window_is_the_attention)
+{
+    enum { H = 4, HKV = 1, D = 576, CTX = 40, N = 3, POS = 37 };
+    static float q[N * H * D], k[CTX * HKV * D], o1[N * H * D], o2[N * H * D], att[H * CTX];
+    for (int i = 0; i < N * H * D; i++) q[i] = val(i) * 0.05f;
+    for (int i = 0; i < CTX * HKV * D; i++) k[i] = val(3000 + i);
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    be.i->attention(be.ctx, q, k, k, o1, att, N, POS, H, HKV, D);
+    be.i->attention_sinks(be.ctx, q, k, k, o2, att, N, POS, H, HKV, D, NULL, 0);
+    for (int i = 0; i < N * H * D; i++)
+        cr_assert(fabsf(o1[i] - o2[i]) <= 1e-5f * fmaxf(1.0f, fabsf(o1[i])), "%d: %g vs %g", i, o2[i], o1[i]);
+    backend_cpu_free(&be);
+}

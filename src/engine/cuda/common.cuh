@@ -72,6 +72,16 @@ bool cuda_matmul_kq(struct cuda_ctx *c, const struct tensor *w, const float *x, 
  * returns false otherwise, nothing queued (the caller then norms first). */
 bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const float *x, float *const y[3], int n,
                   const struct tensor *norm, float eps, float *xn);
+/* qblock.cu: cuda_matmul for q5_0 / q5_1 / iq4_xs / MXFP4 weights (kquant.cu's cuda_matmul_kq
+ * hands them over); false (nothing queued) for other types or shapes */
+bool cuda_matmul_qb(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add);
+/* oai_ops.cu: gpt-oss's ops (backend_i.attention_sinks, rope_freqs, swiglu_oai) */
+void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
+                          int window);
+void cuda_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
+                     float mscale, enum rope_kind kind);
+void cuda_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit);
 /* backend_i.norm_matmul (norm_matmul.cu): false, nothing queued, for shapes it does not take */
 bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, const struct tensor *norm,
                       float eps, float *xn);
@@ -184,6 +194,44 @@ __device__ __forceinline__ float kq_elem(uint32_t type, const uint8_t *row, int 
     return d * (float)sc * (float)q - dmin * (float)mn;
 }
 
+/* gguf.c's fixed tables of the 4-bit non-linear types (quants.c: iq4nl_values, and MXFP4's
+ * e2m1 codes doubled, so that they are integers) */
+static __constant__ int8_t qb_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+static __constant__ int8_t qb_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* MXFP4's e8m0 exponent as the scale of the doubled table: 2^(e - 128) (quants.c mxfp4_scale) */
+__device__ __forceinline__ float qb_mxfp4_scale(uint8_t e)
+{
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
+/* Element i of a q5_0 (6), q5_1 (7), iq4_xs (23) or MXFP4 (39) row (layouts: quants.c). */
+__device__ __forceinline__ float qb_elem(uint32_t type, const uint8_t *row, int i)
+{
+    int j = i & 31, lo = j & 15, hi = j >> 4;
+    if (type == 23) { /* iq4_xs: 136-byte super-blocks of 8 sub-blocks */
+        const uint8_t *b = row + (size_t)(i >> 8) * 136;
+        int sb = (i & 255) >> 5, sh = b[2] | (b[3] << 8);
+        int ls = (((b[4 + sb / 2] >> (4 * (sb % 2))) & 15) | (((sh >> (2 * sb)) & 3) << 4)) - 32;
+        uint8_t q = b[8 + 16 * sb + lo];
+        float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+        return d * (float)ls * (float)qb_iq4nl[hi ? q >> 4 : q & 15];
+    }
+    if (type == 39) { /* MXFP4: 17 bytes */
+        const uint8_t *b = row + (size_t)(i >> 5) * 17;
+        uint8_t q = b[1 + lo];
+        return (float)qb_mxfp4[hi ? q >> 4 : q & 15] * qb_mxfp4_scale(b[0]);
+    }
+    bool q51 = type == 7; /* q5_0: 22 bytes f16 d, u32 qh, nibbles; q5_1: 24, f16 d, f16 m first */
+    const uint8_t *b = row + (size_t)(i >> 5) * (q51 ? 24 : 22), *p = b + (q51 ? 4 : 2);
+    uint32_t qh = p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
+    uint8_t qb = p[4 + lo];
+    int q = (hi ? qb >> 4 : qb & 15) | (int)(((qh >> j) & 1) << 4);
+    float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+    return q51 ? (float)q * d + f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8))) : (float)(q - 16) * d;
+}
+
 /* Element i of a row of any supported type (slow path: norms, embeddings, fallbacks). */
 __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int i)
 {
@@ -209,6 +257,8 @@ __device__ __forceinline__ float row_elem(uint32_t type, const uint8_t *row, int
     }
     case 12: case 13: case 14: /* Q4_K, Q5_K, Q6_K */
         return kq_elem(type, row, i);
+    case 6: case 7: case 23: case 39: /* q5_0, q5_1, iq4_xs, MXFP4 */
+        return qb_elem(type, row, i);
     default:
         return 0.0f;
     }

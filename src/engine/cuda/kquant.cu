@@ -1,5 +1,5 @@
 /* kquant.cu - y(rows, n) = W x for k-quant weights (q4_K, q5_K, q6_K), cuda_matmul's branch
- * for those types.
+ * for those types (and the way to qblock.cu's q5_0 / q5_1 / iq4_xs / MXFP4 products).
  *
  *   - decode (n <= 2): one launch; each CTA quantises x into shared memory (the int8 blocks
  *     of 32 that quantize_q8_kernel writes) and each warp dots one row (kquant.cuh: dp4a,
@@ -144,7 +144,9 @@ bool cuda_matmul_kq(struct cuda_ctx *c, const struct tensor *w, const float *x, 
     uint32_t type = w->type;
     int cols = (int)w->ne[0], rows = (int)w->ne[1] ? (int)w->ne[1] : 1;
     const uint8_t *W = (const uint8_t *)w->data;
-    if (!kq_type(type) || cols % QK_K || !kq_aligned(type, W, w->row_bytes))
+    if (!kq_type(type)) /* q5_0, q5_1, iq4_xs, MXFP4: qblock.cu (cuda_matmul's one branch for both) */
+        return cuda_matmul_qb(c, w, x, y, n, add);
+    if (cols % QK_K || !kq_aligned(type, W, w->row_bytes))
         return false;
     int nb = cols / QK;
     size_t wide = (size_t)rows * cols * sizeof(__half);
