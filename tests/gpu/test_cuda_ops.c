@@ -37,6 +37,8 @@ static const char *tests[] = {
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
+    "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
+    "qwenvl_encode", "bench_qwenvl",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -634,6 +636,8 @@ static void test_e2e(const char *only)
         {"e2e_qwen2moe", "qwen2moe", -1, 1e-3},    /* f16, q/k/v biases, sigmoid-gated shared expert */
         {"e2e_olmoe", "olmoe", -1, 1e-3},          /* f16, q/k norms over the whole width */
         {"e2e_granitemoe", "granitemoe", -1, 1e-3}, /* f16, embedding/residual/attention/logit scales */
+        {"e2e_qwen3vlmoe", "qwen3vlmoe", -1, 1e-3}, /* text-only: plain neox rope (test_qwenvl.c: M-RoPE) */
+        {"e2e_qwen2vl", "qwen2vl", -1, 1e-3},
         /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
@@ -759,6 +763,7 @@ int main(int argc, char **argv)
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();
     if (want(only, "vision_encode")) test_vision_encode();
+    test_qwenvl(only, bench);
     if (bench) { /* --only bench_copy: the bandwidth probe alone (scripts/bench-gpu-llama.sh) */
         double d2d = 0;
         bench_copy(&d2d);

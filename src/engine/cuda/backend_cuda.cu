@@ -7,6 +7,7 @@
  * so does this, so that positions in the tens of thousands rotate identically. */
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/vision_ops.cuh"
+#include "engine/cuda/mrope.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -642,6 +643,7 @@ static const struct backend_i cuda_iface = {
     .qk_norm_rope = cu_qk_norm_rope,
     .attention = cu_attention,
     .swiglu = cu_swiglu,
+    .rope_multi = cu_rope_multi, /* M-RoPE and the ViT's 2-D rope: mrope.cu */
     .axpy = cu_axpy,
     .axpy_sigmoid = cu_axpy_sigmoid,
     .scatter_axpy = cu_scatter_axpy,
@@ -671,6 +673,7 @@ static const struct backend_i cuda_iface = {
     .add_bias = cu_add_bias,
     .activate = cu_activate,
     .attention_full = cu_attention_full,
+    .rope_2d = cu_rope_2d,
     .matmul_scratch = cu_matmul_scratch,
     .argmax = cu_argmax,
     .sample = cu_sample,
