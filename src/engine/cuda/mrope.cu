@@ -1,11 +1,15 @@
 /* mrope.cu - M-RoPE (engine/mrope.h) on the GPU: the qwen3vlmoe / qwen2vl text models' rope
  * whose pairs take their angle from one of a token's four position ids (interleaved or in
  * sections), and the Qwen-VL ViT's 2-D rope (a head's first quarter of pairs by the patch's
- * row, the second by its column). The position ids come from host memory: each call copies
- * them into the backend's stream-ordered scratch first (the CPU form reads them in place).
+ * row, the second by its column). The position ids come from host memory (the CPU form reads
+ * them in place): M-RoPE's travel in the launch's parameters, 64 tokens a launch, so a decode
+ * step neither waits for the GPU nor copies; the 2-D rope's (thousands of patches, once a
+ * block) are copied into the backend's stream-ordered scratch, which waits for the stream.
  * Angles in double as the CPU's, so the rotations agree to the last bit or two (the GPU
  * contracts x0 * cs - x1 * sn into an FMA). */
 #include "engine/cuda/mrope.cuh"
+
+#include <string.h>
 
 static inline bool renter(struct cuda_ctx *c)
 {
@@ -43,15 +47,20 @@ __device__ __forceinline__ void turn(float *v, int i, int half, double a)
     v[i + half] = x0 * sn + x1 * cs;
 }
 
-/* grid (pairs of all heads / 128, n): token blockIdx.y; pos (n, 4) in device memory */
-__global__ void rope_multi_kernel(float *vec, const int32_t *__restrict__ pos, int n_heads, int head_dim, float theta,
+#define MROPE_LAUNCH 64 /* tokens whose ids one launch carries */
+struct mrope_ids {
+    int32_t id[MROPE_LAUNCH * 4];
+};
+
+/* grid (pairs of all heads / 128, n <= MROPE_LAUNCH): token blockIdx.y, its ids pos.id[4t..] */
+__global__ void rope_multi_kernel(float *vec, const mrope_ids pos, int n_heads, int head_dim, float theta,
                                   mrope_sec sec, int interleaved)
 {
     int half = head_dim / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= half * n_heads)
         return;
     int t = blockIdx.y, i = idx % half, h = idx / half;
-    double a = pos[(size_t)t * 4 + section_of(sec, interleaved, i)] * pow((double)theta, -2.0 * i / head_dim);
+    double a = pos.id[t * 4 + section_of(sec, interleaved, i)] * pow((double)theta, -2.0 * i / head_dim);
     turn(vec + ((size_t)t * n_heads + h) * head_dim, i, half, a);
 }
 
@@ -88,15 +97,14 @@ void cu_rope_multi(void *ctx, float *vec, int n, int n_heads, int head_dim, cons
     int work = n_heads * (head_dim / 2);
     if (!renter(c) || work <= 0 || n <= 0)
         return;
-    const int32_t *d = ids_on_device(c, pos, (size_t)n * 4);
-    if (!d)
-        return;
     mrope_sec sec = {{sections[0], sections[1], sections[2], sections[3]}};
-    for (int t0 = 0; t0 < n; t0 += 65535) {
-        int k = n - t0 < 65535 ? n - t0 : 65535;
+    for (int t0 = 0; t0 < n; t0 += MROPE_LAUNCH) {
+        int k = n - t0 < MROPE_LAUNCH ? n - t0 : MROPE_LAUNCH;
+        mrope_ids ids;
+        memcpy(ids.id, pos + (size_t)t0 * 4, sizeof(int32_t) * 4 * (size_t)k);
         dim3 grid((unsigned)((work + 127) / 128), (unsigned)k);
-        rope_multi_kernel<<<grid, 128, 0, c->st>>>(vec + (size_t)t0 * n_heads * head_dim, d + (size_t)t0 * 4, n_heads,
-                                                   head_dim, theta, sec, interleaved);
+        rope_multi_kernel<<<grid, 128, 0, c->st>>>(vec + (size_t)t0 * n_heads * head_dim, ids, n_heads, head_dim, theta,
+                                                   sec, interleaved);
         if (!CU_LAUNCH(c, "rope_multi_kernel"))
             return;
     }
