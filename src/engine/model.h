@@ -34,6 +34,11 @@ enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2MOE, ARCH_GPT
                   ARCH_QWEN3VLMOE, ARCH_QWEN2VL,
                   ARCH_DEEPSEEK2 };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };  /* pairs (2i, 2i+1) vs (i, i + d/2) */
+/* qwen3vlmoe and qwen2vl text on CUDA devices: written (text rows take plain rope, image rows
+ * cuda/mrope.cu) but not yet run on a GPU (test-gpu e2e_qwen3vlmoe, e2e_qwen2vl,
+ * e2e_mrope_*): while 0, session.c refuses a CUDA device for them at start-up. Images on CUDA
+ * have their own switch, VISION_QWENVL_ON_CUDA (vision/vision.h). */
+#define MODEL_QWENVL_TEXT_ON_CUDA 0
 
 struct model_config {
     enum model_arch arch;

@@ -76,6 +76,14 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
             rc = TIDE_EINVAL;
             goto fail_mem;
         }
+        /* qwen3vlmoe / qwen2vl: CUDA forms not yet run on a GPU (model.h MODEL_QWENVL_TEXT_ON_CUDA) */
+        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && (a == ARCH_QWEN3VLMOE || a == ARCH_QWEN2VL) &&
+            !MODEL_QWENVL_TEXT_ON_CUDA) {
+            snprintf(err, errlen, "device %d is cuda, but %s models have not run on a GPU yet (set \"devices\" to "
+                     "cpu)", i, model_arch_name(a));
+            rc = TIDE_EINVAL;
+            goto fail_mem;
+        }
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "

@@ -46,8 +46,9 @@ struct vision_counters {
 /* Qwen-VL images on CUDA devices: the towers on the GPU encoder (qwen3vl_upload) and the text
  * models' M-RoPE rows (backend_i.rope_multi). Off until their test-gpu tests (qwenvl_*,
  * e2e_mrope_*) have passed on a GPU: while it is 0 a CUDA device refuses these images at
- * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl) and text serves.
- * This is the one switch. */
+ * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
+ * switch for images; the text models on CUDA have theirs, MODEL_QWENVL_TEXT_ON_CUDA
+ * (engine/model.h). */
 #define VISION_QWENVL_ON_CUDA 0
 
 struct vision_lifecycle {
