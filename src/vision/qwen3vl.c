@@ -1,7 +1,7 @@
-/* qwen3vl.c - the Qwen-VL vision towers on the CPU (see qwen3vl.h for the computation): the
- * header and weights (f32 copies, whatever the file stores), then the steps of llama.cpp's
- * graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there), the heavy ones through the CPU
- * backend's ops or as plain loops. */
+/* qwen3vl.c - the Qwen-VL vision towers (see qwen3vl.h for the computation): the header and
+ * weights (f32 copies in one block, whatever the file stores; qwen3vl_upload puts that block
+ * on a GPU), then the steps of llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and
+ * qwen2vl.cpp there) through a backend's ops, or as plain loops (the tests' reference). */
 #include "qwen3vl.h"
 
 #include <math.h>

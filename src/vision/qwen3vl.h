@@ -1,4 +1,5 @@
-/* qwen3vl.h - the Qwen-VL vision towers on the CPU, over f32 copies of the weights: Qwen3-VL's
+/* qwen3vl.h - the Qwen-VL vision towers, over f32 copies of the weights (on the CPU, or uploaded
+ * to a GPU: qwen3vl_upload): Qwen3-VL's
  * (mmproj projector `qwen3vl_merger`, described here), and Qwen2-VL's and Qwen2.5-VL's
  * (`qwen2vl_merger`, `qwen2.5vl_merger`: see enum qwenvl_kind), in the layout llama.cpp's
  * converter writes.
