@@ -759,11 +759,11 @@ int main(int argc, char **argv)
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
     if (want(only, "batch_") || (only && strstr(only, "batch_"))) test_batch(only);
+    test_qwenvl(only, bench); /* its own names: qwenvl_*, e2e_mrope_*, bench_qwenvl (with --bench) */
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();
     if (want(only, "vision_encode")) test_vision_encode();
-    test_qwenvl(only, bench);
     if (bench) { /* --only bench_copy: the bandwidth probe alone (scripts/bench-gpu-llama.sh) */
         double d2d = 0;
         bench_copy(&d2d);
