@@ -9,6 +9,16 @@
 #                                       #   cudart), their Debian .so files and these scripts into $CARRY
 #   then through the device tool, carry ["$CARRY"] (a git-ignored folder of the checkout):
 #   bash $CARRY/bench-vision-gpu.sh device   # there; summary.txt and logs under $OUT
+#
+#   bash $CARRY/bench-vision-gpu.sh qwen3vl  # there (issue 25): the Qwen3-VL-30B-A3B-shaped q8_0
+#     pair written by tide-mkmodel (text preset qwen3-vl-30b-a3b, ~32 GB; tower mmproj-qwen3vl-30b,
+#     27 blocks of 1152, deepstack after 8/16/24), tide on the GPU with a lazy encoder, then a
+#     1024x768 image: ROUNDS cold requests (hand-back, encoder load, encode, prefill, first
+#     token), one warm, one cached; the table in $OUT/summary.txt and $OUT/table-qwen3vl.md.
+#     Needs VISION_QWENVL_ON_CUDA (src/vision/vision.h) on: until then tide refuses the
+#     images on a CUDA device. BACKEND=cpu runs it here on a CPU device with the small pair (presets
+#     qwen3vlmoe and mmproj-qwen3vl, IMAGE=256x192 unless set) to check the script; MODEL_DIR
+#     (default /dev/shm when it has room, else $OUT) holds the pair, ROUNDS (3) the cold rounds.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tide-vision-gpu}
@@ -54,6 +64,43 @@ device)
     echo "exit $rc" | tee -a "$S"
     exit $rc
     ;;
+qwen3vl)
+    if [ -d "$(dirname "$(readlink -f "$0")")/gpu-libs" ]; then # run from the carry folder, as device
+        C=$(basename "$(dirname "$(readlink -f "$0")")")
+        mkdir -p build scripts
+        cp -a "$C/tide" "$C/tide-mkmodel" "$C/gpu-libs" build/
+        cp "$C/bench-vision-gpu.py" scripts/
+        export LD_LIBRARY_PATH=$PWD/build/gpu-libs
+    fi
+    S=$OUT/summary.txt
+    BACKEND=${BACKEND:-cuda}
+    ROUNDS=${ROUNDS:-3}
+    D=${MODEL_DIR:-}
+    if [ -z "$D" ]; then
+        D=$OUT
+        [ "$BACKEND" != cpu ] && [ "$(df --output=avail -k /dev/shm 2>/dev/null | tail -1)" -gt 40000000 ] 2>/dev/null &&
+            D=/dev/shm/tide-bench-qwen3vl
+    fi
+    mkdir -p "$D"
+    echo "== bench-vision-gpu qwen3vl $(date -u +%FT%TZ), BACKEND=$BACKEND, pair in $D" | tee -a "$S"
+    t0=$(date +%s.%N)
+    if [ "$BACKEND" = cpu ]; then
+        IMAGE=${IMAGE:-256x192}
+        build/tide-mkmodel --preset qwen3vlmoe --out "$D/text.gguf" | tee -a "$S" &&
+            build/tide-mkmodel --preset mmproj-qwen3vl --out "$D/mmproj.gguf" | tee -a "$S" || exit 1
+    else
+        IMAGE=${IMAGE:-1024x768}
+        build/tide-mkmodel --preset qwen3-vl-30b-a3b --type q8_0 --out "$D/text.gguf" | tee -a "$S" &&
+            build/tide-mkmodel --preset mmproj-qwen3vl-30b --type q8_0 --out "$D/mmproj.gguf" | tee -a "$S" || exit 1
+    fi
+    echo "pair written in $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}") s" | tee -a "$S"
+    BENCH_MODEL=$D/text.gguf BENCH_MMPROJ=$D/mmproj.gguf BENCH_IMAGE=$IMAGE BENCH_CACHED=1 BENCH_BACKEND=$BACKEND \
+        timeout 1200 python3 scripts/bench-vision-gpu.py qwen3vl "$OUT" "$ROUNDS"
+    rc=$?
+    [ -z "${MODEL_DIR:-}" ] && rm -rf "$D/text.gguf" "$D/mmproj.gguf"
+    echo "exit $rc" | tee -a "$S"
+    exit $rc
+    ;;
 *)
-    echo "usage: $0 build|device"; exit 2 ;;
+    echo "usage: $0 build|device|qwen3vl"; exit 2 ;;
 esac

@@ -232,6 +232,10 @@ struct backend_i {
      * memory of attention_full_ws_floats(P, head_dim) floats. */
     void (*attention_full)(void *ctx, const float *q, const float *k, const float *v, float *out, int P,
                            int n_head, int head_dim, float *ws);
+    /* The Qwen-VL ViT's 2-D rope (engine/mrope.h rope2d_rotate): n patches of n_heads heads of
+     * head_dim in vec (backend memory), patch t at row pos[2t], column pos[2t+1] (host memory).
+     * NULL where the backend has none. */
+    void (*rope_2d)(void *ctx, float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta);
     /* Bytes of device memory a matmul of w over n vectors takes beyond x and y (a backend's
      * own stream-ordered scratch), so a caller can reserve it; NULL: none. */
     size_t (*matmul_scratch)(void *ctx, const struct tensor *w, int n);

@@ -638,6 +638,7 @@ static const struct backend_i cpu_iface = {
     .layernorm = cpu_layernorm, /* the vision encoder's ops: backend_cpu_vision.c */
     .add_bias = cpu_add_bias,
     .activate = cpu_activate,
+    .rope_2d = cpu_rope_2d,
     .attention_full = cpu_attention_full,
     .matmul_scratch = NULL, /* its quantised x is host memory */
     .argmax = cpu_argmax,

@@ -2,6 +2,7 @@
  * "vision encoder" slots). These are the loops src/vision/clip.c ran itself before the
  * encoder went through the backend table, unchanged, so CPU embeddings keep their bits. */
 #include "engine/backend_cpu_vision.h"
+#include "engine/mrope.h"
 
 #include <math.h>
 #include <string.h>
@@ -35,6 +36,12 @@ void cpu_add_bias(void *ctx, float *y, const float *b, int n, int dim)
     if (!b) return;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+}
+
+void cpu_rope_2d(void *ctx, float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta)
+{
+    (void)ctx;
+    rope2d_rotate(vec, n, n_heads, head_dim, pos, theta);
 }
 
 void cpu_activate(void *ctx, float *x, size_t n, enum act_kind act)

@@ -43,6 +43,23 @@ void mrope_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *p
         }
 }
 
+void rope2d_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta)
+{
+    int half = head_dim / 2, quarter = head_dim / 4;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            int j = i < quarter ? i : i - quarter;
+            double a = pos[2 * t + (i < quarter ? 0 : 1)] * pow((double)theta, -4.0 * j / head_dim);
+            float cs = (float)cos(a), sn = (float)sin(a);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = vec + ((size_t)t * n_heads + h) * head_dim;
+                float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * cs - x1 * sn;
+                v[i + half] = x0 * sn + x1 * cs;
+            }
+        }
+}
+
 int64_t mrope_positions(uint32_t n_tokens, int64_t p0, const struct mrope_image *images, size_t n_images,
                         int32_t *pos)
 {

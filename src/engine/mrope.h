@@ -28,6 +28,12 @@ int mrope_section_of(const uint32_t sections[MROPE_N], bool interleaved, int pai
 void mrope_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta,
                   const uint32_t sections[MROPE_N], bool interleaved);
 
+/* The Qwen-VL ViT's 2-D rope: n tokens (patches) of n_heads heads rotated in place, token t at
+ * patch row pos[2t] and column pos[2t + 1]. NEOX pairs (i, i + head_dim/2); the first head_dim/4
+ * pairs turn by the row, the next head_dim/4 by the column, each quarter's pair j at frequency
+ * theta^(-4j/head_dim) (llama.cpp's vision M-RoPE with sections [d/4, d/4]). Angles in double. */
+void rope2d_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta);
+
 /* One image in a prompt: its tokens start at token index `at` and are nx * ny embeddings. */
 struct mrope_image {
     uint32_t at;

@@ -33,6 +33,10 @@ static bool cuda_runs_arch(enum model_arch a)
     switch (a) {
     case ARCH_GPTOSS: return false;    /* cuda/oai_ops.cu; test-gpu attention_sinks, rope_freqs, swiglu_oai, e2e_gptoss */
     case ARCH_DEEPSEEK2: return false; /* forward_mla.c runs op by op on any backend with rope_freqs (cuda/oai_ops.cu) */
+    /* text rows take the plain rope (qwen3moe's and qwen2moe's ops, which have run on a GPU);
+     * image rows' M-RoPE (cuda/mrope.cu, test-gpu e2e_mrope_*) has not run, so images with a
+     * CUDA device are refused by vision.h's VISION_QWENVL_ON_CUDA */
+    case ARCH_QWEN3VLMOE: case ARCH_QWEN2VL: return true;
     default: return true;
     }
 }

@@ -65,6 +65,28 @@ static void mat(struct gen *g, const char *name, uint32_t type, uint64_t in, uin
     tensor(g, name, type, 2, ne, 0.0f, gain / sqrtf((float)in));
 }
 
+/* The tail every tower shares: the post-LN (D wide, with a bias unless post_bias is false), the
+ * projector mm.0 (in -> hid) and mm.2 (hid -> T), then the file written and the generator's
+ * memory freed. The output's scale is near the text model's token embeddings (std 0.7 in
+ * modelgen) so image tokens are neither drowned nor dominant. */
+static int finish(struct gen *g, const char *out, uint32_t type, uint32_t D, bool post_bias, uint32_t in, uint32_t hid,
+                  uint32_t T, char *err, size_t errlen)
+{
+    vec(g, "v.post_ln.weight", D, 1.0f, 0.05f);
+    if (post_bias)
+        vec(g, "v.post_ln.bias", D, 0.0f, 0.02f);
+    mat(g, "mm.0.weight", type, in, hid, 1.0f);
+    vec(g, "mm.0.bias", hid, 0.0f, 0.02f);
+    mat(g, "mm.2.weight", type, hid, T, 1.2f);
+    vec(g, "mm.2.bias", T, 0.0f, 0.02f);
+    free(g->buf);
+    int rc = g->oom ? TIDE_ENOMEM : gguf_writer_write(g->w, out);
+    gguf_writer_free(g->w);
+    if (rc == TIDE_ENOMEM) return tide_fail(rc, err, errlen, "mmprojgen: out of memory");
+    if (rc) return tide_fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", out, tide_strerror(rc));
+    return 0;
+}
+
 int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
 {
     if (!o->out) return tide_fail(TIDE_EINVAL, err, errlen, "mmprojgen: no output path");
@@ -151,24 +173,8 @@ int mmprojgen_write(const struct mmprojgen_options *o, char *err, size_t errlen)
         vec(&g, N("ffn_down.bias"), D, 0.0f, 0.02f);
 #undef N
     }
-    vec(&g, "v.post_ln.weight", D, 1.0f, 0.05f);
-    vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
-    /* Projector D -> T -> T; the output's scale is near the text model's token embeddings
-     * (std 0.7 in modelgen) so image tokens are neither drowned nor dominant. */
-    mat(&g, "mm.0.weight", type, D, T, 1.0f);
-    vec(&g, "mm.0.bias", T, 0.0f, 0.02f);
-    mat(&g, "mm.2.weight", type, T, T, 1.2f);
-    vec(&g, "mm.2.bias", T, 0.0f, 0.02f);
-    free(g.buf);
-    if (g.oom) {
-        gguf_writer_free(w);
-        return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
-    }
-    int rc = gguf_writer_write(w, o->out);
-    gguf_writer_free(w);
-    if (rc) return tide_fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out,
-                        tide_strerror(rc));
-    return 0;
+    /* Projector D -> T -> T */
+    return finish(&g, o->out, type, D, true, D, T, T, err, errlen);
 }
 
 /* Qwen3-VL's vision tower as llama.cpp's converter writes it: the temporal patch pair
@@ -291,22 +297,8 @@ static int write_qwenvl(const struct mmprojgen_options *o, int kind, uint32_t n_
 #undef N
         }
     }
-    vec(&g, "v.post_ln.weight", D, 1.0f, 0.05f);
-    if (!q25)
-        vec(&g, "v.post_ln.bias", D, 0.0f, 0.02f);
-    mat(&g, "mm.0.weight", type, M, M, 1.0f);
-    vec(&g, "mm.0.bias", M, 0.0f, 0.02f);
-    mat(&g, "mm.2.weight", type, M, T, 1.2f);
-    vec(&g, "mm.2.bias", T, 0.0f, 0.02f);
-    free(g.buf);
-    if (g.oom) {
-        gguf_writer_free(w);
-        return tide_fail(TIDE_ENOMEM, err, errlen, "mmprojgen: out of memory");
-    }
-    int rc = gguf_writer_write(w, o->out);
-    gguf_writer_free(w);
-    if (rc) return tide_fail(rc, err, errlen, "mmprojgen: cannot write %s: %s", o->out, tide_strerror(rc));
-    return 0;
+    /* the 2x2 merger M -> M -> T (Qwen2.5-VL's post-norm is an RMSNorm: no bias) */
+    return finish(&g, o->out, type, D, !q25, M, M, T, err, errlen);
 }
 
 int mmprojgen_write_qwen3vl(const struct mmprojgen_options *o, uint32_t n_deepstack, char *err, size_t errlen)

@@ -1,7 +1,7 @@
-/* qwen3vl.c - the Qwen-VL vision towers on the CPU (see qwen3vl.h for the computation): the
- * header and weights (f32 copies, whatever the file stores), then the steps of llama.cpp's
- * graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there), the heavy ones through the CPU
- * backend's ops or as plain loops. */
+/* qwen3vl.c - the Qwen-VL vision towers (see qwen3vl.h for the computation): the header and
+ * weights (f32 copies in one block, whatever the file stores; qwen3vl_upload puts that block
+ * on a GPU), then the steps of llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and
+ * qwen2vl.cpp there) through a backend's ops, or as plain loops (the tests' reference). */
 #include "qwen3vl.h"
 
 #include <math.h>
@@ -14,6 +14,7 @@
 #include "../common.h"
 #include "../engine/backend.h"
 #include "../engine/gguf.h"
+#include "../engine/mrope.h"
 
 
 struct q3v_layer {
@@ -32,8 +33,15 @@ struct qwen3vl_tower {
     struct q3v_layer *layers;
     struct q3v_merger deepstack[QWEN3VL_MAX_DEEPSTACK];
     struct q3v_merger main; /* norm: none (post_ln is per patch); fc1 = mm.0, fc2 = mm.2 */
-    float **owned;
-    int n_owned;
+    float *block;       /* every weight, hp.weight_floats, carved in file order */
+    size_t used;        /* floats of block carved so far (while loading) */
+    struct clip_alloc a; /* where block (and ws) came from; free NULL: malloc */
+    /* an uploaded tower (qwen3vl_upload): its backend, its workspace for up to ws_patches
+     * patches, and the host tower it came from (the position table is interpolated there) */
+    const struct backend *be;
+    float *ws;
+    long ws_patches;
+    const struct qwen3vl_tower *host;
 };
 
 static int need_u32(const struct gguf_file *g, const char *key, int *out, char *err, size_t errlen)
@@ -126,6 +134,8 @@ static int read_keys(const struct gguf_file *g, struct qwen3vl_hparams *hp, char
     if (hp->kind == QWENVL_25) { /* llama.cpp requires the pattern of Qwen2.5-VL's full-attention blocks */
         if ((rc = need_u32(g, "clip.vision.n_wa_pattern", &hp->n_wa_pattern, err, errlen)))
             return rc;
+        if (hp->act != ACT_SILU) /* the gated MLP runs as one swiglu op */
+            return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: a qwen2.5vl_merger tower's MLP must be SiLU (clip.use_silu)");
         hp->window = 112 / (hp->patch * hp->merge);
         if (hp->window == 0)
             return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: patch %d is too large for 112-pixel windows", hp->patch);
@@ -174,22 +184,27 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
             return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: more than %d deepstack layers", QWEN3VL_MAX_DEEPSTACK);
         hp->deepstack_layer[hp->n_deepstack++] = l;
     }
-    float **own = t ? t->owned : NULL;
+    /* each tensor as f32 into the tower's block (its size is the first walk's count) */
 #define TENSOR(dst, name, a, b, c, d)                                                        \
     do {                                                                                     \
         const struct gguf_tensor *x_ = shape(g, name, a, b, c, d, &rc, err, errlen);         \
+        size_t n_ = (size_t)((a) * (b) * (c) * (d));                                         \
         if (x_)                                                                              \
-            hp->weight_floats += (size_t)((a) * (b) * (c) * (d));                            \
+            hp->weight_floats += n_;                                                         \
         if (x_ && t) {                                                                       \
-            float *f_ = malloc(sizeof(float) * (size_t)((a) * (b) * (c) * (d)));             \
-            if (!f_)                                                                         \
-                rc = TIDE_ENOMEM;                                                            \
-            else {                                                                           \
-                ggml_dequantize(x_->type, x_->data, f_, (a) * (b) * (c) * (d));              \
-                own[t->n_owned++] = f_;                                                      \
-                (dst) = f_;                                                                  \
-            }                                                                                \
+            ggml_dequantize(x_->type, x_->data, t->block + t->used, n_);                     \
+            (dst) = t->block + t->used;                                                      \
+            t->used += n_;                                                                   \
         }                                                                                    \
+    } while (0)
+    /* a product's weight and bias: STEM.weight (in -> out) and STEM.bias */
+#define LINEAR(w, b, stem, in, out)                                                          \
+    do {                                                                                     \
+        char s_[128];                                                                        \
+        snprintf(s_, sizeof s_, "%s.weight", stem);                                          \
+        TENSOR(w, s_, in, out, 1, 1);                                                        \
+        snprintf(s_, sizeof s_, "%s.bias", stem);                                            \
+        TENSOR(b, s_, out, 1, 1, 1);                                                         \
     } while (0)
     float *w0 = NULL, *w1 = NULL;
     TENSOR(w0, "v.patch_embd.weight", p, p, 3, D);
@@ -221,33 +236,24 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
             TENSOR(L->ln1_b, B("ln1.bias"), D, 1, 1, 1);
         if (q3) { /* attn_qkv's rows: q, then k, then v */
             float *qkv_w = NULL, *qkv_b = NULL;
-            TENSOR(qkv_w, B("attn_qkv.weight"), D, 3 * D, 1, 1);
-            TENSOR(qkv_b, B("attn_qkv.bias"), 3 * D, 1, 1, 1);
+            LINEAR(qkv_w, qkv_b, B("attn_qkv"), D, 3 * D);
             if (qkv_w && qkv_b) {
                 L->q_w = qkv_w, L->k_w = qkv_w + D * D, L->v_w = qkv_w + 2 * D * D;
                 L->q_b = qkv_b, L->k_b = qkv_b + D, L->v_b = qkv_b + 2 * D;
             }
         } else { /* the converter splits the checkpoint's qkv */
-            TENSOR(L->q_w, B("attn_q.weight"), D, D, 1, 1);
-            TENSOR(L->q_b, B("attn_q.bias"), D, 1, 1, 1);
-            TENSOR(L->k_w, B("attn_k.weight"), D, D, 1, 1);
-            TENSOR(L->k_b, B("attn_k.bias"), D, 1, 1, 1);
-            TENSOR(L->v_w, B("attn_v.weight"), D, D, 1, 1);
-            TENSOR(L->v_b, B("attn_v.bias"), D, 1, 1, 1);
+            LINEAR(L->q_w, L->q_b, B("attn_q"), D, D);
+            LINEAR(L->k_w, L->k_b, B("attn_k"), D, D);
+            LINEAR(L->v_w, L->v_b, B("attn_v"), D, D);
         }
-        TENSOR(L->o_w, B("attn_out.weight"), D, D, 1, 1);
-        TENSOR(L->o_b, B("attn_out.bias"), D, 1, 1, 1);
+        LINEAR(L->o_w, L->o_b, B("attn_out"), D, D);
         TENSOR(L->ln2_w, B("ln2.weight"), D, 1, 1, 1);
         if (!q25)
             TENSOR(L->ln2_b, B("ln2.bias"), D, 1, 1, 1);
-        if (q25) {
-            TENSOR(L->gate_w, B("ffn_gate.weight"), D, F, 1, 1);
-            TENSOR(L->gate_b, B("ffn_gate.bias"), F, 1, 1, 1);
-        }
-        TENSOR(L->up_w, B("ffn_up.weight"), D, F, 1, 1);
-        TENSOR(L->up_b, B("ffn_up.bias"), F, 1, 1, 1);
-        TENSOR(L->down_w, B("ffn_down.weight"), F, D, 1, 1);
-        TENSOR(L->down_b, B("ffn_down.bias"), D, 1, 1, 1);
+        if (q25)
+            LINEAR(L->gate_w, L->gate_b, B("ffn_gate"), D, F);
+        LINEAR(L->up_w, L->up_b, B("ffn_up"), D, F);
+        LINEAR(L->down_w, L->down_b, B("ffn_down"), F, D);
 #undef B
         L->deepstack = -1;
         for (int k = 0; k < hp->n_deepstack; k++)
@@ -259,17 +265,14 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
 #define B(s) (snprintf(n, sizeof n, "v.deepstack.%d.%s", hp->deepstack_layer[k], s), n)
         TENSOR(m->norm_w, B("norm.weight"), M, 1, 1, 1);
         TENSOR(m->norm_b, B("norm.bias"), M, 1, 1, 1);
-        TENSOR(m->fc1_w, B("fc1.weight"), M, M, 1, 1);
-        TENSOR(m->fc1_b, B("fc1.bias"), M, 1, 1, 1);
-        TENSOR(m->fc2_w, B("fc2.weight"), M, T, 1, 1);
-        TENSOR(m->fc2_b, B("fc2.bias"), T, 1, 1, 1);
+        LINEAR(m->fc1_w, m->fc1_b, B("fc1"), M, M);
+        LINEAR(m->fc2_w, m->fc2_b, B("fc2"), M, T);
 #undef B
     }
     struct q3v_merger dummy, *mm = t ? &t->main : &dummy;
-    TENSOR(mm->fc1_w, "mm.0.weight", M, M, 1, 1);
-    TENSOR(mm->fc1_b, "mm.0.bias", M, 1, 1, 1);
-    TENSOR(mm->fc2_w, "mm.2.weight", M, T, 1, 1);
-    TENSOR(mm->fc2_b, "mm.2.bias", T, 1, 1, 1);
+    LINEAR(mm->fc1_w, mm->fc1_b, "mm.0", M, M);
+    LINEAR(mm->fc2_w, mm->fc2_b, "mm.2", M, T);
+#undef LINEAR
 #undef TENSOR
     if (!rc && gguf_find_tensor(g, "v.pre_ln.weight"))
         rc = tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: a pre-LN in a qwen3vl_merger tower is not read");
@@ -287,7 +290,8 @@ int qwen3vl_read_hparams(const char *path, struct qwen3vl_hparams *hp, char *err
     return rc;
 }
 
-int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen)
+int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
+                      size_t errlen)
 {
     *out = NULL;
     struct gguf_file g;
@@ -300,12 +304,14 @@ int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t
         return rc;
     }
     struct qwen3vl_tower *t = calloc(1, sizeof *t);
-    int max_owned = 8 + 16 * hp.n_layer + 6 * hp.n_deepstack + 4;
     if (t) {
+        if (a)
+            t->a = *a;
         t->layers = calloc((size_t)hp.n_layer, sizeof *t->layers);
-        t->owned = calloc((size_t)max_owned, sizeof *t->owned);
+        size_t bytes = sizeof(float) * (hp.weight_floats ? hp.weight_floats : 1);
+        t->block = a ? a->alloc(a->ud, bytes) : malloc(bytes);
     }
-    if (!t || !t->layers || !t->owned)
+    if (!t || !t->layers || !t->block)
         rc = TIDE_ENOMEM;
     else
         rc = walk(&g, &t->hp, t, err, errlen);
@@ -318,15 +324,72 @@ int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t
     return 0;
 }
 
+int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen)
+{
+    return qwen3vl_load_with(path, NULL, out, err, errlen);
+}
+
+static void block_free(const struct qwen3vl_tower *t, void *p)
+{
+    if (p && t->a.free)
+        t->a.free(t->a.ud, p);
+    else
+        free(p);
+}
+
 void qwen3vl_free(struct qwen3vl_tower *t)
 {
     if (!t)
         return;
-    for (int i = 0; t->owned && i < t->n_owned; i++)
-        free(t->owned[i]);
-    free(t->owned);
+    block_free(t, t->block);
+    block_free(t, t->ws);
     free(t->layers);
     free(t);
+}
+
+int qwen3vl_upload(struct qwen3vl_tower **out, const struct qwen3vl_tower *host, const struct clip_alloc *a,
+                   const struct backend *be, long max_patches, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct qwen3vl_hparams *hp = &host->hp;
+    struct qwen3vl_tower *t = calloc(1, sizeof *t);
+    if (!t)
+        return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory");
+    *t = *host;
+    t->a = *a;
+    t->block = NULL;
+    t->be = be;
+    t->host = host;
+    t->ws_patches = max_patches;
+    t->layers = calloc((size_t)hp->n_layer, sizeof *t->layers);
+    size_t wb = sizeof(float) * hp->weight_floats, wsb = qwen3vl_workspace_bytes(hp, max_patches);
+    if (t->layers) {
+        t->block = a->alloc(a->ud, wb ? wb : 1);
+        t->ws = t->block ? a->alloc(a->ud, wsb) : NULL;
+    }
+    if (!t->layers || !t->block || !t->ws) {
+        qwen3vl_free(t);
+        return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: no room for the encoder (%.1f MiB of weights, %.1f MiB of "
+                         "workspace)", (double)wb / (1 << 20), (double)wsb / (1 << 20));
+    }
+    be->i->upload(be->ctx, t->block, host->block, wb);
+    /* every weight pointer at the same offset in the device block as in the host one */
+#define RB(p) ((p) = (p) ? t->block + ((p) - host->block) : NULL)
+    RB(t->patch_w), RB(t->patch_b), RB(t->pos), RB(t->post_w), RB(t->post_b);
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct q3v_layer *L = &t->layers[l];
+        *L = host->layers[l];
+        RB(L->ln1_w), RB(L->ln1_b), RB(L->o_w), RB(L->o_b), RB(L->ln2_w), RB(L->ln2_b), RB(L->up_w), RB(L->up_b);
+        RB(L->down_w), RB(L->down_b), RB(L->q_w), RB(L->k_w), RB(L->v_w), RB(L->q_b), RB(L->k_b), RB(L->v_b);
+        RB(L->gate_w), RB(L->gate_b);
+    }
+    for (int k = 0; k <= hp->n_deepstack; k++) {
+        struct q3v_merger *m = k < hp->n_deepstack ? &t->deepstack[k] : &t->main;
+        RB(m->norm_w), RB(m->norm_b), RB(m->fc1_w), RB(m->fc1_b), RB(m->fc2_w), RB(m->fc2_b);
+    }
+#undef RB
+    *out = t;
+    return 0;
 }
 
 const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t) { return &t->hp; }
@@ -346,10 +409,18 @@ size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
     size_t n = (size_t)n_patches, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, T = (size_t)hp->n_embd_text;
     /* x, xn, attention out, q, k, v, ffn (twice for a gated MLP), the mergers' input and hidden
      * (n / 4 rows of 4D each), the attention's scratch (attention_full's; its (n, n) scores),
-     * the projections, the window order (qwen25vl) */
-    size_t gate = hp->kind == QWENVL_25 ? n * F : 0;
+     * the projections, the patches' pixels (3 p^2 each) */
+    size_t gate = hp->kind == QWENVL_25 ? n * F : 0, P = 3 * (size_t)hp->patch * hp->patch;
     return sizeof(float) * (n * (3 * D + 3 * D + F) + gate + 2 * n * D +
-                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T + n / 4);
+                            attention_full_ws_floats((int)n, hp->n_embd / hp->n_head) + (n / 4) * T + n * P);
+}
+
+long qwen3vl_max_patches(const struct qwen3vl_hparams *hp, int max_tokens)
+{
+    long area = (long)hp->patch * hp->patch * hp->merge * hp->merge, most = hp->max_pixels / area;
+    if (max_tokens > 0 && max_tokens < most)
+        most = max_tokens;
+    return most * hp->merge * hp->merge;
 }
 
 int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen)
@@ -358,11 +429,8 @@ int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *
     int rc = qwen3vl_read_hparams(path, &hp, err, errlen);
     if (rc)
         return rc;
-    long area = (long)hp.patch * hp.patch * hp.merge * hp.merge, most = hp.max_pixels / area;
-    if (max_tokens > 0 && max_tokens < most)
-        most = max_tokens;
     *weights = qwen3vl_weight_bytes(&hp);
-    *workspace = qwen3vl_workspace_bytes(&hp, most * hp.merge * hp.merge);
+    *workspace = qwen3vl_workspace_bytes(&hp, qwen3vl_max_patches(&hp, max_tokens));
     return 0;
 }
 
@@ -500,10 +568,43 @@ static void attention(const struct backend *be, const float *q, const float *k, 
         }
 }
 
-static void residual(float *x, const float *d, size_t n)
+static void residual(const struct backend *be, float *x, const float *d, size_t n)
 {
+    if (be) {
+        be->i->axpy(be->ctx, x, d, 1.0f, (int)n);
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         x[i] += d[i];
+}
+
+/* the ViT's 2-D rope of n patches (pos: host (n, 2) rows and columns) */
+static void rope(const struct backend *be, float *v, int n, int H, int hd, const int32_t *pos)
+{
+    if (be)
+        be->i->rope_2d(be->ctx, v, n, H, hd, pos, 10000.0f);
+    else
+        rope2d_rotate(v, n, H, hd, pos, 10000.0f);
+}
+
+/* qwen25vl's gated MLP: gate = silu(gate) * up */
+static void swiglu(const struct backend *be, float *gate, const float *up, size_t n)
+{
+    if (be) {
+        be->i->swiglu(be->ctx, gate, up, (int)n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* host bytes into the workspace (be's memory, or host memory without a backend) */
+static void put(const struct backend *be, float *dst, const float *src, size_t n)
+{
+    if (be)
+        be->i->upload(be->ctx, dst, src, sizeof(float) * n);
+    else
+        memcpy(dst, src, sizeof(float) * n);
 }
 
 /* Patch k of the merge order: its row and column in the patch grid (gw patches wide). */
@@ -536,36 +637,24 @@ static void pos_embed_at(const struct qwen3vl_tower *t, int py, int px, int gw, 
         add[i] += a[i] * (1 - dx) * (1 - dy) + b[i] * dx * (1 - dy) + c[i] * (1 - dx) * dy + d[i] * dx * dy;
 }
 
-/* 2-D rope of one head (NEOX pairs i, i + hd/2): the first hd/4 pairs turn by the row, the
- * next hd/4 by the column, each quarter's frequencies 10000^(-4j/hd) from j = 0 */
-static void rope_2d(float *v, int hd, int row, int col)
-{
-    int half = hd / 2, quarter = hd / 4;
-    for (int i = 0; i < half; i++) {
-        int j = i < quarter ? i : i - quarter;
-        double a = (i < quarter ? row : col) * pow(10000.0, -4.0 * j / hd);
-        float cs = (float)cos(a), sn = (float)sin(a);
-        float x0 = v[i], x1 = v[i + half];
-        v[i] = x0 * cs - x1 * sn;
-        v[i + half] = x0 * sn + x1 * cs;
-    }
-}
-
 /* A 2x2 merger: the four patches of each merged token side by side (rows of 4D), an optional
- * LayerNorm, fc1, GELU, fc2, into out's column `col` (rows of ostride floats), merged token k
- * to row dst[k] (the image's row-major order; qwen25vl computes in window order). */
+ * LayerNorm, fc1, GELU, fc2, into out's (host) column `col` (rows of ostride floats), merged
+ * token k to row dst[k] (the image's row-major order; qwen25vl computes in window order);
+ * with a backend the projections come back through hproj (host, n_tok rows of T). */
 static void merge_project(const struct backend *be, const struct q3v_merger *m, const float *x, int n_tok, int D,
-                          int T, float eps, float *hid, float *hid2, float *proj, float *out, int ostride, int col,
-                          const int *dst)
+                          int T, float eps, float *hid, float *hid2, float *proj, float *hproj, float *out,
+                          int ostride, int col, const int *dst)
 {
     int M = 4 * D;
     if (m->norm_w)
         layernorm(be, x, hid, m->norm_w, m->norm_b, n_tok, M, eps);
-    else
-        memcpy(hid, x, sizeof(float) * (size_t)n_tok * M);
-    linear(be, m->fc1_w, m->fc1_b, hid, hid2, n_tok, M, M);
+    linear(be, m->fc1_w, m->fc1_b, m->norm_w ? hid : x, hid2, n_tok, M, M);
     gelu(be, hid2, (size_t)n_tok * M);
     linear(be, m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
+    if (be) {
+        be->i->download(be->ctx, hproj, proj, sizeof(float) * (size_t)n_tok * T);
+        proj = hproj;
+    }
     for (int k = 0; k < n_tok; k++)
         memcpy(out + (size_t)dst[k] * ostride + col, proj + (size_t)k * T, sizeof(float) * (size_t)T);
 }
@@ -591,18 +680,29 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
                    float *out, char *err, size_t errlen)
 {
     const struct qwen3vl_hparams *hp = &t->hp;
-    int p = hp->patch, a = p * hp->merge;
+    const struct qwen3vl_tower *src = t->host ? t->host : t; /* the host copy of the position table */
+    if (t->be)
+        be = t->be; /* an uploaded tower computes on its own backend */
+    int p = hp->patch, a = p * hp->merge, K = 3 * p * p;
     if (w <= 0 || h <= 0 || w % a || h % a)
         return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);
     int gw = w / p, gh = h / p, n = gw * gh, n_tok = n / 4;
+    if (t->ws && n > t->ws_patches)
+        return tide_fail(TIDE_ERANGE, err, errlen, "qwen3vl: image %dx%d has %d patches, the encoder's workspace "
+                         "holds %ld", w, h, n, t->ws_patches);
     int D = hp->n_embd, F = hp->n_ff, H = hp->n_head, hd = D / H, T = hp->n_embd_text;
     int ostride = T * (1 + hp->n_deepstack);
-    size_t need = qwen3vl_workspace_bytes(hp, n) / sizeof(float);
-    float *ws = malloc(sizeof(float) * need);
-    int *order = malloc(sizeof(int) * 2 * (size_t)n_tok), *win_end = order + n_tok;
-    if (!ws || !order) {
-        free(ws);
-        free(order);
+    float *ws = t->ws ? t->ws : malloc(qwen3vl_workspace_bytes(hp, n));
+    /* host: the window order, each patch's row and column, its pixels, the position table's
+     * share and the projections on their way back */
+    int *order = malloc(sizeof(int) * 2 * (size_t)n_tok), *win_end = order ? order + n_tok : NULL;
+    int32_t *pos = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    float *hpix = malloc(sizeof(float) * (size_t)n * K), *hpos = src->pos ? malloc(sizeof(float) * (size_t)n * D) : NULL;
+    float *hproj = malloc(sizeof(float) * (size_t)n_tok * T);
+    if (!ws || !order || !pos || !hpix || (src->pos && !hpos) || !hproj) {
+        if (!t->ws)
+            free(ws);
+        free(order), free(pos), free(hpix), free(hpos), free(hproj);
         return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory for a %dx%d image", w, h);
     }
     int n_win = window_order(hp, gw / 2, gh / 2, order, win_end);
@@ -610,27 +710,33 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     float *x = ws, *xn = x + nD, *ao = xn + nD, *q = ao + nD, *k = q + nD, *v = k + nD;
     float *ff = v + nD, *hid = ff + (size_t)n * F, *hid2 = hid + nD, *att = hid2 + nD;
     float *proj = att + attention_full_ws_floats(n, hd); /* n_tok rows of T */
-    float *ff2 = proj + (size_t)n_tok * T;                /* the gate's (n, F): qwen25vl */
-    /* patch embedding (conv of both temporal kernels) + bias + position table (qwen3vl), in
-     * merge order (each 2x2 block's four patches together), the blocks in `order` */
+    float *pix = proj + (size_t)n_tok * T;                /* n rows of 3 p^2 */
+    float *ff2 = pix + (size_t)n * K;                     /* the gate's (n, F): qwen25vl */
+    /* the patches in merge order (each 2x2 block's four together, the blocks in `order`):
+     * normalised pixels in the kernel's (channel, row, column) order, the interpolated
+     * position table (qwen3vl) */
     for (int i = 0; i < n; i++) {
         int py, px;
         patch_at(order[i / 4] * 4 + i % 4, gw, &py, &px);
-        float *xk = x + (size_t)i * D;
-        for (int d = 0; d < D; d++) {
-            const float *wk = t->patch_w + (size_t)d * 3 * p * p;
-            float s = 0;
-            for (int c = 0; c < 3; c++)
-                for (int ky = 0; ky < p; ky++)
-                    for (int kx = 0; kx < p; kx++) {
-                        uint8_t u = rgb[((size_t)(py * p + ky) * w + (px * p + kx)) * 3 + c];
-                        float f = ((float)u / 255.0f - hp->mean[c]) / hp->std[c];
-                        s += wk[(c * p + ky) * p + kx] * f;
-                    }
-            xk[d] = s + (t->patch_b ? t->patch_b[d] : 0.0f);
+        pos[2 * i] = py, pos[2 * i + 1] = px;
+        float *row = hpix + (size_t)i * K;
+        for (int c = 0; c < 3; c++)
+            for (int ky = 0; ky < p; ky++)
+                for (int kx = 0; kx < p; kx++) {
+                    uint8_t u = rgb[((size_t)(py * p + ky) * w + (px * p + kx)) * 3 + c];
+                    row[(c * p + ky) * p + kx] = ((float)u / 255.0f - hp->mean[c]) / hp->std[c];
+                }
+        if (hpos) {
+            memset(hpos + (size_t)i * D, 0, sizeof(float) * (size_t)D);
+            pos_embed_at(src, py, px, gw, gh, hpos + (size_t)i * D);
         }
-        if (t->pos)
-            pos_embed_at(t, py, px, gw, gh, xk);
+    }
+    /* patch embedding: the conv of both temporal kernels as one product, + bias + positions */
+    put(be, pix, hpix, (size_t)n * K);
+    linear(be, t->patch_w, t->patch_b, pix, x, n, K, D);
+    if (hpos) {
+        put(be, xn, hpos, nD);
+        residual(be, x, xn, nD);
     }
     for (int l = 0; l < hp->n_layer; l++) {
         const struct q3v_layer *L = &t->layers[l];
@@ -638,14 +744,8 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
         linear(be, L->q_w, L->q_b, xn, q, n, D, D);
         linear(be, L->k_w, L->k_b, xn, k, n, D, D);
         linear(be, L->v_w, L->v_b, xn, v, n, D, D);
-        for (int i = 0; i < n; i++) {
-            int py, px;
-            patch_at(order[i / 4] * 4 + i % 4, gw, &py, &px);
-            for (int hh = 0; hh < H; hh++) {
-                rope_2d(q + (size_t)i * D + hh * hd, hd, py, px);
-                rope_2d(k + (size_t)i * D + hh * hd, hd, py, px);
-            }
-        }
+        rope(be, q, n, H, hd, pos);
+        rope(be, k, n, H, hd, pos);
         bool full = hp->kind != QWENVL_25 || (l + 1) % hp->n_wa_pattern == 0;
         if (full)
             attention(be, q, k, v, ao, n, H, hd, att);
@@ -655,26 +755,27 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
                 attention(be, q + o, k + o, v + o, ao + o, (win_end[wi] - s0) * 4, H, hd, att);
             }
         linear(be, L->o_w, L->o_b, ao, xn, n, D, D);
-        residual(x, xn, nD);
+        residual(be, x, xn, nD);
         block_norm(be, hp, x, xn, L->ln2_w, L->ln2_b, n, D);
         linear(be, L->up_w, L->up_b, xn, ff, n, D, F);
-        if (L->gate_w) { /* act(gate x) * up x */
+        float *act = ff;
+        if (L->gate_w) { /* silu(gate x) * up x */
             linear(be, L->gate_w, L->gate_b, xn, ff2, n, D, F);
-            activate(be, hp->act, ff2, (size_t)n * F);
-            for (size_t i = 0; i < (size_t)n * F; i++)
-                ff[i] *= ff2[i];
+            swiglu(be, ff2, ff, (size_t)n * F);
+            act = ff2;
         } else {
             activate(be, hp->act, ff, (size_t)n * F);
         }
-        linear(be, L->down_w, L->down_b, ff, xn, n, F, D);
-        residual(x, xn, nD);
+        linear(be, L->down_w, L->down_b, act, xn, n, F, D);
+        residual(be, x, xn, nD);
         if (L->deepstack >= 0) /* this block's output, merged, is deepstack feature k */
-            merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride,
-                          T * (1 + L->deepstack), order);
+            merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, hproj, out,
+                          ostride, T * (1 + L->deepstack), order);
     }
     block_norm(be, hp, x, xn, t->post_w, t->post_b, n, D);
-    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, out, ostride, 0, order);
-    free(order);
-    free(ws);
+    merge_project(be, &t->main, xn, n_tok, D, T, hp->eps, hid, hid2, proj, hproj, out, ostride, 0, order);
+    if (!t->ws)
+        free(ws);
+    free(order), free(pos), free(hpix), free(hpos), free(hproj);
     return 0;
 }

@@ -1,4 +1,5 @@
-/* qwen3vl.h - the Qwen-VL vision towers on the CPU, over f32 copies of the weights: Qwen3-VL's
+/* qwen3vl.h - the Qwen-VL vision towers, over f32 copies of the weights (on the CPU, or uploaded
+ * to a GPU: qwen3vl_upload): Qwen3-VL's
  * (mmproj projector `qwen3vl_merger`, described here), and Qwen2-VL's and Qwen2.5-VL's
  * (`qwen2vl_merger`, `qwen2.5vl_merger`: see enum qwenvl_kind), in the layout llama.cpp's
  * converter writes.
@@ -19,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "clip.h"
 #include "dynres.h"
 
 #define QWEN3VL_MAX_DEEPSTACK 8
@@ -53,6 +55,18 @@ struct qwen3vl_tower;
 /* The header's hyper-parameters and the tensors' shapes, checked; no weight is read. */
 int qwen3vl_read_hparams(const char *path, struct qwen3vl_hparams *hp, char *err, size_t errlen);
 int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen);
+/* The same with the weights' one block (hp.weight_floats f32) from a (host memory; pinned for
+ * a GPU's uploads), freed through it. */
+int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
+                      size_t errlen);
+/* A tower on be (a GPU) from a host tower: the weights' block and the workspace of an image of
+ * up to max_patches patches from a (be's memory: qwen3vl_weight_bytes and
+ * qwen3vl_workspace_bytes exactly), the weights uploaded in one copy. Its qwen3vl_encode runs
+ * on be whatever backend it is given; host must outlive it (the position table is
+ * interpolated from the host copy). */
+struct backend;
+int qwen3vl_upload(struct qwen3vl_tower **out, const struct qwen3vl_tower *host, const struct clip_alloc *a,
+                   const struct backend *be, long max_patches, char *err, size_t errlen);
 void qwen3vl_free(struct qwen3vl_tower *t);
 const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t);
 /* The resize rules of this tower under a budget of max_tokens merged tokens (0: none). */
@@ -61,15 +75,20 @@ struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_toke
  * n_patches patches, from the header alone. */
 size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp);
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches);
+/* Patches of the largest image the budget (max_tokens merged tokens, 0: none) and the tower's
+ * max_pixels allow. */
+long qwen3vl_max_patches(const struct qwen3vl_hparams *hp, int max_tokens);
 /* The encoder's two reserves from the header alone, as the lazy lifecycle's hand-back needs
  * them: the weights as qwen3vl_load keeps them, and the workspace of the largest image the
  * budget allows (max_tokens merged tokens, capped by the tower's max_pixels; 0: that cap). */
 int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *workspace, char *err, size_t errlen);
 /* Normalise 8-bit RGB (w x h, row-major, 3 bytes a pixel) and encode it; w and h multiples of
- * patch * merge. out: (w / (patch merge)) * (h / (patch merge)) rows of
- * n_embd_text * (1 + n_deepstack) floats. be: a CPU backend whose ops (matmul, layernorm,
- * activate, attention_full, add_bias) compute the heavy steps, threaded; NULL: plain loops. */
-struct backend;
+ * patch * merge. out (host): (w / (patch merge)) * (h / (patch merge)) rows of
+ * n_embd_text * (1 + n_deepstack) floats. be: a CPU backend whose ops (matmul, add_bias,
+ * layernorm / rmsnorm, activate, swiglu, rope_2d, attention_full, axpy) compute every step but
+ * the host's share (each patch's pixels cut out and normalised, the position table
+ * interpolated, the outputs put in image order), threaded; NULL: plain loops. An uploaded
+ * tower runs those ops on its own backend, its memory, and the image must fit its workspace. */
 int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, const uint8_t *rgb, int w, int h,
                    float *out, char *err, size_t errlen);
 

@@ -143,9 +143,11 @@ static bool projector_is(const char *path, const char *type)
     return is;
 }
 
-/* Qwen3-VL's tower: the CPU computes it, so the vision device must be a CPU device; the
- * reserve is its f32 weights and the workspace of the largest image the budget allows, from
- * the header. */
+/* A Qwen-VL tower: on a CPU device (or a GPU's with TIDE_VISION_CPU=1) the CPU computes it
+ * from host memory charged to the device; on a GPU (VISION_QWENVL_ON_CUDA) it is uploaded from
+ * a host copy of its f32 weights taken now (pinned), so a cold image pays an upload, not a
+ * file read. The reserve is the f32 weights and the workspace of the largest image the
+ * budget allows, from the header (on a GPU in whole 2 MiB pages). */
 static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options *o, int n_embd_text, char *err,
                         size_t errlen)
 {
@@ -163,7 +165,10 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
                  hp.n_embd_text, n_embd_text);
         return TIDE_EFORMAT;
     }
-    if (v->mem->dev[o->device].kind != DEVICE_KIND_CPU) {
+    struct device *dev = &v->mem->dev[o->device];
+    const char *cpu_env = getenv("TIDE_VISION_CPU");
+    bool gpu = dev->kind != DEVICE_KIND_CPU, cpu_encoder = gpu && cpu_env && cpu_env[0] && strcmp(cpu_env, "0");
+    if (gpu && !VISION_QWENVL_ON_CUDA) {
         snprintf(err, errlen, "mmproj %s: the Qwen-VL towers run on cpu devices only so far (vision.device %d "
                  "is not one)", o->mmproj, o->device);
         return TIDE_EUNSUPPORTED;
@@ -172,12 +177,47 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
     v->qwenvl_kind = (int)hp.kind;
     v->n_deepstack = hp.n_deepstack;
     v->row_floats = n_embd_text * (1 + hp.n_deepstack);
+    v->q3v_patches = qwen3vl_max_patches(&hp, o->max_image_tokens);
     if (!v->o.embed_cache_entries) v->o.embed_cache_entries = 64;
     if (!v->o.embed_cache_bytes) v->o.embed_cache_bytes = (size_t)64 << 20;
-    v->be = &v->mem->dev[o->device].be;
-    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : v->weights_bytes + v->workspace_bytes;
+    v->be = &dev->be;
+    size_t need = v->weights_bytes + v->workspace_bytes;
+    if (gpu && !cpu_encoder) {
+        alloc_ctx.dev = dev;
+        alloc_ctx.host = false;
+        host_ctx.be = v->be;
+        struct clip_alloc ha = {h_alloc, h_free, &host_ctx};
+        double t0 = tide_now();
+        if ((rc = qwen3vl_load_with(o->mmproj, &ha, &v->q3v_host, e2, sizeof e2)) < 0) {
+            snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
+            return rc;
+        }
+        need = gpu_pages(v->weights_bytes) + gpu_pages(v->workspace_bytes);
+        tide_log("vision: the Qwen-VL tower runs on device %d (%s); host copy of its f32 weights %.1f MiB (%s) in "
+                 "%.1f ms", o->device, v->be->i->name, (double)v->weights_bytes / (1 << 20),
+                 host_ctx.pinned ? "pinned" : "pageable", (tide_now() - t0) * 1e3);
+    } else if (cpu_encoder) {
+        if ((rc = backend_cpu_init(&v->cpu_be, o->n_threads)) < 0) {
+            snprintf(err, errlen, "vision: cpu backend: %s", tide_strerror(rc));
+            return rc;
+        }
+        v->be = &v->cpu_be;
+    }
+    v->need[o->device] = o->vram_mib >= 0 ? (size_t)o->vram_mib << 20 : need;
     set_state(v, VISION_UNLOADED);
     return 0;
+}
+
+/* The loaded tower gone: an uploaded one gives its blocks back through v_free (the ledger),
+ * a host one its charge. */
+static void qwen3vl_unload(struct vision_lifecycle *v)
+{
+    if (!v->q3v)
+        return;
+    qwen3vl_free(v->q3v);
+    v->q3v = NULL;
+    if (!v->q3v_host)
+        device_uncharge(&v->mem->dev[v->o.device], MEM_VISION, v->weights_bytes + v->workspace_bytes);
 }
 
 int vision_init(struct vision_lifecycle *v, const struct vision_options *o, struct memory_plan *mem,
@@ -283,10 +323,8 @@ void vision_free(struct vision_lifecycle *v)
         clip_free(v->clip);
     if (v->host)
         clip_free(v->host);
-    if (v->q3v) {
-        qwen3vl_free(v->q3v);
-        device_uncharge(&v->mem->dev[v->o.device], MEM_VISION, v->weights_bytes + v->workspace_bytes);
-    }
+    qwen3vl_unload(v);
+    qwen3vl_free(v->q3v_host);
     while (v->cache_head)
         cache_drop(v, v->cache_head);
     if (v->cpu_be.i)
@@ -339,6 +377,15 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
     if (fault && !strcmp(fault, "load")) {
         rc = TIDE_ENOMEM;
         snprintf(e2, sizeof e2, "injected encoder load failure (TIDE_FAULT_VISION=load)");
+    } else if (v->q3v_host) { /* a GPU: weights and workspace from its memory, one upload */
+        rc = qwen3vl_upload(&v->q3v, v->q3v_host, &a, v->be, v->q3v_patches, e2, sizeof e2);
+        if (rc == 0) {
+            v->be->i->sync(v->be->ctx);
+            if ((rc = backend_error(v, e2, sizeof e2)) < 0) {
+                qwen3vl_free(v->q3v);
+                v->q3v = NULL;
+            }
+        }
     } else if (v->is_qwen3vl) {
         /* host memory, charged to the device's ledger first (the hand-back made the room) */
         struct device *dev = &v->mem->dev[v->o.device];
@@ -594,11 +641,7 @@ bool vision_tick(struct vision_lifecycle *v)
     if (tide_now() - v->last_image < v->o.idle_s)
         return false;
     set_state(v, VISION_UNLOADING);
-    if (v->q3v) {
-        qwen3vl_free(v->q3v);
-        v->q3v = NULL;
-        device_uncharge(&v->mem->dev[v->o.device], MEM_VISION, v->weights_bytes + v->workspace_bytes);
-    }
+    qwen3vl_unload(v);
     clip_free(v->clip);
     v->clip = NULL;
     v->count.unloads++;

@@ -43,6 +43,13 @@ struct vision_counters {
     double last_regrow_s;         /* seconds of the last regrow (t_handback, t_load, t_encode below) */
 };
 
+/* Qwen-VL images on CUDA devices: the towers on the GPU encoder (qwen3vl_upload) and the text
+ * models' M-RoPE rows (backend_i.rope_multi). Off until their test-gpu tests (qwenvl_*,
+ * e2e_mrope_*) have passed on a GPU: while it is 0 a CUDA device refuses these images at
+ * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
+ * switch for images; the text models' text rows (plain rope) run on CUDA devices. */
+#define VISION_QWENVL_ON_CUDA 0
+
 struct vision_lifecycle {
     struct vision_options o;
     enum vision_state state;
@@ -55,11 +62,14 @@ struct vision_lifecycle {
     struct backend cpu_be;        /* owned when a GPU's encoder runs on the CPU (TIDE_VISION_CPU=1) */
     struct clip_model *host;      /* GPU encoder: the weights' host copy (pinned), from init on */
     /* a Qwen-VL tower (mmproj projector qwen3vl_merger, qwen2vl_merger or qwen2.5vl_merger,
-     * qwen3vl.h): CPU devices, loaded into host memory charged to the device's ledger as vision;
-     * NULL unless loaded. clip is then unused. */
+     * qwen3vl.h): on a CPU device (or TIDE_VISION_CPU=1) loaded into host memory charged to the
+     * device's ledger as vision; on a GPU (VISION_QWENVL_ON_CUDA) uploaded from q3v_host, the
+     * f32 weights' host copy taken at init. NULL unless loaded. clip is then unused. */
     bool is_qwen3vl;
     int qwenvl_kind;              /* enum qwenvl_kind when is_qwen3vl */
     struct qwen3vl_tower *q3v;
+    struct qwen3vl_tower *q3v_host;
+    long q3v_patches;             /* the largest image the budget allows, in patches */
     int n_deepstack;              /* qwen3vl: deepstack features a row carries */
     int row_floats;               /* floats an image token's row: n_embd_text * (1 + n_deepstack) */
     double last_image;            /* tide_now() of the last image request; 0 = none */

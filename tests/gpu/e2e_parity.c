@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
+#include "engine/mrope.h"
 #include "memory/device.h"
 #include "memory/expert_cache.h"
 #include "gpu_test.h"
@@ -52,6 +53,42 @@ static int full_fused; /* moe_ffn_table calls that computed in decode steps (the
 static int full_replays; /* recorded decode steps replayed (gpu_e2e_full) */
 static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
 static int keep_V;
+
+/* gpu_e2e_mrope set: every row carries M-RoPE ids (forward_eval_batch's mpos, the op-by-op path
+ * through backend_i.rope_multi) as a qwen3vlmoe / qwen2vl prompt with an image has them: the
+ * prompt's rows 10..49 are an 8 x 5 image (random input embeddings, each row followed by its
+ * deepstack slices where the model has them, in a run of their own), the text after it counting
+ * on from the image (mrope_positions), generated tokens at their KV position + the offset;
+ * otherwise forward_eval's plain positions. */
+int gpu_e2e_mrope;
+static int32_t *mr_pos; /* (mr_n, 4) the prompt's ids */
+static int mr_n, mr_delta, mr_stride;
+static float *mr_embd;  /* the image's 40 rows of mr_stride floats */
+
+static int eval(struct forward_state *s, const int *tok, int n, int pos)
+{
+    if (!gpu_e2e_mrope)
+        return forward_eval(s, tok, n, pos);
+    int32_t dpos[4];
+    int cut[4] = {0, 10, 50, n}, n_run = pos == 0 && n == mr_n ? 3 : 1, rc = 0;
+    if (n_run == 1) {
+        cut[0] = pos, cut[1] = pos + n;
+        for (int k = 0; k < 4; k++) /* a generated token: its KV position + the image's offset */
+            dpos[k] = pos + mr_delta;
+    }
+    for (int r = 0; r < n_run && !rc; r++) {
+        struct forward_seq f = {.slot = 0, .pos = cut[r], .n = cut[r + 1] - cut[r], .want_logits = r == n_run - 1,
+                                .mpos = n_run == 1 ? dpos : mr_pos + (size_t)cut[r] * 4};
+        if (n_run == 3 && r == 1)
+            f.embd = mr_embd, f.embd_stride = mr_stride;
+        else
+            f.tokens = tok + (cut[r] - pos);
+        rc = forward_eval_batch(s, &f, 1);
+        if (!rc && f.want_logits && f.logits != s->logits)
+            memmove(s->logits, f.logits, sizeof(float) * s->m->cfg.n_vocab);
+    }
+    return rc;
+}
 
 /* Returns 1 on pass, 0 on fail (and prints the verdict line). n_seg: the expert cache's
  * segments (clamped to all experts); *n_layer gets the model's layer count. */
@@ -96,13 +133,21 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
         printf("  expert cache one segment short: %d of %d segments, %d slots for %u experts\n", cache.n_seg,
                cache.n_seg_max, expert_cache_slots(&cache), m.cfg.n_layer * m.cfg.n_expert);
     }
+    if (gpu_e2e_mrope) {
+        struct mrope_image im = {.at = 10, .nx = 8, .ny = 5};
+        mr_pos = malloc(sizeof(int32_t) * 4 * n_prompt);
+        mr_n = n_prompt;
+        mr_delta = (int)(mrope_positions((uint32_t)n_prompt, 0, &im, 1, mr_pos) - n_prompt);
+        mr_stride = (int)(m.cfg.n_embd * (1 + m.cfg.n_deepstack));
+        mr_embd = rand_vec((size_t)40 * mr_stride, 0.5f);
+    }
     int *tok = malloc(sizeof(int) * (n_prompt + n_gen));
     uint64_t s = 12345;
     for (int i = 0; i < n_prompt; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int)((s >> 33) % (uint64_t)V);
     }
-    int rc1 = forward_eval(&sc, tok, n_prompt, 0), rc2 = forward_eval(&sg, tok, n_prompt, 0);
+    int rc1 = eval(&sc, tok, n_prompt, 0), rc2 = eval(&sg, tok, n_prompt, 0);
     double e_prefill = rc1 || rc2 ? INFINITY : rel(sg.logits, sc.logits, V), e_worst = e_prefill;
     if (keep_logits && !rc2)
         memcpy(keep_logits, sg.logits, sizeof(float) * V);
@@ -117,8 +162,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
          * tokens agree this is plain greedy decoding on each side, and after a disagreement
          * every later step is still compared on the same history instead of diverging */
         int pos = n_prompt + i;
-        rc1 = forward_eval(&sc, &tc, 1, pos);
-        rc2 = forward_eval(&sg, &tc, 1, pos);
+        rc1 = eval(&sc, &tc, 1, pos);
+        rc2 = eval(&sg, &tc, 1, pos);
         if (keep_logits && !rc2)
             memcpy(keep_logits + (size_t)(i + 1) * V, sg.logits, sizeof(float) * V);
         double e = rel(sg.logits, sc.logits, V);
@@ -153,6 +198,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
     if (have_cache)
         expert_cache_free(&cache);
     free(tok);
+    free(mr_pos), free(mr_embd);
+    mr_pos = NULL, mr_embd = NULL;
     model_free(&m);
     unlink(path);
     return ok;

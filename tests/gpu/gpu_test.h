@@ -65,9 +65,25 @@ void kq_ref_product(struct backend be, const struct tensor *w, const float *xv, 
 void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y);
 void bench_prefill(void);
 void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
+/* an encoder's device allocations, counted (the daemon's allocator charges the ledger; at most 8
+ * live blocks): dev_count_alloc / dev_count_free with ud a struct dev_count; pinned_alloc /
+ * pinned_free: page-locked host memory (test_vision.c) */
+struct dev_count {
+    size_t live, peak;
+    void *p[8];
+    size_t n[8];
+};
+void *dev_count_alloc(void *ud, size_t bytes);
+void dev_count_free(void *ud, void *p);
+void *pinned_alloc(void *ud, size_t bytes);
+void pinned_free(void *ud, void *p);
 void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU */
 void test_vision_encode(void);
 void bench_vision(void);
+/* test_qwenvl.c: M-RoPE and the ViT's 2-D rope vs the CPU, the qwen3vlmoe / qwen2vl text with
+ * M-RoPE ids end to end, the Qwen-VL towers' embeddings; bench_qwenvl (with bench) the
+ * Qwen3-VL-30B-A3B-sized tower */
+void test_qwenvl(const char *only, bool bench);
 void test_sample(void); /* test_sample.c: backend_i.sample on the GPU vs its host form */
 void test_batch(const char *only); /* only: a name filter or NULL */         /* test_batch.c: batched steps of several sequences vs the CPU */
 void bench_batch(void);

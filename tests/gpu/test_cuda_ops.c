@@ -38,6 +38,8 @@ static const char *tests[] = {
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
+    "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
+    "qwenvl_encode", "bench_qwenvl",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -643,6 +645,8 @@ static void test_e2e(const char *only)
         {"e2e_moe_q5_0", "moe", GGML_TYPE_Q5_0, 0.1},
         {"e2e_moe_q5_1", "moe", GGML_TYPE_Q5_1, 0.1},
         {"e2e_big_iq4_xs", "big", GGML_TYPE_IQ4_XS, 1.0}, /* the CPU's x in blocks of 256: see e2e_big_q4_K_M */
+        {"e2e_qwen3vlmoe", "qwen3vlmoe", -1, 1e-3}, /* text-only: plain neox rope (test_qwenvl.c: M-RoPE) */
+        {"e2e_qwen2vl", "qwen2vl", -1, 1e-3},
         /* head_dim 64 and K a multiple of 128: the prefill runs the tensor-core paths end to
          * end (tile int8 products, grouped experts, f16 attention) against the CPU. Wider and
          * deeper than the others, so more of the q8_0 re-quantisation flips e2e_parity.c
@@ -766,6 +770,7 @@ int main(int argc, char **argv)
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
     if (want(only, "batch_") || (only && strstr(only, "batch_"))) test_batch(only);
+    test_qwenvl(only, bench); /* its own names: qwenvl_*, e2e_mrope_*, bench_qwenvl (with --bench) */
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();

@@ -102,14 +102,7 @@ void test_vision_ops(void)
 
 /* ---- whole encoder ---- */
 
-/* the encoder's device allocations, counted (the daemon's allocator charges the ledger) */
-struct dev_count {
-    size_t live, peak;
-    void *p[8];
-    size_t n[8];
-};
-
-static void *d_alloc(void *ud, size_t bytes)
+void *dev_count_alloc(void *ud, size_t bytes)
 {
     struct dev_count *c = ud;
     for (int i = 0; i < 8; i++)
@@ -123,7 +116,7 @@ static void *d_alloc(void *ud, size_t bytes)
     return NULL;
 }
 
-static void d_free(void *ud, void *p)
+void dev_count_free(void *ud, void *p)
 {
     struct dev_count *c = ud;
     for (int i = 0; i < 8; i++)
@@ -134,8 +127,8 @@ static void d_free(void *ud, void *p)
         }
 }
 
-static void *pin_alloc(void *ud, size_t bytes) { (void)ud; return gpu.i->host_alloc(gpu.ctx, bytes); }
-static void pin_free(void *ud, void *p) { (void)ud; gpu.i->host_free(gpu.ctx, p); }
+void *pinned_alloc(void *ud, size_t bytes) { (void)ud; return gpu.i->host_alloc(gpu.ctx, bytes); }
+void pinned_free(void *ud, void *p) { (void)ud; gpu.i->host_free(gpu.ctx, p); }
 
 static size_t free_mib(void)
 {
@@ -179,7 +172,7 @@ static void encode_pair(const char *name, const char *path, double lim, int reps
         n_fail++;
         return;
     }
-    struct clip_alloc pa = {pin_alloc, pin_free, NULL};
+    struct clip_alloc pa = {pinned_alloc, pinned_free, NULL};
     double t0 = now_s();
     int rc = clip_load_host(&host, path, &pa, err, sizeof err);
     double t_host = now_s() - t0;
@@ -188,7 +181,7 @@ static void encode_pair(const char *name, const char *path, double lim, int reps
     clip_estimate_on(path, &gpu, 0, &wb, &wsb_on, err, sizeof err);
     size_t f0 = free_mib();
     struct dev_count cnt = {0};
-    struct clip_alloc da = {d_alloc, d_free, &cnt};
+    struct clip_alloc da = {dev_count_alloc, dev_count_free, &cnt};
     t0 = now_s();
     if (!rc) rc = clip_upload(&mg, host, &da, &gpu, err, sizeof err);
     gpu.i->sync(gpu.ctx);

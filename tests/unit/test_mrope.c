@@ -103,35 +103,100 @@ Test(mrope, positions_two_images)
     cr_assert_eq(pos[3 * MROPE_N + MROPE_W], 5);
 }
 
+enum { N_TOK = 6 };
+
+/* A preset written and loaded, and with run its forward on the CPU backend with the logits of
+ * tokens 40..45 at positions 0.. under plain rope: the set-up the tests below share. */
+struct preset_run {
+    char path[64];
+    struct model m;
+    struct modelgen_summary s;
+    bool run;
+    struct backend be;
+    struct forward_state f;
+    int toks[N_TOK];
+    float *plain;
+    int32_t ids[N_TOK * 4]; /* the rows' M-RoPE ids (ids_plain, ids_grid) */
+};
+
+static void preset_open(struct preset_run *r, const char *preset, const char *tag, int seed, int type, bool run)
+{
+    char err[200] = "";
+    snprintf(r->path, sizeof r->path, "/tmp/tide-test-%s-%d.gguf", tag, (int)getpid());
+    struct modelgen_options o = {.preset = preset, .out = r->path, .seed = (uint64_t)seed, .type = type, .threads = 1};
+    cr_assert_eq(modelgen_write(&o, &r->s, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_load(&r->m, r->path, err, sizeof err), 0, "%s", err);
+    r->run = run;
+    if (!run)
+        return;
+    cr_assert_eq(backend_cpu_init(&r->be, 1), 0);
+    cr_assert_eq(forward_init(&r->f, &r->m, r->be, 64), 0);
+    for (int t = 0; t < N_TOK; t++)
+        r->toks[t] = 40 + t;
+    r->plain = malloc(sizeof(float) * r->m.cfg.n_vocab);
+    cr_assert_eq(forward_eval(&r->f, r->toks, N_TOK, 0), 0);
+    memcpy(r->plain, r->f.logits, sizeof(float) * r->m.cfg.n_vocab);
+}
+
+static void preset_close(struct preset_run *r)
+{
+    if (r->run) {
+        free(r->plain);
+        forward_free(&r->f);
+        backend_cpu_free(&r->be);
+    }
+    model_free(&r->m);
+    unlink(r->path);
+}
+
+/* every row's four ids its position (a text token's) */
+static void ids_plain(int32_t *ids)
+{
+    for (int t = 0; t < N_TOK * 4; t++)
+        ids[t] = t / 4;
+}
+
+/* an image's ids: a 3x2 grid at 0 (t 0, h 0..1, w 0..2) */
+static void ids_grid(int32_t *ids)
+{
+    for (int t = 0; t < N_TOK; t++) {
+        ids[t * 4 + 0] = 0;
+        ids[t * 4 + 1] = t / 3;
+        ids[t * 4 + 2] = t % 3;
+        ids[t * 4 + 3] = 0;
+    }
+}
+
+/* Qwen-VL's vision tokens at the end of the preset's vocabulary */
+static void has_vision_tokens(const struct preset_run *r)
+{
+    const struct gguf_kv *tok = gguf_find_kv(&r->m.gguf, "tokenizer.ggml.tokens");
+    const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    for (int i = 0; i < 3; i++)
+        cr_assert(gguf_str_eq(tok->v.arr.strs[r->s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
+}
+
 /* The qwen3vlmoe preset as llama.cpp reads it (src/models/qwen3vlmoe.cpp there): qwen3moe's
  * tensors, rope.dimension_sections and n_deepstack_layers, Qwen-VL's vision tokens. */
 Test(mrope, qwen3vlmoe_preset_loads)
 {
-    char path[64], err[200] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-q3vl-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen3vlmoe", .out = path, .seed = 1, .type = -1, .threads = 1};
-    struct modelgen_summary s;
-    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
-    struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(m.cfg.arch, ARCH_QWEN3VLMOE);
-    cr_assert_str_eq(model_arch_name(m.cfg.arch), "qwen3vlmoe");
-    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
-    cr_assert_eq(m.cfg.rope_sections[0], 6);
-    cr_assert_eq(m.cfg.rope_sections[1], 5);
-    cr_assert_eq(m.cfg.rope_sections[2], 5);
-    cr_assert_eq(m.cfg.rope_sections[3], 0);
-    cr_assert_eq(m.cfg.n_deepstack, 2);
-    cr_assert_eq(m.cfg.rope_theta, 5e6f);
-    cr_assert(m.cfg.expert_weights_norm);
-    cr_assert(m.layers[0].q_norm.data && m.layers[0].k_norm.data, "QK-norm as qwen3moe");
-    cr_assert_eq(m.cfg.n_vocab, s.n_vocab);
-    const struct gguf_kv *tok = gguf_find_kv(&m.gguf, "tokenizer.ggml.tokens");
-    const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
-    for (int i = 0; i < 3; i++)
-        cr_assert(gguf_str_eq(tok->v.arr.strs[s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
-    model_free(&m);
-    unlink(path);
+    struct preset_run r;
+    preset_open(&r, "qwen3vlmoe", "q3vl", 1, -1, false);
+    const struct model_config *c = &r.m.cfg;
+    cr_assert_eq(c->arch, ARCH_QWEN3VLMOE);
+    cr_assert_str_eq(model_arch_name(c->arch), "qwen3vlmoe");
+    cr_assert_eq(c->rope, ROPE_NEOX);
+    cr_assert_eq(c->rope_sections[0], 6);
+    cr_assert_eq(c->rope_sections[1], 5);
+    cr_assert_eq(c->rope_sections[2], 5);
+    cr_assert_eq(c->rope_sections[3], 0);
+    cr_assert_eq(c->n_deepstack, 2);
+    cr_assert_eq(c->rope_theta, 5e6f);
+    cr_assert(c->expert_weights_norm);
+    cr_assert(r.m.layers[0].q_norm.data && r.m.layers[0].k_norm.data, "QK-norm as qwen3moe");
+    cr_assert_eq(c->n_vocab, r.s.n_vocab);
+    has_vision_tokens(&r);
+    preset_close(&r);
 }
 
 /* The forward's hooks on the qwen3vlmoe preset (engine/forward_eval.c): rows given M-RoPE ids
@@ -141,62 +206,39 @@ Test(mrope, qwen3vlmoe_preset_loads)
  * logits; and ids of an image grid change them too. */
 Test(mrope, forward_hooks_on_the_preset)
 {
-    char path[64], err[200] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-q3vl-fw-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen3vlmoe", .out = path, .seed = 2, .type = GGML_TYPE_F32, .threads = 1};
-    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
-    struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
-    struct backend be;
-    cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    enum { E = 96, N = 6 };
-    uint32_t V = m.cfg.n_vocab;
-    struct forward_state f;
-    cr_assert_eq(forward_init(&f, &m, be, 64), 0);
-    int toks[N] = {40, 41, 42, 43, 44, 45};
-    float *plain = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
-    cr_assert_eq(forward_eval(&f, toks, N, 0), 0);
-    memcpy(plain, f.logits, sizeof(float) * V);
-    int32_t ids[N * 4];
-    for (int t = 0; t < N * 4; t++)
-        ids[t] = t / 4;
-    struct forward_seq q = {.slot = 0, .pos = 0, .n = N, .tokens = toks, .mpos = ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
-    cr_assert_eq(memcmp(q.logits, plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
-    /* an image's ids: a 3x2 grid at 0 (t 0, h 0..1, w 0..2) */
-    for (int t = 0; t < N; t++) {
-        ids[t * 4 + 0] = 0;
-        ids[t * 4 + 1] = t / 3;
-        ids[t * 4 + 2] = t % 3;
-        ids[t * 4 + 3] = 0;
-    }
-    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
-    cr_assert_neq(memcmp(q.logits, plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    struct preset_run r;
+    preset_open(&r, "qwen3vlmoe", "q3vl-fw", 2, GGML_TYPE_F32, true);
+    enum { E = 96 };
+    uint32_t V = r.m.cfg.n_vocab;
+    float *got = malloc(sizeof(float) * V);
+    ids_plain(r.ids);
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N_TOK, .tokens = r.toks, .mpos = r.ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    ids_grid(r.ids);
+    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
+    cr_assert_neq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "grid ids rotate differently");
     /* embedding rows: the tokens' own, then two deepstack slices */
-    static float rows[N * 3 * E];
+    static float rows[N_TOK * 3 * E];
     memset(rows, 0, sizeof rows);
-    for (int t = 0; t < N; t++)
-        ggml_dequantize(m.tok_embd.type, (const uint8_t *)m.tok_embd.data + (size_t)toks[t] * m.tok_embd.row_bytes,
+    const struct tensor *te = &r.m.tok_embd;
+    for (int t = 0; t < N_TOK; t++)
+        ggml_dequantize(te->type, (const uint8_t *)te->data + (size_t)r.toks[t] * te->row_bytes,
                         rows + (size_t)t * 3 * E, E);
-    for (int t = 0; t < N * 4; t++)
-        ids[t] = t / 4;
-    struct forward_seq qe = {.slot = 0, .pos = 0, .n = N, .embd = rows, .embd_stride = 3 * E, .mpos = ids,
+    ids_plain(r.ids);
+    struct forward_seq qe = {.slot = 0, .pos = 0, .n = N_TOK, .embd = rows, .embd_stride = 3 * E, .mpos = r.ids,
                              .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
-    cr_assert_eq(memcmp(qe.logits, plain, sizeof(float) * V), 0, "zero deepstack slices add nothing");
-    for (int t = 0; t < N; t++)
+    cr_assert_eq(forward_eval_batch(&r.f, &qe, 1), 0);
+    cr_assert_eq(memcmp(qe.logits, r.plain, sizeof(float) * V), 0, "zero deepstack slices add nothing");
+    for (int t = 0; t < N_TOK; t++)
         rows[(size_t)t * 3 * E + 2 * E + 5] = 3.0f; /* slice 2: after layer 1 */
-    cr_assert_eq(forward_eval_batch(&f, &qe, 1), 0);
+    cr_assert_eq(forward_eval_batch(&r.f, &qe, 1), 0);
     memcpy(got, qe.logits, sizeof(float) * V);
-    cr_assert_neq(memcmp(got, plain, sizeof(float) * V), 0, "a deepstack slice reaches the logits");
+    cr_assert_neq(memcmp(got, r.plain, sizeof(float) * V), 0, "a deepstack slice reaches the logits");
     qe.embd_stride = E - 1;
-    cr_assert_eq(forward_eval_batch(&f, &qe, 1), TIDE_EINVAL);
-    free(plain);
+    cr_assert_eq(forward_eval_batch(&r.f, &qe, 1), TIDE_EINVAL);
     free(got);
-    forward_free(&f);
-    backend_cpu_free(&be);
-    model_free(&m);
-    unlink(path);
+    preset_close(&r);
 }
 
 /* The qwen2vl preset as llama.cpp reads it (src/models/qwen2vl.cpp there): Qwen2 dense with
@@ -204,32 +246,24 @@ Test(mrope, forward_hooks_on_the_preset)
  * vision tokens. */
 Test(mrope, qwen2vl_preset_loads)
 {
-    char path[64], err[200] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 1, .type = -1, .threads = 1};
-    struct modelgen_summary s;
-    cr_assert_eq(modelgen_write(&o, &s, err, sizeof err), 0, "%s", err);
-    struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(m.cfg.arch, ARCH_QWEN2VL);
-    cr_assert_str_eq(model_arch_name(m.cfg.arch), "qwen2vl");
-    cr_assert_eq(m.cfg.rope, ROPE_NEOX);
+    struct preset_run r;
+    preset_open(&r, "qwen2vl", "q2vl", 1, -1, false);
+    const struct model_config *c = &r.m.cfg;
+    cr_assert_eq(c->arch, ARCH_QWEN2VL);
+    cr_assert_str_eq(model_arch_name(c->arch), "qwen2vl");
+    cr_assert_eq(c->rope, ROPE_NEOX);
     uint32_t want[4] = {4, 6, 6, 0};
     for (int i = 0; i < 4; i++)
-        cr_assert_eq(m.cfg.rope_sections[i], want[i], "section %d", i);
-    cr_assert_not(m.cfg.rope_sections_interleaved);
-    cr_assert_eq(m.cfg.n_deepstack, 0);
-    cr_assert_eq(m.cfg.n_expert, 0);
-    cr_assert_eq(m.cfg.n_ff, 256);
-    cr_assert_eq(m.cfg.rope_theta, 1e6f);
-    cr_assert(m.layers[0].bq.data && m.layers[0].bk.data && m.layers[0].bv.data, "q/k/v biases");
-    cr_assert_null(m.layers[0].q_norm.data);
-    const struct gguf_kv *tok = gguf_find_kv(&m.gguf, "tokenizer.ggml.tokens");
-    const char *vis[3] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
-    for (int i = 0; i < 3; i++)
-        cr_assert(gguf_str_eq(tok->v.arr.strs[s.n_vocab - 3 + i], vis[i]), "%s", vis[i]);
-    model_free(&m);
-    unlink(path);
+        cr_assert_eq(c->rope_sections[i], want[i], "section %d", i);
+    cr_assert_not(c->rope_sections_interleaved);
+    cr_assert_eq(c->n_deepstack, 0);
+    cr_assert_eq(c->n_expert, 0);
+    cr_assert_eq(c->n_ff, 256);
+    cr_assert_eq(c->rope_theta, 1e6f);
+    cr_assert(r.m.layers[0].bq.data && r.m.layers[0].bk.data && r.m.layers[0].bv.data, "q/k/v biases");
+    cr_assert_null(r.m.layers[0].q_norm.data);
+    has_vision_tokens(&r);
+    preset_close(&r);
 }
 
 /* On the qwen2vl preset the forward's M-RoPE rows follow the file's section layout: equal ids
@@ -237,46 +271,23 @@ Test(mrope, qwen2vl_preset_loads)
  * interleaved sections (qwen3vlmoe's layout) gives other logits again. */
 Test(mrope, qwen2vl_forward_takes_sections_in_order)
 {
-    char path[64], err[200] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-q2vl-fw-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen2vl", .out = path, .seed = 2, .type = GGML_TYPE_F32, .threads = 1};
-    cr_assert_eq(modelgen_write(&o, NULL, err, sizeof err), 0, "%s", err);
-    struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
-    struct backend be;
-    cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    enum { N = 6 };
-    uint32_t V = m.cfg.n_vocab;
-    struct forward_state f;
-    cr_assert_eq(forward_init(&f, &m, be, 64), 0);
-    int toks[N] = {40, 41, 42, 43, 44, 45};
-    float *plain = malloc(sizeof(float) * V), *grid = malloc(sizeof(float) * V);
-    cr_assert_eq(forward_eval(&f, toks, N, 0), 0);
-    memcpy(plain, f.logits, sizeof(float) * V);
-    int32_t ids[N * 4];
-    for (int t = 0; t < N * 4; t++)
-        ids[t] = t / 4;
-    struct forward_seq q = {.slot = 0, .pos = 0, .n = N, .tokens = toks, .mpos = ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
-    cr_assert_eq(memcmp(q.logits, plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
-    for (int t = 0; t < N; t++) { /* a 3x2 grid at 0 */
-        ids[t * 4 + 0] = 0;
-        ids[t * 4 + 1] = t / 3;
-        ids[t * 4 + 2] = t % 3;
-        ids[t * 4 + 3] = 0;
-    }
-    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    struct preset_run r;
+    preset_open(&r, "qwen2vl", "q2vl-fw", 2, GGML_TYPE_F32, true);
+    uint32_t V = r.m.cfg.n_vocab;
+    float *grid = malloc(sizeof(float) * V);
+    ids_plain(r.ids);
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N_TOK, .tokens = r.toks, .mpos = r.ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    ids_grid(r.ids);
+    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
     memcpy(grid, q.logits, sizeof(float) * V);
-    cr_assert_neq(memcmp(grid, plain, sizeof(float) * V), 0, "grid ids rotate differently");
-    m.cfg.rope_sections_interleaved = true;
-    cr_assert_eq(forward_eval_batch(&f, &q, 1), 0);
+    cr_assert_neq(memcmp(grid, r.plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    r.m.cfg.rope_sections_interleaved = true;
+    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
     cr_assert_neq(memcmp(q.logits, grid, sizeof(float) * V), 0, "the layout of the sections matters");
-    free(plain);
     free(grid);
-    forward_free(&f);
-    backend_cpu_free(&be);
-    model_free(&m);
-    unlink(path);
+    preset_close(&r);
 }
 
 /* qwen2vl is dense in llama.cpp: a file of it with experts is refused by name. */

@@ -146,6 +146,42 @@ Test(qwen3vl, backend_ops_match_the_loops, .init = write_mmproj, .fini = done)
     qwen3vl_free(t);
 }
 
+/* qwen3vl_upload (the GPU encoder's load) with the CPU backend as the device: every weight
+ * pointer rebased into the one block, the workspace its own, so the uploaded tower gives the
+ * host tower's bits; its allocations are exactly the estimate; an image over the workspace it
+ * was made for is refused. (On a GPU: build/test-gpu --only qwenvl_encode.) */
+static size_t counted;
+static void *count_alloc(void *ud, size_t n) { (void)ud; counted += n; return malloc(n); }
+static void count_free(void *ud, void *p) { (void)ud; free(p); }
+
+Test(qwen3vl, upload_gives_the_host_towers_bits, .init = write_mmproj, .fini = done)
+{
+    struct qwen3vl_tower *t, *up;
+    char err[200] = "";
+    cr_assert_eq(qwen3vl_load(path, &t, err, sizeof err), 0, "%s", err);
+    enum { W = 96, H = 64, N = 24, E = 96 * 3 };
+    static uint8_t rgb[W * H * 3];
+    pattern(rgb, W, H, 5);
+    static float ref[N * E], got[N * E];
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    cr_assert_eq(qwen3vl_encode(t, &be, rgb, W, H, ref, err, sizeof err), 0, "%s", err);
+    struct clip_alloc a = {count_alloc, count_free, NULL};
+    counted = 0;
+    cr_assert_eq(qwen3vl_upload(&up, t, &a, &be, 4 * N, err, sizeof err), 0, "%s", err);
+    const struct qwen3vl_hparams *hp = qwen3vl_hparams_of(t);
+    cr_assert_eq(counted, qwen3vl_weight_bytes(hp) + qwen3vl_workspace_bytes(hp, 4 * N));
+    cr_assert_eq(qwen3vl_encode(up, NULL, rgb, W, H, got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(got, ref, sizeof got), 0, "the uploaded tower's embeddings differ");
+    static uint8_t big[(W + 16) * H * 3];
+    pattern(big, W + 16, H, 5);
+    cr_assert_eq(qwen3vl_encode(up, NULL, big, W + 16, H, got, err, sizeof err), TIDE_ERANGE);
+    cr_assert(strstr(err, "workspace"), "%s", err);
+    qwen3vl_free(up);
+    backend_cpu_free(&be);
+    qwen3vl_free(t);
+}
+
 /* The LLaVA projector is not this tower: the reader says what it found. */
 Test(qwen3vl, refuses_other_projectors)
 {

@@ -7,6 +7,7 @@
  * so does this, so that positions in the tens of thousands rotate identically. */
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/vision_ops.cuh"
+#include "engine/cuda/mrope.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -645,6 +646,7 @@ static const struct backend_i cuda_iface = {
     .attention_sinks = cuda_attention_sinks, /* gpt-oss's ops: oai_ops.cu */
     .rope_freqs = cuda_rope_freqs,
     .swiglu_oai = cuda_swiglu_oai,
+    .rope_multi = cu_rope_multi, /* M-RoPE and the ViT's 2-D rope: mrope.cu */
     .axpy = cu_axpy,
     .axpy_sigmoid = cu_axpy_sigmoid,
     .scatter_axpy = cu_scatter_axpy,
@@ -674,6 +676,7 @@ static const struct backend_i cuda_iface = {
     .add_bias = cu_add_bias,
     .activate = cu_activate,
     .attention_full = cu_attention_full,
+    .rope_2d = cu_rope_2d,
     .matmul_scratch = cu_matmul_scratch,
     .argmax = cu_argmax,
     .sample = cu_sample,
