@@ -7,7 +7,10 @@ system prompt of about SHARED words in front (--shared). Reports, per run:
   aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
   reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the
   arrival times of content chunks; time to first token p50/p99 (s).
-Usage: bench-serve.py URL N [--temperature T] [--max-tokens M] [--shared WORDS] [--label L]
+--ban LO-HI sends a logit_bias of -100 for token ids LO..HI in every request (both servers alike):
+llama-server answers 500 when a reply is not valid UTF-8, which a random-weight model's byte
+tokens make (the model tool's vocabulary has them at 128-255).
+Usage: bench-serve.py URL N [--temperature T] [--max-tokens M] [--shared WORDS] [--ban LO-HI] [--label L]
 Prints one line of key=value pairs (also appended to --out FILE as JSON).
 """
 import argparse
@@ -68,6 +71,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--shared", type=int, default=0)
+    ap.add_argument("--ban", default="")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -78,6 +82,9 @@ def main():
                [{"role": "user", "content": "%d: %s" % (i, prompt(i, 12))}]
         bodies.append({"messages": msgs, "max_tokens": a.max_tokens, "temperature": a.temperature, "seed": i,
                        "stream": True, "stream_options": {"include_usage": True}})
+        if a.ban:
+            lo, hi = (int(v) for v in a.ban.split("-"))
+            bodies[-1]["logit_bias"] = {str(t): -100 for t in range(lo, hi + 1)}
     out = [None] * a.n
     th = [threading.Thread(target=one, args=(a.url, bodies[i], out, i)) for i in range(a.n)]
     t0 = time.perf_counter()
