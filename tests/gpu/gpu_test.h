@@ -62,6 +62,10 @@ void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU *
 void test_vision_encode(void);
 void bench_vision(void);
 void test_sample(void); /* test_sample.c: backend_i.sample on the GPU vs its host form */
+/* test_kv_f16.c: the f16 KV cache's ops on the GPU vs the CPU's */
+void test_kv_f16_store(void);
+void test_kv_f16_attention(void);
+void test_kv_f16_rows(void);
 void test_batch(const char *only); /* only: a name filter or NULL */         /* test_batch.c: batched steps of several sequences vs the CPU */
 void bench_batch(void);
 
