@@ -151,7 +151,8 @@ static void check_attention(int H, int HKV, int HD, int pos, int n)
                 double ref32 = reference(q, k, v, t, h, i, H, HKV, HD, pos);
                 worst = fmax(worst, fabs(got - ref32));
             }
-    cr_assert_leq(worst, 2e-2, "hd %d: f16 rows moved an output by %g", HD, worst);
+    cr_log_info("hd %d: f16 rows vs the f32 rows before rounding: max |diff| %.3g", HD, worst);
+    cr_assert_leq(worst, 4e-3, "hd %d: f16 rows moved an output by %g", HD, worst); /* measured 2.7e-4..4.9e-4 */
     for (int i = 0; i < 3; i++)
         free(out[i]);
     free(q), free(k), free(v), free(att), free(kw), free(vw), free(kh), free(vh), free(alone), free(f32);
@@ -200,11 +201,41 @@ Test(kv_f16, logits_near_the_f32_cache)
         worst = fmax(worst, fabs((double)lg[0][v] - lg[1][v]));
         scale = fmax(scale, fabs((double)lg[0][v]));
     }
+    cr_log_info("qwen3moe logits, f16 vs f32 cache: max |diff| %.3g, largest |logit| %.3g", worst, scale);
     cr_assert_gt(worst, 0.0, "the f16 cache changed nothing: was it used?");
-    cr_assert_leq(worst, 1e-2 * scale, "logits moved by %g (largest %g)", worst, scale);
+    cr_assert_leq(worst, 2e-3 * scale, "logits moved by %g (largest %g)", worst, scale); /* measured 2.8e-3 of 10.1 */
     free(lg[0]);
     free(lg[1]);
     backend_cpu_free(&be);
     model_free(&m);
     unlink(path);
+}
+
+/* Models whose attention has no f16 form keep f32, asked or not, and say why. */
+Test(kv_f16, models_without_an_f16_attention_keep_f32)
+{
+    static const char *const presets[] = {"deepseek2", "gpt-oss"};
+    static const char *const why[] = {"MLA", "sink"};
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    for (int i = 0; i < 2; i++) {
+        char path[96], err[256] = "";
+        snprintf(path, sizeof path, "/tmp/tide-test-kvf16-%d-%s.gguf", (int)getpid(), presets[i]);
+        struct modelgen_options o = {.preset = presets[i], .out = path, .seed = 3, .type = -1, .threads = 1};
+        struct modelgen_summary sum;
+        cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+        struct model m;
+        cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+        const char *w = forward_kv_f16_why(&m, &be, 1);
+        cr_assert(w && strstr(w, why[i]), "%s: %s", presets[i], w ? w : "(null)");
+        struct forward_state f;
+        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = KV_F16};
+        cr_assert_eq(forward_init_stages(&f, &m, 64, 2, 16, &sp, 1), 0);
+        cr_expect_not(f.kv_f16, "%s", presets[i]);
+        cr_expect_eq(forward_kv_row_bytes(&f), forward_kv_bytes(&m, 1, KV_F32), "%s: f32 rows", presets[i]);
+        forward_free(&f);
+        model_free(&m);
+        unlink(path);
+    }
+    backend_cpu_free(&be);
 }
