@@ -28,8 +28,10 @@
  *
  * An f16 cache (attention_f16, attention_at_f16): the same kernels with T = __half; a tile's
  * rows are read with plain loads (8 bytes, 4 elements, a load) and widened into the same f32
- * tiles, so everything after the copy is the f32 form's. (Not cp.async: it copies bytes and
- * cannot widen; f16 tiles in shared memory would halve its traffic too - not done yet.)
+ * tiles, so everything after the copy is the f32 form's. cp.async copies bytes and cannot
+ * widen, so the next tile's loads go to registers before the current tile is computed and are
+ * widened into its buffer after it: the same one round trip in flight as the f32 form. (f16
+ * tiles in shared memory would halve its traffic too - not done yet.)
  *
  * Memory per call: only the partials, n_head * n_chunks * (head_dim + 2) floats, from the
  * backend's stream-ordered scratch. The (n_head, n_ctx) att buffer of the interface is not
@@ -183,6 +185,41 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
             }
         }
     };
+    /* f16 rows 16-byte aligned (vec): the register prefetch described at the top. PF: the
+     * (row, 4 columns) pieces of a tile a thread carries, at most */
+    constexpr int PF = (TK * (HDB / 4) + ATT_THREADS - 1) / ATT_THREADS;
+    const bool pf = sizeof(T) == 2 && vec;
+    uint2 pk[PF], pv[PF];
+    auto fetch = [&](int tile) {
+        if constexpr (sizeof(T) == 2) {
+            int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
+            const T *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+#pragma unroll
+            for (int p = 0; p < PF; p++) {
+                int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
+                if (i < tl * n4) {
+                    pk[p] = __ldg((const uint2 *)(kg + r * kvd + c));
+                    pv[p] = __ldg((const uint2 *)(vg + r * kvd + c));
+                }
+            }
+        }
+    };
+    auto put = [&](int tile, int stage) {
+        if constexpr (sizeof(T) == 2) {
+            int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
+            float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
+#pragma unroll
+            for (int p = 0; p < PF; p++) {
+                int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
+                if (i < tl * n4) {
+                    float2 a = __half22float2(*(const __half2 *)&pk[p].x), b = __half22float2(*(const __half2 *)&pk[p].y);
+                    *(float4 *)(kd + r * ks + c) = make_float4(a.x, a.y, b.x, b.y);
+                    a = __half22float2(*(const __half2 *)&pv[p].x), b = __half22float2(*(const __half2 *)&pv[p].y);
+                    *(float4 *)(vd + r * hd4 + c) = make_float4(a.x, a.y, b.x, b.y);
+                }
+            }
+        }
+    };
     {
         const float *qg = q + (size_t)h0 * hd;
         if (vec) {
@@ -215,7 +252,10 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
 
     for (int t = 0; t < n_tiles; t++) {
         if (t + 1 < n_tiles) { /* the buffer it fills was last read before the previous sync */
-            load_tile(t + 1, (t + 1) % ATT_STAGES);
+            if (pf)
+                fetch(t + 1); /* to registers: put() below, after this tile's work */
+            else
+                load_tile(t + 1, (t + 1) % ATT_STAGES);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -288,7 +328,9 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
                 acc[7] = fmaf(pb.w, v, acc[7]);
             }
         }
-        __syncthreads(); /* before the next load refills this tile's buffer */
+        if (pf && t + 1 < n_tiles) /* the buffer was last read before this iteration's first sync */
+            put(t + 1, (t + 1) % ATT_STAGES);
+        __syncthreads(); /* before the next load refills this tile's buffer (pf: the next tile is in) */
     }
 
     /* the key splits' sums, added in split order */
