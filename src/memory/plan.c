@@ -204,12 +204,6 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     enum kv_type want = o->kv_type == KV_AUTO ? (cuda_stage && !KV_F16_CUDA_DEFAULT ? KV_F32 : KV_F16) : o->kv_type;
     const char *why = want == KV_F16 ? forward_kv_f16_why(m, bes, n) : NULL;
     p->kv_type = why ? KV_F32 : want;
-    if (why)
-        tide_log("KV cache: f32 (%s)", why);
-    else
-        tide_log("KV cache: %s%s", p->kv_type == KV_F16 ? "f16" : "f32",
-                 o->kv_type == KV_AUTO && cuda_stage && !KV_F16_CUDA_DEFAULT ? " (auto: f32 on a CUDA device for now)"
-                                                                             : "");
     /* KV slots: as many as asked; automatic: PLAN_AUTO_SEQ_*, halved while they would not fit
      * some device. Every device holds every slot (its layers' part). */
     for (int i = 0; i < n; i++) {
@@ -240,6 +234,10 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
             return TIDE_ERANGE;
         }
     }
+    tide_log("KV cache: %s, %d slots of %d positions, %.1f MiB in all%s%s%s", p->kv_type == KV_F16 ? "f16" : "f32",
+             p->n_seq, o->n_ctx, (double)forward_kv_bytes(m, o->n_ctx, p->kv_type) * p->n_seq / MIB,
+             why ? " (" : "", why ? why : "",
+             why ? ")" : o->kv_type == KV_AUTO && cuda_stage && !KV_F16_CUDA_DEFAULT ? " (auto: f32 on a CUDA device for now)" : "");
     fault_hook(p);
     bool any_cuda = false;
     for (int i = 0; i < n; i++)
