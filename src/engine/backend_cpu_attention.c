@@ -253,11 +253,11 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
     float mx = -INFINITY, kt[CPU_ATT_F16_MAX_HD];
     for (int p = 0; p <= last; p++) {
         size_t at = (size_t)p * kv_dim + (size_t)kvh * hd;
-        const float *kp = (const float *)j->k_cache + at;
-        if (j->f16) { /* widened a row at a time (exact): the f32 form's bits over those values */
+        const float *kp = kt;
+        if (j->f16) /* widened a row at a time (exact): the f32 form's bits over those values */
             cpu_f16_to_f32(kt, (const uint16_t *)j->k_cache + at, (size_t)hd);
-            kp = kt;
-        }
+        else
+            kp = (const float *)j->k_cache + at;
         a[p] = cpu_dot_f32(qh, kp, hd) * scale;
         if (a[p] > mx)
             mx = a[p];
