@@ -5,7 +5,8 @@
 # at most 5 on /v1/completions)
 # and from llama.cpp (scripts/llama-logits.c, built here against the llama.cpp build in
 # LLAMA_DIR, f32 KV cache, no flash attention) must agree within 1e-4 (the same tokens, the same
-# values).
+# values). The greedy texts come from both programs' default KV cache (f16 on both); the step-0
+# logits from tide with --kv-type f32, as llama-logits' cache.
 # Usage: LLAMA_SIMPLE=/path/to/llama-simple LLAMA_DIR=/path/to/llama.cpp [PRESETS="gpt-oss ..."] scripts/check-llama-parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,12 +42,15 @@ for preset in ${PRESETS:-dense moe qwen3moe qwen2moe gpt-oss olmoe granitemoe gr
   ours=$(curl -s "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
     -d "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0}" |
     python3 -c "$TAIL"'print(json.load(sys.stdin)["choices"][0]["text"].rstrip(junk))')
+  kill $pid; wait $pid 2>/dev/null || true
   if [ -n "$LL" ]; then
+    build/tide --port "$port" --model "$tmp/$preset.gguf" --kv-type f32 >"$tmp/log" 2>&1 & pid=$!
+    for _ in $(seq 50); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 0.1; done
     curl -s "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
       -d "{\"prompt\":\"$P\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":5}" >"$tmp/ours.json"
+    kill $pid; wait $pid 2>/dev/null || true
     "$LL" "$tmp/$preset.gguf" "$P" 5 >"$tmp/ref.json"
   fi
-  kill $pid; wait $pid 2>/dev/null || true
   if [ "$P$ours" = "$ref" ]; then echo "same: $preset (24 greedy tokens)"; else echo "DIFFERENT: $preset"; echo " llama.cpp: $ref"; echo " tide:      $P$ours"; fail=1; fi
   if [ -n "$LL" ]; then
     # values compared in rank order (token texts of partial UTF-8 pieces differ in spelling),

@@ -197,6 +197,24 @@ struct backend_i {
                          const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
                          int n_head_kv, int head_dim);
     void (*get_row_at)(void *ctx, const struct tensor *t, const int32_t *at, float *out);
+    /* ---- the KV cache in f16 (forward_state.kv_f16, docs/DESIGN.md "Who owns which memory").
+     * New K/V rows are computed in f32 and rounded to f16 as they are stored (to nearest, ties
+     * to even: every backend stores the same bits); these ops read f16 rows, widen them (exact)
+     * and compute as their f32 forms above: each is its f32 form over the widened cache, bit
+     * for bit on the CPU, up to summation order on a GPU. NULL where the backend has no such
+     * form: the forward keeps an f32 cache there. ---- */
+    /* dst[0..n) = f16(src[0..n)) */
+    void (*store_f16)(void *ctx, uint16_t *dst, const float *src, size_t n);
+    void (*attention_f16)(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim);
+    /* slot_elems: elements (f16) from one slot's cache to the next */
+    void (*qk_norm_rope_at_f16)(void *ctx, float *q, const float *k_new, const float *v_new, uint16_t *k_cache,
+                                uint16_t *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_elems,
+                                const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                                int head_dim, float theta, enum rope_kind kind, float eps);
+    void (*attention_at_f16)(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                             int n, const int32_t *at, const int32_t *slot, size_t slot_elems, int n_ctx, int n_head,
+                             int n_head_kv, int head_dim);
     /* One vector: xn = rmsnorm(x, norm, eps) (bit for bit the rmsnorm op) and y = W xn (the
      * matmul up to summation order), in one op: a decode layer's FFN norm and MoE router.
      * Returns 0, or TIDE_EUNSUPPORTED with nothing queued (types or sizes it does not fuse:

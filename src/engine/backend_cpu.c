@@ -555,6 +555,8 @@ static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int *
     cpu_rows_gather(ctx, dst, src, rows, n, dim);
 }
 static void cpu_zero(void *ctx, float *x, int n) { memset(x, 0, sizeof(float) * (size_t)n); }
+/* a step's new K/V rows into the f16 cache: a few thousand values, not worth the pool */
+static void cpu_store_f16(void *ctx, uint16_t *dst, const float *src, size_t n) { cpu_f16_from_f32(dst, src, n); }
 static void cpu_sync(void *ctx) { (void)ctx; }
 
 /* The fused MoE slot as the per-expert ops it stands for (the CUDA form must match this). */
@@ -616,6 +618,8 @@ static const struct backend_i cpu_iface = {
     .rope = cpu_rope,
     .qk_norm_rope = cpu_qk_norm_rope,
     .attention = cpu_attention,
+    .store_f16 = cpu_store_f16, /* the f16 KV cache: backend_cpu_attention.c */
+    .attention_f16 = cpu_attention_f16,
     .swiglu = cpu_swiglu,
     .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
     .swiglu_oai = cpu_swiglu_oai,

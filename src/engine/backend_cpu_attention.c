@@ -1,5 +1,5 @@
 /* backend_cpu_attention.c - the CPU backend's causal attention (backend_i.attention) over
- * the f32 KV cache, shared by the pool's threads.
+ * the f32 KV cache, and its f16 twin (backend_i.attention_f16), shared by the pool's threads.
  *
  * How the work is split: a decode step (one query token) is claimed by the threads a KV
  * head's group of query heads at a time (GQA: the heads that read the same K and V rows stay
@@ -7,8 +7,13 @@
  * claimed a KV head's group for a block of tokens at a time (prefill_worker says why). Each
  * (token, head) is computed by the same function whichever thread runs it, so the result does
  * not depend on the split, and a token's output in a prefill is the bits it gets when decoded
- * alone at that position. */
+ * alone at that position.
+ *
+ * The f16 cache: the same code reads each K or V row widened to f32 (F16C; exact), so the f16
+ * form is bit for bit the f32 form over the widened cache, and a row's result still does not
+ * depend on what shares its step. */
 #include "backend_cpu_attention.h"
+#include "cpu_f16.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -22,11 +27,13 @@
 #endif
 
 struct att_job {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache; /* float, or uint16_t (f16) */
     float *out, *att;
     int n, pos, n_head, n_head_kv, head_dim;
     int next; /* the first head (decode) or token (prefill) no thread has claimed */
     bool fast; /* attend_one_avx2 runs it */
+    bool f16;  /* the caches hold f16 */
 };
 
 /* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
@@ -43,10 +50,25 @@ KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const 
     }
 }
 
+/* weighted_rows over f16 value rows: each row widened (exact), then the same sums. hd <=
+ * CPU_ATT_F16_MAX_HD. */
+KERNEL static void weighted_rows_f16(float *o, const uint16_t *v, size_t stride, const float *a, int rows,
+                                     float sum, int hd)
+{
+    float vt[CPU_ATT_F16_MAX_HD];
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int t = 0; t < rows; t++) {
+        cpu_f16_to_f32(vt, v + (size_t)t * stride, (size_t)hd);
+        float wgt = a[t] / sum;
+        for (int i = 0; i < hd; i++)
+            o[i] += wgt * vt[i];
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define ATT_AVX2 1
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 static int have_avx2 = -1; /* -1 until asked */
 
 AVX2 static inline float hsum8f(__m256 v)
@@ -112,44 +134,54 @@ AVX2 static void softmax8(float *a, int n)
         _mm256_maskstore_ps(a + n8, tail, _mm256_div_ps(_mm256_maskload_ps(a + n8, tail), sum));
 }
 
+/* Eight cache elements from element i of base: f32, or f16 widened (exact). */
+AVX2 static inline __attribute__((always_inline)) __m256 load8(const void *base, size_t i, bool f16)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+               : _mm256_loadu_ps((const float *)base + i);
+}
+
 /* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
  * registers over the positions, and the output in 64-wide chunks over the positions (where the
  * portable form loads and stores the whole output row for every position). Every (token, head)
- * of a process runs this same code, so prefill and decode still give the same bits. */
-AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a)
+ * of a process runs this same code, so prefill and decode still give the same bits. f16 is a
+ * constant in each caller below, so each form is compiled without the test. */
+AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct att_job *j, int t, int h, float *a,
+                                                                   const bool f16)
 {
     int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, nv = hd / 8, last = j->pos + t;
     int kvh = h / (j->n_head / j->n_head_kv);
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
-    const float *k = j->k_cache + (size_t)kvh * hd, *v = j->v_cache + (size_t)kvh * hd;
+    const void *k = j->k_cache, *v = j->v_cache;
+    size_t head = (size_t)kvh * hd; /* the KV head's first element in a row */
     __m256 q[32];
     for (int i = 0; i < nv; i++)
         q[i] = _mm256_loadu_ps(qh + 8 * i);
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
         for (int p = 0; p <= last; p++) {
-            const float *kp = k + (size_t)p * kv_dim;
-            __m256 acc0 = _mm256_mul_ps(q0, _mm256_loadu_ps(kp));
-            __m256 acc1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kp + 8), _mm256_setzero_ps());
-            acc0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(kp + 16), acc0);
-            acc1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(kp + 24), acc1);
-            acc0 = _mm256_fmadd_ps(q4, _mm256_loadu_ps(kp + 32), acc0);
-            acc1 = _mm256_fmadd_ps(q5, _mm256_loadu_ps(kp + 40), acc1);
-            acc0 = _mm256_fmadd_ps(q6, _mm256_loadu_ps(kp + 48), acc0);
-            acc1 = _mm256_fmadd_ps(q7, _mm256_loadu_ps(kp + 56), acc1);
+            size_t kp = head + (size_t)p * kv_dim;
+            __m256 acc0 = _mm256_mul_ps(q0, load8(k, kp, f16));
+            __m256 acc1 = _mm256_fmadd_ps(q1, load8(k, kp + 8, f16), _mm256_setzero_ps());
+            acc0 = _mm256_fmadd_ps(q2, load8(k, kp + 16, f16), acc0);
+            acc1 = _mm256_fmadd_ps(q3, load8(k, kp + 24, f16), acc1);
+            acc0 = _mm256_fmadd_ps(q4, load8(k, kp + 32, f16), acc0);
+            acc1 = _mm256_fmadd_ps(q5, load8(k, kp + 40, f16), acc1);
+            acc0 = _mm256_fmadd_ps(q6, load8(k, kp + 48, f16), acc0);
+            acc1 = _mm256_fmadd_ps(q7, load8(k, kp + 56, f16), acc1);
             a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
         }
     }
     for (int p = 0; p <= last && nv != 8; p++) {
-        const float *kp = k + (size_t)p * kv_dim;
-        __m256 acc0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(kp)), acc1 = _mm256_setzero_ps();
+        size_t kp = head + (size_t)p * kv_dim;
+        __m256 acc0 = _mm256_mul_ps(q[0], load8(k, kp, f16)), acc1 = _mm256_setzero_ps();
         for (int i = 1; i + 1 < nv; i += 2) {
-            acc1 = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(kp + 8 * i), acc1);
-            acc0 = _mm256_fmadd_ps(q[i + 1], _mm256_loadu_ps(kp + 8 * i + 8), acc0);
+            acc1 = _mm256_fmadd_ps(q[i], load8(k, kp + 8 * i, f16), acc1);
+            acc0 = _mm256_fmadd_ps(q[i + 1], load8(k, kp + 8 * i + 8, f16), acc0);
         }
         if (!(nv & 1))
-            acc1 = _mm256_fmadd_ps(q[nv - 1], _mm256_loadu_ps(kp + 8 * (nv - 1)), acc1);
+            acc1 = _mm256_fmadd_ps(q[nv - 1], load8(k, kp + 8 * (nv - 1), f16), acc1);
         a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
     }
     softmax8(a, last + 1);
@@ -161,15 +193,15 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
             for (int p = 0; p <= last; p++) {
                 __m256 wgt = _mm256_set1_ps(a[p]);
-                const float *vp = v + (size_t)p * kv_dim + 8 * c;
-                o0 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp), o0);
-                o1 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 8), o1);
-                o2 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 16), o2);
-                o3 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 24), o3);
-                o4 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 32), o4);
-                o5 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 40), o5);
-                o6 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 48), o6);
-                o7 = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 56), o7);
+                size_t vp = head + (size_t)p * kv_dim + 8 * c;
+                o0 = _mm256_fmadd_ps(wgt, load8(v, vp, f16), o0);
+                o1 = _mm256_fmadd_ps(wgt, load8(v, vp + 8, f16), o1);
+                o2 = _mm256_fmadd_ps(wgt, load8(v, vp + 16, f16), o2);
+                o3 = _mm256_fmadd_ps(wgt, load8(v, vp + 24, f16), o3);
+                o4 = _mm256_fmadd_ps(wgt, load8(v, vp + 32, f16), o4);
+                o5 = _mm256_fmadd_ps(wgt, load8(v, vp + 40, f16), o5);
+                o6 = _mm256_fmadd_ps(wgt, load8(v, vp + 48, f16), o6);
+                o7 = _mm256_fmadd_ps(wgt, load8(v, vp + 56, f16), o7);
             }
             float *oc = o + 8 * c;
             _mm256_storeu_ps(oc, o0);
@@ -187,14 +219,17 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
             acc[i] = _mm256_setzero_ps();
         for (int p = 0; p <= last; p++) {
             __m256 wgt = _mm256_set1_ps(a[p]);
-            const float *vp = v + (size_t)p * kv_dim + 8 * c;
+            size_t vp = head + (size_t)p * kv_dim + 8 * c;
             for (int i = 0; i < m; i++)
-                acc[i] = _mm256_fmadd_ps(wgt, _mm256_loadu_ps(vp + 8 * i), acc[i]);
+                acc[i] = _mm256_fmadd_ps(wgt, load8(v, vp + 8 * i, f16), acc[i]);
         }
         for (int i = 0; i < m; i++)
             _mm256_storeu_ps(o + 8 * (c + i), acc[i]);
     }
 }
+
+AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a) { attend_avx2(j, t, h, a, false); }
+AVX2 static void attend_one_avx2_f16(const struct att_job *j, int t, int h, float *a) { attend_avx2(j, t, h, a, true); }
 #else
 #define ATT_AVX2 0
 #endif
@@ -204,7 +239,10 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
 {
 #if ATT_AVX2
     if (j->fast) {
-        attend_one_avx2(j, t, h, a);
+        if (j->f16)
+            attend_one_avx2_f16(j, t, h, a);
+        else
+            attend_one_avx2(j, t, h, a);
         return;
     }
 #endif
@@ -212,10 +250,15 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
     int kvh = h / (j->n_head / j->n_head_kv);
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
-    const float *k = j->k_cache + (size_t)kvh * hd;
-    float mx = -INFINITY;
+    float mx = -INFINITY, kt[CPU_ATT_F16_MAX_HD];
     for (int p = 0; p <= last; p++) {
-        a[p] = cpu_dot_f32(qh, k + (size_t)p * kv_dim, hd) * scale;
+        size_t at = (size_t)p * kv_dim + (size_t)kvh * hd;
+        const float *kp = kt;
+        if (j->f16) /* widened a row at a time (exact): the f32 form's bits over those values */
+            cpu_f16_to_f32(kt, (const uint16_t *)j->k_cache + at, (size_t)hd);
+        else
+            kp = (const float *)j->k_cache + at;
+        a[p] = cpu_dot_f32(qh, kp, hd) * scale;
         if (a[p] > mx)
             mx = a[p];
     }
@@ -224,8 +267,11 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
         a[p] = expf(a[p] - mx);
         sum += a[p];
     }
-    weighted_rows(j->out + ((size_t)t * j->n_head + h) * hd, j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a,
-                  last + 1, sum, hd);
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    if (j->f16)
+        weighted_rows_f16(o, (const uint16_t *)j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a, last + 1, sum, hd);
+    else
+        weighted_rows(o, (const float *)j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a, last + 1, sum, hd);
 }
 
 /* One decode token: the heads this thread claims, scores at att + h * (pos + 1). */
@@ -281,14 +327,15 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
     cpu_pool_run(ctx, capped_worker, &c);
 }
 
-void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
-                   int n, int pos, int n_head, int n_head_kv, int head_dim)
+static void attention_run(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                          float *out, float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false};
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false, f16};
 #if ATT_AVX2
     if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
         __builtin_cpu_init();
-        __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+        __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                         __builtin_cpu_supports("f16c"),
                          __ATOMIC_RELAXED);
     }
     j.fast = have_avx2 && head_dim % 8 == 0 && head_dim <= 256;
@@ -304,4 +351,16 @@ void cpu_attention(void *ctx, const float *q, const float *k_cache, const float 
         return;
     }
     run_capped(ctx, n == 1 ? decode_worker : prefill_worker, &j);
+}
+
+void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                   int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    attention_run(ctx, q, k_cache, v_cache, false, out, att, n, pos, n_head, n_head_kv, head_dim);
+}
+
+void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                       float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    attention_run(ctx, q, k_cache, v_cache, true, out, att, n, pos, n_head, n_head_kv, head_dim);
 }

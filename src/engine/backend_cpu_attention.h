@@ -3,6 +3,8 @@
 #ifndef TIDE_BACKEND_CPU_ATTENTION_H
 #define TIDE_BACKEND_CPU_ATTENTION_H
 
+#include <stdint.h>
+
 typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
 
 /* Run fn on the caller (thread 0, ith) and on the pool threads that join in time; fn must
@@ -20,5 +22,10 @@ float cpu_dot_f32(const float *a, const float *b, int n);
 /* backend_i.attention */
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim);
+/* backend_i.attention_f16: bit for bit cpu_attention over the caches widened to f32.
+ * head_dim <= CPU_ATT_F16_MAX_HD. */
+#define CPU_ATT_F16_MAX_HD 256
+void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                       float *att, int n, int pos, int n_head, int n_head_kv, int head_dim);
 
 #endif

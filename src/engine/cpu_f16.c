@@ -24,8 +24,14 @@
 
 bool cpu_f16_fast(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+    static int fast = -1; /* asked once */
+    int f = __atomic_load_n(&fast, __ATOMIC_RELAXED);
+    if (f < 0) {
+        __builtin_cpu_init();
+        f = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+        __atomic_store_n(&fast, f, __ATOMIC_RELAXED);
+    }
+    return f;
 }
 
 F16 static ALWAYS_INLINE float lanes_sum(__m256 v)
@@ -188,7 +194,28 @@ F16 void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const 
     }
 }
 
+F16 static void from_f32_fast(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        dst[i] = cpu_f16_round(src[i]);
+}
+
+F16 static void to_f32_fast(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = f16_value(src[i]);
+}
+
 #else
+static void from_f32_fast(uint16_t *dst, const float *src, size_t n) { (void)dst; (void)src; (void)n; }
+static void to_f32_fast(float *dst, const uint16_t *src, size_t n) { (void)dst; (void)src; (void)n; }
 bool cpu_f16_fast(void) { return false; }
 void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
                   size_t y_stride, float *buf)
@@ -196,3 +223,72 @@ void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const floa
     (void)w; (void)row_bytes; (void)r0; (void)r1; (void)x; (void)n; (void)cols; (void)y; (void)y_stride; (void)buf;
 }
 #endif
+
+#include <string.h>
+
+uint16_t cpu_f16_round(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, NaN (kept quiet, with its top payload bits) */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | (ax >> 13 & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) /* rounds to 65520 or above: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal f16 (or zero), in units of 2^-24 */
+        if (ax < 0x33000000u) /* below half of 2^-24: zero */
+            return (uint16_t)sign;
+        uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* value = mant * 2^(e - 150); units of 2^-24: shift right by 126 - e */
+        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t q = ((ax >> 13) - (112u << 10)), rem = ax & 0x1fffu; /* rebias 127 -> 15 */
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1)))
+        q++; /* a carry into the exponent is right, up to 0x7bff + 1 = inf, excluded above */
+    return (uint16_t)(sign | q);
+}
+
+float cpu_f16_widen(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 0x1f, mant = h & 0x3ffu, x;
+    if (e == 0x1f)
+        x = sign | 0x7f800000u | mant << 13;
+    else if (e)
+        x = sign | (e + 112) << 23 | mant << 13;
+    else if (!mant)
+        x = sign;
+    else { /* subnormal: normalise */
+        e = 113;
+        while (!(mant & 0x400u)) {
+            mant <<= 1;
+            e--;
+        }
+        x = sign | e << 23 | (mant & 0x3ffu) << 13;
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n)
+{
+    if (cpu_f16_fast()) {
+        from_f32_fast(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = cpu_f16_round(src[i]);
+}
+
+void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    if (cpu_f16_fast()) {
+        to_f32_fast(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = cpu_f16_widen(src[i]);
+}

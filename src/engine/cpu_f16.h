@@ -1,6 +1,7 @@
 /* cpu_f16.h - f16 weight rows times f32 vectors as register tiles, for the CPU backend's
  * matmul on CPUs with AVX2, F16C and FMA (cpu_f16.c). Each (row, vector) result has the same
- * bits whatever the batch, tile or thread. */
+ * bits whatever the batch, tile or thread. And the f16 <-> f32 conversions of the f16 KV cache
+ * (F16C where the CPU has it, the same bits without). */
 #ifndef TIDE_CPU_F16_H
 #define TIDE_CPU_F16_H
 
@@ -14,5 +15,14 @@ bool cpu_f16_fast(void);
  * from w) and n vectors of cols floats (x_t at x + t * cols); buf: 4 * cols floats of scratch. */
 void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
                   size_t y_stride, float *buf);
+
+/* dst[0..n) = src rounded to f16: to nearest, ties to even (as F16C's cvtps2ph and CUDA's
+ * __float2half_rn: every backend stores the same bits); overflow gives inf, NaN stays NaN. */
+void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n);
+/* dst[0..n) = src widened to f32 (exact). */
+void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+/* One value each way, portable C (the reference the fast forms agree with). */
+uint16_t cpu_f16_round(float f);
+float cpu_f16_widen(uint16_t h);
 
 #endif

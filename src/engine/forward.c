@@ -15,10 +15,30 @@
 /* K and V rows, or K only where V reads K's rows (deepseek2's MLA: forward_mla.c) */
 static size_t kv_parts(const struct model *m) { return m->cfg.kv_lora_rank ? 1 : 2; }
 
-size_t forward_kv_bytes(const struct model *m, int n_ctx)
+static size_t kv_elem(enum kv_type kv) { return kv == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+
+size_t forward_kv_bytes(const struct model *m, int n_ctx, enum kv_type kv)
 {
     size_t kvd = (size_t)m->cfg.n_head_kv * m->cfg.head_dim;
-    return kv_parts(m) * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * sizeof(float);
+    return kv_parts(m) * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * kv_elem(kv);
+}
+
+const char *forward_kv_f16_why(const struct model *m, const struct backend *be, int n)
+{
+    const struct model_config *c = &m->cfg;
+    if (c->kv_lora_rank) /* forward_mla.c reads the latent rows as f32 in its own products */
+        return "deepseek2's MLA latent cache has no f16 form yet";
+    bool sinks = c->arch == ARCH_GPTOSS;
+    for (uint32_t l = 0; l < c->n_layer && !sinks; l++)
+        sinks = m->layers[l].attn_sinks.data || model_layer_window(c, l);
+    if (sinks)
+        return "the sink and sliding-window attention (gpt-oss) reads f32 rows only";
+    if (c->head_dim % 8 || c->head_dim > 256)
+        return "the f16 attention takes a head_dim that is a multiple of 8 up to 256";
+    for (int i = 0; i < n; i++)
+        if (!be[i].i->store_f16 || !be[i].i->attention_f16)
+            return "a device's backend has no f16 attention";
+    return NULL;
 }
 
 static size_t tbytes(const struct tensor *t) { return t->data ? t->row_bytes * t->ne[1] : 0; }
@@ -105,7 +125,7 @@ static void use_bufs(struct forward_stage *st, const struct stage_bufs *b)
 }
 
 void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_batch, uint32_t l0, uint32_t l1,
-                        bool first, bool last, struct forward_stage_bytes *out)
+                        bool first, bool last, enum kv_type kv, struct forward_stage_bytes *out)
 {
     memset(out, 0, sizeof *out);
     for (uint32_t l = l0; l < l1; l++) {
@@ -124,7 +144,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     }
     if (n_seq < 1)
         n_seq = 1;
-    out->kv = forward_kv_bytes(m, n_ctx) / m->cfg.n_layer * (l1 - l0) * (size_t)n_seq;
+    out->kv = forward_kv_bytes(m, n_ctx, kv) / m->cfg.n_layer * (l1 - l0) * (size_t)n_seq;
     struct buf_dims d = dims(m, n_ctx);
     size_t sizes[FORWARD_N_BATCH_BUFS];
     batch_sizes(m, n_ctx, n_seq, sizes);
@@ -212,7 +232,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     }
     if (rc)
         return rc;
-    size_t kvh = forward_kv_bytes(m, s->n_ctx) / kv_parts(m) / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
+    size_t kvh = forward_kv_bytes(m, s->n_ctx, s->kv_f16 ? KV_F16 : KV_F32) / kv_parts(m) / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
     if (kvh) {
         st->k_cache = stage_alloc(st, MEM_KV, kvh);
         st->v_cache = kv_parts(m) == 1 ? st->k_cache : stage_alloc(st, MEM_KV, kvh); /* MLA: V is K's rows */
@@ -242,7 +262,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->rows_at = st->step_at + 2;
     const struct backend_i *B = st->be.i;
     st->graph_off = !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
-                    getenv("TIDE_NO_GRAPHS");
+                    (s->kv_f16 && (!B->qk_norm_rope_at_f16 || !B->attention_at_f16)) || getenv("TIDE_NO_GRAPHS");
     /* Can a decode step take its experts from a device table? Asked once per layer with the
      * host views (the same types and shapes as the cached copies). */
     st->table_ok = m->cfg.n_expert && st->cache && st->be.i->moe_ffn_table &&
@@ -310,6 +330,10 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->n_seq = n_seq;
     s->max_batch = max_batch;
     s->n_stage = n_stage;
+    struct backend bes[FORWARD_MAX_STAGES];
+    for (int i = 0; i < n_stage; i++)
+        bes[i] = sp[i].dev ? sp[i].dev->be : sp[i].be; /* as stage_init */
+    s->kv_f16 = sp[0].kv_type == KV_F16 && !forward_kv_f16_why(m, bes, n_stage);
     /* A decode step's sequences share the rows' ops (docs/DESIGN.md; on one H200 at 32 clients
      * 610 -> 746 tok/s, docs/BENCHMARKS.md). TIDE_DECODE_ROWS=0 runs them one sequence at a
      * time, for A/B runs. */
@@ -445,29 +469,30 @@ void forward_unbind_buffers(struct forward_state *s)
 
 size_t forward_kv_row_bytes(const struct forward_state *s)
 {
-    return kv_parts(s->m) * sizeof(float) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
+    return kv_parts(s->m) * kv_elem(s->kv_f16 ? KV_F16 : KV_F32) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
 }
 
-int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int host_n, bool save)
+int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save)
 {
     if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n)
         return TIDE_EINVAL;
-    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim, part = (size_t)n * kvd;
-    size_t hpart = (size_t)host_n * kvd, parts = kv_parts(s->m);
+    /* in bytes: the rows travel in the cache's type, f16 or f32 */
+    size_t el = kv_elem(s->kv_f16 ? KV_F16 : KV_F32), kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim;
+    size_t part = (size_t)n * kvd * el, hpart = (size_t)host_n * kvd * el, parts = kv_parts(s->m);
     for (int i = 0; i < s->n_stage; i++) {
         struct forward_stage *st = &s->stage[i];
         for (uint32_t l = st->l0; l < st->l1 && n > 0; l++) {
-            size_t at = ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd;
-            float *kc = st->k_cache + at, *vc = st->v_cache + at, *hk = host + (size_t)l * parts * hpart,
-                  *hv = hk + hpart;
+            size_t at = ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd * el;
+            uint8_t *kc = (uint8_t *)st->k_cache + at, *vc = (uint8_t *)st->v_cache + at,
+                    *hk = (uint8_t *)host + (size_t)l * parts * hpart, *hv = hk + hpart;
             if (save) {
-                st->be.i->download(st->be.ctx, hk, kc, sizeof(float) * part);
+                st->be.i->download(st->be.ctx, hk, kc, part);
                 if (parts == 2)
-                    st->be.i->download(st->be.ctx, hv, vc, sizeof(float) * part);
+                    st->be.i->download(st->be.ctx, hv, vc, part);
             } else {
-                st->be.i->upload(st->be.ctx, kc, hk, sizeof(float) * part);
+                st->be.i->upload(st->be.ctx, kc, hk, part);
                 if (parts == 2)
-                    st->be.i->upload(st->be.ctx, vc, hv, sizeof(float) * part);
+                    st->be.i->upload(st->be.ctx, vc, hv, part);
             }
         }
     }

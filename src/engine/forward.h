@@ -24,11 +24,21 @@
 struct device;
 struct expert_cache;
 
+/* The KV cache's element type (config key kv_type, docs/CONFIG.md). KV_F32 is 0, so a zeroed
+ * spec keeps an f32 cache. KV_AUTO is the config's default, resolved by the memory plan: f16,
+ * except on a CUDA device while KV_F16_CUDA_DEFAULT is false. */
+enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_AUTO = 2 };
+/* Whether kv_type auto is f16 on a CUDA device: the one line to flip once the lead has run the
+ * CUDA f16 cache's tests (tests/gpu/test_kv_f16.c) on a GPU. Until then auto keeps f32 there. */
+#define KV_F16_CUDA_DEFAULT false
+
 struct forward_stage_spec {
     struct device *dev;          /* NULL: allocate with be directly, weights used in place */
     struct backend be;           /* ignored when dev is set (dev->be is used) */
     uint32_t l0, l1;             /* layers [l0, l1) */
     struct expert_cache *cache;  /* NULL: experts from host RAM */
+    enum kv_type kv_type;        /* the first stage's sets the whole state's (KV_F32 or KV_F16;
+                                    forward_kv_f16_why can turn f16 into f32) */
 };
 
 /* The activation buffers that grow with the chunk: one set for a single token (decode),
@@ -64,7 +74,8 @@ struct forward_stage {
     size_t *owned_bytes;
     int *owned_kind;
     int n_owned, cap_owned;
-    float *k_cache, *v_cache;    /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim); MLA: v_cache is k_cache */
+    void *k_cache, *v_cache;     /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim) of float, or of f16
+                                    (uint16_t) when the state's kv_f16; MLA: v_cache is k_cache */
     /* the buffers of the chunk being run: dec or pre below */
     float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out, *k_new, *v_new;
     struct stage_bufs dec;       /* batch n_seq (a decode token per sequence), always there */
@@ -94,6 +105,7 @@ struct forward_stage {
 struct forward_state {
     const struct model *m;
     int n_ctx;
+    bool kv_f16;         /* the KV cache holds f16 (new rows computed in f32, rounded as stored) */
     int n_seq;           /* KV slots: sequences that can run at once */
     int max_batch;       /* rows of a step: the prefill buffers' size (>= n_seq) */
     int n_stage;
@@ -127,7 +139,11 @@ struct forward_stage_bytes {
     size_t weights, kv, workspace, prefill;
 };
 void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_batch, uint32_t l0, uint32_t l1,
-                        bool first, bool last, struct forward_stage_bytes *out);
+                        bool first, bool last, enum kv_type kv, struct forward_stage_bytes *out);
+/* NULL when model m's KV cache can be f16 on backends be[0..n) (n 0: any that has the f16
+ * ops); else why it stays f32 (deepseek2's latent, gpt-oss's sink attention, a head_dim the
+ * f16 attention does not take, a backend without the f16 ops). */
+const char *forward_kv_f16_why(const struct model *m, const struct backend *be, int n);
 
 int forward_init_stages(struct forward_state *s, const struct model *m, int n_ctx, int n_seq, int max_batch,
                         const struct forward_stage_spec *sp, int n_stage);
@@ -146,8 +162,8 @@ int forward_eval_embd(struct forward_state *s, const float *embd, int n, int pos
  * (sampler_argmax's rule). Where the last stage's backend has argmax the pick is made on the
  * device and s->logits is left stale: one int crosses to the host instead of n_vocab floats. */
 int forward_eval_greedy(struct forward_state *s, int token, int pos, int *next);
-/* KV bytes for n_ctx positions of all layers. */
-size_t forward_kv_bytes(const struct model *m, int n_ctx);
+/* KV bytes for n_ctx positions of all layers, in elements of type kv (KV_F32 or KV_F16). */
+size_t forward_kv_bytes(const struct model *m, int n_ctx, enum kv_type kv);
 
 /* One sequence's part of a step of forward_eval_batch. */
 struct forward_seq {
@@ -178,13 +194,14 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
 /* Rows a step may hold without being cut: n_seq always; max_batch where the prefill buffers
  * are bound (own, or borrowed when the cache can lend them). */
 int forward_step_rows(const struct forward_state *s);
-/* Bytes of KV one token position holds over every layer (K and V, f32). */
+/* Bytes of KV one token position holds over every layer (K and V, in the cache's type). */
 size_t forward_kv_row_bytes(const struct forward_state *s);
 /* Slot `slot`'s KV rows 0..n-1, every layer, to host memory (save) or back from it: host holds
  * host_n >= n positions (host_n * forward_kv_row_bytes bytes), layer by layer, each layer's K
- * rows (host_n, kvd) then its V rows; rows 0..n-1 of each are copied. A save returns with the
+ * rows (host_n, kvd) then its V rows, in the cache's type (the bytes the device holds); rows
+ * 0..n-1 of each are copied. A save returns with the
  * bytes on the host; a restore is ordered before the next step's ops. */
-int forward_kv_copy(struct forward_state *s, int slot, int n, float *host, int host_n, bool save);
+int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save);
 
 /* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
  * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides

@@ -279,18 +279,19 @@ struct run {
     int out;             /* the forward_seq whose last row this is when its logits are wanted, else -1 */
 };
 
-/* Layer l's K (or V) rows of slot `slot`: (n_ctx, kvd). */
-static float *slot_rows(const struct forward_state *s, const struct forward_stage *st, float *cache, uint32_t l,
-                        int slot)
+/* Layer l's K (or V) rows of slot `slot`: (n_ctx, kvd) elements of the cache's type. */
+static void *slot_rows(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l,
+                       int slot)
 {
-    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim;
-    return cache + ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd;
+    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim, el = s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    return (uint8_t *)cache + ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd * el;
 }
 
 /* The runs of a step (nr of them, n rows in all); or, with at (backend memory, see struct
  * forward_stage), one token of run 0 at position *at, read when the ops run: the recordable
  * decode step. One run writes its K/V rows straight into its slot; several rotate theirs in
- * k_new/v_new, then copy each run's rows to its own slot. */
+ * k_new/v_new, then copy each run's rows to its own slot. An f16 cache (s->kv_f16): every run's
+ * rows are computed in f32 in k_new/v_new (kv_new) and rounded as they are stored. */
 static int stage_layers(struct forward_state *s, struct forward_stage *st, const struct run *rn, int nr, int n,
                         const int32_t *at)
 {
@@ -299,7 +300,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     void *bc = st->be.ctx;
     int E = (int)c->n_embd, hd = (int)c->head_dim;
     int kvd = (int)c->n_head_kv * hd, qd = (int)c->n_head * hd;
-    bool one = nr == 1, rows = !at && st->rows;
+    bool one = nr == 1, rows = !at && st->rows, f16 = s->kv_f16;
     bool pc = !at && phase_clock_on(); /* never inside a recording (at): a mark waits */
     size_t slot_floats = (size_t)s->n_ctx * kvd;
     if (st->l0 == 0) /* granitemoe's embedding scale */
@@ -307,10 +308,13 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
-        float *kpos = at ? st->kv_new : one ? slot_rows(s, st, st->k_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
-                                            : st->k_new;
-        float *vpos = at ? st->kv_new + kvd : one ? slot_rows(s, st, st->v_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
-                                                  : st->v_new;
+        bool direct = one && !f16; /* the products write the slot's f32 rows themselves */
+        float *kpos = at       ? st->kv_new
+                      : direct ? (float *)slot_rows(s, st, st->k_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
+                               : st->k_new;
+        float *vpos = at       ? st->kv_new + kvd
+                      : direct ? (float *)slot_rows(s, st, st->v_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
+                               : st->v_new;
         if (c->kv_lora_rank) { /* deepseek2's MLA: its own attention block (forward_mla.c), op by op */
             struct mla_run mr[FORWARD_MAX_SEQ];
             for (int r = 0; r < nr; r++)
@@ -346,19 +350,24 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
         const struct tensor *qn = per_head && L->q_norm.data ? &L->q_norm : NULL;
         const struct tensor *kn = per_head && L->k_norm.data ? &L->k_norm : NULL;
         int window = model_layer_window(c, l);
-        if (at) {
-            float *kc = slot_rows(s, st, st->k_cache, l, rn[0].slot), *vc = slot_rows(s, st, st->v_cache, l, rn[0].slot);
-            B->qk_norm_rope_at(bc, st->q, st->kv_new, st->kv_new + kvd, kc, vc, 1, at, NULL, 0, qn, kn, (int)c->n_head,
-                               (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
-            B->attention_at(bc, st->q, kc, vc, st->att_out, 1, at, NULL, 0, s->n_ctx, (int)c->n_head, (int)c->n_head_kv,
-                            hd);
-        } else if (rows) { /* one token of each of n sequences: every row in one op each */
-            float *kc = slot_rows(s, st, st->k_cache, l, 0), *vc = slot_rows(s, st, st->v_cache, l, 0);
-            const int32_t *slots = st->rows_at + s->n_seq;
-            B->qk_norm_rope_at(bc, st->q, st->k_new, st->v_new, kc, vc, n, st->rows_at, slots, slot_floats, qn, kn,
-                               (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
-            B->attention_at(bc, st->q, kc, vc, st->att_out, n, st->rows_at, slots, slot_floats, s->n_ctx,
-                            (int)c->n_head, (int)c->n_head_kv, hd);
+        if (at || rows) { /* at: the recordable step's one row; rows: one token of each of n sequences,
+                             every row in one op each */
+            int nrow = at ? 1 : n, slot0 = at ? rn[0].slot : 0;
+            const int32_t *pos_at = at ? at : st->rows_at, *slots = at ? NULL : st->rows_at + s->n_seq;
+            size_t stride = at ? 0 : slot_floats;
+            float *kn_new = at ? st->kv_new : st->k_new, *vn_new = at ? st->kv_new + kvd : st->v_new;
+            void *kc = slot_rows(s, st, st->k_cache, l, slot0), *vc = slot_rows(s, st, st->v_cache, l, slot0);
+            if (f16) {
+                B->qk_norm_rope_at_f16(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
+                                       (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+                B->attention_at_f16(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx,
+                                    (int)c->n_head, (int)c->n_head_kv, hd);
+            } else {
+                B->qk_norm_rope_at(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
+                                   (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+                B->attention_at(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx, (int)c->n_head,
+                                (int)c->n_head_kv, hd);
+            }
         }
         for (int r = 0; r < nr && !at && !rows; r++) {
             const struct run *R = &rn[r];
@@ -389,10 +398,17 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->rope(bc, q, R->n, (int)c->n_head, hd, R->pos, c->rope_theta, c->rope);
                 B->rope(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, c->rope_theta, c->rope);
             }
-            float *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
+            void *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
+            if (f16) { /* this run's rows into its slot, rounded to f16, then attention over those */
+                B->store_f16(bc, (uint16_t *)kc + (size_t)R->pos * kvd, k, (size_t)R->n * kvd);
+                B->store_f16(bc, (uint16_t *)vc + (size_t)R->pos * kvd, v, (size_t)R->n * kvd);
+                B->attention_f16(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos,
+                                 (int)c->n_head, (int)c->n_head_kv, hd);
+                continue;
+            }
             if (!one) { /* this run's rows into its slot */
-                B->gather_rows(bc, kc + (size_t)R->pos * kvd, k, s->iota, R->n, kvd);
-                B->gather_rows(bc, vc + (size_t)R->pos * kvd, v, s->iota, R->n, kvd);
+                B->gather_rows(bc, (float *)kc + (size_t)R->pos * kvd, k, s->iota, R->n, kvd);
+                B->gather_rows(bc, (float *)vc + (size_t)R->pos * kvd, v, s->iota, R->n, kvd);
             }
             /* the run's K/V rows are in its slot now: one causal attention for its rows */
             if (L->attn_sinks.data || window) /* gpt-oss: sinks, and every other layer windowed */
@@ -628,7 +644,8 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         st->from_table = false;
-        st->rows = rows && st->be.i->qk_norm_rope_at && st->be.i->attention_at;
+        st->rows = rows && st->be.i->qk_norm_rope_at && st->be.i->attention_at &&
+                   (!s->kv_f16 || (st->be.i->qk_norm_rope_at_f16 && st->be.i->attention_at_f16));
         if (st->rows)
             st->be.i->upload(st->be.ctx, st->rows_at, rows_at, sizeof(int32_t) * 2 * (size_t)s->n_seq);
         if ((decode1 || (st->rows && st->be.i->moe_ffn_table_route)) && st->table_ok &&

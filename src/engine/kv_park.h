@@ -24,7 +24,7 @@ struct kv_park_entry {
     int n;
     struct row_image *img;  /* (n_img) the images among the rows, with their keys */
     int n_img;
-    float *rows;            /* n * row_bytes: forward_kv_copy's layout */
+    void *rows;             /* n * row_bytes: forward_kv_copy's layout (the cache's type) */
     uint64_t last_use;
 };
 

@@ -152,7 +152,7 @@ int engine_size_caches(struct engine *e)
     for (int i = 0; i < p->n_dev; i++) {
         struct forward_stage_bytes sb;
         forward_stage_size(&e->model, e->n_ctx, e->fw.n_seq, e->fw.max_batch, p->l0[i], p->l1[i], i == 0,
-                           i == p->n_dev - 1, &sb);
+                           i == p->n_dev - 1, e->fw.kv_f16 ? KV_F16 : KV_F32, &sb);
         size_t fr = device_free_bytes(&p->dev[i]), want = p->dev[i].reserve + sb.prefill;
         bool own = fr >= want || !p->spec[i].cache;
         rc = forward_setup_prefill(&e->fw, i, own ? PREFILL_OWN : PREFILL_BORROW);

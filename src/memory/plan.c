@@ -195,6 +195,15 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         p->dev[i].reserve = p->dev[i].reserve_startup = (size_t)(d->reserve_mib > 0 ? d->reserve_mib : 0) * MIB;
         budgets[i] = budget;
     }
+    /* The KV cache's type: f16 unless asked for f32 (auto: f32 on CUDA until KV_F16_CUDA_DEFAULT),
+     * or the model or a device cannot take it; counted at that size from here on (so an f16
+     * cache fits twice the slots). */
+    struct backend bes[PLAN_MAX_DEVICES];
+    for (int i = 0; i < n; i++)
+        bes[i] = p->dev[i].be;
+    enum kv_type want = o->kv_type == KV_AUTO ? (cuda_stage && !KV_F16_CUDA_DEFAULT ? KV_F32 : KV_F16) : o->kv_type;
+    const char *why = want == KV_F16 ? forward_kv_f16_why(m, bes, n) : NULL;
+    p->kv_type = why ? KV_F32 : want;
     /* KV slots: as many as asked; automatic: PLAN_AUTO_SEQ_*, halved while they would not fit
      * some device. Every device holds every slot (its layers' part). */
     for (int i = 0; i < n; i++) {
@@ -205,7 +214,8 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         memset(&g, 0, sizeof g);
         expert_cache_geometry(&g, m, p->l0[i], p->l1[i], o->segment_bytes);
         size_t cache_ws = g.slot_bytes + expert_cache_table_bytes(&g, &p->dev[i]); /* staging slot, table */
-        forward_stage_size(m, o->n_ctx, p->n_seq, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, &sb);
+        forward_stage_size(m, o->n_ctx, p->n_seq, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, p->kv_type,
+                           &sb);
         size_t need = sb.weights + sb.kv + sb.workspace + cache_ws + p->dev[i].reserve;
         if (o->n_seq <= 0 && p->n_seq > 1 && need > budget) {
             p->n_seq /= 2;
@@ -224,6 +234,10 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
             return TIDE_ERANGE;
         }
     }
+    tide_log("KV cache: %s, %d slots of %d positions, %.1f MiB in all%s%s%s", p->kv_type == KV_F16 ? "f16" : "f32",
+             p->n_seq, o->n_ctx, (double)forward_kv_bytes(m, o->n_ctx, p->kv_type) * p->n_seq / MIB,
+             why ? " (" : "", why ? why : "",
+             why ? ")" : o->kv_type == KV_AUTO && cuda_stage && !KV_F16_CUDA_DEFAULT ? " (auto: f32 on a CUDA device for now)" : "");
     fault_hook(p);
     bool any_cuda = false;
     for (int i = 0; i < n; i++)
@@ -246,7 +260,8 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
             return rc;
         }
         p->spec[i] = (struct forward_stage_spec){.dev = &p->dev[i], .l0 = p->l0[i], .l1 = p->l1[i],
-                                                 .cache = m->cfg.n_expert ? &p->cache[i] : NULL};
+                                                 .cache = m->cfg.n_expert ? &p->cache[i] : NULL,
+                                                 .kv_type = p->kv_type};
     }
     return 0;
 }

@@ -47,6 +47,8 @@ struct plan_options {
     int n_seq;               /* KV slots: sequences that run at once (0: automatic, see plan.c) */
     long kv_host_mib;        /* conversation parking in host RAM (engine/kv_park.h): MiB, 0 off,
                                 -1 automatic (what the host holds beside the experts, at most 2048) */
+    enum kv_type kv_type;    /* the KV cache's elements (config kv_type; KV_AUTO: see forward.h);
+                                zeroed options keep f32 */
 };
 
 struct memory_plan {
@@ -60,6 +62,7 @@ struct memory_plan {
     struct model *pinned;      /* the model whose experts this plan pinned, or NULL */
     int max_batch;
     int n_seq;                 /* KV slots the devices hold (every device holds all of them) */
+    enum kv_type kv_type;      /* KV_F16 or KV_F32: what the devices' KV caches hold */
     /* Segments a cache could not get back when it last grew (a device allocation failed):
      * it is below its target until memory_plan_retry_grow gets them. 0 when in step. */
     int grow_behind[PLAN_MAX_DEVICES];

@@ -11,7 +11,7 @@
 #include <string.h>
 
 enum cli_target { T_CONFIG, T_HOST, T_PORT, T_MODEL, T_MMPROJ, T_API_KEY, T_THREADS, T_CTX, T_PARALLEL,
-                  T_NAME, T_DRAIN, T_METRICS, T_HELP, T_VERSION };
+                  T_KV_TYPE, T_NAME, T_DRAIN, T_METRICS, T_HELP, T_VERSION };
 
 struct cli_flag {
     const char *lng, *shrt;   /* shrt may be NULL */
@@ -29,6 +29,7 @@ static const struct cli_flag flags[] = {
     { "--threads", "-t", T_THREADS, true },
     { "--ctx-size", "-c", T_CTX, true },
     { "--parallel", "-np", T_PARALLEL, true },
+    { "--kv-type", NULL, T_KV_TYPE, true },
     { "--name", NULL, T_NAME, true },
     { "--drain-timeout", NULL, T_DRAIN, true },
     { "--metrics", NULL, T_METRICS, false },
@@ -70,6 +71,7 @@ const char *cli_usage(void)
            "  -t, --threads N        threads         CPU threads, 0 = all cores\n"
            "  -c, --ctx-size N       context         context length in tokens\n"
            "  -np, --parallel N      parallel        running sequences at most\n"
+           "  --kv-type f16|f32      kv_type         the KV cache's element type\n"
            "  --name NAME            name            instance identity in /v1/vram and /metrics\n"
            "  --drain-timeout S      drain_timeout_s SIGTERM: finish queued work up to S seconds\n"
            "  --metrics              accepted: GET /metrics is always on\n"
@@ -186,6 +188,10 @@ int cli_apply(struct config *c, int argc, char **argv, char *err, size_t errlen)
             break;
         case T_PARALLEL:
             if (!(rc = parse_num(f->lng, v, 1, 256, &n, err, errlen))) c->parallel = (int)n;
+            break;
+        case T_KV_TYPE:
+            if ((rc = config_kv_type(v, &c->kv_type)))
+                snprintf(err, errlen, "config: %s: expected f16 or f32, got \"%.60s\"", f->lng, v);
             break;
         case T_DRAIN:
             if (!(rc = parse_num(f->lng, v, 0, 1 << 24, &n, err, errlen))) c->drain_timeout_s = (int)n;

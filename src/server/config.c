@@ -112,6 +112,14 @@ static int get_str(const cJSON *v, const char *path, bool nullable, char **out, 
     return 0;
 }
 
+int config_kv_type(const char *name, int *out)
+{
+    if (strcmp(name, "f16") && strcmp(name, "f32"))
+        return TIDE_EINVAL;
+    *out = name[1] == '1' ? 16 : 32;
+    return 0;
+}
+
 static int parse_devices(struct config *c, const cJSON *v, char *err, size_t errlen)
 {
     if (cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0) {
@@ -290,6 +298,10 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
             rc = get_int(f, k, 0, 1 << 24, "null or a non-negative integer (MiB of host RAM for parked conversations; 0 = off)",
                          &n, err, errlen);
             if (!rc) c->kv_host_mib = (int)n;
+        } else if (strcmp(k, "kv_type") == 0) {
+            if (cJSON_IsNull(f)) { c->kv_type = 0; continue; }
+            rc = config_kv_type(cJSON_IsString(f) ? f->valuestring : "", &c->kv_type);
+            if (rc) rc = bad(err, errlen, k, "\"f16\", \"f32\" or null", f);
         } else if (strcmp(k, "max_batch_tokens") == 0) {
             rc = get_int(f, k, 1, 1 << 20, "a positive integer (tokens one step may run)", &n, err, errlen);
             if (!rc) c->max_batch_tokens = (int)n;

@@ -52,6 +52,8 @@ struct config {
     int parallel;          /* sequences running at once (KV slots); 0 = null: automatic (memory/plan.c) */
     int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
     int kv_host_mib;       /* conversations parked in host RAM (engine/kv_park.h); -1 = null: automatic */
+    int kv_type;           /* the KV cache's elements: 16 (f16), 32 (f32), 0 = null: f16, but f32 on a
+                              CUDA device for now (engine/forward.h KV_F16_CUDA_DEFAULT) */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
     int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
     long request_memory_mib; /* bodies, parse trees, images, decodes of requests in flight; 0 = no bound */
@@ -81,6 +83,8 @@ int config_parse(struct config *c, const char *json, char *err, size_t errlen);
 /* Full load: defaults, --config FILE (default config/tide.json), then flags. */
 int config_load(struct config *c, int argc, char **argv, char *err, size_t errlen);
 void config_free(struct config *c);
+/* kv_type's value from its name ("f16" 16, "f32" 32): 0, or TIDE_EINVAL. */
+int config_kv_type(const char *name, int *out);
 const char *config_usage(void);
 /* The instance identity: cfg->name, or "host:port" when it is null. */
 void config_instance_name(const struct config *c, char *out, size_t cap);

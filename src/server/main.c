@@ -246,6 +246,7 @@ static void plan_from_config(const struct config *c, struct plan_options *po)
     memset(po, 0, sizeof *po);
     po->n_devices = c->devices_auto ? 0 : c->n_devices;
     po->kv_host_mib = c->kv_host_mib;
+    po->kv_type = c->kv_type == 16 ? KV_F16 : c->kv_type == 32 ? KV_F32 : KV_AUTO;
     po->max_batch_cap = c->max_batch_tokens;
     for (int i = 0; i < PLAN_MAX_DEVICES; i++) {
         po->dev[i].kind = DEVICE_KIND_CPU;

@@ -107,31 +107,32 @@ static void serves_and_capped_cache_same_text(const char *preset, int type, cons
 }
 
 /* .fini: the daemon is stopped and the file removed even when an assert ends the test early.
- * 4 MiB: the resident weights (shared experts included), KV and 8 of the 32 expert slots */
+ * 3 MiB: the resident weights (shared experts included), KV (f16, the default) and 8 of the 32
+ * expert slots */
 Test(archs, qwen2moe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
 {
-    serves_and_capped_cache_same_text("qwen2moe", -1, "4");
+    serves_and_capped_cache_same_text("qwen2moe", -1, "3");
 }
 
-/* olmoe: whole-width q/k norms through the daemon; 6 MiB: weights 0.9, KV 4.0 (MHA: 4 KV heads of
- * 32 per layer), 21 of the 32 expert slots */
+/* olmoe: whole-width q/k norms through the daemon; 4 MiB: weights 0.9, KV 2.0 (MHA: 4 KV heads of
+ * 32 per layer, f16), 21 of the 32 expert slots */
 Test(archs, olmoe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
 {
-    serves_and_capped_cache_same_text("olmoe", -1, "6");
+    serves_and_capped_cache_same_text("olmoe", -1, "4");
 }
 
 /* granitemoe: its four scales through the daemon (the residual scale around the fused MoE
- * forms); 4 MiB: weights 0.8, KV 2.0, 11 of the 32 expert slots */
+ * forms); 3 MiB: weights 0.8, KV 1.0 (f16), 11 of the 32 expert slots */
 Test(archs, granitemoe_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
 {
-    serves_and_capped_cache_same_text("granitemoe", -1, "4");
+    serves_and_capped_cache_same_text("granitemoe", -1, "3");
 }
 
 /* GraniteMoeShared: the ungated shared expert is a resident layer weight (weights 1.1 MiB);
- * 4 MiB: 7 of the 32 expert slots */
+ * 3 MiB (f16 KV): 7 of the 32 expert slots */
 Test(archs, granitemoe_shared_serves_and_a_small_expert_cache_gives_the_same_text, .fini = done, .timeout = 120)
 {
-    serves_and_capped_cache_same_text("granitemoe-shared", -1, "4");
+    serves_and_capped_cache_same_text("granitemoe-shared", -1, "3");
 }
 
 /* deepseek2 (DeepSeek-V2-Lite's layout): MLA, the leading dense layer and the two shared

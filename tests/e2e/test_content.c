@@ -10,6 +10,9 @@
 #include "req_harness.h"
 
 static void start_default(void) { harness_start(NULL); }
+/* The greedy texts below were found with the f32 KV cache: with f16 (the default) the chat reply
+ * to "A story number 2:" ends at 266 bytes, under the length this test asks of it. */
+static void start_f32_kv(void) { harness_start("\"kv_type\":\"f32\""); }
 
 /* Concatenate the "text" values of a /v1/completions SSE body, bytes exact. */
 static char *stream_text(const char *body, size_t *len)
@@ -30,7 +33,7 @@ static char *stream_text(const char *body, size_t *len)
 
 /* Issue 27 item 8: this prompt makes the default model emit a 0x00 byte at about character
  * 80. The non-streamed text was cut there (80 characters against the stream's 578). */
-Test(content, nul_in_text_streamed_and_not_agree, .init = start_default, .fini = harness_stop, .timeout = 120)
+Test(content, nul_in_text_streamed_and_not_agree, .init = start_f32_kv, .fini = harness_stop, .timeout = 120)
 {
     const char *q = "{\"prompt\":\"A story number 2:\",\"max_tokens\":200,\"temperature\":0%s}";
     char body[256];

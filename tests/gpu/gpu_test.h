@@ -85,6 +85,10 @@ void bench_vision(void);
  * Qwen3-VL-30B-A3B-sized tower */
 void test_qwenvl(const char *only, bool bench);
 void test_sample(void); /* test_sample.c: backend_i.sample on the GPU vs its host form */
+/* test_kv_f16.c: the f16 KV cache's ops on the GPU vs the CPU's */
+void test_kv_f16_store(void);
+void test_kv_f16_attention(void);
+void test_kv_f16_rows(void);
 void test_batch(const char *only); /* only: a name filter or NULL */         /* test_batch.c: batched steps of several sequences vs the CPU */
 void bench_batch(void);
 

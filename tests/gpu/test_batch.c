@@ -5,7 +5,10 @@
  * logits row of the GPU must match the CPU's row (which is the row the sequence gets alone,
  * bit for bit: tests/unit/test_batch.c) within the e2e tolerance, and the GPU's greedy picks
  * (made on the device, several rows a step) must be the argmax of its own logits. Also times
- * a decode step of B = 1, 8 and 32 sequences on the 'big' preset (--bench). */
+ * a decode step of B = 1, 8 and 32 sequences on the 'big' preset (--bench). The batch_kv_f16_*
+ * cases run both sides with an f16 KV cache (the CPU's rows are then what an f16 sequence gets
+ * alone): store_f16, attention_f16 in prompt chunks, qk_norm_rope_at_f16 / attention_at_f16 in
+ * the decode steps of several rows and in the recorded one-sequence steps. */
 #include "gpu_test.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -30,11 +33,12 @@ struct side {
     bool have_cache;
 };
 
-static int side_init(struct side *S, struct model *m, struct backend be, bool on_gpu, int n_seq, int n_ctx)
+static int side_init(struct side *S, struct model *m, struct backend be, bool on_gpu, int n_seq, int n_ctx,
+                     enum kv_type kv)
 {
     memset(S, 0, sizeof *S);
     if (!on_gpu) {
-        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer};
+        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer, .kv_type = kv};
         int rc = forward_init_stages(&S->f, m, n_ctx, n_seq, FORWARD_DEFAULT_BATCH, &sp, 1);
         return rc ? rc : forward_setup_prefill(&S->f, 0, PREFILL_OWN);
     }
@@ -49,7 +53,7 @@ static int side_init(struct side *S, struct model *m, struct backend be, bool on
         S->have_cache = true;
     }
     struct forward_stage_spec sp = {.dev = &S->dev, .l0 = 0, .l1 = m->cfg.n_layer,
-                                    .cache = S->have_cache ? &S->cache : NULL};
+                                    .cache = S->have_cache ? &S->cache : NULL, .kv_type = kv};
     int rc = forward_init_stages(&S->f, m, n_ctx, n_seq, FORWARD_DEFAULT_BATCH, &sp, 1);
     return rc ? rc : forward_setup_prefill(&S->f, 0, PREFILL_OWN);
 }
@@ -61,7 +65,7 @@ static void side_free(struct side *S)
         expert_cache_free(&S->cache);
 }
 
-static void batch_case(const char *name, const char *preset, int type, double lim)
+static void batch_case(const char *name, const char *preset, int type, double lim, enum kv_type kv)
 {
     char path[96], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-batch-%d-%s.gguf", (int)getpid(), name);
@@ -74,9 +78,11 @@ static void batch_case(const char *name, const char *preset, int type, double li
     }
     int V = (int)m.cfg.n_vocab;
     struct side C, G;
-    int rc = side_init(&C, &m, cpu, false, 4, 256);
+    int rc = side_init(&C, &m, cpu, false, 4, 256, kv);
     if (!rc)
-        rc = side_init(&G, &m, gpu, true, 4, 256);
+        rc = side_init(&G, &m, gpu, true, 4, 256, kv);
+    if (!rc && (C.f.kv_f16 != (kv == KV_F16) || G.f.kv_f16 != (kv == KV_F16)))
+        rc = TIDE_EINTERNAL; /* the cache type asked for was not taken */
     if (rc) {
         printf("FAIL %s (init: %s)\n", name, tide_strerror(rc));
         n_fail++;
@@ -169,21 +175,25 @@ out:
 
 void test_batch(const char *only)
 {
-    static const struct { const char *name, *preset; int type; double lim; } c[] = {
-        {"batch_moe", "moe", -1, 1e-3},
-        {"batch_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2},
+    static const struct { const char *name, *preset; int type; double lim; enum kv_type kv; } c[] = {
+        {"batch_moe", "moe", -1, 1e-3, KV_F32},
+        {"batch_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F32},
+        /* the f16 cache on both sides: the same limits (the rows the caches hold are the same
+         * f16 values up to the products' rounding before the store) */
+        {"batch_kv_f16_moe", "moe", -1, 1e-3, KV_F16},
+        {"batch_kv_f16_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F16},
         /* op by op (no rows' ops, no recorded step): gpt-oss's sinks, windows and yarn, and
-         * deepseek2's MLA, several sequences' runs in one step */
-        {"batch_gptoss", "gpt-oss", -1, 1e-3},
-        {"batch_deepseek2", "deepseek2", -1, 1e-3},
+         * deepseek2's MLA, several sequences' runs in one step (both keep an f32 cache) */
+        {"batch_gptoss", "gpt-oss", -1, 1e-3, KV_F32},
+        {"batch_deepseek2", "deepseek2", -1, 1e-3, KV_F32},
         /* wider and deeper, 16 experts: a 1e-6 difference in a router logit can flip an expert
          * choice, and a flipped choice moves that row by ~0.3 (measured 0.29 on the H200, 0.048
          * with TIDE_ATTN_MMA=0; the same flips as e2e_big_q8_0): here the rows only catch garbage */
-        {"batch_big_q8_0", "big", GGML_TYPE_Q8_0, 0.5},
+        {"batch_big_q8_0", "big", GGML_TYPE_Q8_0, 0.5, KV_F32},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
         if (!only || strstr(c[i].name, only) || strstr(only, c[i].name))
-            batch_case(c[i].name, c[i].preset, c[i].type, c[i].lim);
+            batch_case(c[i].name, c[i].preset, c[i].type, c[i].lim, c[i].kv);
 }
 
 /* A decode step of B sequences (each at position 512 of its slot) on the 'big' preset, q8_0,
@@ -200,7 +210,9 @@ void bench_batch(void)
         return;
     }
     struct side G;
-    if (side_init(&G, &m, gpu, true, 32, 1024)) {
+    /* TIDE_BENCH_KV_F16=1: the same steps over an f16 KV cache */
+    const char *kvf = getenv("TIDE_BENCH_KV_F16");
+    if (side_init(&G, &m, gpu, true, 32, 1024, kvf && kvf[0] == '1' ? KV_F16 : KV_F32)) {
         printf("FAIL bench_batch (init)\n");
         n_fail++;
         return;

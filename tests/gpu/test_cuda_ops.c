@@ -34,7 +34,8 @@ static const char *tests[] = {
     "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
-    "batch_moe", "batch_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0", "bench_batch", "bench_moe_rows",
+    "batch_moe", "batch_qwen3moe_q8_0", "batch_kv_f16_moe", "batch_kv_f16_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0",
+    "kv_f16_store", "kv_f16_attention", "kv_f16_rows", "bench_batch", "bench_moe_rows",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
@@ -757,6 +758,9 @@ int main(int argc, char **argv)
     if (want(only, "matmul3")) test_matmul3();
     if (want(only, "attention")) test_attention(false);
     if (want(only, "attention_chunk")) test_attention(true);
+    if (want(only, "kv_f16_store")) test_kv_f16_store();
+    if (want(only, "kv_f16_attention")) test_kv_f16_attention();
+    if (want(only, "kv_f16_rows")) test_kv_f16_rows();
     if (want(only, "swiglu")) test_elementwise();
     if (want(only, "scatter_axpy")) test_scatter();
     if (want(only, "axpy_sigmoid")) test_axpy_sigmoid();

@@ -6,7 +6,9 @@
  * larger than the buffers (cut by the forward), and decode steps of all three at once. Every
  * logits row the batch produces must equal the lone run's row bit for bit: this is what makes
  * a reply under load identical to the same request alone. Rows whose draw the backend makes
- * (forward_seq.draw, backend_i.sample) get the draw of their own logits, whatever shares the step. */
+ * (forward_seq.draw, backend_i.sample) get the draw of their own logits, whatever shares the step.
+ * With an f16 KV cache (the *_kv_f16 tests) the same holds: rows are rounded as they are stored,
+ * whatever shares the step, and the attention reads them the same way in both. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,7 @@ static const int plen[NSEQ] = {9, 23, 5};
 
 static int prompt_tok(int s, int i, uint32_t V) { return (int)((7u * (unsigned)s + 13u * (unsigned)i + 3u) % V); }
 
-static void check_preset(const char *preset, int type)
+static void check_preset_kv(const char *preset, int type, enum kv_type kv)
 {
     char path[96];
     snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-%s-%d.gguf", (int)getpid(), preset, type);
@@ -42,8 +44,10 @@ static void check_preset(const char *preset, int type)
     float *alone = malloc(sizeof(float) * V * NSEQ * (NDEC + 1));
     int toks[NSEQ][NDEC];
     for (int s = 0; s < NSEQ; s++) {
-        struct forward_state f;
-        cr_assert_eq(forward_init(&f, &m, be, 128), 0);
+        struct forward_state f; /* forward_init's shape, with the KV type */
+        struct forward_stage_spec sp1 = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv};
+        cr_assert_eq(forward_init_stages(&f, &m, 128, 1, FORWARD_DEFAULT_BATCH, &sp1, 1), 0);
+        cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
         int ids[64];
         for (int i = 0; i < plen[s]; i++)
             ids[i] = prompt_tok(s, i, V);
@@ -60,8 +64,10 @@ static void check_preset(const char *preset, int type)
 
     /* together: 4 slots (one unused), steps of at most 16 rows from the prefill buffers */
     struct forward_state f;
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer};
+    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 4, 16, &sp, 1), 0);
+    /* deepseek2's latent cache stays f32 (forward_kv_f16_why) */
+    cr_assert_eq(f.kv_f16, kv == KV_F16 && !m.cfg.kv_lora_rank, "%s: kv_f16 %d", preset, f.kv_f16);
     cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
     int slot[NSEQ] = {2, 0, 3}, pos[NSEQ] = {0}, dec[NSEQ] = {0}, checked = 0;
     int ids[NSEQ][64];
@@ -120,7 +126,14 @@ static void check_preset(const char *preset, int type)
     unlink(path);
 }
 
+static void check_preset(const char *preset, int type) { check_preset_kv(preset, type, KV_F32); }
+
 Test(batch, moe_f16_batched_equals_alone) { check_preset("moe", -1); }
+Test(batch, moe_f16_kv_f16_batched_equals_alone) { check_preset_kv("moe", -1, KV_F16); }
+Test(batch, qwen3moe_f16_kv_f16_batched_equals_alone) { check_preset_kv("qwen3moe", -1, KV_F16); }
+Test(batch, qwen2moe_q8_0_kv_f16_batched_equals_alone) { check_preset_kv("qwen2moe", GGML_TYPE_Q8_0, KV_F16); }
+Test(batch, olmoe_f16_kv_f16_batched_equals_alone) { check_preset_kv("olmoe", -1, KV_F16); }
+Test(batch, deepseek2_kv_f16_keeps_f32_batched_equals_alone) { check_preset_kv("deepseek2", -1, KV_F16); }
 Test(batch, qwen3moe_f16_batched_equals_alone) { check_preset("qwen3moe", -1); }
 Test(batch, qwen2moe_f16_batched_equals_alone) { check_preset("qwen2moe", -1); }
 Test(batch, olmoe_f16_batched_equals_alone) { check_preset("olmoe", -1); }

@@ -291,3 +291,34 @@ Test(config, http_limits)
     expect_err("{\"http\":{\"timeout\":1}}", "config: http.timeout: unknown key");
     expect_err("{\"http\":[]}", "config: http: expected an object");
 }
+
+/* kv_type: null (the default: f16, f32 on a CUDA device for now), "f16", "f32", and --kv-type. */
+Test(config, kv_type)
+{
+    struct config c;
+    char err[256] = "";
+    config_defaults(&c);
+    cr_expect_eq(c.kv_type, 0);
+    config_free(&c);
+    cr_assert_eq(parse("{\"kv_type\":\"f32\"}", &c, err), 0, "%s", err);
+    cr_expect_eq(c.kv_type, 32);
+    config_free(&c);
+    cr_assert_eq(parse("{\"kv_type\":\"f16\"}", &c, err), 0, "%s", err);
+    cr_expect_eq(c.kv_type, 16);
+    config_free(&c);
+    cr_assert_eq(parse("{\"kv_type\":null}", &c, err), 0, "%s", err);
+    cr_expect_eq(c.kv_type, 0);
+    config_free(&c);
+    cr_expect_lt(parse("{\"kv_type\":\"q8_0\"}", &c, err), 0);
+    cr_expect(strstr(err, "config: kv_type: expected \"f16\", \"f32\" or null") == err, "%s", err);
+    config_free(&c);
+    char *flag[] = { "tide", "--kv-type", "f32", NULL };
+    cr_assert_eq(config_load(&c, 3, flag, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(c.kv_type, 32);
+    config_free(&c);
+    char *bad[] = { "tide", "--kv-type=bf16", NULL };
+    cr_expect_eq(config_load(&c, 2, bad, err, sizeof err), TIDE_EINVAL);
+    cr_expect_str_eq(err, "config: --kv-type: expected f16 or f32, got \"bf16\"");
+    config_free(&c);
+    cr_expect(strstr(config_usage(), "--kv-type") != NULL);
+}

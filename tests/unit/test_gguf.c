@@ -635,7 +635,7 @@ Test(gguf, modelgen_qwen2moe_preset)
      * (wq, wo 128x128; wk, wv 128x64; the shared expert 3 x 128x256) and the f32 vectors and
      * router (2 norms and the shared gate of 128, biases 128 + 64 + 64, router 128x8) */
     struct forward_stage_bytes sb;
-    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, &sb);
+    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, KV_F32, &sb);
     size_t f16 = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256), f32 = 4 * (3 * 128 + 256 + 128 * 8);
     cr_assert_eq(sb.weights, f16 + f32, "stage weights %zu, want %zu", sb.weights, f16 + f32);
     model_free(&m);

@@ -1,7 +1,8 @@
 /* test_kv_park.c - conversation parking (engine/kv_park.h) on the CPU backend: parked rows come
  * back into another slot byte for byte, a prefix of them too; the budget holds (least recently
  * used dropped first, an over-long conversation kept from its start); an entry that extends
- * another replaces it; image rows and short conversations are not parked. */
+ * another replaces it; image rows and short conversations are not parked. Parking an f16 cache
+ * (kv_park_f16) moves its rows as the f16 bytes they are. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,7 @@ static struct forward_state f;
 static struct backend be;
 static char path[96];
 
-static void setup(void)
+static void setup_kv(enum kv_type kv)
 {
     snprintf(path, sizeof path, "/tmp/tide-test-kvpark-%d.gguf", (int)getpid());
     struct modelgen_options o = {.preset = "moe", .out = path, .seed = 3, .type = -1, .threads = 1};
@@ -26,10 +27,14 @@ static void setup(void)
     cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
     cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer};
+    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 3, 64, &sp, 1), 0);
+    cr_assert_eq(f.kv_f16, kv == KV_F16);
     cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
 }
+
+static void setup(void) { setup_kv(KV_F32); }
+static void setup_f16(void) { setup_kv(KV_F16); }
 
 static void teardown(void)
 {
@@ -66,17 +71,19 @@ static int find(const struct kv_park *p, const int *ids, int limit, int *len)
 }
 
 TestSuite(kv_park, .init = setup, .fini = teardown);
+TestSuite(kv_park_f16, .init = setup_f16, .fini = teardown);
 
-Test(kv_park, restored_rows_are_the_parked_bytes)
+static void check_restored_rows(void)
 {
-    size_t rb = forward_kv_row_bytes(&f);
+    size_t rb = forward_kv_row_bytes(&f), el = f.kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    cr_assert_eq(rb, 2 * el * m.cfg.n_layer * m.cfg.n_head_kv * m.cfg.head_dim, "a position's bytes");
     struct kv_park p;
     kv_park_init(&p, 1 << 20, rb);
     int a[40], b[40];
     tokens(a, 40, 1);
     tokens(b, 40, 2);
     fill(0, a, 40);
-    float *want = malloc(40 * rb), *got = malloc(40 * rb);
+    uint8_t *want = malloc(40 * rb), *got = malloc(40 * rb);
     cr_assert_eq(forward_kv_copy(&f, 0, 40, want, 40, true), 0);
     cr_assert_eq(save(&p, 0, a, 40), 0);
     cr_assert_eq(p.n, 1);
@@ -90,11 +97,11 @@ Test(kv_park, restored_rows_are_the_parked_bytes)
     /* a prefix of 25 into slot 2: its rows are the first 25 of each layer's K and V */
     cr_assert_eq(kv_park_restore(&p, &f, 0, 2, 25), 0);
     cr_assert_eq(forward_kv_copy(&f, 2, 25, got, 40, true), 0);
-    size_t kvd = rb / sizeof(float) / 2 / m.cfg.n_layer;
+    size_t row = rb / 2 / m.cfg.n_layer; /* one position's K (or V) row of a layer, in bytes */
     for (uint32_t l = 0; l < m.cfg.n_layer; l++)
         for (int kv = 0; kv < 2; kv++) {
-            size_t o = ((size_t)l * 2 + (size_t)kv) * 40 * kvd;
-            cr_assert_eq(memcmp(want + o, got + o, 25 * kvd * sizeof(float)), 0, "layer %u %s", l, kv ? "V" : "K");
+            size_t o = ((size_t)l * 2 + (size_t)kv) * 40 * row;
+            cr_assert_eq(memcmp(want + o, got + o, 25 * row), 0, "layer %u %s", l, kv ? "V" : "K");
         }
     cr_assert_eq(p.n_restored, 2);
     cr_assert_eq(p.tokens_restored, 65);
@@ -102,6 +109,9 @@ Test(kv_park, restored_rows_are_the_parked_bytes)
     free(got);
     kv_park_free(&p);
 }
+
+Test(kv_park, restored_rows_are_the_parked_bytes) { check_restored_rows(); }
+Test(kv_park_f16, restored_rows_are_the_parked_f16_bytes) { check_restored_rows(); }
 
 Test(kv_park, budget_lru_extension_and_limits)
 {

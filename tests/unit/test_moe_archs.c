@@ -148,7 +148,7 @@ Test(moe_archs, modelgen_granitemoe_shared_preset)
     /* a stage of layer 3 alone: f16 wq, wo 128x128, wk, wv 128x64, the shared expert 3 x
      * 128x128; f32 the 2 norms of 128 and the router 128x8 */
     struct forward_stage_bytes sb;
-    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, &sb);
+    forward_stage_size(&m, 64, 1, 8, 3, 4, false, false, KV_F32, &sb);
     size_t want_bytes = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 128) + 4 * (2 * 128 + 128 * 8);
     cr_assert_eq(sb.weights, want_bytes, "stage weights %zu, want %zu", sb.weights, want_bytes);
     model_free(&m);

@@ -26,6 +26,13 @@
  * Shared memory: 70 KB a CTA at head_dim 128, 73 KB at 256 (opted into above 48 KB), so
  * three CTAs an SM on the H200; 256 threads of at most 80 registers.
  *
+ * An f16 cache (attention_f16, attention_at_f16): the same kernels with T = __half; a tile's
+ * rows are read with plain loads (8 bytes, 4 elements, a load) and widened into the same f32
+ * tiles, so everything after the copy is the f32 form's. cp.async copies bytes and cannot
+ * widen, so the next tile's loads go to registers before the current tile is computed and are
+ * widened into its buffer after it: the same one round trip in flight as the f32 form. (f16
+ * tiles in shared memory would halve its traffic too - not done yet.)
+ *
  * Memory per call: only the partials, n_head * n_chunks * (head_dim + 2) floats, from the
  * backend's stream-ordered scratch. The (n_head, n_ctx) att buffer of the interface is not
  * needed here and is left untouched. */
@@ -90,10 +97,11 @@ __host__ __device__ inline int att_smem_floats(int hd, int tk)
  * rows: grid.z is (row, group of heads), zgroups groups a row; row r is the query at q + r qd,
  * at position at[r], over the caches of slot slot[r] (slot_floats apart; slot NULL: slot 0),
  * its partials in its own part_o / part_ml rows (sized for the grid's chunks). vec: hd % 4 == 0
- * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). */
-template <int HDB>
+ * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). T:
+ * the cache's elements, float or __half (slot_floats then counts halves). */
+template <int HDB, typename T>
 __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_CTAS)
-attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
+attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                   float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
                   int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale,
                   const int32_t *at, int want, bool vec, int zgroups, const int32_t *slot, size_t slot_floats)
@@ -133,8 +141,8 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
     const int t0 = ci * chunk, len = t0 + chunk < n_keys ? chunk : n_keys - t0;
     const int n_tiles = (len + TK - 1) / TK;
     const int tid = threadIdx.x;
-    const float *kb = kc + (size_t)t0 * kvd + (size_t)kvh * hd; /* the chunk's first K row */
-    const float *vb = vc + (size_t)t0 * kvd + (size_t)kvh * hd;
+    const T *kb = kc + (size_t)t0 * kvd + (size_t)kvh * hd; /* the chunk's first K row */
+    const T *vb = vc + (size_t)t0 * kvd + (size_t)kvh * hd;
 
     /* hd % 4 != 0: the pad columns of the q and K rows (contiguous, same stride) read as
      * zeros by the float4 dots; written once, the copies never touch them */
@@ -146,8 +154,23 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
     auto load_tile = [&](int tile, int stage) {
         int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK;
         float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
-        const float *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
-        if (vec) {
+        const T *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+        if constexpr (sizeof(T) == 2) { /* f16: widened on the way (plain loads, see the top) */
+            if (vec) {
+                int n4 = hd >> 2;
+                for (int i = tid; i < tl * n4; i += ATT_THREADS) {
+                    int r = i / n4, c = (i - r * n4) * 4;
+                    *(float4 *)(kd + r * ks + c) = kv_load4(kg + r * kvd + c);
+                    *(float4 *)(vd + r * hd4 + c) = kv_load4(vg + r * kvd + c);
+                }
+            } else {
+                for (int i = tid; i < tl * hd; i += ATT_THREADS) {
+                    int r = i / hd, c = i - r * hd;
+                    kd[r * ks + c] = kv_load(kg + r * kvd + c);
+                    vd[r * hd4 + c] = kv_load(vg + r * kvd + c);
+                }
+            }
+        } else if (vec) {
             int n4 = hd >> 2;
             for (int i = tid; i < tl * n4; i += ATT_THREADS) {
                 int r = i / n4, c = (i - r * n4) * 4;
@@ -159,6 +182,41 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
                 int r = i / hd, c = i - r * hd;
                 cp_async4(kd + r * ks + c, kg + r * kvd + c, 4);
                 cp_async4(vd + r * hd4 + c, vg + r * kvd + c, 4);
+            }
+        }
+    };
+    /* f16 rows 16-byte aligned (vec): the register prefetch described at the top. PF: the
+     * (row, 4 columns) pieces of a tile a thread carries, at most */
+    constexpr int PF = (TK * (HDB / 4) + ATT_THREADS - 1) / ATT_THREADS;
+    const bool pf = sizeof(T) == 2 && vec;
+    uint2 pk[PF], pv[PF];
+    auto fetch = [&](int tile) {
+        if constexpr (sizeof(T) == 2) {
+            int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
+            const T *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+#pragma unroll
+            for (int p = 0; p < PF; p++) {
+                int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
+                if (i < tl * n4) {
+                    pk[p] = __ldg((const uint2 *)(kg + r * kvd + c));
+                    pv[p] = __ldg((const uint2 *)(vg + r * kvd + c));
+                }
+            }
+        }
+    };
+    auto put = [&](int tile, int stage) {
+        if constexpr (sizeof(T) == 2) {
+            int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
+            float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
+#pragma unroll
+            for (int p = 0; p < PF; p++) {
+                int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
+                if (i < tl * n4) {
+                    float2 a = __half22float2(*(const __half2 *)&pk[p].x), b = __half22float2(*(const __half2 *)&pk[p].y);
+                    *(float4 *)(kd + r * ks + c) = make_float4(a.x, a.y, b.x, b.y);
+                    a = __half22float2(*(const __half2 *)&pv[p].x), b = __half22float2(*(const __half2 *)&pv[p].y);
+                    *(float4 *)(vd + r * hd4 + c) = make_float4(a.x, a.y, b.x, b.y);
+                }
             }
         }
     };
@@ -194,7 +252,10 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
 
     for (int t = 0; t < n_tiles; t++) {
         if (t + 1 < n_tiles) { /* the buffer it fills was last read before the previous sync */
-            load_tile(t + 1, (t + 1) % ATT_STAGES);
+            if (pf)
+                fetch(t + 1); /* to registers: put() below, after this tile's work */
+            else
+                load_tile(t + 1, (t + 1) % ATT_STAGES);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -267,7 +328,9 @@ attn_chunk_kernel(const float *__restrict__ q, const float *__restrict__ kc, con
                 acc[7] = fmaf(pb.w, v, acc[7]);
             }
         }
-        __syncthreads(); /* before the next load refills this tile's buffer */
+        if (pf && t + 1 < n_tiles) /* the buffer was last read before this iteration's first sync */
+            put(t + 1, (t + 1) % ATT_STAGES);
+        __syncthreads(); /* before the next load refills this tile's buffer (pf: the next tile is in) */
     }
 
     /* the key splits' sums, added in split order */
@@ -395,7 +458,7 @@ attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ pa
 /* at NULL: the query at position pos. at set (attention_at): rows queries, row r at at[r], below
  * n_ctx, read when the kernels run, over slot slot[r]'s caches; pos is then unused but for the
  * shape check. */
-static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                           float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at = NULL,
                           int n_ctx = 0, int rows = 1, const int32_t *slot = NULL, size_t slot_floats = 0)
 {
@@ -440,19 +503,26 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
         part_o = ws;            /* (rows, n_head, n_chunks, head_dim) */
         part_ml = ws + po;      /* (rows, n_head, n_chunks, 2) */
     }
+    /* (an f16 cache's rows are 8-byte aligned wherever the f32 rows would be 16-byte aligned) */
     bool vec = head_dim % 4 == 0 && (((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
     float scale = 1.0f / sqrtf((float)head_dim);
     dim3 grid((unsigned)n_head_kv, (unsigned)n_chunks, (unsigned)(zgroups * rows));
-#define ATT_LAUNCH(D)                                                                                 \
-    do {                                                                                              \
-        if (smem > 48 * 1024 &&                                                                       \
-            !CU(c, cudaFuncSetAttribute(attn_chunk_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                        (int)smem)))                                                  \
-            return;                                                                                   \
-        attn_chunk_kernel<D><<<grid, ATT_THREADS, smem, c->st>>>(q, k_cache, v_cache, out, part_o,     \
-                                                                 part_ml, n_keys, n_head_kv, group,     \
-                                                                 head_dim, chunk, n_chunks, scale, at,  \
-                                                                 want, vec, zgroups, slot, slot_floats); \
+#define ATT_LAUNCH_T(D, T)                                                                               \
+    do {                                                                                                 \
+        if (smem > 48 * 1024 &&                                                                          \
+            !CU(c, cudaFuncSetAttribute(attn_chunk_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                        (int)smem)))                                                     \
+            return;                                                                                      \
+        attn_chunk_kernel<D, T><<<grid, ATT_THREADS, smem, c->st>>>(                                     \
+            q, (const T *)k_cache, (const T *)v_cache, out, part_o, part_ml, n_keys, n_head_kv, group, head_dim, \
+            chunk, n_chunks, scale, at, want, vec, zgroups, slot, slot_floats);                          \
+    } while (0)
+#define ATT_LAUNCH(D)                     \
+    do {                                  \
+        if (f16)                          \
+            ATT_LAUNCH_T(D, __half);      \
+        else                              \
+            ATT_LAUNCH_T(D, float);       \
     } while (0)
     switch (hdb) {
     case 32: ATT_LAUNCH(32); break;
@@ -461,6 +531,7 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     default: ATT_LAUNCH(256); break;
     }
 #undef ATT_LAUNCH
+#undef ATT_LAUNCH_T
     if (!CU_LAUNCH(c, "attn_chunk_kernel") || (n_chunks == 1 && !at))
         return;
     if (head_dim % 4 == 0) /* part_o rows then start 16-byte aligned (the scratch is) */
@@ -472,12 +543,12 @@ static void attention_one(struct cuda_ctx *c, const float *q, const float *k_cac
     CU_LAUNCH(c, "attn_merge_kernel");
 }
 
-void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
-                       int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
-                       int n_head_kv, int head_dim)
+void cuda_attention_at(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                       float *out, int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx,
+                       int n_head, int n_head_kv, int head_dim)
 {
     if (!c->err && n_ctx > 0 && n > 0)
-        attention_one(c, q, k_cache, v_cache, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx, n, slot,
+        attention_one(c, q, k_cache, v_cache, f16, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx, n, slot,
                       slot_floats);
 }
 
@@ -488,7 +559,7 @@ void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache,
  * long context leaves most SMs idle while a few CTAs walk every key; the decode kernel spreads
  * the keys over the SMs at ~8.2 us + ~1.8 ns a key per token (the tiled decode kernel above:
  * 15.4 us at 4096 keys, 65.7 at 32768, 32 query / 4 kv heads of 128; it was 8 us + 4 ns). */
-void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+void cuda_attention(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
     if (c->err || n <= 0)
@@ -502,10 +573,10 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, co
         double t_tiled = (waves < 1.0 ? 1.0 : waves) * (tc ? ceil((pos + n) / 64.0) * 6.5 : ceil((pos + n) / 32.0) * 7.0);
         double t_token = n * (8.2 + 0.00176 * (pos + n / 2.0));
         if (t_tiled <= t_token &&
-            cuda_attention_prefill(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim))
+            cuda_attention_prefill(c, q, k_cache, v_cache, f16, out, n, pos, n_head, n_head_kv, head_dim))
             return;
     }
     size_t qd = (size_t)n_head * head_dim;
     for (int t = 0; t < n && !c->err; t++)
-        attention_one(c, q + t * qd, k_cache, v_cache, out + t * qd, pos + t, n_head, n_head_kv, head_dim);
+        attention_one(c, q + t * qd, k_cache, v_cache, f16, out + t * qd, pos + t, n_head, n_head_kv, head_dim);
 }

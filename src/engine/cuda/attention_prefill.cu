@@ -20,7 +20,11 @@
  * same rows per CTA on the f16 tensor cores (f32 accumulators, f32 softmax), 4-5x the f32
  * kernel's speed on 512-token Qwen3-30B-A3B chunks (H200); q, K, V and the probabilities are rounded to f16
  * on the way in (2^-11 relative), so it agrees with the CPU to ~1e-3 (tested at 3e-3).
- * TIDE_ATTN_MMA=0 in the environment (or cuda_set_attn_mma(0)) keeps the f32 kernel. */
+ * TIDE_ATTN_MMA=0 in the environment (or cuda_set_attn_mma(0)) keeps the f32 kernel.
+ *
+ * An f16 KV cache (backend_i.attention_f16): both kernels with T = __half, the rows widened as
+ * they are read (exact), the rest as with f32 rows; the tensor-core form rounds them to f16
+ * anyway, so there the cache's type changes nothing but the bytes read. */
 #include "engine/cuda/common.cuh"
 
 #include <cuda_fp16.h>
@@ -33,9 +37,9 @@
 #define FA_THREADS 256 /* = FA_ROWS / 2 row groups x 8 lanes */
 
 /* NI: output dims per thread in P V, head_dim <= 8 * NI. */
-template <int NI>
+template <int NI, typename T>
 __global__ void __launch_bounds__(FA_THREADS)
-attn_prefill_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
+attn_prefill_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                     float *__restrict__ out, int n, int pos, int n_head_kv, int group, int gz, int bt, int hd,
                     float scale)
 {
@@ -79,8 +83,8 @@ attn_prefill_kernel(const float *__restrict__ q, const float *__restrict__ kc, c
              * there times p = 0 would still be NaN) */
             bool ok = k0 + j < n_keys;
             size_t off = (size_t)(k0 + j) * kvd + (size_t)kvh * hd + d;
-            ks[j * ld + d] = ok ? __ldg(kc + off) : 0.0f;
-            vs[j * ld + d] = ok ? __ldg(vc + off) : 0.0f;
+            ks[j * ld + d] = ok ? kv_load(kc + off) : 0.0f;
+            vs[j * ld + d] = ok ? kv_load(vc + off) : 0.0f;
         }
         __syncthreads();
 
@@ -220,9 +224,9 @@ __device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_
 
 /* grid and rows as attn_prefill_kernel's (row r = token t0 + r / G, head kvh * group + g0 +
  * r % G); scale2 = scale * log2(e), the softmax taken in base 2. */
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(TA_THREADS)
-attn_prefill_mma_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
+attn_prefill_mma_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                         float *__restrict__ out, int n, int pos, int n_head_kv, int group, int gz, int bt,
                         float scale2)
 {
@@ -271,11 +275,11 @@ attn_prefill_mma_kernel(const float *__restrict__ q, const float *__restrict__ k
          * are zero, not whatever the cache holds (NaN times p = 0 is NaN). */
         for (int i = tid; i < TA_BK * HD / 4; i += TA_THREADS) {
             int j = i / (HD / 4), d4 = (i % (HD / 4)) * 4;
-            float4 kv = k0 + j < n_keys ? __ldg((const float4 *)(kc + (size_t)(k0 + j) * kvd + (size_t)kvh * HD + d4))
+            float4 kv = k0 + j < n_keys ? kv_load4(kc + (size_t)(k0 + j) * kvd + (size_t)kvh * HD + d4)
                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             *(uint2 *)&ks[j * KLD + d4] = make_uint2(pack_half2(kv.x, kv.y), pack_half2(kv.z, kv.w));
             int jv = i % TA_BK, dv = (i / TA_BK) * 4;
-            float4 vv = k0 + jv < n_keys ? __ldg((const float4 *)(vc + (size_t)(k0 + jv) * kvd + (size_t)kvh * HD + dv))
+            float4 vv = k0 + jv < n_keys ? kv_load4(vc + (size_t)(k0 + jv) * kvd + (size_t)kvh * HD + dv)
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             vt[(dv + 0) * VLD + jv] = __float2half_rn(vv.x);
             vt[(dv + 1) * VLD + jv] = __float2half_rn(vv.y);
@@ -352,7 +356,7 @@ attn_prefill_mma_kernel(const float *__restrict__ q, const float *__restrict__ k
     }
 }
 
-bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                             float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
     if (c->err || n <= 0 || pos < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
@@ -368,12 +372,20 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_c
     if (cuda_set_attn_mma(-1) && (head_dim == 64 || head_dim == 128)) {
         float scale2 = 1.4426950408889634f / sqrtf((float)head_dim);
         dim3 grid((unsigned)n_head_kv, (unsigned)ty, (unsigned)zgroups);
-        if (head_dim == 128)
-            attn_prefill_mma_kernel<128><<<grid, TA_THREADS, 0, c->st>>>(q, k_cache, v_cache, out, n, pos, n_head_kv,
-                                                                         group, gz, bt, scale2);
+        const __half *kh = (const __half *)k_cache, *vh = (const __half *)v_cache;
+        const float *kf = (const float *)k_cache, *vf = (const float *)v_cache;
+        if (head_dim == 128 && f16)
+            attn_prefill_mma_kernel<128, __half>
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2);
+        else if (head_dim == 128)
+            attn_prefill_mma_kernel<128, float>
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2);
+        else if (f16)
+            attn_prefill_mma_kernel<64, __half>
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2);
         else
-            attn_prefill_mma_kernel<64><<<grid, TA_THREADS, 0, c->st>>>(q, k_cache, v_cache, out, n, pos, n_head_kv,
-                                                                        group, gz, bt, scale2);
+            attn_prefill_mma_kernel<64, float>
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2);
         CU_LAUNCH(c, "attn_prefill_mma_kernel");
         return true;
     }
@@ -382,15 +394,21 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_c
     size_t smem = ((size_t)(FA_ROWS + 2 * FA_BK) * (head_dim + 1) + (size_t)FA_ROWS * (FA_BK + 1)) * sizeof(float);
     float scale = 1.0f / sqrtf((float)head_dim);
     dim3 grid((unsigned)n_head_kv, (unsigned)ty, (unsigned)zgroups);
-#define FA_LAUNCH(NI)                                                                                       \
-    do {                                                                                                    \
-        if (smem > 48 * 1024 &&                                                                             \
-            !CU(c, cudaFuncSetAttribute(attn_prefill_kernel<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                        (int)smem)))                                                        \
-            return true; /* the error is kept in c */                                                     \
-        attn_prefill_kernel<NI><<<grid, FA_THREADS, smem, c->st>>>(q, k_cache, v_cache, out, n, pos,         \
-                                                                   n_head_kv, group, gz, bt, head_dim,      \
-                                                                   scale);                                  \
+#define FA_LAUNCH_T(NI, T)                                                                                     \
+    do {                                                                                                       \
+        if (smem > 48 * 1024 &&                                                                                \
+            !CU(c, cudaFuncSetAttribute(attn_prefill_kernel<NI, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                        (int)smem)))                                                           \
+            return true; /* the error is kept in c */                                                        \
+        attn_prefill_kernel<NI, T><<<grid, FA_THREADS, smem, c->st>>>(                                         \
+            q, (const T *)k_cache, (const T *)v_cache, out, n, pos, n_head_kv, group, gz, bt, head_dim, scale);  \
+    } while (0)
+#define FA_LAUNCH(NI)                  \
+    do {                               \
+        if (f16)                       \
+            FA_LAUNCH_T(NI, __half);   \
+        else                           \
+            FA_LAUNCH_T(NI, float);    \
     } while (0)
     switch (ni) {
     case 4: FA_LAUNCH(4); break;
@@ -399,6 +417,7 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_c
     default: FA_LAUNCH(32); break;
     }
 #undef FA_LAUNCH
+#undef FA_LAUNCH_T
     CU_LAUNCH(c, "attn_prefill_kernel");
     return true;
 }

@@ -135,7 +135,9 @@ __global__ void rope_kernel(float *vec, int n_heads, int head_dim, int pos, floa
 
 /* One head: normed as rmsnorm_kernel norms it (same reduction, same products) into shared
  * memory, rotated by rope_pair there, written to out (may be v). smem: head_dim floats. */
-__device__ __forceinline__ void head_norm_rope(const float *v, float *out, uint32_t wtype, const uint8_t *w,
+/* out: float, or __half (an f16 KV cache's row: rounded as it is stored) */
+template <typename T>
+__device__ __forceinline__ void head_norm_rope(const float *v, T *out, uint32_t wtype, const uint8_t *w,
                                                int head_dim, int pos, float theta, int neox, float eps)
 {
     extern __shared__ float hv[]; /* (head_dim) */
@@ -153,7 +155,7 @@ __device__ __forceinline__ void head_norm_rope(const float *v, float *out, uint3
         rope_pair(hv, i, head_dim, pos, theta, neox);
     __syncthreads();
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        out[i] = hv[i];
+        kv_store(out + i, hv[i]);
 }
 
 /* backend_i.qk_norm_rope: grid (n_head + n_head_kv, n), one head of one token a CTA, block
@@ -173,8 +175,11 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const ui
 
 /* backend_i.qk_norm_rope_at: grid (n_head + n_head_kv, rows); row r's position from at[r] and
  * its caches slot[r] * slot_floats on (slot NULL: slot 0). A k head's CTA reads the new row
- * from k_new, writes it rotated to the cache row and copies the v head from v_new beside it. */
-__global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float *v_new, float *kc, float *vc,
+ * from k_new, writes it rotated to the cache row and copies the v head from v_new beside it.
+ * T: the cache's elements (qk_norm_rope_at_f16: __half, rounded as stored; slot_floats counts
+ * them). */
+template <typename T>
+__global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float *v_new, T *kc, T *vc,
                                        const int32_t *slot, size_t slot_floats, uint32_t qtype,
                                        const uint8_t *__restrict__ qw, uint32_t ktype, const uint8_t *__restrict__ kw,
                                        int n_head, int n_head_kv, int head_dim, const int32_t *at, float theta,
@@ -189,7 +194,7 @@ __global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float
     }
     size_t o = (size_t)(h - n_head) * head_dim, so = slot ? (size_t)slot[r] * slot_floats : 0;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        vc[so + (size_t)pos * kvd + o + i] = v_new[(size_t)r * kvd + o + i];
+        kv_store(vc + so + (size_t)pos * kvd + o + i, v_new[(size_t)r * kvd + o + i]);
     head_norm_rope(k_new + (size_t)r * kvd + o, kc + so + (size_t)pos * kvd + o, ktype, kw, head_dim, pos, theta, neox,
                    eps);
 }
@@ -417,10 +422,11 @@ static void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tensor *
     CU_LAUNCH(c, "qk_norm_rope_kernel");
 }
 
-static void cu_qk_norm_rope_at(void *ctx, float *q, const float *k_new, const float *v_new, float *k_cache,
-                               float *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
-                               const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
-                               int head_dim, float theta, enum rope_kind kind, float eps)
+template <typename T>
+static void qk_norm_rope_at_t(void *ctx, float *q, const float *k_new, const float *v_new, T *k_cache, T *v_cache,
+                              int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
+                              const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                              int head_dim, float theta, enum rope_kind kind, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!enter(c) || head_dim <= 0 || n_head <= 0 || n_head_kv <= 0 || n <= 0)
@@ -430,11 +436,29 @@ static void cu_qk_norm_rope_at(void *ctx, float *q, const float *k_new, const fl
         return;
     }
     dim3 grid((unsigned)(n_head + n_head_kv), (unsigned)n);
-    qk_norm_rope_at_kernel<<<grid, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
+    qk_norm_rope_at_kernel<T><<<grid, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
         q, k_new, v_new, k_cache, v_cache, slot, slot_floats, q_norm ? q_norm->type : 0,
         q_norm ? (const uint8_t *)q_norm->data : NULL, k_norm ? k_norm->type : 0,
         k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at, theta, kind == ROPE_NEOX, eps);
     CU_LAUNCH(c, "qk_norm_rope_at_kernel");
+}
+
+static void cu_qk_norm_rope_at(void *ctx, float *q, const float *k_new, const float *v_new, float *k_cache,
+                               float *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
+                               const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                               int head_dim, float theta, enum rope_kind kind, float eps)
+{
+    qk_norm_rope_at_t(ctx, q, k_new, v_new, k_cache, v_cache, n, at, slot, slot_floats, q_norm, k_norm, n_head,
+                      n_head_kv, head_dim, theta, kind, eps);
+}
+
+static void cu_qk_norm_rope_at_f16(void *ctx, float *q, const float *k_new, const float *v_new, uint16_t *k_cache,
+                                   uint16_t *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_elems,
+                                   const struct tensor *q_norm, const struct tensor *k_norm, int n_head,
+                                   int n_head_kv, int head_dim, float theta, enum rope_kind kind, float eps)
+{
+    qk_norm_rope_at_t(ctx, q, k_new, v_new, (__half *)k_cache, (__half *)v_cache, n, at, slot, slot_elems, q_norm,
+                      k_norm, n_head, n_head_kv, head_dim, theta, kind, eps);
 }
 
 static void cu_attention_at(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, int n,
@@ -443,7 +467,34 @@ static void cu_attention_at(void *ctx, const float *q, const float *k_cache, con
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (enter(c))
-        cuda_attention_at(c, q, k_cache, v_cache, out, n, at, slot, slot_floats, n_ctx, n_head, n_head_kv, head_dim);
+        cuda_attention_at(c, q, k_cache, v_cache, false, out, n, at, slot, slot_floats, n_ctx, n_head, n_head_kv,
+                          head_dim);
+}
+
+static void cu_attention_at_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                float *out, int n, const int32_t *at, const int32_t *slot, size_t slot_elems,
+                                int n_ctx, int n_head, int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (enter(c))
+        cuda_attention_at(c, q, k_cache, v_cache, true, out, n, at, slot, slot_elems, n_ctx, n_head, n_head_kv,
+                          head_dim);
+}
+
+/* backend_i.store_f16: a step's new K/V rows into an f16 cache */
+__global__ void store_f16_kernel(__half *dst, const float *__restrict__ src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2half_rn(src[i]);
+}
+
+static void cu_store_f16(void *ctx, uint16_t *dst, const float *src, size_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || !n)
+        return;
+    store_f16_kernel<<<grid_for(n, 256), 256, 0, c->st>>>((__half *)dst, src, n);
+    CU_LAUNCH(c, "store_f16_kernel");
 }
 
 static void cu_get_row_at(void *ctx, const struct tensor *t, const int32_t *at, float *out)
@@ -488,7 +539,16 @@ static void cu_attention(void *ctx, const float *q, const float *k_cache, const 
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     (void)att;
     if (enter(c) && n > 0)
-        cuda_attention(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim);
+        cuda_attention(c, q, k_cache, v_cache, false, out, n, pos, n_head, n_head_kv, head_dim);
+}
+
+static void cu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                             float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)att;
+    if (enter(c) && n > 0)
+        cuda_attention(c, q, k_cache, v_cache, true, out, n, pos, n_head, n_head_kv, head_dim);
 }
 
 static void cu_swiglu(void *ctx, float *gate, const float *up, int n)
@@ -670,6 +730,10 @@ static const struct backend_i cuda_iface = {
     .qk_norm_rope_at = cu_qk_norm_rope_at,
     .attention_at = cu_attention_at,
     .get_row_at = cu_get_row_at,
+    .store_f16 = cu_store_f16, /* the f16 KV cache (attention.cu, attention_prefill.cu) */
+    .attention_f16 = cu_attention_f16,
+    .qk_norm_rope_at_f16 = cu_qk_norm_rope_at_f16,
+    .attention_at_f16 = cu_attention_at_f16,
     .norm_matmul = cu_norm_matmul,
     .moe_ffn_batch = cu_moe_ffn_batch,
     .layernorm = cu_layernorm, /* the vision encoder's ops: vision_ops.cu */

@@ -90,12 +90,13 @@ void cuda_argmax(struct cuda_ctx *c, const float *x, int n, int32_t *out);
 /* backend_i.sample (sample.cu): out[0..n) (device memory) = a draw from each row of logits */
 void cuda_sample(struct cuda_ctx *c, const float *logits, int n, int n_vocab, const struct sample_row *rows,
                  int32_t *out);
-/* backend_i.attention_at (attention.cu) */
-void cuda_attention_at(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache, float *out,
-                       int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx, int n_head,
-                       int n_head_kv, int head_dim);
-/* n query tokens at positions pos..pos+n-1 (backend_i.attention); attention.cu */
-void cuda_attention(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+/* backend_i.attention_at (attention.cu); f16: the caches hold f16 (attention_at_f16), slot_floats
+ * then counts their elements */
+void cuda_attention_at(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                       float *out, int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx,
+                       int n_head, int n_head_kv, int head_dim);
+/* n query tokens at positions pos..pos+n-1 (backend_i.attention, attention_f16 with f16); attention.cu */
+void cuda_attention(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* graph.cu: backend_i.graph_begin / graph_end / graph_launch / graph_free (CUDA graphs) */
 int cuda_graph_begin(void *ctx);
@@ -115,7 +116,7 @@ bool cuda_mmq_ok(const void *W, size_t row_bytes, int nb);
 size_t cuda_mmq_scratch(struct cuda_ctx *c, int rows, int nb, int n);
 /* attention_prefill.cu: the tiled kernel for a chunk, one launch. false: not launched (shape
  * it does not take; nothing queued, c->err untouched) so the caller runs it token by token. */
-bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const float *k_cache, const float *v_cache,
+bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                             float *out, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* moe.cu: backend_i.moe_ffn for q8_0 / q4_0 experts; TIDE_EUNSUPPORTED for anything else. */
 int cuda_moe_ffn(struct cuda_ctx *c, const struct expert_weights *ex, const float *w, int k, const float *x,
@@ -158,6 +159,24 @@ __device__ __forceinline__ float f16_bits_to_f32(uint16_t h)
 {
     return __half2float(__ushort_as_half(h));
 }
+
+/* The KV cache's elements, f32 or f16 (backend_i's f16 cache ops): stored from f32 (f16 rounded
+ * to nearest even, the CPU's cpu_f16_round), read as f32 (exact). kv_load4: 4 elements from p,
+ * 16-byte (f32) or 8-byte (f16) aligned. */
+__device__ __forceinline__ float kv_load(const float *p) { return __ldg(p); }
+__device__ __forceinline__ float kv_load(const __half *p)
+{
+    return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
+}
+__device__ __forceinline__ float4 kv_load4(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ float4 kv_load4(const __half *p)
+{
+    uint2 u = __ldg((const uint2 *)p);
+    float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void kv_store(float *p, float x) { *p = x; }
+__device__ __forceinline__ void kv_store(__half *p, float x) { *p = __float2half_rn(x); }
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
 {
