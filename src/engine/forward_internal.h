@@ -11,6 +11,17 @@
 int forward_bind_buffers(struct forward_state *s, int n);
 void forward_unbind_buffers(struct forward_state *s);
 
+/* A layer's MoE FFN for n tokens (forward_moe.c): xb (n, E) normed input -> moe_out (n, E),
+ * returning 0; or, returning 1, already added into x (the fused decode forms); or a negative
+ * code. have_logits: the router's product is in router already (norm_matmul). */
+int forward_moe_ffn(struct forward_state *s, struct forward_stage *st, uint32_t l, int n, bool have_logits);
+/* The resident shared expert for n tokens, after the routed ones (forward_moe.c): x (n, E) +=
+ * [sigmoid gate] * down(silu(gate xb) * up xb). */
+void forward_shared_expert_ffn(const struct backend_i *B, void *bc, const struct forward_stage *st,
+                               const struct model_layer *L, int n);
+/* A decode step's route() row for layer l and token i (i < n_seq) in st->route. */
+int32_t *forward_layer_route(const struct forward_state *s, const struct forward_stage *st, uint32_t l, int i);
+
 /* gpt-oss's MoE FFN for n tokens of layer l (forward_oai.c): xb (n, E) normed input ->
  * moe_out (n, E), router biased, expert biases and the clamped SwiGLU; have_logits: the
  * router's product is in router already. 0, or a negative code (TIDE_EUNSUPPORTED: the
