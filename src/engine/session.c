@@ -46,6 +46,7 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         goto fail_tok;
     /* Test hook: TIDE_FAULT_SLOW_TOKEN_MS makes every generated token take at least that long,
      * so timeout tests do not depend on how fast the machine is. Unset in normal runs. */
+    e->prefix_wait_tokens = ENGINE_PREFIX_WAIT_DEFAULT;
     const char *slow = getenv("TIDE_FAULT_SLOW_TOKEN_MS");
     if (slow && atoi(slow) > 0) {
         e->slow_token_us = (unsigned)atoi(slow) * 1000u;

@@ -51,6 +51,7 @@ struct config {
     int queue_max;
     int parallel;          /* sequences running at once (KV slots); 0 = null: automatic (memory/plan.c) */
     int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
+    int prefix_wait_tokens; /* a prompt waits for a prefilling sequence's rows worth this many more (0: never) */
     int kv_host_mib;       /* conversations parked in host RAM (engine/kv_park.h); -1 = null: automatic */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
     int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
