@@ -142,7 +142,10 @@ static void share_prefix(struct engine *e, struct engine_seq *q)
     int n = share_sources(e, q, src, slot_of);
     struct prompt_rows qr = seq_rows(q);
     struct share_plan pl;
-    prefix_share_plan(&qr, q->n_prompt - 1, q->pos, src, n, e->prefix_wait_tokens, &pl);
+    /* a wait starts for prefix_wait_tokens rows more; once waiting, q waits for every shared row
+     * (the last chunk's too) while a sequence still computes them */
+    int min_wait = e->prefix_wait_tokens > 0 && q->waiting ? 1 : e->prefix_wait_tokens;
+    prefix_share_plan(&qr, q->n_prompt - 1, q->pos, src, n, min_wait, &pl);
     if (pl.wait_on >= 0 && !q->waiting)
         e->prefix_waits++;
     q->waiting = pl.wait_on >= 0;
