@@ -7,11 +7,15 @@ through the real daemon (CPU devices, the plumbing model):
     prompt (chat, streamed too), the others waited for the first one's rows, and /metrics counts the
     tokens copied between slots and the waits;
  2. the same for /v1/completions;
- 3. the sequence computing a shared prefix is cancelled (its client hangs up mid-prefill) while 3
+ 3. image rows: of 2 clients at once with the same image and text, one takes the other's rows (all but
+    the last); a third with another image of the same size at the same place takes none of the image's;
+    each text is its text alone;
+ 4. the sequence computing a shared prefix is cancelled (its client hangs up mid-prefill) while 3
     others wait for it: they are answered, with the text they get alone.
 The steps are slowed (TIDE_FAULT_SLOW_TOKEN_MS) and a prompt runs in 64-row chunks, so the clients
 arrive while the first one still prefills. Usage: tests/e2e/test_prefix_share.py (env: TIDE_BIN).
 """
+import base64
 import os
 import socket
 import sys
@@ -19,7 +23,7 @@ import time
 import json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_batching import Daemon, check, metric, results, run_threads  # noqa: E402 - the shared harness
+from test_batching import MMPROJ, Daemon, check, metric, png_bytes, results, run_threads  # noqa: E402 - the shared harness
 
 SLOW = {"TIDE_FAULT_SLOW_TOKEN_MS": "20"}
 SYSTEM = ("You are a careful assistant for a harbour town. The boats are painted in bright colours, the nets "
@@ -134,8 +138,42 @@ def cancelled_leader():
         check("daemon exits 0 on SIGTERM", d.stop() == 0)
 
 
+def image_rows():
+    def ask(png):
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                          {"type": "text", "text": "What colour is this?"}]}],
+                "max_tokens": 10, "temperature": 0}
+    red, blue = png_bytes((200, 30, 30)), png_bytes((30, 30, 200))
+    reqs = [ask(red), ask(red), ask(blue)]
+    ref = []
+    d = Daemon({"mmproj": MMPROJ, "parallel": 1, "kv_host_mib": 0, "prefix_wait_tokens": 0})
+    try:
+        for b in reqs:
+            d.post("/v1/completions", {"prompt": "Count some shapes for me, please.", "max_tokens": 2})
+            ref.append(d.post("/v1/chat/completions", b)["choices"][0]["message"]["content"])
+    finally:
+        d.stop()
+    d = Daemon({"mmproj": MMPROJ, "parallel": 4, "max_batch_tokens": 64}, env=SLOW)
+    try:
+        got = run_threads([lambda b=b: d.post("/v1/chat/completions", b) for b in reqs])
+        errs = [g for g in got if isinstance(g, Exception)]
+        if errs:
+            return check("image rows: answered", False, repr(errs[0]))
+        pt = got[0]["usage"]["prompt_tokens"]
+        reds = sorted(g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got[:2])
+        cb = got[2]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("image rows: the same image's rows are shared between running sequences, another's are not",
+              reds[0] < pt // 2 and reds[1] == pt - 1 and cb < pt // 2, "red %s, blue %d of %d" % (reds, cb, pt))
+        check("image rows: each text is its text alone",
+              [g["choices"][0]["message"]["content"] for g in got] == ref)
+    finally:
+        check("daemon exits 0 on SIGTERM", d.stop() == 0)
+
+
 def main():
     shared_system_prompt()
+    image_rows()
     cancelled_leader()
     npass = sum(results)
     print("%d passed, %d failed" % (npass, len(results) - npass))
