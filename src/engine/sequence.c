@@ -137,6 +137,10 @@ static int share_sources(struct engine *e, const struct engine_seq *q, struct sh
  * waits for a prefilling sequence's rows. A failed copy only costs the recompute. */
 static void share_prefix(struct engine *e, struct engine_seq *q)
 {
+    if (!e->kv_share) {
+        q->waiting = false;
+        return;
+    }
     struct share_source src[FORWARD_MAX_SEQ];
     int slot_of[FORWARD_MAX_SEQ];
     int n = share_sources(e, q, src, slot_of);

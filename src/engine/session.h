@@ -52,6 +52,8 @@ struct engine {
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
     double last_forward_s;    /* the last engine_step's forward (forward_eval_batch), seconds; 0 when
                                  it ran none */
+    bool kv_share;            /* prompts take prefix rows from other slots (prefix_share.h); off:
+                                 only their own slot's and parked ones */
     int prefix_wait_tokens;   /* a new prompt waits for a prefilling sequence's rows when they bring at
                                  least this many rows more than it can copy now (prefix_share.h); 0: never */
     /* counters (engine thread writes, the snapshot reads) */
