@@ -8,7 +8,7 @@ void prefix_share_plan(const struct prompt_rows *q, int limit, int have, const s
     int best = have;
     for (int i = 0; i < n; i++) {
         int k = prompt_rows_shared(&src[i].rows, q, limit);
-        if (k > best) {
+        if (k > best && k - have >= PREFIX_SHARE_MIN_COPY) {
             best = k;
             out->copy_from = i;
             out->copy_len = k;
@@ -21,7 +21,7 @@ void prefix_share_plan(const struct prompt_rows *q, int limit, int have, const s
         if (src[i].pending.n <= 0)
             continue;
         int k = prompt_rows_shared(&src[i].pending, q, limit);
-        if (k > wait_best) {
+        if (k > wait_best && k - have >= PREFIX_SHARE_MIN_COPY) { /* rows that will be copied */
             wait_best = k;
             out->wait_on = i;
             out->wait_len = k;

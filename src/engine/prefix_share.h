@@ -16,6 +16,10 @@
 
 #include "prompt_rows.h"
 
+/* Fewer rows than this beyond what a prompt holds are not worth a copy (a chat template's opening
+ * that every prompt shares): computed instead. */
+#define PREFIX_SHARE_MIN_COPY 16
+
 struct share_source {
     struct prompt_rows rows;    /* rows held and computed */
     struct prompt_rows pending; /* the prompt its sequence is computing (n 0: none) */
@@ -30,7 +34,8 @@ struct share_plan {
 /* The plan for prompt q, which holds rows 0..have-1 already and may take at most limit rows
  * (its length - 1: its last token is computed for fresh logits) from n sources. It waits when
  * a pending prompt shares at least min_wait rows more than the best it can copy now (min_wait
- * <= 0: never); otherwise it copies the longest run held (ties: the first source). A sequence
+ * <= 0: never); otherwise it copies the longest run held (ties: the first source) when it brings
+ * PREFIX_SHARE_MIN_COPY rows or more. A sequence
  * already waiting asks again with min_wait 1: it waits for all the shared rows. */
 void prefix_share_plan(const struct prompt_rows *q, int limit, int have, const struct share_source *src, int n,
                        int min_wait, struct share_plan *out);

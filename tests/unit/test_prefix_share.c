@@ -35,10 +35,14 @@ Test(prefix_share, copies_the_longest_run_held)
     cr_assert_eq(pl.copy_from, 1);
     cr_assert_eq(pl.copy_len, 120);
     cr_assert_eq(pl.wait_on, -1);
-    /* q already holds as much: nothing to copy */
+    /* q already holds as much, or nearly (fewer rows than PREFIX_SHARE_MIN_COPY): nothing to copy */
     prefix_share_plan(&qr, 199, 120, src, 2, 64, &pl);
     cr_assert_eq(pl.copy_from, -1);
     cr_assert_eq(pl.copy_len, 0);
+    prefix_share_plan(&qr, 199, 120 - PREFIX_SHARE_MIN_COPY + 1, src, 2, 64, &pl);
+    cr_assert_eq(pl.copy_from, -1);
+    prefix_share_plan(&qr, 199, 120 - PREFIX_SHARE_MIN_COPY, src, 2, 64, &pl);
+    cr_assert(pl.copy_from == 1 && pl.copy_len == 120);
     /* the limit (the prompt's last row is always computed) */
     prefix_share_plan(&qr, 100, 0, src, 2, 64, &pl);
     cr_assert(pl.copy_from == 1 && pl.copy_len == 100, "%d %d", pl.copy_from, pl.copy_len);
@@ -72,6 +76,11 @@ Test(prefix_share, waits_for_a_prefilling_prompt_worth_min_wait_rows)
     src[0].rows = run(p, 30);
     prefix_share_plan(&qr, 299, 0, src, 1, 0, &pl);
     cr_assert(pl.wait_on == -1 && pl.copy_from == 0 && pl.copy_len == 30);
+    /* a waiter (min_wait 1) waits for no rows too few to copy (PREFIX_SHARE_MIN_COPY) */
+    prefix_share_plan(&qr, 299, 240, src, 1, 1, &pl);
+    cr_assert(pl.wait_on == -1 && pl.copy_from == -1, "%d %d", pl.wait_on, pl.copy_from);
+    prefix_share_plan(&qr, 299, 250 - PREFIX_SHARE_MIN_COPY, src, 1, 1, &pl);
+    cr_assert(pl.wait_on == 0 && pl.wait_len == 250);
     /* a source with no pending prompt (a waiter, a decoding or finished sequence) is not waited on */
     src[0].pending = run(p, 0);
     prefix_share_plan(&qr, 299, 0, src, 1, 64, &pl);
@@ -119,8 +128,8 @@ Test(prefix_share, image_rows_match_the_same_image_only)
     src[0].rows.img = &ib; /* another image of the same size at the same place */
     src[0].pending.img = &ib;
     prefix_share_plan(&qr, 99, 0, src, 1, 5, &pl);
-    cr_assert(pl.copy_from == 0 && pl.copy_len == 10 && pl.wait_on == -1, "another image: %d %d %d", pl.copy_from,
-              pl.copy_len, pl.wait_on);
+    cr_assert(pl.copy_from == -1 && pl.wait_on == -1, "another image: %d %d %d", pl.copy_from, pl.copy_len,
+              pl.wait_on); /* the 10 text rows before it are fewer than PREFIX_SHARE_MIN_COPY */
     src[0].rows.img = &ia; /* a pending prompt with the same image is waited for */
     src[0].rows.n = 12;
     src[0].pending.img = &ia;
