@@ -130,6 +130,7 @@ test: deps
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
+	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_prefix_share.py # a shared prefix computed once for clients at once; a cancelled leader
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_deploy.sh # nginx + 3 daemons + Prometheus: deploy/ (issue 24)
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/browser/run.sh

@@ -6,7 +6,8 @@ it makes every step bring the logits to the host), with a distinct prompt, or wi
 system prompt of about SHARED words in front (--shared). Reports, per run:
   aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
   reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the
-  arrival times of content chunks; time to first token p50/p99 (s).
+  arrival times of content chunks; time to first token p50/p99 (s); the prompt tokens of all
+  replies and those of them reported as cached (usage.prompt_tokens_details.cached_tokens).
 --ban LO-HI sends a logit_bias of -100 for token ids LO..HI in every request (both servers alike):
 llama-server answers 500 when a reply is not valid UTF-8, which a random-weight model's byte
 tokens make (the model tool's vocabulary has them at 128-255).
@@ -54,7 +55,9 @@ def one(url, body, out, i):
         out[i] = {"error": repr(e)}
         return
     gen = usage["completion_tokens"] if usage else ntok
-    out[i] = {"t0": t0, "end": time.perf_counter(), "times": times, "tokens": gen}
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    out[i] = {"t0": t0, "end": time.perf_counter(), "times": times, "tokens": gen, "cached": cached,
+              "prompt": (usage or {}).get("prompt_tokens", 0)}
 
 
 def pct(v, p):
@@ -101,7 +104,8 @@ def main():
            "aggregate_tok_s": round(toks / wall, 1) if ok else 0,
            "slowest_s": round(max(o["end"] - o["t0"] for o in ok), 3) if ok else None,
            "itl_p50_ms": round(pct(itl, 50), 2), "itl_p99_ms": round(pct(itl, 99), 2),
-           "ttft_p50_s": round(pct(ttft, 50), 3), "ttft_p99_s": round(pct(ttft, 99), 3)}
+           "ttft_p50_s": round(pct(ttft, 50), 3), "ttft_p99_s": round(pct(ttft, 99), 3),
+           "prompt_tokens": sum(o["prompt"] for o in ok), "cached_tokens": sum(o["cached"] for o in ok)}
     print(" ".join("%s=%s" % kv for kv in res.items()), flush=True)
     if errs:
         print("first error:", errs[0]["error"])

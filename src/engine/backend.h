@@ -115,6 +115,10 @@ struct backend_i {
      * once the bytes are on the host. */
     void (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
     void (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    /* Device to device within this backend's memory (regions apart), ordered after the ops
+     * queued before it and before those after: one sequence's KV rows into another's slot.
+     * NULL: the caller goes through host memory (download, upload). */
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* dst (n, dim) = src rows rows[0..n) (rows is a host array). */
     void (*gather_rows)(void *ctx, float *dst, const float *src, const int *rows, int n,
                         int dim);

@@ -632,6 +632,7 @@ static const struct backend_i cpu_iface = {
     .get_rows = cpu_get_rows,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .gather_rows = cpu_gather_rows,
     .zero = cpu_zero,
     .sync = cpu_sync,

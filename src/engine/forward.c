@@ -498,3 +498,38 @@ int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int ho
     }
     return 0;
 }
+
+int forward_kv_clone(struct forward_state *s, int src, int dst, int n)
+{
+    if (src < 0 || src >= s->n_seq || dst < 0 || dst >= s->n_seq || n < 0 || n > s->n_ctx)
+        return TIDE_EINVAL;
+    if (src == dst || n == 0)
+        return 0;
+    /* bytes of one position of one layer's K (or V), from the one definition of a row's size, so
+     * the copy follows the cache's element type */
+    size_t parts = kv_parts(s->m), pos_bytes = forward_kv_row_bytes(s) / (parts * s->m->cfg.n_layer);
+    size_t bytes = (size_t)n * pos_bytes;
+    void *bounce = NULL;
+    for (int i = 0; i < s->n_stage; i++) {
+        struct forward_stage *st = &s->stage[i];
+        const struct backend_i *B = st->be.i;
+        if (!B->copy && !bounce && !(bounce = malloc(bytes)))
+            return TIDE_ENOMEM;
+        for (uint32_t l = st->l0; l < st->l1; l++) {
+            size_t layer = (size_t)(l - st->l0) * s->n_seq;
+            for (size_t p = 0; p < parts; p++) {
+                char *base = (char *)(p ? st->v_cache : st->k_cache);
+                char *from = base + (layer + (size_t)src) * s->n_ctx * pos_bytes;
+                char *to = base + (layer + (size_t)dst) * s->n_ctx * pos_bytes;
+                if (B->copy) {
+                    B->copy(st->be.ctx, to, from, bytes);
+                } else {
+                    B->download(st->be.ctx, bounce, from, bytes);
+                    B->upload(st->be.ctx, to, bounce, bytes);
+                }
+            }
+        }
+    }
+    free(bounce);
+    return 0;
+}

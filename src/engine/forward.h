@@ -202,6 +202,10 @@ size_t forward_kv_row_bytes(const struct forward_state *s);
  * 0..n-1 of each are copied. A save returns with the
  * bytes on the host; a restore is ordered before the next step's ops. */
 int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save);
+/* Slot src's KV rows 0..n-1, every layer, K and V, into slot dst's rows 0..n-1 on the device
+ * (backend_i.copy; through host memory where a backend has none): one sequence's computed
+ * prefix reused by another. Ordered after the steps that wrote src, before the next step. */
+int forward_kv_clone(struct forward_state *s, int src, int dst, int n);
 
 /* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
  * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides

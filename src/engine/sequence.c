@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "mrope.h"
+#include "prefix_share.h"
 
 #define SEQ_MAX_STOPS (JOB_MAX_STOP + 8)
 
@@ -56,6 +57,8 @@ struct engine_seq {
                                 images, else NULL (plain rope at the KV position) */
     int rope_delta;          /* with mpos: a generated token's ids are its KV position + this */
     int32_t dpos[4];         /* the decode token's ids */
+    bool waiting;            /* admitted, but its prefix rows are awaited from another slot: no rows
+                                computed until they exist or their sequence goes (prefix_share.h) */
     bool done;
     int rc;
     char err[400];
@@ -107,6 +110,62 @@ static int pick_slot(struct engine *e, const struct engine_seq *q, int *keep)
     }
     *keep = best_keep;
     return best;
+}
+
+/* The other slots as prefix sources for q (prefix_share.h): each one's computed rows, and the
+ * prompt its sequence computes while it is still prefilling (a waiter computes none). slot_of[i]
+ * is source i's slot. */
+static int share_sources(struct engine *e, const struct engine_seq *q, struct share_source *src, int *slot_of)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_slots && n < FORWARD_MAX_SEQ; i++) {
+        const struct kv_slot *s = &e->slots[i];
+        const struct engine_seq *o = s->seq;
+        if (i == q->slot || (s->n_tokens <= 0 && !o))
+            continue;
+        src[n].rows = slot_rows(s);
+        src[n].pending = (struct prompt_rows){0};
+        if (o && !o->done && !o->waiting && o->pos < o->n_prompt)
+            src[n].pending = seq_rows(o);
+        slot_of[n++] = i;
+    }
+    return n;
+}
+
+/* q's prefix from the other slots, at admission and at every step while it waits: the rows
+ * another slot holds beyond q's own are copied into q's slot on the device (cached_tokens), or q
+ * waits for a prefilling sequence's rows. A failed copy only costs the recompute. */
+static void share_prefix(struct engine *e, struct engine_seq *q)
+{
+    if (!e->kv_share) {
+        q->waiting = false;
+        return;
+    }
+    struct share_source src[FORWARD_MAX_SEQ];
+    int slot_of[FORWARD_MAX_SEQ];
+    int n = share_sources(e, q, src, slot_of);
+    struct prompt_rows qr = seq_rows(q);
+    struct share_plan pl;
+    /* a wait starts for prefix_wait_tokens rows more; once waiting, q waits for every shared row
+     * (the last chunk's too) while a sequence still computes them */
+    int min_wait = e->prefix_wait_tokens > 0 && q->waiting ? 1 : e->prefix_wait_tokens;
+    prefix_share_plan(&qr, q->n_prompt - 1, q->pos, src, n, min_wait, &pl);
+    if (pl.wait_on >= 0 && !q->waiting)
+        e->prefix_waits++;
+    q->waiting = pl.wait_on >= 0;
+    if (pl.copy_from < 0)
+        return;
+    int rc = forward_kv_clone(&e->fw, slot_of[pl.copy_from], q->slot, pl.copy_len);
+    if (rc < 0) {
+        tide_log("prefix: %d rows not copied from slot %d: %s", pl.copy_len, slot_of[pl.copy_from], tide_strerror(rc));
+        return;
+    }
+    struct kv_slot *s = &e->slots[q->slot];
+    memcpy(s->tokens, q->ids, sizeof(int) * (size_t)pl.copy_len); /* image rows: s->img holds q's keys */
+    s->n_tokens = pl.copy_len;
+    q->job->cached_tokens += pl.copy_len - q->pos;
+    e->shared_tokens += (uint64_t)(pl.copy_len - q->pos);
+    q->pos = pl.copy_len;
 }
 
 static bool wants_logits(const struct sampling_params *sp)
@@ -295,10 +354,12 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     s->n_img = job->n_images;
     memcpy(s->img, q->rimg, sizeof(struct row_image) * (size_t)job->n_images);
     s->busy = true;
+    s->seq = q;
     s->last_use = ++e->use_clock;
     s->n_tokens = keep;
     q->pos = keep;
     job->cached_tokens = keep;
+    share_prefix(e, q); /* more from another slot, now or once a prefilling sequence has it */
     q->n_choices = job->n < 1 ? 1 : job->n > 16 ? 16 : job->n;
     q->per = q->n_prompts > 1 ? q->n_choices / q->n_prompts : q->n_choices;
     if (q->per < 1 || q->per * (q->n_prompts > 1 ? q->n_prompts : 1) != q->n_choices) {
@@ -336,14 +397,21 @@ fail:
     return rc;
 }
 
+void engine_seq_release(struct engine *e, struct engine_seq *q)
+{
+    if (!q || q->slot < 0)
+        return;
+    e->slots[q->slot].busy = false;
+    e->slots[q->slot].seq = NULL;
+    e->slots[q->slot].last_use = ++e->use_clock;
+    q->slot = -1;
+}
+
 void engine_seq_free(struct engine *e, struct engine_seq *q)
 {
     if (!q)
         return;
-    if (q->slot >= 0) {
-        e->slots[q->slot].busy = false;
-        e->slots[q->slot].last_use = ++e->use_clock;
-    }
+    engine_seq_release(e, q);
     if (q->smp_ok)
         sampler_free(&q->smp);
     if (q->pids) {
@@ -375,7 +443,7 @@ static void seq_fail(struct engine *e, struct engine_seq *q, int rc, const char 
     q->rc = rc;
     if (why && !q->err[0])
         snprintf(q->err, sizeof q->err, "%s", why);
-    if (q->slot >= 0)
+    if (q->slot >= 0 && rc != TIDE_ECANCELED) /* a cancel comes between steps: the rows stand */
         e->slots[q->slot].n_tokens = 0; /* what the slot holds is no longer known */
 }
 
@@ -574,11 +642,14 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         if (!q->done && q->job->cancel && *q->job->cancel)
             seq_fail(e, q, TIDE_ECANCELED, NULL);
     }
+    for (int i = 0; i < n; i++) /* waiters: the rows exist now, or their sequence went (prefix_share.h) */
+        if (!seqs[i]->done && seqs[i]->waiting)
+            share_prefix(e, seqs[i]);
     /* decode rows first: every stream advances each step; then prompt chunks in admission order */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n && nf < FORWARD_MAX_SEQ; i++) {
             struct engine_seq *q = seqs[i];
-            if (q->done || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
+            if (q->done || q->waiting || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
                 continue;
             int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
             if (k > 0 && fs[nf].want_logits && q->draw_on_device) { /* one u a draw, as the host sampler */

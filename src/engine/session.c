@@ -62,6 +62,7 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         goto fail_tok;
     /* Test hook: TIDE_FAULT_SLOW_TOKEN_MS makes every generated token take at least that long,
      * so timeout tests do not depend on how fast the machine is. Unset in normal runs. */
+    e->prefix_wait_tokens = ENGINE_PREFIX_WAIT_DEFAULT;
     const char *slow = getenv("TIDE_FAULT_SLOW_TOKEN_MS");
     if (slow && atoi(slow) > 0) {
         e->slow_token_us = (unsigned)atoi(slow) * 1000u;
@@ -105,6 +106,16 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
                  rc == TIDE_ERANGE ? "a device allocation (weights, KV cache or workspace) failed" : tide_strerror(rc));
         goto fail_mem;
     }
+    /* Prefix rows copied between slots (prefix_share.h): on with CPU devices; with a CUDA device
+     * off until its device copy (test-gpu gather_copy_d2d) and the shared-prompt runs have run on
+     * a GPU. TIDE_KV_SHARE=1 turns it on there, 0 off anywhere. */
+    const char *share = getenv("TIDE_KV_SHARE");
+    bool cuda = false;
+    for (int i = 0; i < e->mem.n_dev; i++)
+        cuda |= e->mem.dev[i].kind == DEVICE_KIND_CUDA;
+    e->kv_share = share && share[0] ? share[0] == '1' : !cuda;
+    if (cuda && e->kv_share)
+        tide_log("prefix sharing between KV slots on: TIDE_KV_SHARE=1");
     e->img_open = tokenizer_find(e->tok, "<|vision_start|>");
     e->img_close = tokenizer_find(e->tok, "<|vision_end|>");
     if (e->img_open < 0 || e->img_close < 0) e->img_open = e->img_close = -1;

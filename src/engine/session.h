@@ -31,6 +31,7 @@ struct kv_slot {
     struct row_image *img; /* (ENGINE_MAX_IMAGES) the images among the rows, keyed (prompt_rows.h) */
     int n_img;
     bool busy;          /* a running sequence owns it */
+    struct engine_seq *seq; /* that sequence (NULL when free): its prompt tells what rows come next */
     uint64_t last_use;
 };
 
@@ -51,11 +52,19 @@ struct engine {
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
     double last_forward_s;    /* the last engine_step's forward (forward_eval_batch), seconds; 0 when
                                  it ran none */
+    bool kv_share;            /* prompts take prefix rows from other slots (prefix_share.h); off:
+                                 only their own slot's and parked ones */
+    int prefix_wait_tokens;   /* a new prompt waits for a prefilling sequence's rows when they bring at
+                                 least this many rows more than it can copy now (prefix_share.h); 0: never */
+    /* counters (engine thread writes, the snapshot reads) */
+    uint64_t shared_tokens;   /* prompt rows copied from another slot instead of computed */
+    uint64_t prefix_waits;    /* sequences that waited for another's prefix rows */
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };
 
 #define JOB_MAX_STOP 8
+#define ENGINE_PREFIX_WAIT_DEFAULT 64 /* prefix_wait_tokens when the config does not say */
 
 /* In a chat message's text, this marker stands for the next image of the job: the image's
  * embeddings go in at its place (wrapped in the vocabulary's vision markers when it has them). */
@@ -134,8 +143,11 @@ int engine_run(struct engine *e, struct gen_job *job, char *err, size_t errlen);
 /* ---- sequences (sequence.c) ---- */
 struct engine_seq;
 /* Tokenise the job's prompt, check that it fits, and give it the free KV slot whose rows share
- * the longest prefix with it (job->cached_tokens). TIDE_EFULL: no slot is free. Errors as
- * engine_run's, err saying why. */
+ * the longest prefix with it; a longer prefix parked in host RAM or held by another slot (a
+ * running sequence's computed rows too) is copied in; and when a sequence still prefilling
+ * shares prefix_wait_tokens more, the new one waits for those rows (prefix_share.h). The rows
+ * not computed are job->cached_tokens. TIDE_EFULL: no slot is free. Errors as engine_run's,
+ * err saying why. */
 int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **out, char *err, size_t errlen);
 /* One forward over the running sequences seqs[0..n) (in admission order): a decode row for each
  * one that is generating, then prompt chunks up to max_rows rows in all; then each sequence with
@@ -144,6 +156,9 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
 int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max_rows);
 /* True when q has ended: *rc 0, or why it failed (*err says so, or is empty). */
 bool engine_seq_done(const struct engine_seq *q, int *rc, const char **err);
+/* Give the slot of q, which has ended, back now (its rows stay there for a later prompt with the
+ * same prefix); q itself stays readable (engine_seq_done) until engine_seq_free. */
+void engine_seq_release(struct engine *e, struct engine_seq *q);
 /* Release q and its slot (its rows stay there for a later prompt with the same prefix). */
 void engine_seq_free(struct engine *e, struct engine_seq *q);
 int engine_free_slots(const struct engine *e);

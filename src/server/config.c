@@ -4,6 +4,7 @@
  * misconfigured production server, so unknown keys stop startup. */
 #include "server/config.h"
 #include "server/cli.h"
+#include "engine/session.h" /* ENGINE_PREFIX_WAIT_DEFAULT */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,6 +29,7 @@ void config_defaults(struct config *c)
     c->context = 4096;
     c->queue_max = 64;
     c->max_batch_tokens = 2048;
+    c->prefix_wait_tokens = ENGINE_PREFIX_WAIT_DEFAULT;
     c->kv_host_mib = -1;
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
@@ -305,6 +307,11 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
         } else if (strcmp(k, "max_batch_tokens") == 0) {
             rc = get_int(f, k, 1, 1 << 20, "a positive integer (tokens one step may run)", &n, err, errlen);
             if (!rc) c->max_batch_tokens = (int)n;
+        } else if (strcmp(k, "prefix_wait_tokens") == 0) {
+            rc = get_int(f, k, 0, 1 << 20,
+                         "a non-negative integer (prompt rows worth waiting for from a prefilling sequence; 0 = never wait)",
+                         &n, err, errlen);
+            if (!rc) c->prefix_wait_tokens = (int)n;
         } else if (strcmp(k, "queue_timeout_s") == 0 || strcmp(k, "request_timeout_s") == 0) {
             rc = get_int(f, k, 0, 1 << 24, "a non-negative integer (seconds, 0 = no bound)", &n, err, errlen);
             if (!rc) *(k[0] == 'q' ? &c->queue_timeout_s : &c->request_timeout_s) = (int)n;

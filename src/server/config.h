@@ -51,6 +51,7 @@ struct config {
     int queue_max;
     int parallel;          /* sequences running at once (KV slots); 0 = null: automatic (memory/plan.c) */
     int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
+    int prefix_wait_tokens; /* a prompt waits for a prefilling sequence's rows worth this many more (0: never) */
     int kv_host_mib;       /* conversations parked in host RAM (engine/kv_park.h); -1 = null: automatic */
     int kv_type;           /* the KV cache's elements: 16 (f16), 32 (f32), 0 = null: f16, but f32 on a
                               CUDA device for now (engine/forward.h KV_F16_CUDA_DEFAULT) */

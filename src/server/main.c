@@ -392,6 +392,7 @@ int main(int argc, char **argv)
         config_free(&a->cfg);
         return 1;
     }
+    rt->eng.prefix_wait_tokens = a->cfg.prefix_wait_tokens;
     struct memory_plan *mp = &rt->eng.mem;
     if (a->cfg.mmproj) {
         struct vision_options vo = {

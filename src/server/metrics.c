@@ -97,6 +97,7 @@ static atomic_llong cached_tokens;
 static atomic_int kv_parked;
 static atomic_llong kv_parked_bytes, kv_parked_budget, kv_parked_total, kv_restored_total, kv_restored_tokens,
     kv_park_evicted;
+static atomic_llong kv_shared_tokens, kv_prefix_waits;
 static double start_unix;
 /* Set once at start-up, before the first scrape (metrics_set_instance). */
 static char instance_name[256];
@@ -141,6 +142,11 @@ void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint
     atomic_store(&kv_restored_total, (long long)restored);
     atomic_store(&kv_restored_tokens, (long long)tokens);
     atomic_store(&kv_park_evicted, (long long)evicted);
+}
+void metrics_kv_shared(uint64_t tokens, uint64_t waits)
+{
+    atomic_store(&kv_shared_tokens, (long long)tokens);
+    atomic_store(&kv_prefix_waits, (long long)waits);
 }
 void metrics_cached_tokens(long n)
 {
@@ -435,6 +441,7 @@ void metrics_init(void)
     atomic_store(&kv_slots_total, 0);
     atomic_store(&cached_tokens, 0);
     metrics_kv_parked(0, 0, 0, 0, 0, 0, 0);
+    metrics_kv_shared(0, 0);
     for (int h = 0; h < METRICS_HIST_COUNT; h++) {
         pthread_mutex_lock(&hists[h].mu);
         memset(hists[h].n, 0, sizeof hists[h].n);
@@ -525,6 +532,13 @@ char *metrics_render(void)
     sb_printf(&b, "tide_kv_restored_tokens_total %lld\n", atomic_load(&kv_restored_tokens));
     family(&b, "tide_kv_park_evicted_total", "counter", "Parked conversations dropped to stay within the budget.");
     sb_printf(&b, "tide_kv_park_evicted_total %lld\n", atomic_load(&kv_park_evicted));
+    family(&b, "tide_kv_shared_tokens_total", "counter",
+           "Prompt tokens whose KV rows were copied from another KV slot (a running sequence's too) instead of "
+           "being computed.");
+    sb_printf(&b, "tide_kv_shared_tokens_total %lld\n", atomic_load(&kv_shared_tokens));
+    family(&b, "tide_kv_prefix_waits_total", "counter",
+           "Prompts that waited for another sequence to compute their shared prefix (prefix_wait_tokens).");
+    sb_printf(&b, "tide_kv_prefix_waits_total %lld\n", atomic_load(&kv_prefix_waits));
 
     for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
     render_devices(&b);

@@ -93,6 +93,8 @@ void runtime_publish(struct runtime *rt)
     s.restored_total = kp->n_restored;
     s.restored_tokens_total = kp->tokens_restored;
     s.park_evicted_total = kp->n_evicted;
+    s.shared_tokens_total = rt->eng.shared_tokens;
+    s.prefix_waits_total = rt->eng.prefix_waits;
     s.backend_failed = rt->eng.fw.backend_failed;
     snprintf(s.backend_err, sizeof s.backend_err, "%s", rt->eng.fw.backend_err);
     pthread_mutex_lock(&rt->snap_mu);
@@ -106,6 +108,7 @@ void runtime_publish(struct runtime *rt)
     metrics_kv_slots(s.seq_running, s.seq_slots);
     metrics_kv_parked(s.parked, s.parked_bytes, s.parked_budget, s.parked_total, s.restored_total,
                       s.restored_tokens_total, s.park_evicted_total);
+    metrics_kv_shared(s.shared_tokens_total, s.prefix_waits_total);
 }
 
 void runtime_vision_event(void *ud, const struct vision_lifecycle *v, enum vision_event ev)
@@ -282,32 +285,28 @@ static void step(struct scheduler *S)
                  rt->eng.fw.backend_err);
         runtime_publish(rt);
     }
-    /* The counts a client reads after its reply (expert hits and misses, parking) include its
-     * request: published before the replies go out, and again after (the freed slots). */
-    for (int i = 0; i < S->n; i++) {
-        int rc;
-        const char *err;
-        if (engine_seq_done(S->order[i]->q, &rc, &err)) {
-            runtime_publish(rt);
-            break;
-        }
-    }
-    int k = 0;
+    /* The counts a client reads after its reply (expert hits and misses, parking, the slots its
+     * sequence held) include its request: the ended sequences give their slots back, the
+     * snapshot is published once, and only then do the replies go out. */
     bool ended = false;
+    for (int i = 0; i < S->n; i++)
+        if (engine_seq_done(S->order[i]->q, NULL, NULL)) {
+            engine_seq_release(&rt->eng, S->order[i]->q);
+            ended = true;
+        }
+    if (ended)
+        runtime_publish(rt);
+    int k = 0;
     for (int i = 0; i < S->n; i++) {
         struct running *r = S->order[i];
         int rc;
         const char *err;
-        if (engine_seq_done(r->q, &rc, &err)) {
+        if (engine_seq_done(r->q, &rc, &err))
             finish(S, r, rc, err);
-            ended = true;
-        } else {
+        else
             S->order[k++] = r;
-        }
     }
     S->n = k;
-    if (ended)
-        runtime_publish(rt);
     /* where a step's time goes: the forward, and the engine thread's work around it */
     double fw = rt->eng.last_forward_s;
     if (fw > 0) {

@@ -48,7 +48,7 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, cfg):
+    def __init__(self, cfg, env=None):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="tide-batch-")
         path = os.path.join(self.dir, "cfg.json")
@@ -56,7 +56,8 @@ class Daemon:
         base.update(cfg)
         json.dump(base, open(path, "w"))
         self.log = open(os.path.join(self.dir, "log"), "w")
-        self.p = subprocess.Popen([BIN, "--config", path], stdout=self.log, stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen([BIN, "--config", path], stdout=self.log, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, **(env or {})))
         for _ in range(600):
             try:
                 if self.get("/health")[0] == 200:

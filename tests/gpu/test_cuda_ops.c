@@ -31,7 +31,7 @@ static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_q5_0", "matmul_q5_1", "matmul_iq4_xs", "matmul_mxfp4",
     "get_rows_qb", "attention_sinks", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
-    "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "vmm",
+    "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "moe_ffn_table", "moe_prefill", "upload_download", "gather_copy_d2d", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_kv_f16_moe", "batch_kv_f16_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0",
@@ -538,8 +538,16 @@ static void test_gather_upload(void)
     bool ok = memcmp(r, ref, m * 4) == 0 && memcmp(r2, a, m * 4) == 0;
     gpu.i->sync(gpu.ctx);
     verdict("upload_download", ok, "%g MiB, ordered against ops", (double)(m * 4 >> 20));
+    /* a device copy (KV rows between slots) ordered between two ops: ad + ad is exactly 2 ad */
+    gpu.i->axpy(gpu.ctx, ad, bd, 0.0f, (int)m);
+    gpu.i->copy(gpu.ctx, bd, ad, m * 4);
+    gpu.i->axpy(gpu.ctx, ad, bd, 1.0f, (int)m);
+    float *r3 = dev_get(ad, m);
+    for (size_t i = 0; i < m && ok; i++)
+        ok = r3[i] == 2.0f * r[i];
+    verdict("gather_copy_d2d", ok, "%g MiB, ordered against ops", (double)(m * 4 >> 20));
     gpu.i->free(gpu.ctx, ad); gpu.i->free(gpu.ctx, bd);
-    free(a); free(b); free(ref); free(r); free(r2);
+    free(a); free(b); free(ref); free(r); free(r2); free(r3);
 }
 
 /* ---- VMM ---- */

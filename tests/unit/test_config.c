@@ -53,6 +53,7 @@ Test(config, defaults)
     cr_expect_eq(c.request_timeout_s, 3600);
     cr_expect(c.devices_auto && c.vram_elastic && c.vision.lazy);
     cr_expect_eq(c.vision.idle_s, 900);
+    cr_expect_eq(c.prefix_wait_tokens, 64);
     config_free(&c);
 }
 
@@ -91,6 +92,12 @@ Test(config, errors_name_the_key)
     expect_err("{\"cors_origins\":\"*\"}", "config: cors_origins:");
     expect_err("{\"cors_origins\":[\"https://a.example/path\"]}", "config: cors_origins[0]:");
     expect_err("{\"cors_origins\":[\"*\",\"a.example\"]}", "config: cors_origins[1]:");
+    expect_err("{\"prefix_wait_tokens\":-1}", "config: prefix_wait_tokens: expected a non-negative integer");
+    struct config c;
+    char err[256] = "";
+    cr_expect_eq(parse("{\"prefix_wait_tokens\":0}", &c, err), 0, "%s", err);
+    cr_expect_eq(c.prefix_wait_tokens, 0);
+    config_free(&c);
 }
 
 Test(config, cors_origins)

@@ -628,6 +628,15 @@ static void cu_download(void *ctx, void *dst_host, const void *src, size_t bytes
         CU(c, cudaStreamSynchronize(c->st));
 }
 
+/* On the compute stream: ordered after the steps that wrote src, before the next that reads dst. */
+static void cu_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!enter(c) || !bytes)
+        return;
+    CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->st));
+}
+
 static void cu_get_rows(void *ctx, const struct tensor *t, const int *ids, int n, float *out)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -714,6 +723,7 @@ static const struct backend_i cuda_iface = {
     .get_rows = cu_get_rows,
     .upload = cu_upload,
     .download = cu_download,
+    .copy = cu_copy,
     .gather_rows = cu_gather_rows,
     .zero = cu_zero,
     .sync = cu_sync,
