@@ -228,7 +228,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->att = stage_alloc(st, MEM_WORKSPACE, d.att * sizeof(float));
     if (!st->att)
         return TIDE_ERANGE;
-    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * (d.V + 1) * sizeof(float))))
+    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * ((d.V + 1) * sizeof(float) + sizeof(struct sample_logprob)))))
         return TIDE_ERANGE;
     size_t rb = route_bytes(m, s->max_batch, s->n_seq, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))

@@ -62,6 +62,7 @@ void test_vision_ops(void);    /* test_vision.c: the vision encoder on the GPU *
 void test_vision_encode(void);
 void bench_vision(void);
 void test_sample(void); /* test_sample.c: backend_i.sample on the GPU vs its host form */
+void test_sample_extras(void); /* test_sample_extras.c: its edits and logprobs vs the host sampler */
 void test_batch(const char *only); /* only: a name filter or NULL */         /* test_batch.c: batched steps of several sequences vs the CPU */
 void bench_batch(void);
 
