@@ -36,8 +36,9 @@ struct cuda_ctx {
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
     unsigned long ws_gen;    /* bumped whenever scratch or sum is replaced (graphs go stale) */
     bool capturing;          /* between graph_begin and graph_end */
-    void *smp_host;          /* sample.cu: pinned staging of a call's edits (smp_n bytes) */
-    void *smp_dev;           /* ... their device copy, with the edits' old values and the rows' lse */
+    void *smp_host;          /* sample.cu: pinned staging of the calls' edits, used as a ring */
+    size_t smp_host_n, smp_host_at; /* its bytes, and where the next call's edits go */
+    void *smp_dev;           /* a call's edits on the device, their old values and the rows' lse */
     size_t smp_n;
     cudaEvent_t ev_smp;      /* the staging's last upload (0: none yet) */
     int capture_rc;          /* why the recording under way cannot be used (0: it can) */

@@ -368,28 +368,41 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
-/* Room for e edits (and their old values) and n rows' lse, staged and on the device. */
-static bool sample_buffers(struct cuda_ctx *c, size_t bytes)
+/* Device room for a call (bytes: its edits, their old values, its rows' lse), and pinned
+ * staging for its edits (host_bytes) at c->smp_host_at. The staging is a ring: a call's edits
+ * go after the last call's, whose upload may not have run yet (several calls in a step: no
+ * wait); only when the ring is full does the host wait for the uploads so far. The device
+ * buffer is reused by every call: its copy and kernels are stream-ordered after the last one's. */
+static bool sample_buffers(struct cuda_ctx *c, size_t bytes, size_t host_bytes)
 {
-    if (bytes <= c->smp_n)
-        return true;
     if (c->capturing) /* never: the logits' ops are not recorded (forward_eval.c step_logits) */
-        return false;
-    size_t want = bytes + bytes / 2;
-    if (c->ev_smp && !CU(c, cudaEventSynchronize(c->ev_smp)))
         return false;
     if (!c->ev_smp && !CU(c, cudaEventCreateWithFlags(&c->ev_smp, cudaEventDisableTiming)))
         return false;
+    if (bytes > c->smp_n) {
+        if (c->smp_dev && !CU(c, cudaFreeAsync(c->smp_dev, c->st)))
+            return false;
+        c->smp_dev = NULL;
+        c->smp_n = 0;
+        if (!CU(c, cudaMallocAsync(&c->smp_dev, bytes + bytes / 2, c->st)))
+            return false;
+        c->smp_n = bytes + bytes / 2;
+    }
+    if (c->smp_host_at + host_bytes <= c->smp_host_n)
+        return true;
+    if (!CU(c, cudaEventSynchronize(c->ev_smp))) /* every upload from the ring has run */
+        return false;
+    c->smp_host_at = 0;
+    if (host_bytes <= c->smp_host_n)
+        return true;
     if (c->smp_host)
         cudaFreeHost(c->smp_host);
-    if (c->smp_dev && !CU(c, cudaFreeAsync(c->smp_dev, c->st)))
+    c->smp_host = NULL;
+    c->smp_host_n = 0;
+    size_t want = 4 * host_bytes > (256u << 10) ? 4 * host_bytes : (256u << 10);
+    if (!CU(c, cudaHostAlloc(&c->smp_host, want, cudaHostAllocDefault)))
         return false;
-    c->smp_host = c->smp_dev = NULL;
-    c->smp_n = 0;
-    if (!CU(c, cudaHostAlloc(&c->smp_host, want, cudaHostAllocDefault)) ||
-        !CU(c, cudaMallocAsync(&c->smp_dev, want, c->st)))
-        return false;
-    c->smp_n = want;
+    c->smp_host_n = want;
     return true;
 }
 
@@ -411,7 +424,7 @@ void cuda_sample(struct cuda_ctx *c, float *logits, int n, int n_vocab, const st
     float *old_d = NULL;
     double *lse_d = NULL;
     if (n_ed > 0 || any_lp) {
-        if (!sample_buffers(c, all_b)) {
+        if (!sample_buffers(c, all_b, ed_b)) {
             if (!c->err)
                 cuda_fail(c, cudaErrorMemoryAllocation, "sample_buffers", __FILE__, __LINE__);
             return;
@@ -419,17 +432,16 @@ void cuda_sample(struct cuda_ctx *c, float *logits, int n, int n_vocab, const st
         ed_d = (struct sample_edit *)c->smp_dev;
         old_d = (float *)((char *)c->smp_dev + ed_b);
         lse_d = (double *)((char *)c->smp_dev + lse_at);
-        if (n_ed > 0) { /* the last call's upload has read the staging before it is written again */
-            if (c->ev_smp && !CU(c, cudaEventSynchronize(c->ev_smp)))
-                return;
+        if (n_ed > 0) { /* into the ring's free part, then one copy */
+            struct sample_edit *stage = (struct sample_edit *)((char *)c->smp_host + c->smp_host_at);
             size_t at = 0;
             for (int i = 0; i < n; i++)
                 if (rows[i].edits && rows[i].n_edits > 0) {
-                    memcpy((struct sample_edit *)c->smp_host + at, rows[i].edits,
-                           sizeof(struct sample_edit) * (size_t)rows[i].n_edits);
+                    memcpy(stage + at, rows[i].edits, sizeof(struct sample_edit) * (size_t)rows[i].n_edits);
                     at += (size_t)rows[i].n_edits;
                 }
-            if (!CU(c, cudaMemcpyAsync(ed_d, c->smp_host, ed_b, cudaMemcpyHostToDevice, c->st)) ||
+            c->smp_host_at += (ed_b + 15) / 16 * 16;
+            if (!CU(c, cudaMemcpyAsync(ed_d, stage, ed_b, cudaMemcpyHostToDevice, c->st)) ||
                 !CU(c, cudaEventRecord(c->ev_smp, c->st)))
                 return;
         }
