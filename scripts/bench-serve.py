@@ -2,7 +2,7 @@
 """bench-serve.py - N concurrent clients against an OpenAI-compatible server (tide or llama-server).
 
 Each client sends one streamed chat request of up to MAX_TOKENS tokens (no ignore_eos: in tide
-it makes every step bring the logits to the host), with a distinct prompt, or with a shared
+it makes every step bring the logits to the host, unless TIDE_DEVICE_SAMPLE_EXTRAS=1), with a distinct prompt, or with a shared
 system prompt of about SHARED words in front (--shared). Reports, per run:
   aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
   reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the

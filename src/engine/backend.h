@@ -13,10 +13,12 @@
  * logit_bias, repetition_penalty and presence/frequency penalties, sample.h, as a sparse list:
  * the sequence's biased, prompt and generated tokens only). Applied in this order to x = the
  * logit of id, each in float arithmetic as the host sampler does it:
- *   BAN: x = -inf; else BIAS: x = x + bias;
+ *   MASK: x = -inf before anything else, the logprobs included (sampler_constrain's
+ *         end-of-generation ban while min_tokens or ignore_eos hold);
+ *   BAN or MASK: x = -inf; else BIAS: x = x + bias;
  *   SEEN: x = x > 0 ? x / row.repetition_penalty : x * row.repetition_penalty;
  *   SUB: x = x - sub (sub = presence + frequency * count, computed by the host). */
-enum { SAMPLE_EDIT_BIAS = 1, SAMPLE_EDIT_BAN = 2, SAMPLE_EDIT_SEEN = 4, SAMPLE_EDIT_SUB = 8 };
+enum { SAMPLE_EDIT_BIAS = 1, SAMPLE_EDIT_BAN = 2, SAMPLE_EDIT_SEEN = 4, SAMPLE_EDIT_SUB = 8, SAMPLE_EDIT_MASK = 16 };
 struct sample_edit {
     int32_t id;          /* 0 <= id < n_vocab; an id appears at most once in a row's list */
     uint32_t what;       /* SAMPLE_EDIT_* flags */

@@ -177,6 +177,37 @@ void sampler_note_prompt(struct sampler *s, const int *ids, int n)
         }
 }
 
+int sampler_edits_masking(const struct sampler *s, const int *ids, int n, struct sample_edit **buf, int *cap,
+                          const struct sample_edit **edits)
+{
+    const struct sample_edit *own;
+    int ne = sampler_edits(s, &own);
+    if (ne < 0)
+        return -1;
+    if (ne + n > *cap) {
+        int nc = ne + n + 64;
+        struct sample_edit *nb = realloc(*buf, sizeof(*nb) * (size_t)nc);
+        if (!nb)
+            return -1;
+        *buf = nb;
+        *cap = nc;
+    }
+    if (ne)
+        memcpy(*buf, own, sizeof(**buf) * (size_t)ne);
+    int k = ne;
+    for (int i = 0; i < n; i++) {
+        int id = ids[i];
+        if (id < 0 || (uint32_t)id >= s->n_vocab)
+            continue;
+        if (s->edit_of[id] >= 0) /* one edit an id: the mask joins the sampler's */
+            (*buf)[s->edit_of[id]].what |= SAMPLE_EDIT_MASK;
+        else
+            (*buf)[k++] = (struct sample_edit){.id = id, .what = SAMPLE_EDIT_MASK};
+    }
+    *edits = *buf;
+    return k;
+}
+
 bool sampler_needs_logits(const struct sampling_params *p)
 {
     return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f || p->logprobs || p->json_object ||

@@ -89,6 +89,11 @@ void sampler_note_prompt(struct sampler *s, const int *ids, int n);
  * many, or returns -1 when they cannot stand for the host's (sampler.edits_ok). The list stays
  * valid until the next reset, note_prompt or accept. */
 int sampler_edits(const struct sampler *s, const struct sample_edit **edits);
+/* sampler_edits with ids[0..n) masked as well (SAMPLE_EDIT_MASK: sampler_constrain's
+ * end-of-generation ban, as edits), built in *buf (*cap entries, grown with realloc; the
+ * caller frees it): sets *edits and returns how many, or -1 (as sampler_edits, or out of memory). */
+int sampler_edits_masking(const struct sampler *s, const int *ids, int n, struct sample_edit **buf, int *cap,
+                          const struct sample_edit **edits);
 /* Whether sampling needs the logits themselves (anything but plain greedy): a device-side
  * argmax is the same as the sampler's choice only when this is false. */
 bool sampler_needs_logits(const struct sampling_params *p);

@@ -178,7 +178,7 @@ void sample_row_edit(float *l, int n_vocab, const struct sample_row *p)
         if (e->id < 0 || e->id >= n_vocab)
             continue;
         float x = l[e->id];
-        if (e->what & SAMPLE_EDIT_BAN)
+        if (e->what & (SAMPLE_EDIT_BAN | SAMPLE_EDIT_MASK))
             x = -INFINITY;
         else if (e->what & SAMPLE_EDIT_BIAS)
             x = x + e->bias;
@@ -249,6 +249,10 @@ int sample_rows_full(float *logits, int n, int n_vocab, const struct sample_row 
     }
     for (int i = 0; i < n; i++) {
         float *l = logits + (size_t)i * n_vocab;
+        for (int j = 0; j < rows[i].n_edits; j++) /* the mask comes before the logprobs */
+            if ((rows[i].edits[j].what & SAMPLE_EDIT_MASK) && rows[i].edits[j].id >= 0 &&
+                rows[i].edits[j].id < n_vocab)
+                l[rows[i].edits[j].id] = -INFINITY;
         if (rows[i].logprobs)
             memcpy(raw, l, sizeof(float) * (size_t)n_vocab);
         sample_row_edit(l, n_vocab, &rows[i]);

@@ -22,8 +22,8 @@ void sample_row_edit(float *logits, int n_vocab, const struct sample_row *p);
 /* lp = the log-softmax record of raw (n_vocab logits as they came in) for the drawn id with the
  * top k (clamped to 0..SAMPLE_ROW_MAX_TOP and n_vocab): the host sampler's logprobs. */
 void sample_row_logprobs(const float *raw, int n_vocab, int chosen, int k, struct sample_logprob *lp);
-/* backend_i.sample on the host, all of it (the CPU backend's slot): per row the logprobs of the
- * logits as they came in (row.logprobs), the edits in place, then the draw. Returns 0, or
+/* backend_i.sample on the host, all of it (the CPU backend's slot): per row the MASK edits, the
+ * logprobs of the logits then (row.logprobs), the other edits in place, then the draw. Returns 0, or
  * TIDE_ENOMEM (scratch) with out untouched. */
 int sample_rows_full(float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
                      struct sample_logprob *lp);

@@ -42,6 +42,8 @@ struct engine_seq {
     bool draw_on_device;     /* sampled with nothing else that needs the logits: drawn by backend_i.sample */
     struct sample_row draw;  /* its parameters; u drawn from smp for each step that brings logits */
     struct sample_logprob dlp; /* the device draw's logprobs (draw.logprobs) */
+    struct sample_edit *eds; /* the sampler's edits with the end-of-generation ban (min_tokens, ignore_eos) */
+    int cap_eds;
     float *prompt_logits;    /* (2, n_vocab) for the choices after the first (n > 1), else NULL: the
                                 prompt's logits, then a copy a choice's first draw may change */
     /* the choice being generated */
@@ -132,7 +134,7 @@ static bool device_sample_extras(void)
 /* Whether a sequence's draws can be made by the last stage's backend (backend_i.sample, which
  * brings back one int a step instead of the logits): temperature sampling with nothing else that
  * reads the logits (sampler_needs_logits), or, with device_sample_extras, any request but those
- * with a per-step mask the host computes (JSON mode, json_schema, min_tokens, ignore_eos); one
+ * with a grammar's per-step mask (JSON mode, json_schema: computed on the host); one
  * choice (the later ones start from the prompt's logits on the host), and a backend with the
  * slot. The host sampler draws by the same definition from the same u (sample_rows.c), so this
  * decides where a token is drawn, not which; and it depends on the request and the backend
@@ -145,7 +147,36 @@ static bool draws_on_device(const struct engine *e, const struct sampling_params
         return false;
     if (!sampler_needs_logits(sp))
         return sp->temperature > 0.0f; /* greedy alone is picked on the device (backend_i.argmax) */
-    return device_sample_extras() && !sp->json_object && sp->min_tokens <= 0 && !sp->ignore_eos;
+    return device_sample_extras() && !sp->json_object;
+}
+
+/* The vocabulary's end-of-generation ids (tokenizer_is_eog), listed once; -1: out of memory. */
+static int eog_ids(struct engine *e, const int **ids)
+{
+    if (!e->eog_ids) {
+        int n = 0, V = (int)e->model.cfg.n_vocab;
+        for (int id = 0; id < V; id++)
+            n += tokenizer_is_eog(e->tok, id);
+        if (!(e->eog_ids = malloc(sizeof(int) * (size_t)(n ? n : 1))))
+            return -1;
+        for (int id = 0; id < V; id++)
+            if (tokenizer_is_eog(e->tok, id))
+                e->eog_ids[e->n_eog++] = id;
+    }
+    *ids = e->eog_ids;
+    return e->n_eog;
+}
+
+/* The edits of q's next draw on the device: the sampler's, with the end-of-generation ids
+ * masked while sampler_constrain would ban them. -1: the host draws this one. */
+static int draw_edits(struct engine *e, struct engine_seq *q, const struct sample_edit **ed)
+{
+    const struct sampling_params *sp = &q->job->sp;
+    if (!sp->ignore_eos && q->t >= sp->min_tokens)
+        return sampler_edits(&q->smp, ed);
+    const int *eog = NULL;
+    int n = eog_ids(e, &eog);
+    return n < 0 ? -1 : sampler_edits_masking(&q->smp, eog, n, &q->eds, &q->cap_eds, ed);
 }
 
 /* Checks that prompt n (of which the error names `which`, -1: the only one) fits the context with
@@ -222,6 +253,7 @@ static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
 {
     if (q->smp_ok)
         sampler_free(&q->smp);
+    free(q->eds);
     q->smp_ok = false;
     int rc = sampler_init(&q->smp, &q->job->sp, n_vocab);
     if (rc < 0)
@@ -617,7 +649,7 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
                 continue;
             int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
             const struct sample_edit *ed;
-            int ne = q->draw_on_device ? sampler_edits(&q->smp, &ed) : -1;
+            int ne = q->draw_on_device ? draw_edits(e, q, &ed) : -1;
             if (k > 0 && fs[nf].want_logits && ne >= 0) { /* else the host samples its logits */
                 if (q->draw.temperature > 0.0f) /* one u a draw, as the host sampler */
                     q->draw.u = sampler_next_uniform(&q->smp);

@@ -51,6 +51,9 @@ struct engine {
     int img_open, img_close;  /* vision marker tokens around an image, -1 when the vocab has none */
     double last_forward_s;    /* the last engine_step's forward (forward_eval_batch), seconds; 0 when
                                  it ran none */
+    int *eog_ids;             /* the vocabulary's end-of-generation ids, listed for the first draw on
+                                 the device that bans them (sequence.c), or NULL */
+    int n_eog;
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };

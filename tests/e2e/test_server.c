@@ -255,8 +255,8 @@ Test(server, seed_text_same_with_logprobs)
     }
 }
 
-/* With TIDE_DEVICE_SAMPLE_EXTRAS=1 the penalties, logit_bias and logprobs are applied by the
- * backend's draw (backend_i.sample's edits; here the CPU backend's slot) instead of the host
+/* With TIDE_DEVICE_SAMPLE_EXTRAS=1 the penalties, logit_bias, logprobs and the end-of-generation
+ * ban of ignore_eos / min_tokens are applied by the backend's draw (backend_i.sample's edits; here the CPU backend's slot) instead of the host
  * sampler: the replies, logprobs included, must be the host sampler's, byte for byte. */
 Test(server, penalties_bias_logprobs_same_when_the_backend_draws, .timeout = 180)
 {
@@ -266,8 +266,11 @@ Test(server, penalties_bias_logprobs_same_when_the_backend_draws, .timeout = 180
         "{" HELLO ",\"max_tokens\":24,\"temperature\":0.8,\"top_p\":0.9,\"seed\":6,\"repetition_penalty\":1.3,"
         "\"logit_bias\":{\"5\":-100,\"17\":3.5}}",
         "{" HELLO ",\"max_tokens\":24,\"temperature\":0,\"frequency_penalty\":2,\"logprobs\":true,\"top_logprobs\":2}",
+        "{" HELLO ",\"max_tokens\":40,\"temperature\":1.5,\"seed\":7,\"ignore_eos\":true,\"presence_penalty\":0.4,"
+        "\"logprobs\":true,\"top_logprobs\":3}",
+        "{" HELLO ",\"max_tokens\":30,\"temperature\":1.5,\"seed\":8,\"min_tokens\":20,\"logprobs\":true}",
     };
-    enum { NB = 3 };
+    enum { NB = 5 };
     char *host[NB];
     for (int i = 0; i < NB; i++) {
         char *b;

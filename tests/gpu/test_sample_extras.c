@@ -3,7 +3,8 @@
  *
  * Each row gets a random request: temperature (0 included: the greedy row sequence.c sends),
  * top_k / top_p / min_p, presence / frequency / repetition penalties, a logit_bias list (bans
- * included) and logprobs with 0..20 top ones; a sampler noted a random prompt and accepted random
+ * included), logprobs with 0..20 top ones and now and then the end-of-generation ban (MASK edits
+ * over the row's best id and others); a sampler noted a random prompt and accepted random
  * tokens (repeats: counts above 1). The host sampler draws from the row with u from its seeded
  * RNG; the GPU gets the sampler's edits (sampler_edits) and the same u, several rows a call. The
  * ids must be the host's (a boundary case, as in test_sample.c, is counted and must stay rare);
@@ -37,6 +38,9 @@ struct case_row {
     struct sampling_params sp;
     struct logit_bias bias[MAX_BIAS];
     struct sampler smp;
+    int mask[4], n_mask;    /* ids banned by sampler_constrain (min_tokens, ignore_eos) this step */
+    struct sample_edit *buf; /* sampler_edits_masking's */
+    int cap;
     struct sample_row row;  /* what sequence.c would send */
     int want;               /* the host sampler's id */
     struct token_logprob lp;
@@ -57,8 +61,9 @@ static void random_logits(float *l, int V)
     l[rnd() % V] = (float)(scale * 4); /* one stands out, never -inf: a row with a candidate */
 }
 
-/* A random request on c, its sampler fed a prompt and generated tokens; c->row from them. */
-static void random_case(struct case_row *c, int V)
+/* A random request on c, its sampler fed a prompt and generated tokens; c->row from them. Its
+ * end-of-generation ban, when it has one, masks the row's largest logit among others. */
+static void random_case(struct case_row *c, int V, const float *row)
 {
     static const float temps[] = {0.0f, 0.0f, 0.5f, 0.8f, 1.0f, 1.0f, 1.5f};
     static const float pres[] = {0.0f, 0.5f, -1.0f, 2.0f, 1.5f};
@@ -99,8 +104,18 @@ static void random_case(struct case_row *c, int V)
     int ng = (int)(rnd() % MAX_GEN);
     for (int j = 0; j < ng; j++) /* from a small set now and then: counts above 1 */
         sampler_accept(&c->smp, (int)(rnd() % (uint64_t)(rnd() % 2 ? 16 : V)));
+    c->n_mask = rnd() % 3 == 0 && V > 4 ? 4 : 0;
+    for (int j = 0; j < c->n_mask; j++)
+        c->mask[j] = (int)(rnd() % (uint64_t)V);
+    if (c->n_mask) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            best = row[i] > row[best] ? i : best;
+        c->mask[0] = best;
+    }
     const struct sample_edit *ed;
-    int ne = sampler_edits(&c->smp, &ed);
+    int ne = c->n_mask ? sampler_edits_masking(&c->smp, c->mask, c->n_mask, &c->buf, &c->cap, &ed)
+                       : sampler_edits(&c->smp, &ed);
     if (c->sp.temperature > 0.0f)
         c->row = (struct sample_row){.temperature = c->sp.temperature, .top_k = c->sp.top_k, .top_p = c->sp.top_p,
                                      .min_p = c->sp.min_p};
@@ -162,9 +177,11 @@ static void compare(int V, int n, int *bad, int *edge, int *lp_bad, int *cpu_bad
     struct sample_row *rows = malloc(sizeof(*rows) * (size_t)n);
     for (int r = 0; r < n; r++) {
         random_logits(l + (size_t)r * V, V);
-        random_case(&c[r], V);
+        random_case(&c[r], V, l + (size_t)r * V);
         rows[r] = c[r].row;
         memcpy(h, l + (size_t)r * V, sizeof(float) * (size_t)V);
+        for (int j = 0; j < c[r].n_mask; j++) /* sampler_constrain's ban */
+            h[c[r].mask[j]] = -INFINITY;
         c[r].want = sampler_sample(&c[r].smp, h, c[r].sp.logprobs ? &c[r].lp : NULL);
     }
     float *ld = dev_put(l, sizeof(float) * (size_t)n * V);
@@ -196,8 +213,10 @@ static void compare(int V, int n, int *bad, int *edge, int *lp_bad, int *cpu_bad
         if (c[r].sp.logprobs && got[r] == c[r].want && !same_logprobs(&c[r].lp, &glp[r], &shown, "gpu"))
             ++*lp_bad;
     }
-    for (int r = 0; r < n; r++)
+    for (int r = 0; r < n; r++) {
         sampler_free(&c[r].smp);
+        free(c[r].buf);
+    }
     gpu.i->free(gpu.ctx, ld);
     gpu.i->free(gpu.ctx, od);
     gpu.i->free(gpu.ctx, lpd);
@@ -230,7 +249,7 @@ void test_sample_extras(void)
     struct sample_row rows_b[B], plain[B];
     for (int r = 0; r < B; r++) {
         random_logits(l + (size_t)r * V, V);
-        random_case(&c[r], V);
+        random_case(&c[r], V, l + (size_t)r * V);
         rows_b[r] = c[r].row;
         rows_b[r].logprobs = true;
         rows_b[r].top_logprobs = 5;
@@ -266,8 +285,10 @@ void test_sample_extras(void)
         n_ed += rows_b[r].n_edits;
     printf("  sample_extras: 32 rows x 151936: %.3f ms plain, %.3f ms with %d edits and 5 top logprobs a row\n",
            ms[0], ms[1], n_ed / B);
-    for (int r = 0; r < B; r++)
+    for (int r = 0; r < B; r++) {
         sampler_free(&c[r].smp);
+        free(c[r].buf);
+    }
     gpu.i->free(gpu.ctx, ld);
     gpu.i->free(gpu.ctx, od);
     gpu.i->free(gpu.ctx, lpd);

@@ -1,8 +1,8 @@
 /* test_sample_edits.c - the sampler's changes as backend_i.sample's sparse edits (sampler_edits)
  * and the backend's logprobs: the CPU slot (sample_rows_full) given a sampler's edits and u must
  * draw the host sampler's token and report its logprobs, bit for bit, step after step of a
- * sequence (the edits kept up to date by accept); a logit_bias naming an id twice keeps the
- * sequence on the host. */
+ * sequence (the edits kept up to date by accept), with and without the end-of-generation ban
+ * as MASK edits; a logit_bias naming an id twice keeps the sequence on the host. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,8 +21,9 @@ static uint64_t rnd(void)
 }
 static float rnd_f(void) { return (float)((double)(rnd() >> 11) * 0x1p-53 * 2.0 - 1.0); }
 
-/* backend_i.sample's row for s's next draw, as sequence.c builds it (u peeked, not taken). */
-static struct sample_row row_for(struct sampler *s)
+/* backend_i.sample's row for s's next draw, as sequence.c builds it (u peeked, not taken), with
+ * mask[0..n_mask) masked (the end-of-generation ban) in *buf. */
+static struct sample_row row_for(struct sampler *s, const int *mask, int n_mask, struct sample_edit **buf, int *cap)
 {
     const struct sampling_params *p = &s->p;
     struct sample_row r = {.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p};
@@ -32,7 +33,7 @@ static struct sample_row row_for(struct sampler *s)
     r.logprobs = p->logprobs;
     r.top_logprobs = p->top_logprobs;
     const struct sample_edit *ed;
-    int ne = sampler_edits(s, &ed);
+    int ne = n_mask ? sampler_edits_masking(s, mask, n_mask, buf, cap, &ed) : sampler_edits(s, &ed);
     cr_assert_geq(ne, 0);
     r.edits = ed;
     r.n_edits = ne;
@@ -69,6 +70,9 @@ Test(sample_edits, backend_slot_is_the_host_sampler)
         p.n_logit_bias = req % 4 == 3 ? 0 : 1 + req % 4;
         struct sampler s;
         cr_assert_eq(sampler_init(&s, &p, V), 0);
+        struct sample_edit *buf = NULL;
+        int cap = 0, mask[3] = {2, 17, (int)(rnd() % V)}; /* a leader, a biased one, any */
+        int n_mask = req % 3 == 2 ? 3 : 0, mask_steps = req % 2 ? STEPS : 8; /* ignore_eos, min_tokens */
         int prompt[64];
         for (int i = 0; i < 64; i++)
             prompt[i] = (int)(rnd() % 40); /* a small set: the replies repeat it */
@@ -78,10 +82,13 @@ Test(sample_edits, backend_slot_is_the_host_sampler)
                 l[i] = rnd_f() * 3.0f;
             for (int i = 0; i < 40; i++)
                 l[i] += 4.0f; /* the prompt's tokens lead, so the penalties decide draws */
-            struct sample_row r = row_for(&s);
+            int nm = t < mask_steps ? n_mask : 0;
+            struct sample_row r = row_for(&s, mask, nm, &buf, &cap);
             penalised += r.n_edits > 0;
             memcpy(a, l, sizeof(float) * V);
             memcpy(b, l, sizeof(float) * V);
+            for (int i = 0; i < nm; i++) /* sampler_constrain's ban */
+                b[mask[i]] = -INFINITY;
             int32_t got = -1;
             struct sample_logprob glp;
             cr_assert_eq(sample_rows_full(a, 1, V, &r, &got, &glp), 0);
@@ -98,10 +105,12 @@ Test(sample_edits, backend_slot_is_the_host_sampler)
                     cr_assert_eq(glp.top_logprobs[j], hlp.top_logprobs[j]);
                 }
             }
+            cr_assert(t >= mask_steps || !nm || (want != mask[0] && want != mask[1] && want != mask[2]));
             sampler_accept(&s, want);
             draws++;
         }
         sampler_free(&s);
+        free(buf);
     }
     cr_assert_gt(penalised, draws / 2, "the requests exercise the edits");
     free(l);
@@ -146,6 +155,14 @@ Test(sample_edits, sparse_and_kept_up_to_date)
         if (ed[j].id == 50)
             cr_assert_eq(ed[j].what, SAMPLE_EDIT_BIAS);
     }
+    struct sample_edit *buf = NULL;
+    int cap = 0, eog[] = {4, 99};
+    cr_assert_eq(sampler_edits_masking(&s, eog, 2, &buf, &cap, &ed), 6, "4 joins its edit, 99 is new");
+    for (int j = 0; j < 6; j++)
+        cr_assert_eq(!!(ed[j].what & SAMPLE_EDIT_MASK), ed[j].id == 4 || ed[j].id == 99, "id %d", ed[j].id);
+    cr_assert_eq(sampler_edits(&s, &ed), 5, "the sampler's own list is untouched");
+    cr_assert(!(ed[s.edit_of[4]].what & SAMPLE_EDIT_MASK));
+    free(buf);
     sampler_reset(&s, 7); /* a new choice: the bias only */
     cr_assert_eq(sampler_edits(&s, &ed), 2);
     sampler_free(&s);

@@ -14,8 +14,8 @@
  * is not the host's) changes nothing, and the same inputs always give the same id. Each pass
  * recomputes a weight from its logit (the same bits every time) instead of keeping a copy.
  *
- * Before the draw, prep_kernel (one CTA a row) takes the logprobs of the row as it came in and
- * then applies the row's edits (sample_edit: logit_bias, repetition and presence/frequency
+ * Before the draw, prep_kernel (one CTA a row) applies the row's MASK edits (the end-of-generation
+ * ban), takes the logprobs of the row then (the host's raw logits) and applies the row's other edits (sample_edit: logit_bias, repetition and presence/frequency
  * penalties, a sparse list from the host sampler uploaded once a call through pinned staging)
  * in place, keeping each edited logit's old value; after it, finish_kernel writes the drawn
  * token's logprob from its old value. The logprobs: lse = mx + log(sum exp(x - mx)) in double
@@ -283,6 +283,14 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     float *l = logits + (size_t)blockIdx.x * n_vocab;
     const struct sample_row &p = a.r[blockIdx.x];
     const int tid = threadIdx.x, nt = blockDim.x;
+    if (p.logprobs && p.n_edits > 0) { /* the mask comes before the logprobs, as on the host */
+        for (int j = tid; j < p.n_edits; j += nt) {
+            const struct sample_edit e = edits[a.e0[blockIdx.x] + j];
+            if ((e.what & SAMPLE_EDIT_MASK) && e.id >= 0 && e.id < n_vocab)
+                l[e.id] = -INFINITY;
+        }
+        __syncthreads();
+    }
     if (p.logprobs) {
         uint64_t kmax = 0;
         for (int i = tid; i < n_vocab; i += nt) {
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             continue;
         float x = l[e.id];
         old[a.e0[blockIdx.x] + j] = x;
-        if (e.what & SAMPLE_EDIT_BAN)
+        if (e.what & (SAMPLE_EDIT_BAN | SAMPLE_EDIT_MASK))
             x = -INFINITY;
         else if (e.what & SAMPLE_EDIT_BIAS)
             x = __fadd_rn(x, e.bias);
