@@ -253,7 +253,6 @@ static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
 {
     if (q->smp_ok)
         sampler_free(&q->smp);
-    free(q->eds);
     q->smp_ok = false;
     int rc = sampler_init(&q->smp, &q->job->sp, n_vocab);
     if (rc < 0)
@@ -413,6 +412,7 @@ void engine_seq_free(struct engine *e, struct engine_seq *q)
     free(q->prompt_logits);
     free(q->held);
     free(q->mpos);
+    free(q->eds);
     free(q);
 }
 
