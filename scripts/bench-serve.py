@@ -2,8 +2,8 @@
 """bench-serve.py - N concurrent clients against an OpenAI-compatible server (tide or llama-server).
 
 Each client sends one streamed chat request of up to MAX_TOKENS tokens (no ignore_eos: in tide
-it makes every step bring the logits to the host), with a distinct prompt, or with a shared
-system prompt of about SHARED words in front (--shared). Reports, per run:
+it makes every step bring the logits to the host, unless TIDE_DEVICE_SAMPLE_EXTRAS=1), with a
+distinct prompt, or with a shared system prompt of about SHARED words in front (--shared). Reports, per run:
   aggregate tok/s = completion tokens of all replies / wall time from the first send to the last
   reply's end; the slowest reply (s); p50/p99 inter-token latency over all streams (ms), from the
   arrival times of content chunks; time to first token p50/p99 (s); the prompt tokens of all
@@ -12,10 +12,15 @@ system prompt of about SHARED words in front (--shared). Reports, per run:
 llama-server answers 500 when a reply is not valid UTF-8, which a random-weight model's byte
 tokens make (the model tool's vocabulary has them at 128-255).
 Usage: bench-serve.py URL N [--temperature T] [--max-tokens M] [--shared WORDS] [--ban LO-HI] [--label L]
+                       [--presence-penalty P] [--logprobs K]
+--presence-penalty (default $BENCH_PRESENCE_PENALTY, else 0: not sent) and --logprobs K (default
+$BENCH_LOGPROBS, else -1: not sent; K >= 0 sends logprobs with top_logprobs K) measure what the
+sampler's extras cost a sampled decode (issue 21: within 5% of greedy is the target).
 Prints one line of key=value pairs (also appended to --out FILE as JSON).
 """
 import argparse
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -76,6 +81,8 @@ def main():
     ap.add_argument("--shared", type=int, default=0)
     ap.add_argument("--ban", default="")
     ap.add_argument("--label", default="")
+    ap.add_argument("--presence-penalty", type=float, default=float(os.environ.get("BENCH_PRESENCE_PENALTY", "0")))
+    ap.add_argument("--logprobs", type=int, default=int(os.environ.get("BENCH_LOGPROBS", "-1")))
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     system = prompt(999, a.shared) if a.shared else None
@@ -88,6 +95,11 @@ def main():
         if a.ban:
             lo, hi = (int(v) for v in a.ban.split("-"))
             bodies[-1]["logit_bias"] = {str(t): -100 for t in range(lo, hi + 1)}
+        if a.presence_penalty:
+            bodies[-1]["presence_penalty"] = a.presence_penalty
+        if a.logprobs >= 0:
+            bodies[-1]["logprobs"] = True
+            bodies[-1]["top_logprobs"] = a.logprobs
     out = [None] * a.n
     th = [threading.Thread(target=one, args=(a.url, bodies[i], out, i)) for i in range(a.n)]
     t0 = time.perf_counter()
@@ -100,6 +112,7 @@ def main():
     itl = [(b - a_) * 1e3 for o in ok for a_, b in zip(o["times"], o["times"][1:])]
     ttft = [o["times"][0] - o["t0"] for o in ok if o["times"]]
     res = {"label": a.label, "clients": a.n, "temperature": a.temperature, "shared_words": a.shared,
+           "presence_penalty": a.presence_penalty, "logprobs": a.logprobs,
            "errors": len(errs), "tokens": toks, "wall_s": round(wall, 3),
            "aggregate_tok_s": round(toks / wall, 1) if ok else 0,
            "slowest_s": round(max(o["end"] - o["t0"] for o in ok), 3) if ok else None,

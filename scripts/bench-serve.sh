@@ -11,7 +11,10 @@
 #   which then reuses it);
 #   tide (each of VARIANTS, default "tide"; "label:VAR=v+VAR2=v" sets switches; "none": no tide) with parallel PARALLEL (default 64), context CTX (default 2048): scripts/bench-serve.py at
 #   CLIENTS (default "1 8 32 64") clients, 128 tokens each, greedy, then temperature 1 at 32, then
-#   32 clients sharing a 400-word system prompt;
+#   32 clients sharing a 400-word system prompt; with EXTRAS=1 also temperature 1 with
+#   presence_penalty PRESENCE (default 0.5) and logprobs with TOP_LOGPROBS (default 5) top ones, at
+#   1 and 32 clients (issue 21: the sampler's extras on the device; run it with a variant
+#   "extras:TIDE_DEVICE_SAMPLE_EXTRAS=1" next to "tide" to compare the host and device draws);
 #   llama-server (LLAMA_SERVER=path, -np N -c N*CTX -ngl 99, its default flash attention) the same,
 #   when given.
 set -u -o pipefail
@@ -48,6 +51,12 @@ serve_runs() { # label url
     done
     timeout 300 python3 scripts/bench-serve.py "$2" 32 --temperature 1 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
     timeout 300 python3 scripts/bench-serve.py "$2" 32 --shared 400 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+    if [ -n "${EXTRAS:-}" ]; then
+        for n in 1 32; do
+            timeout 300 python3 scripts/bench-serve.py "$2" "$n" --temperature 1 --presence-penalty "${PRESENCE:-0.5}" \
+                --logprobs "${TOP_LOGPROBS:-5}" --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+        done
+    fi
 }
 wait_health() { # url pid log
     for _ in $(seq 1 600); do

@@ -9,13 +9,49 @@
 
 #include "model.h"
 
-/* One row's parameters for backend_i.sample (a host array, one entry per row). */
+/* One token's change to a row's logits before backend_i.sample draws (the host sampler's
+ * logit_bias, repetition_penalty and presence/frequency penalties, sample.h, as a sparse list:
+ * the sequence's biased, prompt and generated tokens only). Applied in this order to x = the
+ * logit of id, each in float arithmetic as the host sampler does it:
+ *   MASK: x = -inf before anything else, the logprobs included (sampler_constrain's
+ *         end-of-generation ban while min_tokens or ignore_eos hold);
+ *   BAN or MASK: x = -inf; else BIAS: x = x + bias;
+ *   SEEN: x = x > 0 ? x / row.repetition_penalty : x * row.repetition_penalty;
+ *   SUB: x = x - sub (sub = presence + frequency * count, computed by the host). */
+enum { SAMPLE_EDIT_BIAS = 1, SAMPLE_EDIT_BAN = 2, SAMPLE_EDIT_SEEN = 4, SAMPLE_EDIT_SUB = 8, SAMPLE_EDIT_MASK = 16 };
+struct sample_edit {
+    int32_t id;          /* 0 <= id < n_vocab; an id appears at most once in a row's list */
+    uint32_t what;       /* SAMPLE_EDIT_* flags */
+    float bias;
+    float sub;
+};
+
+#define SAMPLE_ROW_MAX_TOP 20 /* top_logprobs' bound (OpenAI's) */
+
+/* What backend_i.sample brings back for a row with logprobs: log-softmax of the row's logits as
+ * they came in (before the edits: they describe the model, not the sampling settings). */
+struct sample_logprob {
+    int32_t id;          /* the token drawn */
+    float logprob;       /* its logprob */
+    int32_t n_top;       /* = the row's top_logprobs (<= n_vocab) */
+    int32_t top_ids[SAMPLE_ROW_MAX_TOP]; /* the n_top largest logits, descending, ties to the lower id */
+    float top_logprobs[SAMPLE_ROW_MAX_TOP];
+};
+
+/* One row's parameters for backend_i.sample (a host array, one entry per row). Zeroed fields
+ * past u mean no edits and no logprobs. */
 struct sample_row {
-    float temperature;   /* > 0 (a row with !(temperature > 0) is drawn as at FLT_MIN: its top logits only) */
+    float temperature;   /* > 0 (a row with !(temperature > 0) is drawn as at FLT_MIN: its top logits
+                            only; with u = 0, top_k/top_p/min_p off, that is the greedy choice) */
     int top_k;           /* <= 0: off */
     float top_p;         /* off unless 0 < top_p < 1 */
     float min_p;         /* <= 0: off */
     double u;            /* uniform in [0, 1), drawn by the host from the sequence's seeded RNG */
+    const struct sample_edit *edits; /* (n_edits) host array, applied before the draw; NULL: none */
+    int n_edits;
+    float repetition_penalty;        /* SAMPLE_EDIT_SEEN's divisor / factor */
+    bool logprobs;       /* bring back a struct sample_logprob for this row */
+    int top_logprobs;    /* 0..SAMPLE_ROW_MAX_TOP */
 };
 
 /* One layer's (token, choice) pairs of a prefill chunk, grouped by expert (backend_i.moe_ffn_batch):
@@ -288,8 +324,14 @@ struct backend_i {
      * Reproducible: the same rows and u give the same ids on a backend (no atomics, no order
      * that depends on timing); across backends only a libm exp() that differs in the last bit
      * can move a W by one unit (draws near a boundary, about 1e-12 of them). n_vocab <= 2^19, so
-     * that S fits 63 bits. NULL: no such form. */
-    void (*sample)(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out);
+     * that S fits 63 bits.
+     * Before step 1 a row's edits (struct sample_edit) change its logits in place; with
+     * row.logprobs, lp[i] (backend memory, n records; NULL when no row has logprobs) gets the
+     * log-softmax of the row as it came in: logprob = (float)((double)x - lse) with
+     * lse = mx + log(sum of exp((double)x - mx)) in double (the order of that sum is the
+     * backend's: within ~1e-6 of the host's), top_ids by the logits' order. NULL: no such form. */
+    void (*sample)(void *ctx, float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
+                   struct sample_logprob *lp);
 };
 
 /* attention_full's ws: four (P, head_dim) head buffers and the (P, P) score table, each

@@ -596,15 +596,19 @@ static void cpu_argmax(void *ctx, const float *x, int n, int32_t *out)
 }
 
 /* Out of memory for the candidates' scratch: each row's greedy token (a valid, likely one)
- * rather than nothing, and a line in the log. */
-static void cpu_sample(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out)
+ * rather than nothing, with no logprobs, and a line in the log. */
+static void cpu_sample(void *ctx, float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
+                       struct sample_logprob *lp)
 {
     (void)ctx;
-    if (sample_rows(logits, n, n_vocab, rows, out) == 0)
+    if (sample_rows_full(logits, n, n_vocab, rows, out, lp) == 0)
         return;
     tide_log("sample: out of memory for %d rows of %d logits; the greedy token is taken", n, n_vocab);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         out[i] = sampler_argmax(logits + (size_t)i * n_vocab, n_vocab);
+        if (lp && rows[i].logprobs)
+            lp[i] = (struct sample_logprob){.id = out[i]};
+    }
 }
 
 static const struct backend_i cpu_iface = {

@@ -150,7 +150,8 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     batch_sizes(m, n_ctx, n_seq, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->workspace += sizes[i];
-    out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * (d.V + 1) * sizeof(float) : 0); /* logits, picks */
+    size_t head_out = (d.V + 1) * sizeof(float) + sizeof(struct sample_logprob); /* logits, pick, logprobs a row */
+    out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * head_out : 0);
     out->workspace += route_bytes(m, max_batch, n_seq, l1 - l0) + step_bytes(m, n_seq);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
@@ -248,7 +249,8 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->att = stage_alloc(st, MEM_WORKSPACE, d.att * sizeof(float));
     if (!st->att)
         return TIDE_ERANGE;
-    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * (d.V + 1) * sizeof(float))))
+    size_t head_out = (d.V + 1) * sizeof(float) + sizeof(struct sample_logprob); /* as forward_stage_size counts it */
+    if (st->last && !(st->logits = stage_alloc(st, MEM_WORKSPACE, (size_t)s->n_seq * head_out)))
         return TIDE_ERANGE;
     size_t rb = route_bytes(m, s->max_batch, s->n_seq, st->l1 - st->l0);
     if (rb && !(st->route = stage_alloc(st, MEM_WORKSPACE, rb)))

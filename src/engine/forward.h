@@ -82,7 +82,8 @@ struct forward_stage {
     struct stage_bufs pre;       /* batch max_batch: owned, or borrowed while a chunk runs */
     enum prefill_mode prefill;
     float *att;                  /* (n_head, n_ctx) */
-    float *logits;               /* last stage: (n_seq, n_vocab), then n_seq int32 picks */
+    float *logits;               /* last stage: (n_seq, n_vocab), then n_seq int32 picks, then n_seq
+                                    struct sample_logprob (backend_i.sample's) */
     /* backend_i.route output: a chunk's (n, 2 * n_expert_used) at 0, then a decode step's
      * per layer ((l1-l0), 2 * n_expert_used) after max_batch such rows */
     int32_t *route;
@@ -181,6 +182,7 @@ struct forward_seq {
     bool pick_only;      /* ... only their greedy choice: made on the device where it can be */
     const struct sample_row *draw; /* ... only a draw with these parameters (u included), made by the
                                       last stage's backend_i.sample: set only where it has that slot */
+    struct sample_logprob *logprob; /* with draw->logprobs: where the draw's logprobs go (host) */
     /* out, when want_logits: */
     const float *logits; /* (n_vocab) host, valid until the next step; NULL when only pick was made */
     int pick;            /* the greedy choice (sampler_argmax's rule) when pick_only, the draw when draw,

@@ -352,8 +352,9 @@ static void step_logits(struct forward_state *s, struct forward_stage *st, const
     B->rmsnorm(bc, xl, &st->output_norm, st->xb, E, m, c->rms_eps);
     B->matmul(bc, &st->output, st->xb, st->logits, m);
     int32_t *pick = (int32_t *)(st->logits + (size_t)s->n_seq * V), ids[FORWARD_MAX_SEQ];
+    struct sample_logprob *lpd = (struct sample_logprob *)(pick + s->n_seq), lps[FORWARD_MAX_SEQ];
     struct sample_row par[FORWARD_MAX_SEQ];
-    bool on_device = false; /* ids[] has something to bring back */
+    bool on_device = false, with_lp = false; /* ids[] (lps[]) have something to bring back */
     for (int i = 0; i < m;) {
         if (!drawn[i]) {
             if (!host && seqs[who[i]].pick_only) {
@@ -364,20 +365,28 @@ static void step_logits(struct forward_state *s, struct forward_stage *st, const
             continue;
         }
         int j = i;
-        for (; j < m && drawn[j]; j++)
+        bool lp_here = false;
+        for (; j < m && drawn[j]; j++) {
             par[j] = *seqs[who[j]].draw;
-        B->sample(bc, st->logits + (size_t)i * V, j - i, V, par + i, pick + i);
+            lp_here = lp_here || par[j].logprobs;
+        }
+        B->sample(bc, st->logits + (size_t)i * V, j - i, V, par + i, pick + i, lp_here ? lpd + i : NULL);
+        with_lp = with_lp || lp_here;
         on_device = true;
         i = j;
     }
     if (on_device)
         B->download(bc, ids, pick, sizeof(int32_t) * (size_t)m);
+    if (with_lp)
+        B->download(bc, lps, lpd, sizeof(struct sample_logprob) * (size_t)m);
     if (host)
         B->download(bc, s->logits, st->logits, sizeof(float) * (size_t)m * V);
     for (int i = 0; i < m; i++) {
         struct forward_seq *q = &seqs[who[i]];
         q->logits = host && !drawn[i] ? s->logits + (size_t)i * V : NULL;
         q->pick = drawn[i] || (q->pick_only && !host) ? ids[i] : q->pick_only ? sampler_argmax(q->logits, V) : -1;
+        if (drawn[i] && q->draw->logprobs && q->logprob)
+            *q->logprob = lps[i];
     }
 }
 

@@ -2,10 +2,12 @@
  * mask built on it. Each alternative is a stack of frames, one per grammar node being matched;
  * a byte goes to the top frame, which consumes it, refuses it, or (a number or a literal that
  * could have gone on) completes and hands the byte to the frame below. Pushing an anyOf forks
- * the alternative, one per branch; alternatives that become identical are merged. */
+ * the alternative, one per branch; alternatives that become identical are merged. Also
+ * sampler_constrain, the mask a sampler applies before each draw (sample.h keeps no grammar). */
 #include "json_guard.h"
 #include "json_schema.h"
 #include "tokenizer.h"
+#include "sample.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -481,4 +483,19 @@ void json_guard_mask(const struct json_guard *g, const struct tokenizer *tok, bo
     int eos = tokenizer_eos(tok);
     if (!allowed && eos >= 0 && (uint32_t)eos < n_vocab)
         logits[eos] = 0.0f; /* nothing can follow: end here rather than sample from nothing */
+}
+
+void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
+                       int n_generated, float *logits)
+{
+    const struct sampling_params *p = &s->p;
+    bool eog_ok = !p->ignore_eos && n_generated >= p->min_tokens;
+    if (p->json_object) {
+        json_guard_mask(g, tok, eog_ok, logits, s->n_vocab);
+        return;
+    }
+    if (!eog_ok)
+        for (uint32_t id = 0; id < s->n_vocab; id++)
+            if (tokenizer_is_eog(tok, (int)id))
+                logits[id] = -INFINITY;
 }

@@ -74,4 +74,11 @@ struct tokenizer;
 void json_guard_mask(const struct json_guard *g, const struct tokenizer *tok, bool eog_ok, float *logits,
                      uint32_t n_vocab);
 
+struct sampler; /* sample.h */
+/* The mask before each sampler_sample: the grammar's (g, when p.json_object) and the
+ * end-of-generation ban while ignore_eos or fewer than min_tokens tokens (n_generated) have
+ * been generated. Does nothing when neither applies. */
+void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
+                       int n_generated, float *logits);
+
 #endif

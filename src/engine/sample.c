@@ -7,8 +7,6 @@
  * numbers reported to clients describe the model, not the sampling settings. */
 #include "sample.h"
 #include "sample_rows.h"
-#include "json_guard.h"
-#include "tokenizer.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -43,6 +41,31 @@ void sampling_params_default(struct sampling_params *p)
     p->repetition_penalty = 1.0f;
 }
 
+/* The edit of id, made if there is none yet (NULL: out of memory, and edits_ok is then false). */
+static struct sample_edit *edit_for(struct sampler *s, int id)
+{
+    if (s->edit_of[id] >= 0)
+        return &s->edits[s->edit_of[id]];
+    if (s->n_edits == s->cap_edits) {
+        int cap = s->cap_edits ? 2 * s->cap_edits : 64;
+        struct sample_edit *ne = realloc(s->edits, sizeof(*ne) * (size_t)cap);
+        if (!ne) {
+            s->edits_ok = false;
+            return NULL;
+        }
+        s->edits = ne;
+        s->cap_edits = cap;
+    }
+    s->edit_of[id] = s->n_edits;
+    s->edits[s->n_edits] = (struct sample_edit){.id = id};
+    return &s->edits[s->n_edits++];
+}
+
+static bool repetition_on(const struct sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
+}
+
 void sampler_reset(struct sampler *s, uint64_t seed)
 {
     s->p.seed = seed;
@@ -51,6 +74,32 @@ void sampler_reset(struct sampler *s, uint64_t seed)
         memset(s->counts, 0, sizeof(int) * s->n_vocab);
     if (s->seen)
         memset(s->seen, 0, s->n_vocab);
+    if (!s->edit_of)
+        return;
+    for (int j = 0; j < s->n_edits; j++)
+        s->edit_of[s->edits[j].id] = -1;
+    s->n_edits = 0;
+    s->edits_ok = true;
+    for (int i = 0; i < s->p.n_logit_bias; i++) { /* sampler_sample's step 1, as edits */
+        int id = s->p.logit_bias[i].id;
+        if (id < 0 || (uint32_t)id >= s->n_vocab)
+            continue;
+        if (s->edit_of[id] >= 0) { /* twice: the host adds both in turn, which one edit cannot say */
+            s->edits_ok = false;
+            continue;
+        }
+        struct sample_edit *e = edit_for(s, id);
+        if (!e)
+            return;
+        e->what = s->p.logit_bias[i].bias <= -100.0f ? SAMPLE_EDIT_BAN : SAMPLE_EDIT_BIAS;
+        e->bias = s->p.logit_bias[i].bias;
+    }
+}
+
+int sampler_edits(const struct sampler *s, const struct sample_edit **edits)
+{
+    *edits = s->edits;
+    return s->edits_ok ? s->n_edits : -1;
 }
 
 int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_vocab)
@@ -63,7 +112,10 @@ int sampler_init(struct sampler *s, const struct sampling_params *p, uint32_t n_
     s->counts = calloc(n_vocab, sizeof(int));
     s->draw_scratch = malloc(sample_row_scratch_bytes((int)n_vocab));
     s->seen = calloc(n_vocab, 1);
-    if (!s->counts || !s->draw_scratch || !s->seen) {
+    s->edit_of = malloc(sizeof(int32_t) * n_vocab);
+    if (s->edit_of)
+        memset(s->edit_of, 0xff, sizeof(int32_t) * n_vocab); /* -1: no edit */
+    if (!s->counts || !s->draw_scratch || !s->seen || !s->edit_of) {
         sampler_free(s);
         return TIDE_ENOMEM;
     }
@@ -76,6 +128,11 @@ void sampler_free(struct sampler *s)
     free(s->counts);
     free(s->draw_scratch);
     free(s->seen);
+    free(s->edits);
+    free(s->edit_of);
+    s->edits = NULL;
+    s->edit_of = NULL;
+    s->n_edits = s->cap_edits = 0;
     s->seen = NULL;
     s->draw_scratch = NULL;
     s->counts = NULL;
@@ -91,14 +148,64 @@ void sampler_accept(struct sampler *s, int id)
     if (id >= 0 && (uint32_t)id < s->n_vocab) {
         s->counts[id]++;
         s->seen[id] = 1;
+        const struct sampling_params *p = &s->p;
+        bool pen = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+        if (!repetition_on(p) && !pen)
+            return;
+        struct sample_edit *e = edit_for(s, id);
+        if (!e)
+            return;
+        if (repetition_on(p))
+            e->what |= SAMPLE_EDIT_SEEN;
+        if (pen) { /* the subtrahend exactly as sampler_sample computes it */
+            e->what |= SAMPLE_EDIT_SUB;
+            e->sub = p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
+        }
     }
 }
 
 void sampler_note_prompt(struct sampler *s, const int *ids, int n)
 {
     for (int i = 0; i < n; i++)
-        if (ids[i] >= 0 && (uint32_t)ids[i] < s->n_vocab)
+        if (ids[i] >= 0 && (uint32_t)ids[i] < s->n_vocab) {
             s->seen[ids[i]] = 1;
+            if (repetition_on(&s->p)) {
+                struct sample_edit *e = edit_for(s, ids[i]);
+                if (e)
+                    e->what |= SAMPLE_EDIT_SEEN;
+            }
+        }
+}
+
+int sampler_edits_masking(const struct sampler *s, const int *ids, int n, struct sample_edit **buf, int *cap,
+                          const struct sample_edit **edits)
+{
+    const struct sample_edit *own;
+    int ne = sampler_edits(s, &own);
+    if (ne < 0)
+        return -1;
+    if (ne + n > *cap) {
+        int nc = ne + n + 64;
+        struct sample_edit *nb = realloc(*buf, sizeof(*nb) * (size_t)nc);
+        if (!nb)
+            return -1;
+        *buf = nb;
+        *cap = nc;
+    }
+    if (ne)
+        memcpy(*buf, own, sizeof(**buf) * (size_t)ne);
+    int k = ne;
+    for (int i = 0; i < n; i++) {
+        int id = ids[i];
+        if (id < 0 || (uint32_t)id >= s->n_vocab)
+            continue;
+        if (s->edit_of[id] >= 0) /* one edit an id: the mask joins the sampler's */
+            (*buf)[s->edit_of[id]].what |= SAMPLE_EDIT_MASK;
+        else
+            (*buf)[k++] = (struct sample_edit){.id = id, .what = SAMPLE_EDIT_MASK};
+    }
+    *edits = *buf;
+    return k;
 }
 
 bool sampler_needs_logits(const struct sampling_params *p)
@@ -107,56 +214,19 @@ bool sampler_needs_logits(const struct sampling_params *p)
            p->n_logit_bias > 0 || p->repetition_penalty != 1.0f || p->min_tokens > 0 || p->ignore_eos;
 }
 
-void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
-                       int n_generated, float *logits)
+/* Fill lp from the raw logits: log_softmax, chosen id's logprob, top-N descending (the one
+ * definition backend_i.sample's logprobs share, sample_rows.c). */
+static void fill_logprobs(const struct sampler *s, const float *raw, int chosen, struct token_logprob *lp)
 {
-    const struct sampling_params *p = &s->p;
-    bool eog_ok = !p->ignore_eos && n_generated >= p->min_tokens;
-    if (p->json_object) {
-        json_guard_mask(g, tok, eog_ok, logits, s->n_vocab);
-        return;
+    struct sample_logprob r;
+    sample_row_logprobs(raw, (int)s->n_vocab, chosen, s->p.top_logprobs, &r);
+    lp->id = r.id;
+    lp->logprob = r.logprob;
+    lp->n_top = r.n_top;
+    for (int j = 0; j < r.n_top; j++) {
+        lp->top_ids[j] = r.top_ids[j];
+        lp->top_logprobs[j] = r.top_logprobs[j];
     }
-    if (!eog_ok)
-        for (uint32_t id = 0; id < s->n_vocab; id++)
-            if (tokenizer_is_eog(tok, (int)id))
-                logits[id] = -INFINITY;
-}
-
-
-
-/* Fill lp from the raw logits: log_softmax, chosen id's logprob, top-N descending. */
-static void fill_logprobs(const struct sampler *s, const float *raw, int chosen,
-                          struct token_logprob *lp)
-{
-    int n = (int)s->n_vocab;
-    float mx = raw[sampler_argmax(raw, n)];
-    double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)raw[i] - mx);
-    double lse = mx + log(sum);
-    lp->id = chosen;
-    lp->logprob = (float)(raw[chosen] - lse);
-    int k = s->p.top_logprobs;
-    if (k < 0) k = 0;
-    if (k > SAMPLE_MAX_TOP_LOGPROBS) k = SAMPLE_MAX_TOP_LOGPROBS;
-    if (k > n) k = n;
-    lp->n_top = k;
-    /* One pass keeping the k best in order (k <= 20): a new value goes after every kept
-     * one that is >= it, so ties keep the lower id first. */
-    int kept = 0;
-    for (int i = 0; i < n && k > 0; i++) {
-        if (kept == k && !(raw[i] > raw[lp->top_ids[k - 1]]))
-            continue;
-        int at = kept < k ? kept : k - 1;
-        while (at > 0 && raw[i] > raw[lp->top_ids[at - 1]]) {
-            lp->top_ids[at] = lp->top_ids[at - 1];
-            at--;
-        }
-        lp->top_ids[at] = i;
-        if (kept < k) kept++;
-    }
-    for (int j = 0; j < k; j++)
-        lp->top_logprobs[j] = (float)(raw[lp->top_ids[j]] - lse);
 }
 
 int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
@@ -180,7 +250,7 @@ int sampler_sample(struct sampler *s, float *logits, struct token_logprob *lp)
     }
     /* repetition_penalty (llama.cpp / vLLM): a token of the prompt or the reply has a positive
      * logit divided by it and a negative one multiplied, so it always moves down when > 1 */
-    if (p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f) {
+    if (repetition_on(p)) {
         for (int i = 0; i < n; i++)
             if (s->seen[i])
                 logits[i] = logits[i] > 0.0f ? logits[i] / p->repetition_penalty : logits[i] * p->repetition_penalty;

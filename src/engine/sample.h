@@ -47,6 +47,8 @@ struct token_logprob {
     float top_logprobs[SAMPLE_MAX_TOP_LOGPROBS];
 };
 
+struct sample_edit; /* backend.h */
+
 struct sampler {
     struct sampling_params p;
     uint64_t rng;
@@ -54,6 +56,14 @@ struct sampler {
     int *counts;              /* (n_vocab) times each token was generated */
     void *draw_scratch;       /* sample_row_draw's (sample_rows.h) */
     uint8_t *seen;            /* (n_vocab) in the prompt or generated: repetition_penalty */
+    /* The same changes as a sparse list (backend.h: struct sample_edit) that a backend applies
+     * before its draw (backend_i.sample), kept up to date by reset, note_prompt and accept so
+     * that no step needs a pass over the vocabulary: */
+    struct sample_edit *edits;
+    int n_edits, cap_edits;
+    int32_t *edit_of;         /* (n_vocab) index into edits, or -1 */
+    bool edits_ok;            /* false: the list is not the sampler's (out of memory, or a
+                                 logit_bias that names an id twice): draw on the host */
 };
 
 void sampling_params_default(struct sampling_params *p);
@@ -74,16 +84,21 @@ void sampler_accept(struct sampler *s, int id);
 /* The prompt's tokens, for repetition_penalty (negative ids, image positions, are skipped).
  * Call after sampler_reset. */
 void sampler_note_prompt(struct sampler *s, const int *ids, int n);
+/* The sampler's logit changes as backend_i.sample's edits (its logit_bias, repetition_penalty,
+ * presence and frequency penalties, for the tokens noted so far): sets *edits and returns how
+ * many, or returns -1 when they cannot stand for the host's (sampler.edits_ok). The list stays
+ * valid until the next reset, note_prompt or accept. */
+int sampler_edits(const struct sampler *s, const struct sample_edit **edits);
+/* sampler_edits with ids[0..n) masked as well (SAMPLE_EDIT_MASK: sampler_constrain's
+ * end-of-generation ban, as edits), built in *buf (*cap entries, grown with realloc; the
+ * caller frees it): sets *edits and returns how many, or -1 (as sampler_edits, or out of memory). */
+int sampler_edits_masking(const struct sampler *s, const int *ids, int n, struct sample_edit **buf, int *cap,
+                          const struct sample_edit **edits);
 /* Whether sampling needs the logits themselves (anything but plain greedy): a device-side
  * argmax is the same as the sampler's choice only when this is false. */
 bool sampler_needs_logits(const struct sampling_params *p);
 
-struct json_guard;
-struct tokenizer;
-/* The mask before each sampler_sample: the grammar's (g, when p.json_object) and the
- * end-of-generation ban while ignore_eos or fewer than min_tokens tokens (n_generated) have
- * been generated. Does nothing when neither applies. */
-void sampler_constrain(struct sampler *s, const struct json_guard *g, const struct tokenizer *tok,
-                       int n_generated, float *logits);
+/* sampler_constrain, the grammar mask and end-of-generation ban before each draw, is in
+ * json_guard.h (it needs the grammar and the tokenizer; this file needs neither). */
 
 #endif

@@ -170,3 +170,97 @@ int sample_rows(const float *logits, int n, int n_vocab, const struct sample_row
     free(scratch);
     return 0;
 }
+
+void sample_row_edit(float *l, int n_vocab, const struct sample_row *p)
+{
+    for (int j = 0; j < p->n_edits; j++) {
+        const struct sample_edit *e = &p->edits[j];
+        if (e->id < 0 || e->id >= n_vocab)
+            continue;
+        float x = l[e->id];
+        if (e->what & (SAMPLE_EDIT_BAN | SAMPLE_EDIT_MASK))
+            x = -INFINITY;
+        else if (e->what & SAMPLE_EDIT_BIAS)
+            x = x + e->bias;
+        if (e->what & SAMPLE_EDIT_SEEN)
+            x = x > 0.0f ? x / p->repetition_penalty : x * p->repetition_penalty;
+        if (e->what & SAMPLE_EDIT_SUB)
+            x = x - e->sub;
+        l[e->id] = x;
+    }
+}
+
+/* The largest logit's index, ties to the lowest (sampler_argmax's rule, kept here so that this
+ * file needs nothing of the sampler's). */
+static int first_largest(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+void sample_row_logprobs(const float *raw, int n, int chosen, int k, struct sample_logprob *lp)
+{
+    float mx = raw[first_largest(raw, n)];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)raw[i] - mx);
+    double lse = mx + log(sum);
+    lp->id = chosen;
+    lp->logprob = (float)(raw[chosen] - lse);
+    if (k < 0) k = 0;
+    if (k > SAMPLE_ROW_MAX_TOP) k = SAMPLE_ROW_MAX_TOP;
+    if (k > n) k = n;
+    lp->n_top = k;
+    /* One pass keeping the k best in order (k <= 20): a new value goes after every kept
+     * one that is >= it, so ties keep the lower id first. */
+    int kept = 0;
+    for (int i = 0; i < n && k > 0; i++) {
+        if (kept == k && !(raw[i] > raw[lp->top_ids[k - 1]]))
+            continue;
+        int at = kept < k ? kept : k - 1;
+        while (at > 0 && raw[i] > raw[lp->top_ids[at - 1]]) {
+            lp->top_ids[at] = lp->top_ids[at - 1];
+            at--;
+        }
+        lp->top_ids[at] = i;
+        if (kept < k) kept++;
+    }
+    for (int j = 0; j < k; j++)
+        lp->top_logprobs[j] = (float)(raw[lp->top_ids[j]] - lse);
+}
+
+int sample_rows_full(float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
+                     struct sample_logprob *lp)
+{
+    if (n <= 0 || n_vocab <= 0)
+        return 0;
+    bool any_lp = false;
+    for (int i = 0; i < n; i++)
+        any_lp = any_lp || rows[i].logprobs;
+    void *scratch = malloc(sample_row_scratch_bytes(n_vocab));
+    float *raw = any_lp ? malloc(sizeof(float) * (size_t)n_vocab) : NULL;
+    if (!scratch || (any_lp && !raw)) {
+        free(scratch);
+        free(raw);
+        return TIDE_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        float *l = logits + (size_t)i * n_vocab;
+        for (int j = 0; j < rows[i].n_edits; j++) /* the mask comes before the logprobs */
+            if ((rows[i].edits[j].what & SAMPLE_EDIT_MASK) && rows[i].edits[j].id >= 0 &&
+                rows[i].edits[j].id < n_vocab)
+                l[rows[i].edits[j].id] = -INFINITY;
+        if (rows[i].logprobs)
+            memcpy(raw, l, sizeof(float) * (size_t)n_vocab);
+        sample_row_edit(l, n_vocab, &rows[i]);
+        out[i] = sample_row_draw(l, n_vocab, &rows[i], scratch);
+        if (rows[i].logprobs && lp)
+            sample_row_logprobs(raw, n_vocab, out[i], rows[i].top_logprobs, &lp[i]);
+    }
+    free(scratch);
+    free(raw);
+    return 0;
+}

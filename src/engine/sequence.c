@@ -42,6 +42,9 @@ struct engine_seq {
     bool pick_only;          /* greedy with nothing that needs the logits: the pick is made on the device */
     bool draw_on_device;     /* sampled with nothing else that needs the logits: drawn by backend_i.sample */
     struct sample_row draw;  /* its parameters; u drawn from smp for each step that brings logits */
+    struct sample_logprob dlp; /* the device draw's logprobs (draw.logprobs) */
+    struct sample_edit *eds; /* the sampler's edits with the end-of-generation ban (min_tokens, ignore_eos) */
+    int cap_eds;
     float *prompt_logits;    /* (2, n_vocab) for the choices after the first (n > 1), else NULL: the
                                 prompt's logits, then a copy a choice's first draw may change */
     /* the choice being generated */
@@ -174,19 +177,65 @@ static bool wants_logits(const struct sampling_params *sp)
     return sp->temperature > 0.0f || sampler_needs_logits(sp) || (ha && ha[0] == '1');
 }
 
+/* The switch for draws on the device that need more than the plain draw (presence, frequency and
+ * repetition penalties, logit_bias, logprobs, greedy with any of those): the host sampler's
+ * changes go to backend_i.sample as a sparse list of edits (sampler_edits) and the logprobs come
+ * back as top-N pairs. Off by default until test-gpu's `sample_extras` has passed on a GPU;
+ * TIDE_DEVICE_SAMPLE_EXTRAS=1 (or 0) overrides it. Turning it on by default is this line: */
+#define DEVICE_SAMPLE_EXTRAS_DEFAULT false
+
+static bool device_sample_extras(void)
+{
+    const char *v = getenv("TIDE_DEVICE_SAMPLE_EXTRAS");
+    return v && v[0] ? v[0] == '1' : DEVICE_SAMPLE_EXTRAS_DEFAULT;
+}
+
 /* Whether a sequence's draws can be made by the last stage's backend (backend_i.sample, which
  * brings back one int a step instead of the logits): temperature sampling with nothing else that
- * reads the logits (no penalty, bias, mask, logprobs: sampler_needs_logits), one choice (the
- * later ones start from the prompt's logits on the host), and a backend with the slot. The
- * host sampler draws by the same definition from the same u (sample_rows.c), so this decides
- * where a token is drawn, not which; and it depends on the request and the backend only, never
- * on what shares a step. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
+ * reads the logits (sampler_needs_logits), or, with device_sample_extras, any request but those
+ * with a grammar's per-step mask (JSON mode, json_schema: computed on the host); one
+ * choice (the later ones start from the prompt's logits on the host), and a backend with the
+ * slot. The host sampler draws by the same definition from the same u (sample_rows.c), so this
+ * decides where a token is drawn, not which; and it depends on the request and the backend
+ * only, never on what shares a step. TIDE_HOST_SAMPLE=1 keeps every draw on the host. */
 static bool draws_on_device(const struct engine *e, const struct sampling_params *sp, int n_choices)
 {
     const char *hs = getenv("TIDE_HOST_SAMPLE");
     const struct backend_i *B = e->fw.n_stage > 0 ? e->fw.stage[e->fw.n_stage - 1].be.i : NULL;
-    return sp->temperature > 0.0f && !sampler_needs_logits(sp) && n_choices == 1 && B && B->sample &&
-           !(hs && hs[0] == '1');
+    if (n_choices != 1 || !B || !B->sample || (hs && hs[0] == '1'))
+        return false;
+    if (!sampler_needs_logits(sp))
+        return sp->temperature > 0.0f; /* greedy alone is picked on the device (backend_i.argmax) */
+    return device_sample_extras() && !sp->json_object;
+}
+
+/* The vocabulary's end-of-generation ids (tokenizer_is_eog), listed once; -1: out of memory. */
+static int eog_ids(struct engine *e, const int **ids)
+{
+    if (!e->eog_ids) {
+        int n = 0, V = (int)e->model.cfg.n_vocab;
+        for (int id = 0; id < V; id++)
+            n += tokenizer_is_eog(e->tok, id);
+        if (!(e->eog_ids = malloc(sizeof(int) * (size_t)(n ? n : 1))))
+            return -1;
+        for (int id = 0; id < V; id++)
+            if (tokenizer_is_eog(e->tok, id))
+                e->eog_ids[e->n_eog++] = id;
+    }
+    *ids = e->eog_ids;
+    return e->n_eog;
+}
+
+/* The edits of q's next draw on the device: the sampler's, with the end-of-generation ids
+ * masked while sampler_constrain would ban them. -1: the host draws this one. */
+static int draw_edits(struct engine *e, struct engine_seq *q, const struct sample_edit **ed)
+{
+    const struct sampling_params *sp = &q->job->sp;
+    if (!sp->ignore_eos && q->t >= sp->min_tokens)
+        return sampler_edits(&q->smp, ed);
+    const int *eog = NULL;
+    int n = eog_ids(e, &eog);
+    return n < 0 ? -1 : sampler_edits_masking(&q->smp, eog, n, &q->eds, &q->cap_eds, ed);
 }
 
 /* Checks that prompt n (of which the error names `which`, -1: the only one) fits the context with
@@ -384,7 +433,13 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         q->pick_only = false; /* the later choices start from the prompt's logits */
     q->draw_on_device = draws_on_device(e, &job->sp, q->per);
     q->draw = (struct sample_row){.temperature = job->sp.temperature, .top_k = job->sp.top_k,
-                                  .top_p = job->sp.top_p, .min_p = job->sp.min_p};
+                                  .top_p = job->sp.top_p, .min_p = job->sp.min_p,
+                                  .repetition_penalty = job->sp.repetition_penalty,
+                                  .logprobs = job->sp.logprobs, .top_logprobs = job->sp.top_logprobs};
+    if (!(job->sp.temperature > 0.0f)) /* greedy: the draw at u = 0 with nothing cut is the argmax */
+        q->draw = (struct sample_row){.temperature = 0.0f, .top_p = 1.0f, .u = 0.0,
+                                      .repetition_penalty = job->sp.repetition_penalty,
+                                      .logprobs = job->sp.logprobs, .top_logprobs = job->sp.top_logprobs};
     rc = begin_choice(q, e->model.cfg.n_vocab);
     if (rc < 0)
         goto fail;
@@ -425,6 +480,7 @@ void engine_seq_free(struct engine *e, struct engine_seq *q)
     free(q->prompt_logits);
     free(q->held);
     free(q->mpos);
+    free(q->eds);
     free(q);
 }
 
@@ -513,7 +569,8 @@ static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reaso
 
 /* Sample the next token of q's choice from logits (or take pick, the device's greedy choice),
  * give its text to the job and decide what comes next. */
-static void take_token(struct engine *e, struct engine_seq *q, float *logits, int pick)
+static void take_token(struct engine *e, struct engine_seq *q, float *logits, int pick,
+                       const struct sample_logprob *dlp)
 {
     struct gen_job *job = q->job;
     uint32_t n_vocab = e->model.cfg.n_vocab;
@@ -522,7 +579,17 @@ static void take_token(struct engine *e, struct engine_seq *q, float *logits, in
         if (logits) /* the grammar mask (json_object, json_schema) and the end-of-text ban */
             sampler_constrain(&q->smp, &q->jg, e->tok, q->t, logits);
         int id = pick >= 0 ? pick : sampler_sample(&q->smp, logits, job->sp.logprobs ? &lp : NULL);
+        if (pick >= 0 && dlp) { /* drawn on the device with its logprobs */
+            lp.id = id;
+            lp.logprob = dlp->logprob;
+            lp.n_top = dlp->n_top;
+            for (int j = 0; j < dlp->n_top && j < SAMPLE_MAX_TOP_LOGPROBS; j++) {
+                lp.top_ids[j] = dlp->top_ids[j];
+                lp.top_logprobs[j] = dlp->top_logprobs[j];
+            }
+        }
         pick = -1;
+        dlp = NULL;
         sampler_accept(&q->smp, id);
         job->completion_tokens++;
         q->t++;
@@ -652,9 +719,15 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
             if (q->done || q->waiting || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
                 continue;
             int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
-            if (k > 0 && fs[nf].want_logits && q->draw_on_device) { /* one u a draw, as the host sampler */
-                q->draw.u = sampler_next_uniform(&q->smp);
+            const struct sample_edit *ed;
+            int ne = q->draw_on_device ? draw_edits(e, q, &ed) : -1;
+            if (k > 0 && fs[nf].want_logits && ne >= 0) { /* else the host samples its logits */
+                if (q->draw.temperature > 0.0f) /* one u a draw, as the host sampler */
+                    q->draw.u = sampler_next_uniform(&q->smp);
+                q->draw.edits = ed;
+                q->draw.n_edits = ne;
                 fs[nf].draw = &q->draw;
+                fs[nf].logprob = &q->dlp;
             }
             if (k > 0) {
                 in[nf++] = q;
@@ -699,7 +772,7 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         float *logits = (float *)fs[i].logits;
         if (prefill && q->prompt_logits)
             memcpy(q->prompt_logits, logits, sizeof(float) * n_vocab);
-        take_token(e, q, logits, fs[i].pick);
+        take_token(e, q, logits, fs[i].pick, fs[i].draw && fs[i].draw->logprobs ? &q->dlp : NULL);
     }
     return 0;
 }

@@ -186,6 +186,7 @@ void engine_free(struct engine *e)
         free(e->slots[i].img);
     }
     free(e->slots);
+    free(e->eog_ids);
     kv_park_free(&e->park);
     forward_free(&e->fw);
     memory_plan_free(&e->mem);

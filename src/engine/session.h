@@ -59,6 +59,9 @@ struct engine {
     /* counters (engine thread writes, the snapshot reads) */
     uint64_t shared_tokens;   /* prompt rows copied from another slot instead of computed */
     uint64_t prefix_waits;    /* sequences that waited for another's prefix rows */
+    int *eog_ids;             /* the vocabulary's end-of-generation ids, listed for the first draw on
+                                 the device that bans them (sequence.c), or NULL */
+    int n_eog;
 };
 
 enum finish_reason { FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ERROR };

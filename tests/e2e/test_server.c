@@ -255,6 +255,48 @@ Test(server, seed_text_same_with_logprobs)
     }
 }
 
+/* With TIDE_DEVICE_SAMPLE_EXTRAS=1 the penalties, logit_bias, logprobs and the end-of-generation
+ * ban of ignore_eos / min_tokens are applied by the backend's draw (backend_i.sample's edits; here the CPU backend's slot) instead of the host
+ * sampler: the replies, logprobs included, must be the host sampler's, byte for byte. */
+Test(server, penalties_bias_logprobs_same_when_the_backend_draws, .timeout = 180)
+{
+    static const char *bodies[] = {
+        "{" HELLO ",\"max_tokens\":24,\"temperature\":1,\"seed\":5,\"presence_penalty\":1.5,"
+        "\"frequency_penalty\":0.7,\"logprobs\":true,\"top_logprobs\":4}",
+        "{" HELLO ",\"max_tokens\":24,\"temperature\":0.8,\"top_p\":0.9,\"seed\":6,\"repetition_penalty\":1.3,"
+        "\"logit_bias\":{\"5\":-100,\"17\":3.5}}",
+        "{" HELLO ",\"max_tokens\":24,\"temperature\":0,\"frequency_penalty\":2,\"logprobs\":true,\"top_logprobs\":2}",
+        "{" HELLO ",\"max_tokens\":40,\"temperature\":1.5,\"seed\":7,\"ignore_eos\":true,\"presence_penalty\":0.4,"
+        "\"logprobs\":true,\"top_logprobs\":3}",
+        "{" HELLO ",\"max_tokens\":30,\"temperature\":1.5,\"seed\":8,\"min_tokens\":20,\"logprobs\":true}",
+    };
+    enum { NB = 5 };
+    char *host[NB];
+    for (int i = 0; i < NB; i++) {
+        char *b;
+        cr_assert_eq(chat(bodies[i], &b), 200, "%s", b);
+        cJSON *j = parse(b);
+        host[i] = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "choices"));
+        cJSON_Delete(j);
+        free(b);
+    }
+    stop();
+    setenv("TIDE_DEVICE_SAMPLE_EXTRAS", "1", 1);
+    start(NULL, NULL, NULL);
+    unsetenv("TIDE_DEVICE_SAMPLE_EXTRAS");
+    for (int i = 0; i < NB; i++) {
+        char *b;
+        cr_assert_eq(chat(bodies[i], &b), 200, "%s", b);
+        cJSON *j = parse(b);
+        char *dev = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "choices"));
+        cr_expect_str_eq(dev, host[i], "request %d: the host sampler gave %s", i, host[i]);
+        free(dev);
+        free(host[i]);
+        cJSON_Delete(j);
+        free(b);
+    }
+}
+
 Test(server, completions_shape)
 {
     char *b;

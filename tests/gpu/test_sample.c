@@ -77,7 +77,7 @@ static int compare_rows(const float *l, int n, int V, const struct sample_row *p
     float *ld = dev_put(l, sizeof(float) * (size_t)n * V);
     int32_t *od = dev_put(NULL, sizeof(int32_t) * (size_t)n);
     dev_poison(od, sizeof(int32_t) * (size_t)n);
-    gpu.i->sample(gpu.ctx, ld, n, V, p, od);
+    gpu.i->sample(gpu.ctx, ld, n, V, p, od, NULL);
     gpu.i->download(gpu.ctx, got, od, sizeof(int32_t) * (size_t)n);
     int bad = 0;
     for (int r = 0; r < n; r++) {
@@ -117,7 +117,7 @@ static void gpu_draws(const float *row, int V, struct sample_row p, const double
             ps[r] = p;
             ps[r].u = u[j0 + r];
         }
-        gpu.i->sample(gpu.ctx, ld, k, V, ps, od);
+        gpu.i->sample(gpu.ctx, ld, k, V, ps, od, NULL);
         gpu.i->download(gpu.ctx, ids + j0, od, sizeof(int32_t) * (size_t)k);
     }
     gpu.i->free(gpu.ctx, ld);
@@ -257,9 +257,9 @@ void test_sample(void)
         }
         float *ld = dev_put(l, sizeof(float) * (size_t)ROWS * V);
         int32_t *od = dev_put(NULL, sizeof(int32_t) * ROWS), a[ROWS], b[ROWS];
-        gpu.i->sample(gpu.ctx, ld, ROWS, V, p, od);
+        gpu.i->sample(gpu.ctx, ld, ROWS, V, p, od, NULL);
         gpu.i->download(gpu.ctx, a, od, sizeof a);
-        gpu.i->sample(gpu.ctx, ld, ROWS, V, p, od);
+        gpu.i->sample(gpu.ctx, ld, ROWS, V, p, od, NULL);
         gpu.i->download(gpu.ctx, b, od, sizeof b);
         if (memcmp(a, b, sizeof a)) {
             ok = false;
@@ -294,11 +294,11 @@ void test_sample(void)
         }
         double ms[2];
         for (int c = 0; c < 2; c++) {
-            gpu.i->sample(gpu.ctx, ld, B, V, c ? cut : plain, od); /* warm */
+            gpu.i->sample(gpu.ctx, ld, B, V, c ? cut : plain, od, NULL); /* warm */
             gpu.i->download(gpu.ctx, ids, od, sizeof ids);
             double t0 = now_s();
             for (int k = 0; k < 20; k++)
-                gpu.i->sample(gpu.ctx, ld, B, V, c ? cut : plain, od);
+                gpu.i->sample(gpu.ctx, ld, B, V, c ? cut : plain, od, NULL);
             gpu.i->download(gpu.ctx, ids, od, sizeof ids);
             ms[c] = (now_s() - t0) / 20 * 1e3;
         }

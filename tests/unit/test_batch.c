@@ -171,8 +171,9 @@ Test(batch, rejects_shared_slot_and_overflow)
 }
 
 /* A step of three prompts: one drawn by the backend, one greedy, one wanting its logits; then
- * the drawn one beside a greedy one only (nothing comes back but ids). The draw is the host
- * form's on the row's logits alone, and the greedy pick the argmax of its own. */
+ * the drawn one beside a greedy one only (nothing comes back but ids); then two draws with edits
+ * and logprobs around a greedy row. The draw is the host form's on the row's logits alone, and
+ * the greedy pick the argmax of its own. */
 Test(batch, backend_draws_are_the_rows_own)
 {
     char path[96], err[256] = "";
@@ -220,6 +221,47 @@ Test(batch, backend_draws_are_the_rows_own)
         }
         forward_free(&f);
         draw.u = 0.91;
+    }
+    /* round 3: rows 0 and 2 drawn with edits (penalties, a bias, a mask) and logprobs on either
+     * side of a greedy row (two backend_i.sample calls): each row's id and logprob record are
+     * those of its own logits (sample_rows_full, the host sampler's arithmetic) */
+    struct sample_edit ed0[] = {{.id = 3, .what = SAMPLE_EDIT_SUB, .sub = 1.5f},
+                                {.id = 9, .what = SAMPLE_EDIT_BIAS | SAMPLE_EDIT_SEEN, .bias = 2.0f},
+                                {.id = 11, .what = SAMPLE_EDIT_MASK}};
+    struct sample_edit ed2[] = {{.id = 5, .what = SAMPLE_EDIT_BAN}};
+    struct sample_row dr[3] = {{.temperature = 1.0f, .top_p = 1.0f, .u = 0.42, .edits = ed0, .n_edits = 3,
+                                .repetition_penalty = 1.3f, .logprobs = true, .top_logprobs = 3},
+                               {.temperature = 1.0f},
+                               {.temperature = 0.0f, .top_p = 1.0f, .edits = ed2, .n_edits = 1, .logprobs = true,
+                                .top_logprobs = 20}};
+    {
+        struct forward_state f;
+        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer};
+        cr_assert_eq(forward_init_stages(&f, &m, 64, NSEQ, 64, &sp, 1), 0);
+        cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
+        struct forward_seq q[NSEQ];
+        struct sample_logprob got[3] = {{0}};
+        for (int s = 0; s < NSEQ; s++)
+            q[s] = (struct forward_seq){.slot = s, .pos = 0, .n = plen[s], .tokens = ids[s], .want_logits = true,
+                                        .pick_only = s == 1, .draw = s == 1 ? NULL : &dr[s], .logprob = &got[s]};
+        cr_assert_eq(forward_eval_batch(&f, q, NSEQ), 0);
+        for (int s = 0; s < NSEQ; s += 2) {
+            float *l = malloc(sizeof(float) * (size_t)V);
+            memcpy(l, alone + (size_t)s * V, sizeof(float) * (size_t)V);
+            int32_t want = -1;
+            struct sample_logprob wl;
+            cr_assert_eq(sample_rows_full(l, 1, V, &dr[s], &want, &wl), 0);
+            cr_expect_eq(q[s].pick, want, "row %d: the backend drew %d, the host form %d", s, q[s].pick, want);
+            cr_expect_eq(got[s].id, want);
+            cr_expect_eq(got[s].logprob, wl.logprob, "row %d: the drawn token's logprob", s);
+            cr_assert_eq(got[s].n_top, s ? 20 : 3);
+            for (int j = 0; j < got[s].n_top; j++)
+                cr_expect(got[s].top_ids[j] == wl.top_ids[j] && got[s].top_logprobs[j] == wl.top_logprobs[j],
+                          "row %d: top %d", s, j);
+            free(l);
+        }
+        cr_expect_eq(q[1].pick, sampler_argmax(alone + V, V), "greedy pick between two draws");
+        forward_free(&f);
     }
     free(alone);
     backend_cpu_free(&be);

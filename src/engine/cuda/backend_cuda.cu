@@ -526,11 +526,12 @@ static void cu_argmax(void *ctx, const float *x, int n, int32_t *out)
         cuda_argmax(c, x, n, out);
 }
 
-static void cu_sample(void *ctx, const float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out)
+static void cu_sample(void *ctx, float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
+                      struct sample_logprob *lp)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (enter(c))
-        cuda_sample(c, logits, n, n_vocab, rows, out);
+        cuda_sample(c, logits, n, n_vocab, rows, out, lp);
 }
 
 static void cu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
@@ -839,6 +840,9 @@ extern "C" void backend_cuda_free(struct backend *b)
     if (c->copy) cudaStreamSynchronize(c->copy);
     if (c->scratch) cudaFree(c->scratch);
     if (c->sum) cudaFree(c->sum);
+    if (c->smp_dev) cudaFree(c->smp_dev);
+    if (c->smp_host) cudaFreeHost(c->smp_host);
+    if (c->ev_smp) cudaEventDestroy(c->ev_smp);
     if (c->ev_st) cudaEventDestroy(c->ev_st);
     if (c->ev_copy) cudaEventDestroy(c->ev_copy);
     if (c->st) cudaStreamDestroy(c->st);

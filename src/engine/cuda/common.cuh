@@ -36,6 +36,11 @@ struct cuda_ctx {
     unsigned long n_errors;  /* failures seen (only the first is kept in errmsg) */
     unsigned long ws_gen;    /* bumped whenever scratch or sum is replaced (graphs go stale) */
     bool capturing;          /* between graph_begin and graph_end */
+    void *smp_host;          /* sample.cu: pinned staging of the calls' edits, used as a ring */
+    size_t smp_host_n, smp_host_at; /* its bytes, and where the next call's edits go */
+    void *smp_dev;           /* a call's edits on the device, their old values and the rows' lse */
+    size_t smp_n;
+    cudaEvent_t ev_smp;      /* the staging's last upload (0: none yet) */
     int capture_rc;          /* why the recording under way cannot be used (0: it can) */
 };
 
@@ -87,9 +92,10 @@ bool cuda_norm_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x
                       float eps, float *xn);
 /* backend_i.argmax (argmax.cu): out[0] (device memory) = the greedy choice among x[0..n) */
 void cuda_argmax(struct cuda_ctx *c, const float *x, int n, int32_t *out);
-/* backend_i.sample (sample.cu): out[0..n) (device memory) = a draw from each row of logits */
-void cuda_sample(struct cuda_ctx *c, const float *logits, int n, int n_vocab, const struct sample_row *rows,
-                 int32_t *out);
+/* backend_i.sample (sample.cu): out[0..n) (device memory) = a draw from each row of logits after
+ * its edits, lp[] (device memory) the logprobs of the rows that want them */
+void cuda_sample(struct cuda_ctx *c, float *logits, int n, int n_vocab, const struct sample_row *rows, int32_t *out,
+                 struct sample_logprob *lp);
 /* backend_i.attention_at (attention.cu); f16: the caches hold f16 (attention_at_f16), slot_floats
  * then counts their elements */
 void cuda_attention_at(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
