@@ -147,6 +147,7 @@ try {
     await kvMatches(page, during, 3000);
   }
   assert.ok(during.running >= 2 && during.running_rows > 0, 'no poll saw the streams run: ' + JSON.stringify(during));
+  await page.screenshot({ path: `${out}/kv-load.png` });
   await Promise.all(load);
   step(`page showed ${during.running} sequences running of ${during.slots} KV slots (${during.running_rows} rows), ` +
        `${during.free} free, ${during.cached} cached (${during.cached_rows} rows)`);
