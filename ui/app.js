@@ -47,9 +47,11 @@ function renderDevices(v) {
     el.dataset.totalMib = d.total_mib; el.dataset.freeMib = d.free_mib;
     el.dataset.reserveMib = d.reserve_mib; el.dataset.slots = d.expert_slots;
     el.dataset.slotsFull = d.expert_slots_full;
+    el.dataset.kvBytes = d.kv_bytes; el.dataset.kvType = d.kv_type;
     el.querySelector('.title').textContent =
       `device ${d.index} (${d.backend}) ${d.total_mib} MiB, free ${d.free_mib} MiB, reserve ${d.reserve_mib} MiB, ` +
-      `expert slots ${d.expert_slots} / ${d.expert_slots_full}, layers ${d.layers ? d.layers.join('-') : ''}`;
+      `expert slots ${d.expert_slots} / ${d.expert_slots_full}, KV ${(d.kv_bytes / 1048576).toFixed(1)} MiB ${d.kv_type}, ` +
+      `layers ${d.layers ? d.layers.join('-') : ''}`;
     const bar = el.querySelector('.bar');
     bar.innerHTML = KINDS.map(k => {
       const mib = d[k + '_mib'] || 0;
@@ -61,11 +63,21 @@ function renderDevices(v) {
   if (vi.state === 'ready' && vi.last_image_s_ago != null && vi.idle_s != null)
     s += `, unloads in <span id="vision-countdown">${Math.max(0, Math.round(vi.idle_s - vi.last_image_s_ago))}</span> s`;
   $('vision').innerHTML = s;
-  const sq = v.sequences || {};
-  $('seqs').innerHTML = `sequences: <b id="seq-running">${sq.running ?? 0}</b> running of ` +
-    `<span id="seq-slots">${sq.slots ?? 0}</span> KV slots, <span id="seq-cached">${sq.cached ?? 0}</span> idle slots ` +
-    `holding a reusable prefix, <span id="seq-parked">${sq.parked ?? 0}</span> conversations parked in host RAM ` +
-    `(${(sq.parked_mib ?? 0).toFixed(1)} of ${sq.parked_budget_mib ?? 0} MiB)`;
+  renderKV(v.sequences || {}, v.devices[0] ? v.devices[0].kv_type : '');
+}
+
+// The KV pool (GET /v1/vram "sequences"): a cell per slot, running ones first, then the idle
+// ones keeping rows for a later prompt with the same prefix, then empty ones; rows in the text.
+function renderKV(sq, type) {
+  const n = sq.slots ?? 0, run = sq.running ?? 0, cached = sq.cached ?? 0;
+  const cell = (i) => i < run ? 'run' : i < run + cached ? 'cached' : 'empty';
+  $('kv').innerHTML = `<div>KV pool (<span id="kv-type">${type}</span>, <span id="seq-slots">${n}</span> slots of ` +
+    `<span id="kv-rows-per-slot">${sq.rows_per_slot ?? 0}</span> rows): <b id="seq-running">${run}</b> running ` +
+    `holding <span id="seq-running-rows">${sq.running_rows ?? 0}</span> rows · <span id="seq-free">${sq.free ?? 0}</span> ` +
+    `free, <span id="seq-cached">${cached}</span> of them keeping <span id="seq-cached-rows">${sq.cached_rows ?? 0}</span> ` +
+    `rows of a reusable prefix · <span id="seq-parked">${sq.parked ?? 0}</span> conversations parked in host RAM ` +
+    `(<span id="seq-parked-mib">${(sq.parked_mib ?? 0).toFixed(1)}</span> of ${sq.parked_budget_mib ?? 0} MiB)</div>` +
+    `<div class="slots">${Array.from({ length: n }, (_, i) => `<span class="slot ${cell(i)}" title="slot: ${cell(i)}"></span>`).join('')}</div>`;
 }
 
 async function postReserve(i, mib) {

@@ -91,7 +91,8 @@ static struct req_series req[MAX_REQ_SERIES];
 static int n_req;
 static atomic_llong prompt_tokens, gen_tokens;
 static atomic_int running, waiting;
-static atomic_int kv_slots_used, kv_slots_total;
+static atomic_int kv_slots_used, kv_slots_total, kv_slots_cached;
+static atomic_llong kv_cached_rows;
 static atomic_llong cached_tokens;
 /* conversation parking: the engine's counts as last published */
 static atomic_int kv_parked;
@@ -127,10 +128,12 @@ void metrics_tokens(long prompt, long generated)
 }
 
 void metrics_running_add(int d) { atomic_fetch_add(&running, d); }
-void metrics_kv_slots(int used, int total)
+void metrics_kv_slots(int used, int total, int cached, long cached_rows)
 {
     atomic_store(&kv_slots_used, used);
     atomic_store(&kv_slots_total, total);
+    atomic_store(&kv_slots_cached, cached);
+    atomic_store(&kv_cached_rows, cached_rows);
 }
 void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint64_t restored, uint64_t tokens,
                        uint64_t evicted)
@@ -437,8 +440,7 @@ void metrics_init(void)
     atomic_store(&gen_tokens, 0);
     atomic_store(&running, 0);
     atomic_store(&waiting, 0);
-    atomic_store(&kv_slots_used, 0);
-    atomic_store(&kv_slots_total, 0);
+    metrics_kv_slots(0, 0, 0, 0);
     atomic_store(&cached_tokens, 0);
     metrics_kv_parked(0, 0, 0, 0, 0, 0, 0);
     metrics_kv_shared(0, 0);
@@ -517,6 +519,11 @@ char *metrics_render(void)
     sb_printf(&b, "tide_kv_slots %d\n", atomic_load(&kv_slots_total));
     family(&b, "tide_kv_slots_used", "gauge", "KV slots held by running sequences.");
     sb_printf(&b, "tide_kv_slots_used %d\n", atomic_load(&kv_slots_used));
+    family(&b, "tide_kv_slots_cached", "gauge",
+           "Idle KV slots keeping the rows of an ended request for a later prompt that shares its prefix.");
+    sb_printf(&b, "tide_kv_slots_cached %d\n", atomic_load(&kv_slots_cached));
+    family(&b, "tide_kv_cached_rows", "gauge", "KV rows (token positions) the idle slots keep for reuse.");
+    sb_printf(&b, "tide_kv_cached_rows %lld\n", atomic_load(&kv_cached_rows));
     family(&b, "tide_kv_parked_conversations", "gauge", "Conversations whose KV rows are parked in host RAM.");
     sb_printf(&b, "tide_kv_parked_conversations %d\n", atomic_load(&kv_parked));
     family(&b, "tide_kv_parked_bytes", "gauge", "Host RAM held by parked conversations.");

@@ -19,8 +19,9 @@ void metrics_request(const char *endpoint, int code);
 void metrics_tokens(long prompt, long generated);
 void metrics_running_add(int d);
 void metrics_waiting_add(int d);
-/* KV slots (sequences at once) held now and in all: tide_kv_slots_used, tide_kv_slots. */
-void metrics_kv_slots(int used, int total);
+/* KV slots (sequences at once) held now and in all: tide_kv_slots_used, tide_kv_slots; idle slots
+ * keeping rows for reuse and those rows: tide_kv_slots_cached, tide_kv_cached_rows. */
+void metrics_kv_slots(int used, int total, int cached, long cached_rows);
 /* Conversations parked in host RAM (engine/kv_park.h): tide_kv_parked_conversations, tide_kv_parked_bytes,
  * tide_kv_parked_budget_bytes, tide_kv_parked_total, tide_kv_restored_total,
  * tide_kv_restored_tokens_total, tide_kv_park_evicted_total (the engine's counts, published). */

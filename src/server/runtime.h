@@ -36,6 +36,10 @@ struct vram_snapshot {
     size_t host_total, host_free, host_experts;
     int seq_running, seq_slots; /* sequences running now, and at most (KV slots) */
     int kv_cached_slots;        /* free slots whose rows a later prompt may reuse */
+    long kv_running_rows;       /* KV rows (positions) the running sequences hold */
+    long kv_cached_rows;        /* KV rows the cached slots keep for reuse */
+    int kv_rows_per_slot;       /* context: rows a slot holds at most */
+    bool kv_f16;                /* the KV cache's elements are f16 (else f32) */
     int parked;                 /* conversations parked in host RAM (engine/kv_park.h) */
     size_t parked_bytes, parked_budget;
     uint64_t parked_total, restored_total, restored_tokens_total, park_evicted_total;

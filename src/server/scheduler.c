@@ -83,8 +83,17 @@ void runtime_publish(struct runtime *rt)
     s.host_experts = p->host_expert_bytes;
     s.seq_slots = rt->eng.n_slots;
     s.seq_running = rt->eng.n_slots - engine_free_slots(&rt->eng);
-    for (int i = 0; i < rt->eng.n_slots; i++)
-        s.kv_cached_slots += !rt->eng.slots[i].busy && rt->eng.slots[i].n_tokens > 0;
+    for (int i = 0; i < rt->eng.n_slots; i++) {
+        const struct kv_slot *k = &rt->eng.slots[i];
+        if (k->busy)
+            s.kv_running_rows += k->n_tokens;
+        else if (k->n_tokens > 0) {
+            s.kv_cached_slots++;
+            s.kv_cached_rows += k->n_tokens;
+        }
+    }
+    s.kv_rows_per_slot = rt->eng.n_ctx;
+    s.kv_f16 = rt->eng.fw.kv_f16;
     const struct kv_park *kp = &rt->eng.park;
     s.parked = kp->n;
     s.parked_bytes = kp->used;
@@ -105,7 +114,7 @@ void runtime_publish(struct runtime *rt)
     rt->snap = s;
     pthread_mutex_unlock(&rt->snap_mu);
     metrics_publish_devices(md, s.n);
-    metrics_kv_slots(s.seq_running, s.seq_slots);
+    metrics_kv_slots(s.seq_running, s.seq_slots, s.kv_cached_slots, s.kv_cached_rows);
     metrics_kv_parked(s.parked, s.parked_bytes, s.parked_budget, s.parked_total, s.restored_total,
                       s.restored_tokens_total, s.park_evicted_total);
     metrics_kv_shared(s.shared_tokens_total, s.prefix_waits_total);

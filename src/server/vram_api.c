@@ -59,6 +59,10 @@ char *vram_render(const struct vram_snapshot *s, const char *status, const size_
             cJSON_AddNumberToObject(d, names[k], v[k]);
             t[k] += v[k];
         }
+        /* the KV cache's exact bytes on this device (its layers' part of every slot), and its
+         * elements' type (kv_type: one for the whole cache) */
+        cJSON_AddNumberToObject(d, "kv_bytes", (double)x->used[MEM_KV]);
+        cJSON_AddStringToObject(d, "kv_type", s->kv_f16 ? "f16" : "f32");
         cJSON *ly = cJSON_AddArrayToObject(d, "layers");
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(x->l0));
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(x->l1));
@@ -72,12 +76,17 @@ char *vram_render(const struct vram_snapshot *s, const char *status, const size_
                                          "expert_slots_full", "vision_mib", "workspace_mib"};
     for (int k = 0; k < 11; k++)
         cJSON_AddNumberToObject(tot, tnames[k], t[k]);
-    /* the engine's KV slots: sequences running now, at most, and idle slots holding rows a
-     * later prompt with the same prefix reuses (cached_tokens) */
+    /* the engine's KV slots: sequences running now, at most, the slots no sequence holds, and
+     * idle slots holding rows a later prompt with the same prefix reuses (cached_tokens); rows
+     * are token positions, rows_per_slot of them a slot (context) */
     cJSON *sq = cJSON_AddObjectToObject(o, "sequences");
     cJSON_AddNumberToObject(sq, "running", s->seq_running);
     cJSON_AddNumberToObject(sq, "slots", s->seq_slots);
+    cJSON_AddNumberToObject(sq, "free", s->seq_slots - s->seq_running);
     cJSON_AddNumberToObject(sq, "cached", s->kv_cached_slots);
+    cJSON_AddNumberToObject(sq, "rows_per_slot", s->kv_rows_per_slot);
+    cJSON_AddNumberToObject(sq, "running_rows", (double)s->kv_running_rows);
+    cJSON_AddNumberToObject(sq, "cached_rows", (double)s->kv_cached_rows);
     /* conversations parked in host RAM when their slot was taken (engine/kv_park.h) */
     cJSON_AddNumberToObject(sq, "parked", s->parked);
     cJSON_AddNumberToObject(sq, "parked_mib", round((double)s->parked_bytes / 1048576.0 * 10) / 10);

@@ -1,10 +1,13 @@
 // page.mjs - what a person sees at GET /: the device bars carry the numbers /v1/vram reports,
+// the KV pool beside them (running sequences, free and cached slots, rows, parked conversations)
+// shows /v1/vram's numbers during a concurrent load and the cached rows after it,
 // a chat message streams an answer in, a PNG picked in the file input gets an answer and both
 // show in the recent-requests table (GET /v1/requests), a reserve
 // set with the page's button shrinks the bar and the slot count, restore brings them back.
 // The daemon has an API key: the page asks for it once. Usage: node page.mjs BASE_URL OUT_DIR KEY (run.sh starts the daemon). Screenshots go to OUT_DIR.
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
+import { isDeepStrictEqual } from 'node:util';
 
 const [base, out, key] = process.argv.slice(2);
 const auth = { headers: { Authorization: 'Bearer ' + key } };
@@ -12,6 +15,29 @@ const KINDS = ['weights', 'kv', 'workspace', 'expert_cache', 'vision'];
 const vram = async () => (await fetch(base + '/v1/vram', auth)).json();
 const t0 = Date.now();
 const step = (s) => console.log(`  browser: ${s} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+
+// The KV pool as the page shows it, and as a /v1/vram "sequences" object says it should be: the
+// numbers, and a cell per slot (running, then cached, then empty).
+const kvShown = (page) => page.evaluate(() => {
+  const n = (id) => Number(document.getElementById(id).textContent);
+  const cells = (k) => document.querySelectorAll('#kv .slot.' + k).length;
+  return { running: n('seq-running'), slots: n('seq-slots'), free: n('seq-free'), cached: n('seq-cached'),
+           running_rows: n('seq-running-rows'), cached_rows: n('seq-cached-rows'), parked: n('seq-parked'),
+           parked_mib: n('seq-parked-mib'), cells: [cells('run'), cells('cached'), cells('empty')] };
+});
+const kvWanted = (sq) => ({ running: sq.running, slots: sq.slots, free: sq.free, cached: sq.cached,
+  running_rows: sq.running_rows, cached_rows: sq.cached_rows, parked: sq.parked,
+  parked_mib: Number(sq.parked_mib.toFixed(1)), cells: [sq.running, sq.cached, sq.slots - sq.running - sq.cached] });
+// wait (up to ms) until the page shows sq; fail showing both when it does not
+async function kvMatches(page, sq, ms) {
+  const want = kvWanted(sq), until = Date.now() + ms;
+  for (;;) {
+    const got = await kvShown(page);
+    if (isDeepStrictEqual(got, want)) return;
+    if (Date.now() > until) assert.deepEqual(got, want, 'the KV pool on the page is not /v1/vram\'s');
+    await page.waitForTimeout(50);
+  }
+}
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true,
@@ -42,6 +68,9 @@ try {
     const title = await el.locator('.title').textContent();
     assert.ok(title.includes(`expert slots ${d.expert_slots} / ${d.expert_slots_full}`), title);
     assert.ok(title.includes(`${d.total_mib} MiB`), title);
+    assert.equal(Number(await el.getAttribute('data-kv-bytes')), d.kv_bytes);
+    assert.equal(await el.getAttribute('data-kv-type'), d.kv_type);
+    assert.ok(title.includes(`KV ${(d.kv_bytes / 1048576).toFixed(1)} MiB ${d.kv_type}`), title);
     for (const k of KINDS)
       assert.equal(Number(await el.locator(`.bar span[data-kind=${k}]`).getAttribute('data-mib')), d[k + '_mib'], `device ${d.index} ${k}`);
   }
@@ -103,21 +132,30 @@ try {
     const c = document.getElementById('chart');
     return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((x, i) => i % 4 === 3 && x > 0);
   }), 'the time series is blank');
-  // KV slots beside the bars; during a load of concurrent streams the page shows them running
-  assert.equal(Number(await page.locator('#seq-slots').textContent()), v.sequences.slots);
+  // The KV pool beside the bars. During a load of concurrent streams the page shows the /v1/vram
+  // body its own poll fetched (taken from the page's traffic): several running, their rows.
+  assert.equal(await page.locator('#kv-type').textContent(), v.devices[0].kv_type);
+  assert.equal(Number(await page.locator('#kv-rows-per-slot').textContent()), v.sequences.rows_per_slot);
   const load = [0, 1, 2].map((i) => fetch(base + '/v1/chat/completions', {
     method: 'POST', headers: { ...auth.headers, 'Content-Type': 'application/json' },
     body: JSON.stringify({ messages: [{ role: 'user', content: `stream ${i}` }], max_tokens: 300, temperature: 0, stream: true }),
   }).then((r) => r.text()));
-  await page.waitForFunction(() => Number(document.getElementById('seq-running').textContent) >= 2, null, { timeout: 20000 });
-  const seen = Number(await page.locator('#seq-running').textContent());
+  let during = null;
+  for (let polls = 0; polls < 20 && !(during && during.running >= 2 && during.running_rows > 0); polls++) {
+    const resp = await page.waitForResponse((r) => r.url() === base + '/v1/vram' && r.request().method() === 'GET');
+    during = (await resp.json()).sequences;
+    await kvMatches(page, during, 3000);
+  }
+  assert.ok(during.running >= 2 && during.running_rows > 0, 'no poll saw the streams run: ' + JSON.stringify(during));
+  await page.screenshot({ path: `${out}/kv-load.png` });
   await Promise.all(load);
-  step(`page showed ${seen} sequences running at once of ${v.sequences.slots} KV slots`);
-  // conversations parked in host RAM: the page shows /v1/vram's count once the load is over
-  const vp = await vram();
-  await page.waitForFunction((n) => Number(document.getElementById('seq-parked').textContent) === n, vp.sequences.parked,
-    { timeout: 10000 });
-  step(`page shows ${vp.sequences.parked} parked conversations (${vp.sequences.parked_mib} MiB)`);
+  step(`page showed ${during.running} sequences running of ${during.slots} KV slots (${during.running_rows} rows), ` +
+       `${during.free} free, ${during.cached} cached (${during.cached_rows} rows)`);
+  // after the load: the slots are free and keep the streams' rows for reuse; parked conversations too
+  const vp = (await vram()).sequences;
+  assert.ok(vp.running === 0 && vp.cached >= Math.min(3, vp.slots) && vp.cached_rows > 0, 'after the load: ' + JSON.stringify(vp));
+  await kvMatches(page, vp, 5000);
+  step(`page shows ${vp.cached} cached slots keeping ${vp.cached_rows} rows, ${vp.parked} parked conversations (${vp.parked_mib} MiB)`);
 
   await page.screenshot({ path: `${out}/dashboard.png` });
 
