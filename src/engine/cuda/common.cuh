@@ -60,6 +60,13 @@ static inline bool cuda_ok(struct cuda_ctx *c, cudaError_t e, const char *call, 
 #define CU(c, call) cuda_ok((c), (call), #call, __FILE__, __LINE__)
 #define CU_LAUNCH(c, what) cuda_ok((c), cudaGetLastError(), what, __FILE__, __LINE__)
 
+/* The start of every op: false once the context holds an error (the op is skipped: the
+ * first failure is the one kept) or when its device cannot be made current. */
+static inline bool cuda_enter(struct cuda_ctx *c)
+{
+    return !c->err && CU(c, cuda_use_device(c->dev));
+}
+
 /* A workspace of at least bytes on the op stream. Reused by consecutive ops: they run in
  * stream order, so one op's use is over before the next op's kernels start. Growth frees
  * the old buffer stream-ordered too, so it never synchronises the host. NULL on failure. */
