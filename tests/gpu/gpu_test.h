@@ -12,6 +12,7 @@
 extern struct backend cpu, gpu;
 extern int n_fail;
 
+uint64_t rnd64(void); /* the inputs' xorshift: one sequence for the whole program */
 float *rand_vec(size_t n, float scale);
 double now_s(void);
 /* ||a - b|| / ||b||; NaN or Inf anywhere -> +inf */
@@ -29,6 +30,15 @@ void bench_copy(double *d2d_gbs);
 void bench_matmul(double d2d);
 void bench_attention(double d2d);
 void bench_attention_prefill(void);
+
+/* test_small_ops.c: the small ops (small_ops.cu), the copies and zero vs the CPU */
+void test_rmsnorm(void);
+void test_rope(void);
+void test_elementwise(void);   /* swiglu, axpy, zero */
+void test_scatter(void);       /* scatter_axpy */
+void test_axpy_sigmoid(void);
+void test_get_row(void);       /* get_row and get_rows */
+void test_gather_upload(void); /* gather_rows, upload_download, gather_copy_d2d */
 
 void test_moe_ffn(void);
 void test_route(void);
