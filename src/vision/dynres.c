@@ -2,6 +2,7 @@
 #include "dynres.h"
 
 #include "../common.h"
+#include "image.h"
 
 #include <math.h>
 
@@ -47,4 +48,17 @@ int dynres_size(const struct dynres_rules *r, int w, int h, int *out_w, int *out
     *out_w = (int)wb;
     *out_h = (int)hb;
     return (int)((wb / a) * (hb / a));
+}
+
+int dynres_resize(const struct dynres_rules *r, const struct image_u8 *img, struct image_u8 *sized,
+                  int *out_w, int *out_h)
+{
+    static const uint8_t black[3] = {0, 0, 0}; /* llama.cpp's pad colour for these towers */
+    sized->w = sized->h = 0;
+    sized->rgb = NULL;
+    int n = dynres_size(r, img->w, img->h, out_w, out_h);
+    if (n <= 0 || (*out_w == img->w && *out_h == img->h))
+        return n;
+    int rc = image_resize_fit_bilinear(img, *out_w, *out_h, black, sized);
+    return rc < 0 ? rc : n;
 }
