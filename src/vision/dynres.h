@@ -11,7 +11,8 @@
  * tide's token budget (vision.max_image_tokens) lowers max_pixels to budget * align^2, and a
  * last rule makes it hold where the others cannot (a very long, thin image whose short side
  * is already one align): the longer side loses an align at a time until the image fits. So an
- * image is never refused: it is scaled into the budget. Arithmetic in double. */
+ * image is never refused: it is scaled into the budget. Arithmetic in float, as llama.cpp's
+ * (Hugging Face's is double: a small image's token count can differ between the two). */
 #ifndef TIDE_DYNRES_H
 #define TIDE_DYNRES_H
 

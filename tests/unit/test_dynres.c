@@ -17,22 +17,24 @@
 
 static const char reference_py[] =
     "import math, sys\n"
+    "import numpy as np\n"
+    "f = np.float32  # llama.cpp computes the sizes in float\n"
     "def size(w, h, patch, merge, min_px, max_px, max_tok):\n"
     "    a = patch * merge\n"
     "    if max_tok > 0 and (max_px == 0 or max_tok * a * a < max_px):\n"
     "        max_px = max_tok * a * a\n"
     "    if max_px > 0 and min_px > max_px:\n"
     "        min_px = max_px\n"
-    "    rnd = lambda x: math.floor(x / a + 0.5) * a   # half away from zero (x > 0)\n"
+    "    rnd = lambda x: math.floor(float(f(x) / f(a)) + 0.5) * a   # half away from zero (x > 0)\n"
     "    wb, hb = max(a, rnd(w)), max(a, rnd(h))\n"
     "    if max_px > 0 and wb * hb > max_px:\n"
-    "        beta = math.sqrt(h * w / max_px)\n"
-    "        hb = max(a, math.floor(h / beta / a) * a)\n"
-    "        wb = max(a, math.floor(w / beta / a) * a)\n"
+    "        beta = np.sqrt(f(h) * f(w) / f(max_px))\n"
+    "        hb = max(a, math.floor(f(h) / beta / f(a)) * a)\n"
+    "        wb = max(a, math.floor(f(w) / beta / f(a)) * a)\n"
     "    elif min_px > 0 and wb * hb < min_px:\n"
-    "        beta = math.sqrt(min_px / (h * w))\n"
-    "        hb = math.ceil(h * beta / a) * a\n"
-    "        wb = math.ceil(w * beta / a) * a\n"
+    "        beta = np.sqrt(f(min_px) / (f(h) * f(w)))\n"
+    "        hb = math.ceil(f(h) * beta / f(a)) * a\n"
+    "        wb = math.ceil(f(w) * beta / f(a)) * a\n"
     "    while max_px > 0 and wb * hb > max_px and (wb > a or hb > a):\n"
     "        if wb >= hb: wb -= a\n"
     "        else: hb -= a\n"
@@ -53,6 +55,11 @@ static const long cases[][7] = {
     {1920, 1080, 14, 2, 4 * 784, 16384 * 784, 500}, {799, 601, 14, 2, 56 * 56, 28 * 28 * 1280, 0},
     {1000, 1000, 16, 2, 0, 0, 0},                   {1000, 1000, 16, 2, 0, 0, 7},
     {48, 16, 16, 2, 8 * 1024, 4096 * 1024, 4},      {81, 47, 8, 2, 8 * 256, 4096 * 256, 0},
+    /* where float and double disagree (llama.cpp's answer is float's; checked with libmtmd for
+     * the first three by scripts/check-mtmd-parity.sh's sizes) */
+    {20, 90, 8, 2, 8 * 256, 4096 * 256, 0},         {31, 62, 14, 2, 8 * 784, 4096 * 784, 0},
+    {38, 76, 14, 2, 8 * 784, 4096 * 784, 0},        {3377, 2494, 16, 2, 8 * 1024, 4096 * 1024, 0},
+    {2180, 2180, 14, 2, 8 * 784, 4096 * 784, 0},    {921, 3684, 14, 2, 8 * 784, 4096 * 784, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
