@@ -9,7 +9,9 @@
 # the rules are computed in double rather than llama.cpp's float), and one over max_pixels: a third number is a token
 # budget given to both, tide's max_image_tokens and libmtmd's image_max_tokens, so max_pixels is
 # that budget's pixels), so the resize rules and the resampler are compared too. The relative
-# RMS difference of the main embeddings and of each deepstack feature must be under 1e-3.
+# RMS difference of the main embeddings and of each deepstack feature must be under 1e-3. For a
+# resized image, the pixels themselves: libmtmd given tide's resized image (already of its size,
+# so libmtmd only copies it) must return exactly the embeddings of its own resize.
 # Then the greedy reply to a chat with an image (24 tokens, temperature 0) from the daemon
 # and from libmtmd's helper (scripts/mtmd-greedy.c: the same ChatML text, the image between
 # <|vision_start|> and <|vision_end|>, M-RoPE positions, deepstack) must be the same text (the
@@ -39,7 +41,14 @@ build/tide-mkmodel --preset $text --type f32 --out "$tmp/text.gguf" >/dev/null
 build/tide-mkmodel --preset mmproj-$pair --type f32 --out "$tmp/mmproj.gguf" >/dev/null
 for size in "${sizes[@]}"; do
   "$tmp/mtmd-embd" "$tmp/text.gguf" "$tmp/mmproj.gguf" $size 2>/dev/null >"$tmp/ref.txt"
-  "$tmp/tide-embd" "$tmp/mmproj.gguf" $size >"$tmp/ours.txt"
+  TIDE_EMBD_PPM="$tmp/resized.ppm" "$tmp/tide-embd" "$tmp/mmproj.gguf" $size >"$tmp/ours.txt"
+  resized=$(head -2 "$tmp/resized.ppm" | tail -1)
+  if [ "$resized" != "$(echo $size | cut -d' ' -f1-2)" ]; then
+    MTMD_EMBD_PPM="$tmp/resized.ppm" "$tmp/mtmd-embd" "$tmp/text.gguf" "$tmp/mmproj.gguf" 0 0 2>/dev/null >"$tmp/ref-px.txt"
+    what="$(echo $size | cut -d' ' -f1-2 | tr ' ' x) resized to ${resized/ /x}"
+    if cmp -s "$tmp/ref.txt" "$tmp/ref-px.txt"; then echo "same pixels: $what"
+    else echo "DIFFERENT pixels: $what"; fail=1; fi
+  fi
   python3 - "$tmp/ours.txt" "$tmp/ref.txt" "$size" $T <<'PY' || fail=1
 import math, sys
 a = open(sys.argv[1]).read().split(); b = open(sys.argv[2]).read().split()

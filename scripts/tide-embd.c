@@ -2,7 +2,9 @@
  * makes (same pixels), for scripts/check-mtmd-parity.sh: prints the tokens' count and width,
  * then every float, one per line, computed as the daemon does (the resize rules within a budget
  * of MAX_TOKENS merged tokens, 0 or absent: the tower's own, the resize where one is needed,
- * the CPU backend's ops). Built against build/libtide.a by the script. */
+ * the CPU backend's ops). With TIDE_EMBD_PPM=FILE in the environment it also writes the image it
+ * encodes (after the resize) there as a binary PPM, for the script to hand to libmtmd. Built
+ * against build/libtide.a by the script. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -40,6 +42,15 @@ int main(int argc, char **argv)
     if (sized.rgb) {
         free(rgb);
         rgb = sized.rgb;
+    }
+    const char *ppm = getenv("TIDE_EMBD_PPM");
+    if (ppm) {
+        FILE *f = fopen(ppm, "wb");
+        if (!f || fprintf(f, "P6\n%d %d\n255\n", w, h) < 0 || fwrite(rgb, 3, (size_t)w * h, f) != (size_t)w * h ||
+            fclose(f)) {
+            fprintf(stderr, "tide-embd: cannot write %s\n", ppm);
+            return 1;
+        }
     }
     float *out = malloc(sizeof(float) * (size_t)n * e);
     struct backend be; /* the daemon's path: the CPU backend's ops */
