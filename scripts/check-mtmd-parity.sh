@@ -2,13 +2,20 @@
 # Qwen-VL image embeddings, tide vs llama.cpp's libmtmd (issue 25), for each pair of PAIRS:
 # qwen3vl (the qwen3vlmoe text preset and the mmproj-qwen3vl tower), qwen2vl (qwen2vl and
 # mmproj-qwen2vl), qwen25vl (qwen2vl and mmproj-qwen25vl), f32 matrices; synthetic images of
-# several sizes whose sides are already multiples of patch * 2 (no resize on either side, so the
-# towers alone are compared: patch embedding, position-table interpolation, 2-D rope, deepstack,
-# window attention and the 2x2 merger). The relative RMS difference of the main embeddings and
-# of each deepstack feature must be under 1e-3.
+# several sizes: some whose sides are already multiples of patch * 2 (no resize on either side,
+# so the towers alone are compared: patch embedding, position-table interpolation, 2-D rope,
+# deepstack, window attention and the 2x2 merger), and some that need a resize (sides that are
+# not multiples, images under min_pixels (20x90, 31x62 and 38x76 get another token count when
+# the rules are computed in double rather than llama.cpp's float), and one over max_pixels: a third number is a token
+# budget given to both, tide's max_image_tokens and libmtmd's image_max_tokens, so max_pixels is
+# that budget's pixels), so the resize rules and the resampler are compared too. The relative
+# RMS difference of the main embeddings and of each deepstack feature must be under 1e-3. For a
+# resized image, the pixels themselves: libmtmd given tide's resized image (already of its size,
+# so libmtmd only copies it) must return exactly the embeddings of its own resize.
 # Then the greedy reply to a chat with an image (24 tokens, temperature 0) from the daemon
 # and from libmtmd's helper (scripts/mtmd-greedy.c: the same ChatML text, the image between
-# <|vision_start|> and <|vision_end|>, M-RoPE positions, deepstack) must be the same text.
+# <|vision_start|> and <|vision_end|>, M-RoPE positions, deepstack) must be the same text (the
+# qwen3vl and qwen25vl prompts' images need a resize, qwen2vl's does not).
 # Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) [PAIRS="qwen2vl ..."] scripts/check-mtmd-parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +31,9 @@ cc -O2 -std=c11 -Isrc scripts/tide-embd.c build/libtide.a $(make -s print-gpu-ld
 fail=0
 for pair in ${PAIRS:-qwen3vl qwen2vl qwen25vl}; do
 case $pair in # text preset, tower preset, text width, image sizes, the greedy prompt's image
-  qwen3vl) text=qwen3vlmoe T=96 sizes=("64 48" "96 64" "32 80") gsize="64 48";;
-  qwen2vl) text=qwen2vl T=128 sizes=("64 48" "96 64" "32 80") gsize="64 48";;
-  qwen25vl) text=qwen2vl T=128 sizes=("112 56" "168 112" "252 140") gsize="168 112";; # windows of 4x4 merged tokens
+  qwen3vl) text=qwen3vlmoe T=96 sizes=("64 48" "96 64" "32 80" "70 45" "21 13" "20 90" "200 150 64") gsize="70 45";;
+  qwen2vl) text=qwen2vl T=128 sizes=("64 48" "96 64" "32 80" "70 45" "21 13" "20 90" "200 150 64") gsize="64 48";;
+  qwen25vl) text=qwen2vl T=128 sizes=("112 56" "168 112" "252 140" "130 70" "40 20" "31 62" "38 76" "300 200 48") gsize="130 70";; # windows of 4x4 merged tokens
   *) echo "unknown pair $pair"; exit 2;;
 esac
 echo "== $pair"
@@ -34,12 +41,21 @@ build/tide-mkmodel --preset $text --type f32 --out "$tmp/text.gguf" >/dev/null
 build/tide-mkmodel --preset mmproj-$pair --type f32 --out "$tmp/mmproj.gguf" >/dev/null
 for size in "${sizes[@]}"; do
   "$tmp/mtmd-embd" "$tmp/text.gguf" "$tmp/mmproj.gguf" $size 2>/dev/null >"$tmp/ref.txt"
-  "$tmp/tide-embd" "$tmp/mmproj.gguf" $size >"$tmp/ours.txt"
+  TIDE_EMBD_PPM="$tmp/resized.ppm" "$tmp/tide-embd" "$tmp/mmproj.gguf" $size >"$tmp/ours.txt"
+  resized=$(head -2 "$tmp/resized.ppm" | tail -1)
+  if [ "$resized" != "$(echo $size | cut -d' ' -f1-2)" ]; then
+    MTMD_EMBD_PPM="$tmp/resized.ppm" "$tmp/mtmd-embd" "$tmp/text.gguf" "$tmp/mmproj.gguf" 0 0 2>/dev/null >"$tmp/ref-px.txt"
+    what="$(echo $size | cut -d' ' -f1-2 | tr ' ' x) resized to ${resized/ /x}"
+    if cmp -s "$tmp/ref.txt" "$tmp/ref-px.txt"; then echo "same pixels: $what"
+    else echo "DIFFERENT pixels: $what"; fail=1; fi
+  fi
   python3 - "$tmp/ours.txt" "$tmp/ref.txt" "$size" $T <<'PY' || fail=1
 import math, sys
 a = open(sys.argv[1]).read().split(); b = open(sys.argv[2]).read().split()
+size = sys.argv[3].split()
+label = "x".join(size[:2]) + " image" + (f" (budget {size[2]} tokens)" if len(size) > 2 else "")
 if a[:2] != b[:2]:
-    print(f"DIFFERENT: {sys.argv[3]}: tide {a[0]} tokens of {a[1]}, llama.cpp {b[0]} of {b[1]}"); sys.exit(1)
+    print(f"DIFFERENT: {label}: tide {a[0]} tokens of {a[1]}, llama.cpp {b[0]} of {b[1]}"); sys.exit(1)
 n, e = int(a[0]), int(a[1]); T = int(sys.argv[4])
 a = [float(x) for x in a[2:]]; b = [float(x) for x in b[2:]]
 worst, parts = 0.0, []
@@ -50,7 +66,7 @@ for p in range(e // T):
     parts.append(d / r); worst = max(worst, d / r)
 ok = worst < 1e-3
 names = ["main"] + [f"deepstack {k}" for k in range(len(parts) - 1)]
-print(f"{'same' if ok else 'DIFFERENT'}: {sys.argv[3].replace(' ', 'x')} image, {n} tokens: relative RMS " +
+print(f"{'same' if ok else 'DIFFERENT'}: {label}, {n} tokens: relative RMS " +
       ", ".join(f"{m} {v:.2e}" for m, v in zip(names, parts)))
 sys.exit(0 if ok else 1)
 PY

@@ -1,8 +1,11 @@
 /* mtmd-embd.c - llama.cpp's image embedding of a synthetic image, for
- * scripts/check-mtmd-parity.sh: the text GGUF and mmproj given, an image W x H whose pixel
+ * scripts/check-mtmd-parity.sh: the text GGUF and mmproj given, an image W x H (resized by
+ * libmtmd as it sees fit, within MAX_TOKENS image tokens when given) whose pixel
  * (x, y) channel c is (x * 37 + y * 91 + c * 53 + (x * y) % 17) & 255 (tide's side,
  * scripts/tide-embd.c, makes the same), encoded by libmtmd (CPU, f32 attention, no flash
- * attention); prints the tokens' count and width, then every float, one per line. */
+ * attention); prints the tokens' count and width, then every float, one per line. With
+ * MTMD_EMBD_PPM=FILE in the environment the image is that binary PPM instead (W and H are
+ * then ignored). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +15,8 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr, "usage: mtmd-embd MODEL MMPROJ W H\n");
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: mtmd-embd MODEL MMPROJ W H [MAX_TOKENS]\n");
         return 2;
     }
     int w = atoi(argv[3]), h = atoi(argv[4]);
@@ -26,9 +29,21 @@ int main(int argc, char **argv)
     cp.warmup = false;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.n_threads = 2;
+    if (argc == 6 && atoi(argv[5]) > 0) cp.image_max_tokens = atoi(argv[5]);
     mtmd_context *ctx = mtmd_init_from_file(argv[2], model, cp);
     if (!ctx) return 1;
+    const char *ppm = getenv("MTMD_EMBD_PPM");
+    FILE *pf = ppm ? fopen(ppm, "rb") : NULL;
+    if (ppm && (!pf || fscanf(pf, "P6 %d %d 255", &w, &h) != 2 || fgetc(pf) != '\n')) {
+        fprintf(stderr, "mtmd-embd: cannot read %s\n", ppm);
+        return 1;
+    }
     unsigned char *rgb = malloc((size_t)w * h * 3);
+    if (pf) {
+        size_t got = fread(rgb, 3, (size_t)w * h, pf);
+        fclose(pf);
+        if (got != (size_t)w * h) return 1;
+    } else
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++)
             for (int c = 0; c < 3; c++)

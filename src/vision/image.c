@@ -1,4 +1,5 @@
-/* image.c - data URLs, base64, stb_image decoding, EXIF orientation, resize, normalise.
+/* image.c - data URLs, base64, stb_image decoding, EXIF orientation, resize (bicubic; bilinear for
+ * the Qwen-VL towers), normalise.
  * See image.h for the contract. */
 #include "image.h"
 #include "memory/host_budget.h"
@@ -563,6 +564,76 @@ out:
     free(cx); free(cy); free(px); free(py); free(tmp);
     if (rc) { free(dst->rgb); dst->rgb = NULL; }
     return rc;
+}
+
+/* Bilinear with the corners aligned (output x samples source x * (src_w - 1) / (w - 1)), no
+ * antialiasing, every step in float and the result truncated to 8 bits: the arithmetic of
+ * llama.cpp's mtmd for the Qwen-VL towers, so that the same image gives the same pixels (and
+ * so the same embeddings). Float on purpose, not double: a truncation boundary lands where
+ * theirs does. Writes w * h * 3 bytes. */
+static void resize_bilinear_aligned(const struct image_u8 *src, int w, int h, uint8_t *out)
+{
+    float rx = w > 1 ? (float)(src->w - 1) / (float)(w - 1) : 0.0f;
+    float ry = h > 1 ? (float)(src->h - 1) / (float)(h - 1) : 0.0f;
+    for (int y = 0; y < h; y++) {
+        float py = (float)y * ry;
+        int y0 = (int)py;
+        if (y0 > src->h - 1) y0 = src->h - 1;
+        int y1 = y0 + 1 > src->h - 1 ? src->h - 1 : y0 + 1;
+        float fy = py - (float)y0;
+        for (int x = 0; x < w; x++) {
+            float px = (float)x * rx;
+            int x0 = (int)px;
+            if (x0 > src->w - 1) x0 = src->w - 1;
+            int x1 = x0 + 1 > src->w - 1 ? src->w - 1 : x0 + 1;
+            float fx = px - (float)x0;
+            const uint8_t *p00 = src->rgb + ((size_t)y0 * src->w + x0) * 3, *p10 = src->rgb + ((size_t)y0 * src->w + x1) * 3;
+            const uint8_t *p01 = src->rgb + ((size_t)y1 * src->w + x0) * 3, *p11 = src->rgb + ((size_t)y1 * src->w + x1) * 3;
+            for (int c = 0; c < 3; c++) {
+                float top = (float)p00[c] + ((float)p10[c] - (float)p00[c]) * fx;
+                float bottom = (float)p01[c] + ((float)p11[c] - (float)p01[c]) * fx;
+                float v = top + (bottom - top) * fy;
+                out[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
+            }
+        }
+    }
+}
+
+int image_resize_fit_bilinear(const struct image_u8 *src, int w, int h, const uint8_t pad_rgb[3],
+                              struct image_u8 *dst)
+{
+    memset(dst, 0, sizeof *dst);
+    if (w <= 0 || h <= 0 || src->w <= 0 || src->h <= 0) return TIDE_EINVAL;
+    dst->rgb = malloc((size_t)w * h * 3);
+    if (!dst->rgb) return TIDE_ENOMEM;
+    dst->w = w;
+    dst->h = h;
+    if (src->w == w && src->h == h) {
+        memcpy(dst->rgb, src->rgb, (size_t)w * h * 3);
+        return 0;
+    }
+    /* the scale that fits both sides, in float, sides ceiled and capped at the target */
+    float scale = fminf((float)w / (float)src->w, (float)h / (float)src->h);
+    int nw = (int)ceilf((float)src->w * scale), nh = (int)ceilf((float)src->h * scale);
+    nw = nw < 1 ? 1 : nw > w ? w : nw;
+    nh = nh < 1 ? 1 : nh > h ? h : nh;
+    uint8_t *fit = dst->rgb;
+    if (nw != w || nh != h) {
+        fit = malloc((size_t)nw * nh * 3);
+        if (!fit) {
+            image_u8_free(dst);
+            return TIDE_ENOMEM;
+        }
+    }
+    resize_bilinear_aligned(src, nw, nh, fit);
+    if (fit != dst->rgb) {
+        for (size_t i = 0; i < (size_t)w * h; i++) memcpy(dst->rgb + i * 3, pad_rgb, 3);
+        int ox = (w - nw) / 2, oy = (h - nh) / 2;
+        for (int y = 0; y < nh; y++)
+            memcpy(dst->rgb + ((size_t)(y + oy) * w + ox) * 3, fit + (size_t)y * nw * 3, (size_t)nw * 3);
+        free(fit);
+    }
+    return 0;
 }
 
 int image_normalize(const struct image_u8 *src, const float mean[3], const float std[3],

@@ -7,7 +7,8 @@
  *      byte and pixel limits checked BEFORE the pixels are allocated; JPEG EXIF orientation
  *      is applied so the image is upright.
  *   3. preprocessing: fit-and-scale to a token budget, antialiased bicubic resize, pad to a
- *      square with the mean colour, normalise with the model's mean/std into f32 CHW.
+ *      square with the mean colour, normalise with the model's mean/std into f32 CHW; for
+ *      the Qwen-VL towers llama.cpp's bilinear fit (image_resize_fit_bilinear).
  * Every function returns 0 or a negative TIDE_E* code with one line in err. */
 #ifndef TIDE_VISION_IMAGE_H
 #define TIDE_VISION_IMAGE_H
@@ -75,6 +76,16 @@ int image_fit_budget(int w, int h, int patch, int max_tokens, int *out_w, int *o
  * preprocessing), the kernel widened by the downscale factor so a big photo shrinks
  * without aliasing. */
 int image_resize(const struct image_u8 *src, int w, int h, struct image_u8 *dst);
+
+/* Resize for the Qwen-VL towers, computing the pixels llama.cpp's mtmd computes for them (its
+ * dyn_size preprocessor: bilinear, PAD_CEIL): the scale that fits src inside w x h keeping the
+ * aspect ratio (float: min(w / src_w, h / src_h), each side ceil(side * scale), capped at w and
+ * h), bilinear with the corners aligned and no antialiasing, in float, truncated to 8 bits;
+ * then centred on a w x h canvas of pad_rgb (offsets (w - new_w) / 2, floored), so where the
+ * rounded aspect ratio differs the image gets bars a few pixels wide rather than a stretch.
+ * An image already w x h is copied. */
+int image_resize_fit_bilinear(const struct image_u8 *src, int w, int h, const uint8_t pad_rgb[3],
+                              struct image_u8 *dst);
 
 /* Fixed-resolution preprocessing (LLaVA-1.5 `mlp` projector, as llama.cpp does it): scale
  * to fit inside size x size keeping the aspect ratio (ceil rounding), centre it on a

@@ -432,29 +432,25 @@ int vision_ensure_ready(struct vision_lifecycle *v, char *err, size_t errlen)
 }
 
 /* Qwen3-VL: the image resized by the dynamic-resolution rules within the token budget
- * (dynres.h; bicubic where a resize is needed), then encoded: nt rows of row_floats, the grid
+ * (dynres.h; bilinear as llama.cpp's mtmd where a resize is needed), then encoded: nt rows of row_floats, the grid
  * gw tokens wide. *t0: when the encode began. */
 static int embed_qwen3vl(struct vision_lifecycle *v, const struct image_u8 *img, float **emb, int *nt, int *gw,
                          double *t0, char *err, size_t errlen)
 {
     const struct qwen3vl_hparams *hp = qwen3vl_hparams_of(v->q3v);
     struct dynres_rules r = qwen3vl_rules(hp, v->o.max_image_tokens);
-    int w, h;
-    int n = dynres_size(&r, img->w, img->h, &w, &h);
-    if (n <= 0) {
+    int w = 0, h = 0;
+    struct image_u8 sized;
+    int n = dynres_resize(&r, img, &sized, &w, &h);
+    if (n == TIDE_EINVAL) {
         snprintf(err, errlen, "image %dx%d: no size fits", img->w, img->h);
         return TIDE_EINVAL;
     }
-    struct image_u8 sized = {0};
-    const struct image_u8 *in = img;
-    if (w != img->w || h != img->h) {
-        int rc = image_resize(img, w, h, &sized);
-        if (rc < 0) {
-            snprintf(err, errlen, "image resize to %dx%d: %s", w, h, tide_strerror(rc));
-            return rc;
-        }
-        in = &sized;
+    if (n < 0) {
+        snprintf(err, errlen, "image resize to %dx%d: %s", w, h, tide_strerror(n));
+        return n;
     }
+    const struct image_u8 *in = sized.rgb ? &sized : img;
     *emb = malloc((size_t)n * v->row_floats * sizeof(float));
     if (!*emb) {
         image_u8_free(&sized);

@@ -340,6 +340,34 @@ Test(archs, qwen3vlmoe_with_its_tower_answers_an_image, .fini = done, .timeout =
     vl_pair_answers_an_image(mm, 9, 9);
 }
 
+/* The same question with a 20x90 PNG (one colour) in place of the 2x2 BMP */
+#define TALL_IMAGE_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is this?\"}," \
+    "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABQAAABaCAIAAAA3ueFGAAA" \
+    "AL0lEQVR42u3LoQ0AAAgDsF3CJfwfzkLi0U1qm6l+iyzLsizLsizLsizLsizLsnwWGgH3eqkWayUAAAAASUVORK5CYII=\"}}]}],\"max_tokens\":4," \
+    "\"temperature\":0}"
+
+/* An image takes as many tokens as llama.cpp gives it: the size rules in float as llama.cpp's
+ * mtmd computes them. 20x90 under Qwen3-VL's minimum (8 tokens of 16x16 at the preset's patch 8)
+ * grows to 32x112, 2 x 7 = 14 tokens (libmtmd's count; in double it would be 32x96, 12); the
+ * 2x2 BMP grows to 48x48, 9 tokens; the same text around both, so the prompts differ by 5. */
+Test(archs, qwen3vlmoe_gives_an_image_llama_cpps_token_count, .fini = done, .timeout = 120)
+{
+    write_preset("qwen3vlmoe");
+    char mm[64], err[200] = "", cfg[128];
+    snprintf(mm, sizeof mm, "/tmp/tide-e2e-arch-%d-q3v.gguf", (int)getpid());
+    struct mmprojgen_options o = {.out = mm, .seed = 3, .type = -1};
+    cr_assert_eq(mmprojgen_write_qwen3vl(&o, 2, err, sizeof err), 0, "%s", err);
+    snprintf(cfg, sizeof cfg, "\"parallel\":1,\"mmproj\":\"%s\"", mm);
+    harness_start(cfg);
+    cJSON *square = harness_post_ok("/v1/chat/completions", IMAGE_CHAT);
+    cJSON *tall = harness_post_ok("/v1/chat/completions", TALL_IMAGE_CHAT);
+    cr_expect_eq(prompt_tokens_of(tall) - prompt_tokens_of(square), 14 - 9, "20x90: %d prompt tokens, 2x2: %d",
+                 prompt_tokens_of(tall), prompt_tokens_of(square));
+    cJSON_Delete(square);
+    cJSON_Delete(tall);
+    unlink(mm);
+}
+
 /* A qwen2vl pair (Qwen2-VL's or Qwen2.5-VL's text model and tower, issue 25), the image's rows
  * M-RoPE'd on the grid in sections one after the other: the 2x2 BMP grows to the tower's
  * 8-token minimum or more (3x3 at patch 8, 3x3 at 14). */
