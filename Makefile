@@ -125,6 +125,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
 	$(Q)$(MAKE) --no-print-directory nocuda
 	$(Q)$(BUILD)/test-unit
+	$(Q)/usr/bin/python3 tests/docs/check_docs.py # every config key, flag, metric family and TIDE_* switch has its docs row
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
