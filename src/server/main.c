@@ -321,8 +321,8 @@ static int vision_pair_check(const struct model_config *c, struct vision_lifecyc
     }
     for (int i = 0; !rc && v->is_qwen3vl && !VISION_QWENVL_ON_CUDA && i < mp->n_dev; i++)
         if (mp->dev[i].kind != DEVICE_KIND_CPU) {
-            snprintf(err, errlen, "Qwen-VL images run on cpu devices only so far (device %d is not one: M-RoPE "
-                     "has no CUDA op yet)", i);
+            snprintf(err, errlen, "Qwen-VL images run on cpu devices only so far (device %d is not one: the "
+                     "tower's and M-RoPE's CUDA forms have not run on a GPU yet)", i);
             rc = TIDE_EUNSUPPORTED;
         }
     if (rc)
