@@ -201,7 +201,7 @@ static int parse_vision(struct config *c, const cJSON *v, char *err, size_t errl
             if (get_int(f, fp, 1, 1 << 20, "a positive integer", &n, err, errlen)) return TIDE_EINVAL;
             vc->max_image_tokens = (int)n;
         } else if (strcmp(f->string, "max_images") == 0) {
-            if (get_int(f, fp, 0, 1024, "an integer 0..1024", &n, err, errlen)) return TIDE_EINVAL;
+            if (get_int(f, fp, 0, CONFIG_MAX_IMAGES, "an integer 0..64", &n, err, errlen)) return TIDE_EINVAL;
             vc->max_images = (int)n;
         } else if (strcmp(f->string, "embed_cache_entries") == 0) {
             if (get_int(f, fp, 0, 1 << 20, "an integer 0..1048576", &n, err, errlen)) return TIDE_EINVAL;

@@ -11,6 +11,7 @@
 
 #define CONFIG_MAX_DEVICES 16
 #define CONFIG_MAX_CORS_ORIGINS 32
+#define CONFIG_MAX_IMAGES 64 /* vision.max_images' ceiling: a request's image arrays (openai.c) */
 
 enum device_backend { DEVICE_CPU, DEVICE_CUDA };
 

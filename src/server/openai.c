@@ -2,6 +2,7 @@
  * rendering of generated text into response JSON / SSE chunks (called by the scheduler on the
  * engine thread through openai_gen). */
 #include "server/openai.h"
+#include "server/config.h"
 #include "server/metrics.h"
 #include "server/oai_fields.h"
 #include "server/oai_tools.h"
@@ -55,17 +56,22 @@ struct oai_req {
     /* images: decoded on the HTTP thread to check them, then only the compressed bytes are
      * kept while queued (img[] stays empty: vision_embed decodes again on a cache miss) */
     int n_images;
-    uint8_t *img_bytes[64];
-    size_t img_len[64];
-    struct image_u8 img[64];
-    float *img_embd[64];
-    struct gen_image gimg[64];
+    uint8_t *img_bytes[CONFIG_MAX_IMAGES];
+    size_t img_len[CONFIG_MAX_IMAGES];
+    struct image_u8 img[CONFIG_MAX_IMAGES];
+    float *img_embd[CONFIG_MAX_IMAGES];
+    struct gen_image gimg[CONFIG_MAX_IMAGES];
 };
 
 static struct openai_image_limits img_limits = {8, (size_t)20 << 20, 50000000};
 static long json_max_elements = OPENAI_JSON_MAX_ELEMENTS;
 
-void openai_set_image_limits(const struct openai_image_limits *l) { img_limits = *l; }
+void openai_set_image_limits(const struct openai_image_limits *l)
+{
+    img_limits = *l;
+    if (img_limits.max_images > CONFIG_MAX_IMAGES) /* the request's arrays hold no more */
+        img_limits.max_images = CONFIG_MAX_IMAGES;
+}
 void openai_set_json_max_elements(long n) { json_max_elements = n; }
 
 /* Charge n bytes of this request to the daemon's request budget. */
@@ -189,7 +195,7 @@ static int parse_messages(struct oai_req *r, const cJSON *msgs, char *msg, size_
                         FAIL("messages", "messages[%d].content: image_url needs {\"url\": \"data:image/...;base64,...\"}", i);
                     if (strcmp(rs, "user") && strcmp(rs, "system"))
                         FAIL("messages", "messages[%d]: images are only accepted in user messages", i);
-                    if (r->n_images >= img_limits.max_images || r->n_images >= 64)
+                    if (r->n_images >= img_limits.max_images)
                         FAIL("messages", "too many images: at most %d per request", img_limits.max_images);
                     int k = r->n_images;
                     char e2[200] = "";
