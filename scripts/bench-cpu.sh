@@ -2,12 +2,16 @@
 # bench-cpu.sh - tide through its HTTP API against llama.cpp's llama-bench on the same GGUF, on
 # the CPU (issue 26): prefill of PROMPT tokens at depth 0, decode of GEN tokens at each depth in
 # DEPTHS (llama-bench's -d), at 1 and 2 threads, for f16, q8_0 and q4_0 files from tide-mkmodel
-# (--preset big: Mixtral-style MoE, n_embd 1024, 8 layers, 16 experts top-2, vocab 771).
+# (--preset big: Mixtral-style MoE, n_embd 1024, 8 layers, 16 experts top-2, vocab 771), and
+# k-quant files: a TYPES entry that starts upper-case is a llama-quantize mix (Q4_K_M, Q5_K_M,
+# Q6_K: tide-mkmodel --mix), a lower-case one a single type (q4_K, q6_K...).
 # tide and llama-bench alternate, RUNS times, so a busy neighbour hits both sides alike.
 #
 #   LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench scripts/bench-cpu.sh
 # Env: TYPES ("f16 q8_0 q4_0"), THREADS ("1 2"), RUNS (3), PROMPT (512), GEN (64), DEPTHS
-# ("0,360"), MODELS (/tmp: where tide-bench-big-<type>.gguf is made if absent), OUT
+# ("0,360"), MODELS (/tmp: where tide-bench-big-<type>.gguf is made if absent), MKARGS (more
+# tide-mkmodel arguments, e.g. "--layers 16": part of the file's name), TIDE (build/tide: another
+# build's daemon, for before/after pairs; then nothing is built), OUT
 # (/tmp/tide-bench-cpu: raw.txt, every measurement, and summary.md, ranges per cell).
 # TIDE_CPU_ISA=avx2 is passed through to the daemon (docs/CONFIG.md).
 set -u -o pipefail
@@ -22,16 +26,20 @@ MODELS=${MODELS:-/tmp}
 OUT=${OUT:-/tmp/tide-bench-cpu}
 LB=${LLAMA_BENCH:-/tmp/llama.cpp/build/bin/llama-bench}
 PORT=${PORT:-18391}
+MKARGS=${MKARGS:-}
+TIDE=${TIDE:-build/tide}
+SUFFIX=$(echo "$MKARGS" | tr -d ' -')
 mkdir -p "$OUT"
 RAW=$OUT/raw.txt
 : >"$RAW"
-make -s CUDA_HOME=/nonexistent build/tide build/tide-mkmodel || exit 1
+make -s CUDA_HOME=/nonexistent build/tide-mkmodel || exit 1
+[ "$TIDE" != build/tide ] || make -s CUDA_HOME=/nonexistent build/tide || exit 1
 [ -x "$LB" ] || echo "llama-bench not found at $LB (set LLAMA_BENCH): tide numbers only"
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) nproc=$(nproc)" \
      "load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RAW"
 
 tide_run() { # model threads -> "pp512=... tg64@d0=... ..."
-    build/tide -m "$1" -t "$2" -c 2048 -np 1 --port "$PORT" --host 127.0.0.1 >"$OUT/tide.log" 2>&1 &
+    "$TIDE" -m "$1" -t "$2" -c 2048 -np 1 --port "$PORT" --host 127.0.0.1 >"$OUT/tide.log" 2>&1 &
     local pid=$! ok=
     for _ in $(seq 1 300); do
         curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health" 2>/dev/null | grep -q 200 && { ok=1; break; }
@@ -61,13 +69,16 @@ for l in sys.stdin:
     echo
 }
 
+model_file() { echo "$MODELS/tide-bench-big$SUFFIX-$1.gguf"; }
 for type in $TYPES; do
-    M=$MODELS/tide-bench-big-$type.gguf
-    [ -f "$M" ] || build/tide-mkmodel --preset big --type "$type" --out "$M" >/dev/null || exit 1
+    M=$(model_file "$type")
+    case $type in [A-Z]*) how=--mix ;; *) how=--type ;; esac
+    # shellcheck disable=SC2086 # MKARGS is a list of arguments
+    [ -f "$M" ] || build/tide-mkmodel --preset big "$how" "$type" $MKARGS --out "$M" >/dev/null || exit 1
 done
 for run in $(seq 1 "$RUNS"); do
     for type in $TYPES; do
-        M=$MODELS/tide-bench-big-$type.gguf
+        M=$(model_file "$type")
         for t in $THREADS; do
             echo "run=$run type=$type threads=$t side=tide load=$(cut -d' ' -f1 /proc/loadavg) $(tide_run "$M" "$t")" | tee -a "$RAW"
             [ -x "$LB" ] && echo "run=$run type=$type threads=$t side=llama load=$(cut -d' ' -f1 /proc/loadavg) $(llama_run "$M" "$t")" | tee -a "$RAW"
