@@ -14,6 +14,7 @@
  * The combine step is compiled for the baseline ISA (no FMA contraction: -std=c11 keeps
  * fp-contract off) and never inlined into a SIMD function. */
 #include "cpu_quant.h"
+#include "cpu_kquant.h"
 #include "cpu_quant_vnni.h"
 #include "gguf.h"
 #include "quants.h"
@@ -35,9 +36,7 @@
 
 /* Activations for 32-value weight blocks: struct act32 (cpu_quant_vnni.h), ggml's q8_0 block
  * and the codes' sum. */
-/* Activations for 256-value super-blocks: f32 scale, the sums of each 16 codes (for the
- * weights' mins and offsets), 256 codes. */
-struct act256 { float d; int16_t bsum[16]; int8_t q[QK_K]; };
+/* Activations for 256-value super-blocks: struct act256 (cpu_kquant.h). */
 
 static float f16_table[65536];
 static bool have_avx2, have_vnni;
@@ -766,6 +765,10 @@ void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int 
     if (isa == CPU_ISA_BEST)
         isa = best_isa();
     const uint8_t *wb = w, *xb = act;
+    if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_kquant_has(type)) { /* k-quant tiles (cpu_kquant.c) */
+        cpu_kquant_rows(type, wb, row_bytes, r0, r1, xb, act_stride, n, cols, y, y_stride);
+        return;
+    }
     /* the tiles address eight rows or vectors with 32-bit offsets */
     if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_quant_vnni_has(type) && row_bytes <= (1u << 27) &&
         act_stride <= (1u << 27)) {

@@ -1,0 +1,301 @@
+/* cpu_kquant.c - AVX-512 register tiles of int8 dot products for q4_K, q5_K and q6_K weights
+ * (the CPU backend's decode and prefill matmuls on CPUs with AVX-512 VNNI; cpu_kquant.h).
+ *
+ * Why tiles: cpu_quant.c's AVX2 kernels make one (row, vector) product at a time: a
+ * super-block's scales are unpacked and its codes decoded again for every vector, the
+ * activations loaded again for every row, and each block's integers are combined in scalar
+ * float code, block after block. Here a tile of R rows and V vectors (R * V <= 16) advances
+ * one super-block at a time: each row's codes are decoded once per 64 values for all V
+ * vectors, each vector's 64 activation codes loaded once for all R rows (register blocking),
+ * and the float combine is one 16-lane vector expression for the whole tile.
+ *
+ * The bits: for each (row, vector) and super-block the tile makes the same two integers as
+ * cpu_quant.c's kernels (the codes times the activation codes weighted by the integer
+ * sub-block scales; and the activations' 16-value sums weighted by the mins, or by q6_K's
+ * scales), exactly: byte products summed in int16 (vpmaddubsw: at most 2 * 63 * 127, no
+ * saturation) then weighted by the scale and summed in int32 (vpdpwssd). Then each lane runs
+ * cpu_quant.c's combine expression for that block, with the same operations in the same order
+ * (-std=c11 keeps fp-contract off: the multiplies and adds are not fused), blocks in order.
+ * So a row's result is the same bits in a tile of 16, of 4 x 4, or alone in cpu_quant_dot,
+ * and does not depend on how many vectors share the matmul (docs/DESIGN.md, "One scheduler
+ * step"). */
+#include "cpu_kquant.h"
+#include "cpu_quant.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define KQ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define KQ_INLINE KQ static inline __attribute__((always_inline))
+
+bool cpu_kquant_cpu(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_kquant_has(uint32_t type)
+{
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4); /* x86: little-endian, as the file */
+    return v;
+}
+
+/* One row's super-block as the tile's inner loop reads it. */
+struct row_block {
+    int16_t sc[32];   /* the integer sub-block scales (q4_K/q5_K: 8, q6_K: 16), a vpermw table */
+    int16_t offw[16]; /* weights of the activations' 16-value sums: each min twice (q4_K/q5_K),
+                       * or q6_K's scales */
+};
+
+/* A q4_K/q5_K block's eight 6-bit scales and mins, four at a time in 32-bit words: bytes
+ * 0-3 of the field hold scales 0-3 (low 6 bits) and the top bits of scales 4-7, bytes 4-7
+ * the same for the mins, bytes 8-11 the low nibbles of scales 4-7 and the mins' 4-7 above
+ * them (quants.c's q4k_scale_min, one at a time). */
+KQ_INLINE void unpack_q45k_scales(const uint8_t *blk, struct row_block *rb)
+{
+    uint32_t w0 = rd32(blk + 4), w1 = rd32(blk + 8), w2 = rd32(blk + 12);
+    uint64_t s = (uint64_t)(w0 & 0x3f3f3f3fu) | (uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)) << 32;
+    uint64_t m = (uint64_t)(w1 & 0x3f3f3f3fu) |
+                 (uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+    _mm_storeu_si128((__m128i *)rb->sc, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s)));
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m));
+    _mm_storeu_si128((__m128i *)rb->offw, _mm_unpacklo_epi16(m16, m16));
+    _mm_storeu_si128((__m128i *)(rb->offw + 8), _mm_unpackhi_epi16(m16, m16));
+}
+
+KQ_INLINE void unpack_q6k_scales(const uint8_t *blk, struct row_block *rb)
+{
+    __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    _mm256_storeu_si256((__m256i *)rb->sc, s16);
+    _mm256_storeu_si256((__m256i *)rb->offw, s16);
+}
+
+/* 64 weight codes (values 64c .. 64c + 63 of the block) as unsigned bytes. q4_K/q5_K: chunk
+ * c's 32 bytes of nibbles hold values 64c.. in the low nibbles, 64c + 32.. in the high ones
+ * (q5_K: bit 2c, 2c + 1 of the 32 high-bit bytes above them). q6_K: chunk c = 2h + p is
+ * ql[64h..64h+63]'s low (p = 0) or high (p = 1) nibbles, with 2-bit pairs 2p, 2p + 1 of
+ * qh[32h..32h+31] on top. */
+KQ_INLINE __m512i codes64(const int type, const uint8_t *blk, const int c)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q6_K) {
+        const int h = c >> 1, p = c & 1;
+        __m512i l = _mm512_loadu_si512((const void *)(blk + 64 * h));
+        __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(l, 4) : l, low4);
+        __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * p)), _mm256_set1_epi16((short)(4 * p + 2)), 1);
+        hb = _mm512_and_si512(_mm512_srlv_epi16(hb, shift), _mm512_set1_epi8(3));
+        return _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+    }
+    const uint8_t *qs = blk + (type == GGML_TYPE_Q5_K ? 48 : 16) + 32 * c;
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(v, shift), low4);
+    if (type == GGML_TYPE_Q5_K) {
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                               _mm256_set1_epi8((char)(2 << (2 * c))), 1);
+        codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(qh, bit), codes, _mm512_set1_epi8(16));
+    }
+    return codes;
+}
+
+/* The vpermw index that spreads chunk c's scales over the int16 products of its 64 values:
+ * q4_K/q5_K 32 values a scale (2c, 2c + 1), q6_K 16 (4c .. 4c + 3). */
+KQ_INLINE __m512i scale_index(const int type, const int c)
+{
+    if (type == GGML_TYPE_Q6_K)
+        return _mm512_add_epi16(_mm512_set1_epi16((short)(4 * c)),
+                                _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15,
+                                                                   14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
+}
+
+/* the lane sums of eight vectors, as one vector (v[k]'s sum in lane k) */
+KQ_INLINE __m256i sum8x8(const __m256i v[8])
+{
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* sixteen 8-lane vectors' sums, v[k]'s in lane k */
+KQ_INLINE __m512i sum16x8(const __m256i v[16])
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(sum8x8(v)), sum8x8(v + 8), 1);
+}
+
+/* The tile: out[r * V + v] = row (w + r * row_bytes) . vector (act + v * act_stride), for
+ * r < R, v < V; nb super-blocks. */
+KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, size_t row_bytes,
+                    const uint8_t *act, size_t act_stride, int nb, float out[16])
+{
+    const size_t bb = type == GGML_TYPE_Q4_K ? Q4_K_BYTES : type == GGML_TYPE_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+    struct row_block rb[16];
+    uint32_t dd[16] = {0}; /* each row's f16 d (| dmin << 16) */
+    float xd[16] = {0};    /* each vector's scale */
+    int32_t lane_row[16], lane_vec[16];
+    for (int k = 0; k < 16; k++) {
+        lane_row[k] = k / V < R ? k / V : 0;
+        lane_vec[k] = k % V;
+    }
+    const __m512i row_of = _mm512_loadu_si512((const void *)lane_row), vec_of = _mm512_loadu_si512((const void *)lane_vec);
+    __m512 s = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk[16];
+        const struct act256 *x[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            blk[r] = w + (size_t)r * row_bytes + (size_t)b * bb;
+            if (type == GGML_TYPE_Q6_K) {
+                unpack_q6k_scales(blk[r], &rb[r]);
+                dd[r] = (uint32_t)blk[r][208] | (uint32_t)blk[r][209] << 8;
+            } else {
+                unpack_q45k_scales(blk[r], &rb[r]);
+                dd[r] = rd32(blk[r]);
+            }
+        }
+#pragma GCC unroll 16
+        for (int v = 0; v < V; v++) {
+            x[v] = (const struct act256 *)(act + (size_t)v * act_stride) + b;
+            xd[v] = x[v]->d;
+        }
+        __m512i acc[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < R * V; k++)
+            acc[k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m512i xq[16];
+#pragma GCC unroll 16
+            for (int v = 0; v < V; v++)
+                xq[v] = _mm512_loadu_si512((const void *)(x[v]->q + 64 * c));
+            const __m512i sidx = scale_index(type, c);
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                __m512i codes = codes64(type, blk[r], c);
+                __m512i sc = _mm512_permutexvar_epi16(sidx, _mm512_loadu_si512((const void *)rb[r].sc));
+#pragma GCC unroll 16
+                for (int v = 0; v < V; v++)
+                    acc[r * V + v] = _mm512_dpwssd_epi32(acc[r * V + v], _mm512_maddubs_epi16(codes, xq[v]), sc);
+            }
+        }
+        /* each (row, vector)'s two integers for this block, lane r * V + v */
+        __m256i half[16], offs[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
+            if (k < R * V) {
+                half[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[k]), _mm512_extracti64x4_epi64(acc[k], 1));
+                offs[k] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[k % V]->bsum),
+                                            _mm256_loadu_si256((const __m256i *)rb[k / V].offw));
+            } else {
+                half[k] = offs[k] = _mm256_setzero_si256();
+            }
+        }
+        __m512i is = sum16x8(half), off = sum16x8(offs);
+        /* cpu_quant.c's combine, lane by lane */
+        __m512i g = _mm512_permutexvar_epi32(row_of, _mm512_loadu_si512((const void *)dd));
+        __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        __m512 xv = _mm512_permutexvar_ps(vec_of, _mm512_loadu_ps(xd));
+        if (type == GGML_TYPE_Q6_K) {
+            __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(is, _mm512_slli_epi32(off, 5)));
+            s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(xv, dv), t));
+        } else {
+            __m512 mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+            __m512 t = _mm512_sub_ps(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(is)), _mm512_mul_ps(mv, _mm512_cvtepi32_ps(off)));
+            s = _mm512_add_ps(s, _mm512_mul_ps(xv, t));
+        }
+    }
+    _mm512_storeu_ps(out, s);
+}
+
+typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, float *out);
+
+#define TILE(NAME, TYPE, R, V)                                                                              \
+    KQ static void NAME(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, \
+                        float *out)                                                                         \
+    {                                                                                                       \
+        tile(TYPE, R, V, w, row_bytes, act, act_stride, nb, out);                                           \
+    }
+TILE(q4k_4x4, GGML_TYPE_Q4_K, 4, 4)
+TILE(q4k_16x1, GGML_TYPE_Q4_K, 16, 1)
+TILE(q4k_8x1, GGML_TYPE_Q4_K, 8, 1)
+TILE(q4k_4x1, GGML_TYPE_Q4_K, 4, 1)
+TILE(q5k_4x4, GGML_TYPE_Q5_K, 4, 4)
+TILE(q5k_16x1, GGML_TYPE_Q5_K, 16, 1)
+TILE(q5k_8x1, GGML_TYPE_Q5_K, 8, 1)
+TILE(q5k_4x1, GGML_TYPE_Q5_K, 4, 1)
+TILE(q6k_4x4, GGML_TYPE_Q6_K, 4, 4)
+TILE(q6k_16x1, GGML_TYPE_Q6_K, 16, 1)
+TILE(q6k_8x1, GGML_TYPE_Q6_K, 8, 1)
+TILE(q6k_4x1, GGML_TYPE_Q6_K, 4, 1)
+
+/* a type's tiles: 4 rows x 4 vectors, then 16, 8 and 4 rows with one vector */
+struct tiles { tile_fn *t4x4, *t16x1, *t8x1, *t4x1; };
+static const struct tiles q4k_tiles = {q4k_4x4, q4k_16x1, q4k_8x1, q4k_4x1};
+static const struct tiles q5k_tiles = {q5k_4x4, q5k_16x1, q5k_8x1, q5k_4x1};
+static const struct tiles q6k_tiles = {q6k_4x4, q6k_16x1, q6k_8x1, q6k_4x1};
+
+void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int r1, const uint8_t *act,
+                     size_t act_stride, int n, int cols, float *y, size_t y_stride)
+{
+    const struct tiles *tl = type == GGML_TYPE_Q4_K ? &q4k_tiles : type == GGML_TYPE_Q5_K ? &q5k_tiles : &q6k_tiles;
+    int nb = cols / QK_K, n4 = n / 4 * 4, r;
+    float o[16];
+    /* prefill: four rows at a time against every group of four vectors: the rows' blocks stay
+     * in the first-level cache while the vectors stream past */
+    for (r = r0; r + 4 <= r1 && n4 > 0; r += 4)
+        for (int t = 0; t < n4; t += 4) {
+            tl->t4x4(w + (size_t)r * row_bytes, row_bytes, act + (size_t)t * act_stride, act_stride, nb, o);
+            for (int i = 0; i < 4; i++)
+                for (int v = 0; v < 4; v++)
+                    y[(size_t)(t + v) * y_stride + r + i] = o[i * 4 + v];
+        }
+    for (int t = 0; t < n4; t++) /* rows left over */
+        for (int i = r; i < r1; i++)
+            y[(size_t)t * y_stride + i] =
+                cpu_quant_dot(type, w + (size_t)i * row_bytes, act + (size_t)t * act_stride, cols, CPU_ISA_AVX2);
+    /* decode, and the vectors left over: 16, 8 or 4 rows with one vector */
+    for (int t = n4; t < n; t++) {
+        const uint8_t *x = act + (size_t)t * act_stride;
+        float *yt = y + (size_t)t * y_stride;
+        r = r0;
+        for (; r + 16 <= r1; r += 16) {
+            tl->t16x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
+            memcpy(yt + r, o, sizeof(float) * 16);
+        }
+        if (r + 8 <= r1) {
+            tl->t8x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
+            memcpy(yt + r, o, sizeof(float) * 8);
+            r += 8;
+        }
+        if (r + 4 <= r1) {
+            tl->t4x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
+            memcpy(yt + r, o, sizeof(float) * 4);
+            r += 4;
+        }
+        for (; r < r1; r++)
+            yt[r] = cpu_quant_dot(type, w + (size_t)r * row_bytes, x, cols, CPU_ISA_AVX2);
+    }
+}
+
+#else /* not x86-64: never chosen */
+bool cpu_kquant_cpu(void) { return false; }
+bool cpu_kquant_has(uint32_t type) { (void)type; return false; }
+void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int r1, const uint8_t *act,
+                     size_t act_stride, int n, int cols, float *y, size_t y_stride)
+{
+    (void)type; (void)w; (void)row_bytes; (void)r0; (void)r1; (void)act; (void)act_stride; (void)n; (void)cols;
+    (void)y; (void)y_stride;
+}
+#endif
