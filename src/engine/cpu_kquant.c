@@ -219,6 +219,10 @@ KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, 
     _mm512_storeu_ps(out, s);
 }
 
+#ifndef PR
+#define PR 4 /* the prefill tile: rows */
+#define PV 4 /* and vectors */
+#endif
 typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, float *out);
 
 #define TILE(NAME, TYPE, R, V)                                                                              \
@@ -227,15 +231,15 @@ typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, siz
     {                                                                                                       \
         tile(TYPE, R, V, w, row_bytes, act, act_stride, nb, out);                                           \
     }
-TILE(q4k_4x4, GGML_TYPE_Q4_K, 4, 4)
+TILE(q4k_4x4, GGML_TYPE_Q4_K, PR, PV)
 TILE(q4k_16x1, GGML_TYPE_Q4_K, 16, 1)
 TILE(q4k_8x1, GGML_TYPE_Q4_K, 8, 1)
 TILE(q4k_4x1, GGML_TYPE_Q4_K, 4, 1)
-TILE(q5k_4x4, GGML_TYPE_Q5_K, 4, 4)
+TILE(q5k_4x4, GGML_TYPE_Q5_K, PR, PV)
 TILE(q5k_16x1, GGML_TYPE_Q5_K, 16, 1)
 TILE(q5k_8x1, GGML_TYPE_Q5_K, 8, 1)
 TILE(q5k_4x1, GGML_TYPE_Q5_K, 4, 1)
-TILE(q6k_4x4, GGML_TYPE_Q6_K, 4, 4)
+TILE(q6k_4x4, GGML_TYPE_Q6_K, PR, PV)
 TILE(q6k_16x1, GGML_TYPE_Q6_K, 16, 1)
 TILE(q6k_8x1, GGML_TYPE_Q6_K, 8, 1)
 TILE(q6k_4x1, GGML_TYPE_Q6_K, 4, 1)
@@ -250,16 +254,16 @@ void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, 
                      size_t act_stride, int n, int cols, float *y, size_t y_stride)
 {
     const struct tiles *tl = type == GGML_TYPE_Q4_K ? &q4k_tiles : type == GGML_TYPE_Q5_K ? &q5k_tiles : &q6k_tiles;
-    int nb = cols / QK_K, n4 = n / 4 * 4, r;
+    int nb = cols / QK_K, n4 = n / PV * PV, r;
     float o[16];
-    /* prefill: four rows at a time against every group of four vectors: the rows' blocks stay
-     * in the first-level cache while the vectors stream past */
-    for (r = r0; r + 4 <= r1 && n4 > 0; r += 4)
-        for (int t = 0; t < n4; t += 4) {
+    /* prefill: PR rows at a time against every group of PV vectors: the rows' blocks stay in
+     * the first-level cache while the vectors stream past */
+    for (r = r0; r + PR <= r1 && n4 > 0; r += PR)
+        for (int t = 0; t < n4; t += PV) {
             tl->t4x4(w + (size_t)r * row_bytes, row_bytes, act + (size_t)t * act_stride, act_stride, nb, o);
-            for (int i = 0; i < 4; i++)
-                for (int v = 0; v < 4; v++)
-                    y[(size_t)(t + v) * y_stride + r + i] = o[i * 4 + v];
+            for (int i = 0; i < PR; i++)
+                for (int v = 0; v < PV; v++)
+                    y[(size_t)(t + v) * y_stride + r + i] = o[i * PV + v];
         }
     for (int t = 0; t < n4; t++) /* rows left over */
         for (int i = r; i < r1; i++)
