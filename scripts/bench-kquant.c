@@ -2,7 +2,7 @@
  * ROWSxCOLS matrix of random blocks with 1 vector (decode) and 64 (a prefill share), the best
  * of REPS runs, so a busy neighbour costs wall time but not the numbers (up to cache sharing).
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Isrc scripts/bench-kquant.c build/libtide.a -lm -lpthread -o /tmp/bench-kquant
- *   /tmp/bench-kquant [ROWS COLS]            (default 2048 2048) */
+ *   [NV=64] /tmp/bench-kquant [ROWS COLS]     (default 2048 2048; NV: the vectors of the second run) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -22,7 +22,8 @@ int main(int argc, char **argv)
     int rows = argc > 2 ? atoi(argv[1]) : 2048, cols = argc > 2 ? atoi(argv[2]) : 2048;
     static const uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     static const enum cpu_isa isas[] = {CPU_ISA_AVX2, CPU_ISA_AVX512VNNI};
-    enum { NV = 64, REPS = 7 };
+    const int NV = getenv("NV") ? atoi(getenv("NV")) : 64;
+    enum { REPS = 7 };
     srand(1);
     for (int t = 0; t < 3; t++) {
         uint32_t type = types[t];
