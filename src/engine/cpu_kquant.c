@@ -30,14 +30,6 @@
 #define KQ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define KQ_INLINE KQ static inline __attribute__((always_inline))
 
-bool cpu_kquant_cpu(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-}
-
 bool cpu_kquant_has(uint32_t type)
 {
     return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
@@ -219,87 +211,229 @@ KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, 
     _mm512_storeu_ps(out, s);
 }
 
-#ifndef PR
-#define PR 4 /* the prefill tile: rows */
-#define PV 4 /* and vectors */
-#endif
+/* ---------------- AVX2 (and F16C): the same tiles in eight lanes ----------------
+ * 32 values an instruction; no vpdpwssd, so the scale-weighting is vpmaddwd then an add (the
+ * same exact integers). Eight accumulators of 256 bits: tiles of 2 rows x 4 vectors, or 8, 4
+ * and 2 rows with one vector. */
+#define KQ2 __attribute__((target("avx2,f16c")))
+#define KQ2_INLINE KQ2 static inline __attribute__((always_inline))
+
+/* 32 weight codes, values 64c + 32j .. 64c + 32j + 31 of the block (j = 0, 1), unsigned */
+KQ2_INLINE __m256i codes32(const int type, const uint8_t *blk, const int c, const int j)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q6_K) {
+        const int h = c >> 1, k = 2 * (c & 1) + j; /* 32 values 128h + 32k.. */
+        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * j));
+        __m256i lo = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(l, 4) : l, low4);
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    }
+    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (type == GGML_TYPE_Q5_K ? 48 : 16) + 32 * c));
+    __m256i codes = _mm256_and_si256(j ? _mm256_srli_epi16(v, 4) : v, low4);
+    if (type == GGML_TYPE_Q5_K) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (2 * c + j)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        codes = _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    return codes;
+}
+
+/* those 32 values' scales over the 16 int16 products: one (q4_K/q5_K), or two 16-value ones */
+KQ2_INLINE __m256i scales32(const int type, const struct row_block *rb, const int c, const int j)
+{
+    if (type == GGML_TYPE_Q6_K)
+        return _mm256_set_m128i(_mm_set1_epi16(rb->sc[4 * c + 2 * j + 1]), _mm_set1_epi16(rb->sc[4 * c + 2 * j]));
+    return _mm256_set1_epi16(rb->sc[2 * c + j]);
+}
+
+KQ2_INLINE __m256i sum8x8_avx2(const __m256i v[8])
+{
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* q4_K/q5_K scales and mins as unpack_q45k_scales makes them, with SSE4.1 only */
+KQ2_INLINE void unpack_q45k_scales2(const uint8_t *blk, struct row_block *rb)
+{
+    uint32_t w0 = rd32(blk + 4), w1 = rd32(blk + 8), w2 = rd32(blk + 12);
+    uint64_t s = (uint64_t)(w0 & 0x3f3f3f3fu) | (uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)) << 32;
+    uint64_t m = (uint64_t)(w1 & 0x3f3f3f3fu) |
+                 (uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+    _mm_storeu_si128((__m128i *)rb->sc, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s)));
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m));
+    _mm_storeu_si128((__m128i *)rb->offw, _mm_unpacklo_epi16(m16, m16));
+    _mm_storeu_si128((__m128i *)(rb->offw + 8), _mm_unpackhi_epi16(m16, m16));
+}
+
+KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_t *w, size_t row_bytes,
+                          const uint8_t *act, size_t act_stride, int nb, float out[16])
+{
+    const size_t bb = type == GGML_TYPE_Q4_K ? Q4_K_BYTES : type == GGML_TYPE_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+    struct row_block rb[8];
+    uint16_t dh[8] = {0}, mh[8] = {0}; /* each row's f16 d and dmin */
+    float xd[8] = {0};
+    int32_t lane_row[8], lane_vec[8];
+    for (int k = 0; k < 8; k++) {
+        lane_row[k] = k / V < R ? k / V : 0;
+        lane_vec[k] = k % V;
+    }
+    const __m256i row_of = _mm256_loadu_si256((const __m256i *)lane_row), vec_of = _mm256_loadu_si256((const __m256i *)lane_vec);
+    __m256 s = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk[8];
+        const struct act256 *x[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            blk[r] = w + (size_t)r * row_bytes + (size_t)b * bb;
+            if (type == GGML_TYPE_Q6_K) {
+                __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk[r] + 192)));
+                _mm256_storeu_si256((__m256i *)rb[r].sc, s16);
+                _mm256_storeu_si256((__m256i *)rb[r].offw, s16);
+                dh[r] = (uint16_t)(blk[r][208] | blk[r][209] << 8);
+            } else {
+                unpack_q45k_scales2(blk[r], &rb[r]);
+                dh[r] = (uint16_t)(blk[r][0] | blk[r][1] << 8);
+                mh[r] = (uint16_t)(blk[r][2] | blk[r][3] << 8);
+            }
+        }
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++) {
+            x[v] = (const struct act256 *)(act + (size_t)v * act_stride) + b;
+            xd[v] = x[v]->d;
+        }
+        __m256i acc[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; j++) {
+                __m256i xq[8];
+#pragma GCC unroll 8
+                for (int v = 0; v < V; v++)
+                    xq[v] = _mm256_loadu_si256((const __m256i *)(x[v]->q + 64 * c + 32 * j));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    __m256i codes = codes32(type, blk[r], c, j), sc = scales32(type, &rb[r], c, j);
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        acc[r * V + v] = _mm256_add_epi32(acc[r * V + v],
+                                                          _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq[v]), sc));
+                }
+            }
+        }
+        __m256i offs[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            offs[k] = k < R * V ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[k % V]->bsum),
+                                                    _mm256_loadu_si256((const __m256i *)rb[k / V].offw))
+                                : _mm256_setzero_si256();
+        __m256i is = sum8x8_avx2(acc), off = sum8x8_avx2(offs);
+        /* cpu_quant.c's combine, lane by lane */
+        __m256 dv = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)), row_of);
+        __m256 xv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd), vec_of);
+        if (type == GGML_TYPE_Q6_K) {
+            __m256 t = _mm256_cvtepi32_ps(_mm256_sub_epi32(is, _mm256_slli_epi32(off, 5)));
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(xv, dv), t));
+        } else {
+            __m256 mv = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)), row_of);
+            __m256 t = _mm256_sub_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(mv, _mm256_cvtepi32_ps(off)));
+            s = _mm256_add_ps(s, _mm256_mul_ps(xv, t));
+        }
+    }
+    _mm256_storeu_ps(out, s);
+}
+
+/* ---------------- the tiles of each type and ISA, and the matmul's share ---------------- */
 typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, float *out);
 
-#define TILE(NAME, TYPE, R, V)                                                                              \
-    KQ static void NAME(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, \
-                        float *out)                                                                         \
+#define TILE(NAME, FN, ATTR, TYPE, R, V)                                                                    \
+    ATTR static void NAME(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, \
+                          float *out)                                                                       \
     {                                                                                                       \
-        tile(TYPE, R, V, w, row_bytes, act, act_stride, nb, out);                                           \
+        FN(TYPE, R, V, w, row_bytes, act, act_stride, nb, out);                                             \
     }
-TILE(q4k_4x4, GGML_TYPE_Q4_K, PR, PV)
-TILE(q4k_16x1, GGML_TYPE_Q4_K, 16, 1)
-TILE(q4k_8x1, GGML_TYPE_Q4_K, 8, 1)
-TILE(q4k_4x1, GGML_TYPE_Q4_K, 4, 1)
-TILE(q5k_4x4, GGML_TYPE_Q5_K, PR, PV)
-TILE(q5k_16x1, GGML_TYPE_Q5_K, 16, 1)
-TILE(q5k_8x1, GGML_TYPE_Q5_K, 8, 1)
-TILE(q5k_4x1, GGML_TYPE_Q5_K, 4, 1)
-TILE(q6k_4x4, GGML_TYPE_Q6_K, PR, PV)
-TILE(q6k_16x1, GGML_TYPE_Q6_K, 16, 1)
-TILE(q6k_8x1, GGML_TYPE_Q6_K, 8, 1)
-TILE(q6k_4x1, GGML_TYPE_Q6_K, 4, 1)
+/* AVX-512: 4 rows x 4 vectors (8 x 2, 2 x 8, 2 x 4 and 4 x 2 measured no faster), and 16, 8
+ * and 4 rows x 1 */
+#define TILES512(T, TYPE)                       \
+    TILE(T##_4x4, tile, KQ, TYPE, 4, 4)         \
+    TILE(T##_16x1, tile, KQ, TYPE, 16, 1)       \
+    TILE(T##_8x1, tile, KQ, TYPE, 8, 1)         \
+    TILE(T##_4x1, tile, KQ, TYPE, 4, 1)         \
+    TILE(T##_2x4_avx2, tile_avx2, KQ2, TYPE, 2, 4) \
+    TILE(T##_8x1_avx2, tile_avx2, KQ2, TYPE, 8, 1) \
+    TILE(T##_4x1_avx2, tile_avx2, KQ2, TYPE, 4, 1) \
+    TILE(T##_2x1_avx2, tile_avx2, KQ2, TYPE, 2, 1)
+TILES512(q4k, GGML_TYPE_Q4_K)
+TILES512(q5k, GGML_TYPE_Q5_K)
+TILES512(q6k, GGML_TYPE_Q6_K)
 
-/* a type's tiles: 4 rows x 4 vectors, then 16, 8 and 4 rows with one vector */
-struct tiles { tile_fn *t4x4, *t16x1, *t8x1, *t4x1; };
-static const struct tiles q4k_tiles = {q4k_4x4, q4k_16x1, q4k_8x1, q4k_4x1};
-static const struct tiles q5k_tiles = {q5k_4x4, q5k_16x1, q5k_8x1, q5k_4x1};
-static const struct tiles q6k_tiles = {q6k_4x4, q6k_16x1, q6k_8x1, q6k_4x1};
+/* an ISA's tiles for a type: pr rows x pv vectors, then rows[i] rows x 1 vector */
+struct tiles { int pr, pv; tile_fn *many; int rows[3]; tile_fn *one[3]; };
+#define TILES(T)                                                                                      \
+    {{4, 4, T##_4x4, {16, 8, 4}, {T##_16x1, T##_8x1, T##_4x1}},                                       \
+     {2, 4, T##_2x4_avx2, {8, 4, 2}, {T##_8x1_avx2, T##_4x1_avx2, T##_2x1_avx2}}}
+static const struct tiles q4k_tiles[2] = TILES(q4k), q5k_tiles[2] = TILES(q5k), q6k_tiles[2] = TILES(q6k);
+
+bool cpu_kquant_avx2_cpu(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
 
 void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int r1, const uint8_t *act,
-                     size_t act_stride, int n, int cols, float *y, size_t y_stride)
+                     size_t act_stride, int n, int cols, float *y, size_t y_stride, bool avx512)
 {
-    const struct tiles *tl = type == GGML_TYPE_Q4_K ? &q4k_tiles : type == GGML_TYPE_Q5_K ? &q5k_tiles : &q6k_tiles;
-    int nb = cols / QK_K, n4 = n / PV * PV, r;
+    const struct tiles *tl = &(type == GGML_TYPE_Q4_K ? q4k_tiles : type == GGML_TYPE_Q5_K ? q5k_tiles : q6k_tiles)[!avx512];
+    const int pr = tl->pr, pv = tl->pv;
+    int nb = cols / QK_K, nv = n / pv * pv, r;
     float o[16];
-    /* prefill: PR rows at a time against every group of PV vectors: the rows' blocks stay in
+    /* prefill: pr rows at a time against every group of pv vectors: the rows' blocks stay in
      * the first-level cache while the vectors stream past */
-    for (r = r0; r + PR <= r1 && n4 > 0; r += PR)
-        for (int t = 0; t < n4; t += PV) {
-            tl->t4x4(w + (size_t)r * row_bytes, row_bytes, act + (size_t)t * act_stride, act_stride, nb, o);
-            for (int i = 0; i < PR; i++)
-                for (int v = 0; v < PV; v++)
-                    y[(size_t)(t + v) * y_stride + r + i] = o[i * PV + v];
+    for (r = r0; r + pr <= r1 && nv > 0; r += pr)
+        for (int t = 0; t < nv; t += pv) {
+            tl->many(w + (size_t)r * row_bytes, row_bytes, act + (size_t)t * act_stride, act_stride, nb, o);
+            for (int i = 0; i < pr; i++)
+                for (int v = 0; v < pv; v++)
+                    y[(size_t)(t + v) * y_stride + r + i] = o[i * pv + v];
         }
-    for (int t = 0; t < n4; t++) /* rows left over */
+    for (int t = 0; t < nv; t++) /* rows left over */
         for (int i = r; i < r1; i++)
             y[(size_t)t * y_stride + i] =
                 cpu_quant_dot(type, w + (size_t)i * row_bytes, act + (size_t)t * act_stride, cols, CPU_ISA_AVX2);
-    /* decode, and the vectors left over: 16, 8 or 4 rows with one vector */
-    for (int t = n4; t < n; t++) {
+    /* decode, and the vectors left over: rows[0] rows at a time, then one tile of each smaller
+     * height that fits, then single rows */
+    for (int t = nv; t < n; t++) {
         const uint8_t *x = act + (size_t)t * act_stride;
         float *yt = y + (size_t)t * y_stride;
         r = r0;
-        for (; r + 16 <= r1; r += 16) {
-            tl->t16x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
-            memcpy(yt + r, o, sizeof(float) * 16);
+        for (; r + tl->rows[0] <= r1; r += tl->rows[0]) {
+            tl->one[0](w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
+            memcpy(yt + r, o, sizeof(float) * tl->rows[0]);
         }
-        if (r + 8 <= r1) {
-            tl->t8x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
-            memcpy(yt + r, o, sizeof(float) * 8);
-            r += 8;
-        }
-        if (r + 4 <= r1) {
-            tl->t4x1(w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
-            memcpy(yt + r, o, sizeof(float) * 4);
-            r += 4;
-        }
+        for (int i = 1; i < 3; i++)
+            if (r + tl->rows[i] <= r1) {
+                tl->one[i](w + (size_t)r * row_bytes, row_bytes, x, act_stride, nb, o);
+                memcpy(yt + r, o, sizeof(float) * tl->rows[i]);
+                r += tl->rows[i];
+            }
         for (; r < r1; r++)
             yt[r] = cpu_quant_dot(type, w + (size_t)r * row_bytes, x, cols, CPU_ISA_AVX2);
     }
 }
 
 #else /* not x86-64: never chosen */
-bool cpu_kquant_cpu(void) { return false; }
+bool cpu_kquant_avx2_cpu(void) { return false; }
 bool cpu_kquant_has(uint32_t type) { (void)type; return false; }
 void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int r1, const uint8_t *act,
-                     size_t act_stride, int n, int cols, float *y, size_t y_stride)
+                     size_t act_stride, int n, int cols, float *y, size_t y_stride, bool avx512)
 {
     (void)type; (void)w; (void)row_bytes; (void)r0; (void)r1; (void)act; (void)act_stride; (void)n; (void)cols;
-    (void)y; (void)y_stride;
+    (void)y; (void)y_stride; (void)avx512;
 }
 #endif

@@ -39,7 +39,7 @@
 /* Activations for 256-value super-blocks: struct act256 (cpu_kquant.h). */
 
 static float f16_table[65536];
-static bool have_avx2, have_vnni;
+static bool have_avx2, have_vnni, have_kquant_avx2;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 /* TIDE_CPU_ISA=avx2 or scalar caps what CPU_ISA_BEST picks (to compare paths, or to rule one
@@ -52,6 +52,7 @@ static void cpu_quant_init(void)
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");
     have_vnni = have_avx2 && cpu_quant_vnni_cpu();
+    have_kquant_avx2 = have_avx2 && cpu_kquant_avx2_cpu();
 #endif
 }
 
@@ -765,8 +766,9 @@ void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int 
     if (isa == CPU_ISA_BEST)
         isa = best_isa();
     const uint8_t *wb = w, *xb = act;
-    if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_kquant_has(type)) { /* k-quant tiles (cpu_kquant.c) */
-        cpu_kquant_rows(type, wb, row_bytes, r0, r1, xb, act_stride, n, cols, y, y_stride);
+    if (isa >= CPU_ISA_AVX2 && have_kquant_avx2 && cpu_kquant_has(type)) { /* k-quant tiles (cpu_kquant.c) */
+        cpu_kquant_rows(type, wb, row_bytes, r0, r1, xb, act_stride, n, cols, y, y_stride,
+                        isa == CPU_ISA_AVX512VNNI && have_vnni);
         return;
     }
     /* the tiles address eight rows or vectors with 32-bit offsets */
