@@ -349,6 +349,45 @@ KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_
     _mm256_storeu_ps(out, s);
 }
 
+/* cpu_quant_act's 256-value form, 32 values an iteration: the same bytes (the max of |v| is
+ * exact; v * id is one rounded product either way; vcvtps2dq rounds to nearest even as lrintf
+ * does in the default mode; |v * id| <= 127 up to rounding, so neither the scalar clamp nor
+ * the saturating packs change a code). */
+KQ2 void cpu_kquant_act(const float *x, int nb, struct act256 *o)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b++) {
+        const float *v = x + (size_t)b * QK_K;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < QK_K; i += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        o[b].d = d;
+        const __m256 s = _mm256_set1_ps(id);
+        for (int g = 0; g < QK_K; g += 32) {
+            __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + g), s));
+            __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + g + 8), s));
+            __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + g + 16), s));
+            __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + g + 24), s));
+            /* the two 16-value sums, in lanes 0 and 4 after two horizontal adds */
+            __m256i s01 = _mm256_add_epi32(q0, q1), s23 = _mm256_add_epi32(q2, q3);
+            __m256i hs = _mm256_hadd_epi32(s01, s23); /* lanes: s01 pairs, s23 pairs (per half) */
+            hs = _mm256_hadd_epi32(hs, hs);
+            __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(hs), _mm256_extracti128_si256(hs, 1));
+            o[b].bsum[g / 16] = (int16_t)_mm_cvtsi128_si32(sum);
+            o[b].bsum[g / 16 + 1] = (int16_t)_mm_extract_epi32(sum, 1);
+            /* packs interleave the 128-bit lanes: put the bytes back in order */
+            __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+            q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(o[b].q + g), q);
+        }
+    }
+}
+
 /* ---------------- the tiles of each type and ISA, and the matmul's share ---------------- */
 typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb, float *out);
 
@@ -429,6 +468,7 @@ void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, 
 
 #else /* not x86-64: never chosen */
 bool cpu_kquant_avx2_cpu(void) { return false; }
+void cpu_kquant_act(const float *x, int nb, struct act256 *o) { (void)x; (void)nb; (void)o; }
 bool cpu_kquant_has(uint32_t type) { (void)type; return false; }
 void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int r1, const uint8_t *act,
                      size_t act_stride, int n, int cols, float *y, size_t y_stride, bool avx512)

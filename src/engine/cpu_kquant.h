@@ -22,6 +22,9 @@ struct act256 { float d; int16_t bsum[16]; int8_t q[QK_K]; };
 
 /* Whether this CPU runs the AVX2 tiles: AVX2 and F16C. */
 bool cpu_kquant_avx2_cpu(void);
+/* cpu_quant_act for the 256-value blocks with AVX2 (the same bytes): nb blocks of x into o.
+ * Only where cpu_kquant_avx2_cpu(). */
+void cpu_kquant_act(const float *x, int nb, struct act256 *o);
 /* Whether a type has tiles here (q4_K, q5_K, q6_K). */
 bool cpu_kquant_has(uint32_t type);
 /* The matmul's share, as cpu_quant_rows: y[t * y_stride + r] for r0 <= r < r1 and t < n,

@@ -163,6 +163,10 @@ void cpu_quant_act_isa(uint32_t type, const float *x, int cols, void *out, enum 
         return;
     }
     struct act256 *o = out;
+    if (have_kquant_avx2 && isa >= CPU_ISA_AVX2) { /* cpu_kquant.c */
+        cpu_kquant_act(x, cols / QK_K, o);
+        return;
+    }
     for (int b = 0; b < cols / QK_K; b++) {
         const float *v = x + b * QK_K;
         float amax = 0;

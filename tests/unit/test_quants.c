@@ -317,7 +317,8 @@ Test(quants, kquant_tiles_equal_the_one_vector_product_in_every_shape)
     }
 }
 
-/* The activations' quantisation gives the same bytes with AVX2 as in C: random blocks,
+/* The activations' quantisation gives the same bytes with AVX2 as in C (the 256-value form:
+ * cpu_kquant.c): random blocks,
  * blocks of zeros, and blocks whose codes land on halves (amax 127: v * id = v), where
  * rounding to nearest even must agree. */
 Test(quants, activation_quantisation_is_the_same_bytes_on_every_isa)
