@@ -58,7 +58,8 @@ tide_run() { # model threads [daemon] -> "pp512=... tg64@d0=... ..."
 }
 
 llama_run() { # model threads -> the same keys, from llama-bench's jsonl, and tokens per CPU-second
-    # of llama-bench (its children's rusage; the model's load and page faults included, no warm-up run)
+    # of llama-bench (its children's rusage, no warm-up run, less that of a 1-token run: the model's
+    # load and page faults, ~0.25 s of CPU on a 275 MB file, are not the benchmark's)
     python3 - "$LB" "$1" "$2" "$PROMPT" "$GEN" "$DEPTHS" <<'PY'
 import json, resource, subprocess, sys
 lb, model, t, prompt, gen, depths = sys.argv[1:]
@@ -70,12 +71,15 @@ def bench(args):
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")], \
         (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+_, fixed = bench(["-p", "1", "-n", "0"])
 rows, c = bench(["-p", prompt, "-n", "0"])
+c -= fixed
 for o in rows:
     out.append("pp%d=%.1f" % (o["n_prompt"], o["avg_ts"]))
     cpu.append("pp%dcpu=%.1f" % (o["n_prompt"], o["n_prompt"] / c))
 for d in depths.split(","):
     rows, c = bench(["-p", "0", "-n", gen, "-d", d])
+    c -= fixed
     for o in rows:
         out.append("tg%d@d%d=%.1f" % (o["n_gen"], o["n_depth"], o["avg_ts"]))
         if o["n_depth"] == 0:  # with a depth, the depth's prefill is in the CPU time too
