@@ -10,10 +10,14 @@ so no KV rows are reused from an earlier request):
         tgN at -d DEPTH (for each DEPTH given). (Streamed chunks' arrival times were tried and
         dropped: on a loaded machine they arrive in bursts.)
 One warm-up request first (the first touch of each mmapped page is a page fault).
+With TIDE_PID (the daemon's pid) also ppNcpu and tgD...cpu: tokens per CPU-second of the daemon
+(utime + stime from /proc), which a busy neighbour does not change the way it changes wall time
+(up to cache sharing; at 2 threads a pool that spins would count its spinning).
 Usage: bench-cpu.py URL VOCAB PROMPT GEN DEPTH[,DEPTH...]
 Prints key=value pairs: pp=<tok/s> tg<D>=<tok/s> ...
 """
 import json
+import os
 import random
 import sys
 import time
@@ -42,13 +46,33 @@ def request(prompt, max_tokens):
     return time.perf_counter() - t0, used
 
 
+def cpu_seconds():
+    """the daemon's CPU time so far (TIDE_PID), or 0 without one"""
+    pid = os.environ.get("TIDE_PID")
+    if not pid:
+        return 0.0
+    with open("/proc/%s/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(prompt, max_tokens):
+    """request()'s seconds and tokens, and the daemon's CPU seconds over it"""
+    c0 = cpu_seconds()
+    t, used = request(prompt, max_tokens)
+    return t, used, cpu_seconds() - c0
+
+
 request(tokens(64), 8)  # warm-up
 out = []
-t, _ = request(tokens(n_prompt), 1)
+t, _, c = timed(tokens(n_prompt), 1)
 out.append("pp%d=%.1f" % (n_prompt, n_prompt / t))
+cpu = ["pp%dcpu=%.1f" % (n_prompt, n_prompt / c)] if c > 0 else []
 for d in depths:
     # the same prompt length twice, one token and GEN + 1: the difference is GEN decode steps
-    t1, _ = request(tokens(max(d, 1)), 1)
-    tn, used = request(tokens(max(d, 1)), n_gen + 1)
+    t1, _, c1 = timed(tokens(max(d, 1)), 1)
+    tn, used, cn = timed(tokens(max(d, 1)), n_gen + 1)
     out.append("tg%d@d%d=%.1f" % (n_gen, d, (used - 1) / (tn - t1)))
-print(" ".join(out))
+    if cn > c1:
+        cpu.append("tg%d@d%dcpu=%.1f" % (n_gen, d, (used - 1) / (cn - c1)))
+print(" ".join(out + cpu))

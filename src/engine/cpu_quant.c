@@ -14,6 +14,7 @@
  * The combine step is compiled for the baseline ISA (no FMA contraction: -std=c11 keeps
  * fp-contract off) and never inlined into a SIMD function. */
 #include "cpu_quant.h"
+#include "cpu_kquant.h"
 #include "cpu_quant_vnni.h"
 #include "gguf.h"
 #include "quants.h"
@@ -35,12 +36,10 @@
 
 /* Activations for 32-value weight blocks: struct act32 (cpu_quant_vnni.h), ggml's q8_0 block
  * and the codes' sum. */
-/* Activations for 256-value super-blocks: f32 scale, the sums of each 16 codes (for the
- * weights' mins and offsets), 256 codes. */
-struct act256 { float d; int16_t bsum[16]; int8_t q[QK_K]; };
+/* Activations for 256-value super-blocks: struct act256 (cpu_kquant.h). */
 
 static float f16_table[65536];
-static bool have_avx2, have_vnni;
+static bool have_avx2, have_vnni, have_kquant_avx2;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 /* TIDE_CPU_ISA=avx2 or scalar caps what CPU_ISA_BEST picks (to compare paths, or to rule one
@@ -53,6 +52,7 @@ static void cpu_quant_init(void)
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");
     have_vnni = have_avx2 && cpu_quant_vnni_cpu();
+    have_kquant_avx2 = have_avx2 && cpu_kquant_avx2_cpu();
 #endif
 }
 
@@ -163,6 +163,10 @@ void cpu_quant_act_isa(uint32_t type, const float *x, int cols, void *out, enum 
         return;
     }
     struct act256 *o = out;
+    if (have_kquant_avx2 && isa >= CPU_ISA_AVX2) { /* cpu_kquant.c */
+        cpu_kquant_act(x, cols / QK_K, o);
+        return;
+    }
     for (int b = 0; b < cols / QK_K; b++) {
         const float *v = x + b * QK_K;
         float amax = 0;
@@ -766,6 +770,11 @@ void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int 
     if (isa == CPU_ISA_BEST)
         isa = best_isa();
     const uint8_t *wb = w, *xb = act;
+    if (isa >= CPU_ISA_AVX2 && have_kquant_avx2 && cpu_kquant_has(type)) { /* k-quant tiles (cpu_kquant.c) */
+        cpu_kquant_rows(type, wb, row_bytes, r0, r1, xb, act_stride, n, cols, y, y_stride,
+                        isa == CPU_ISA_AVX512VNNI && have_vnni);
+        return;
+    }
     /* the tiles address eight rows or vectors with 32-bit offsets */
     if (isa == CPU_ISA_AVX512VNNI && have_vnni && cpu_quant_vnni_has(type) && row_bytes <= (1u << 27) &&
         act_stride <= (1u << 27)) {

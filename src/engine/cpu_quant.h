@@ -19,6 +19,7 @@ enum cpu_isa {
     CPU_ISA_SCALAR,     /* portable C */
     CPU_ISA_AVX2,       /* x86-64 AVX2 */
     CPU_ISA_AVX512VNNI, /* AVX-512 with VNNI: q8_0 and q4_0 in tiles of eight (cpu_quant_vnni.c),
+                         * q4_K, q5_K and q6_K in tiles of sixteen (cpu_kquant.c),
                          * the rest as AVX2 */
 };
 

@@ -2,7 +2,8 @@
  * them (cpu_quant.c): dequantisation bit for bit against tests/quant/ref_dequant.py (our
  * numpy reference, written from the format spec), each dot product against a double-precision
  * reference within the error the activation quantisation allows, the SIMD kernels (AVX2, and
- * the AVX-512 VNNI tiles) against the scalar one bit for bit, and a matmul row's bits independent of the batch and thread count. */
+ * the AVX-512 VNNI tiles, and cpu_kquant.c's k-quant tiles in each shape) against the scalar one bit for
+ * bit, and a matmul row's bits independent of the batch and thread count. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -258,7 +259,66 @@ Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
     }
 }
 
-/* The activations' quantisation gives the same bytes with AVX2 as in C: random blocks,
+/* The k-quant tiles (cpu_kquant.c) in every shape: AVX-512 4 rows x 4 vectors, and 16, 8 and
+ * 4 rows with one vector (decode, and the vectors a group of four leaves over); AVX2 2 x 4, and
+ * 8, 4 and 2 rows with one; with the rows and
+ * vectors that no tile covers; each result has the bits of the 1-vector scalar product, and
+ * is within the double reference's bound. Activations up to +-127 codes on blocks of 100x
+ * the others, so the int16 products and the int32 sums run near their ranges. */
+Test(quants, kquant_tiles_equal_the_one_vector_product_in_every_shape)
+{
+    /* shares 0-36 (AVX-512 16+16+4+1, AVX2 8x4+4+1) and 37-46 (8+2) */
+    enum { ROWS = 47, N = 13, SPLIT = 37 };
+    static const uint32_t ktypes[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const enum cpu_isa isas[] = {CPU_ISA_AVX512VNNI, CPU_ISA_AVX2};
+    if (!cpu_quant_isa_available(CPU_ISA_AVX2))
+        cr_skip_test("this CPU has no AVX2: no k-quant tiles to test");
+    if (!cpu_quant_isa_available(CPU_ISA_AVX512VNNI))
+        cr_log_warn("no AVX-512 VNNI here: only the AVX2 tiles are tested");
+    for (size_t t = 0; t < 3; t++) {
+        uint32_t type = ktypes[t];
+        int cols = 256 * 5;
+        size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *data = malloc(rb * ROWS), *acts = malloc(ab * N);
+        float *w = malloc(sizeof(float) * cols * ROWS), *x = malloc(sizeof(float) * cols * N);
+        float *y = calloc((size_t)ROWS * N, sizeof(float)), *y1 = calloc(ROWS, sizeof(float));
+        random_blocks(type, data, (uint64_t)cols * ROWS, false);
+        ggml_dequantize(type, data, w, (uint64_t)cols * ROWS);
+        for (int v = 0; v < N; v++) {
+            for (int i = 0; i < cols; i++)
+                x[v * cols + i] = frand() * (float)(1 + v) * ((i / 256 + v) % 3 ? 1.0f : 100.0f);
+            cpu_quant_act(type, x + (size_t)v * cols, cols, acts + v * ab);
+        }
+        for (int i = 0; i < 2; i++) {
+            enum cpu_isa isa = isas[i];
+            if (!cpu_quant_isa_available(isa))
+                continue;
+            memset(y, 0, sizeof(float) * ROWS * N);
+            cpu_quant_rows(type, data, rb, 0, SPLIT, acts, ab, N, cols, y, ROWS, isa);
+            cpu_quant_rows(type, data, rb, SPLIT, ROWS, acts, ab, N, cols, y, ROWS, isa);
+            for (int v = 0; v < N; v++) {
+                /* the same vector alone (decode): the one-vector tiles */
+                cpu_quant_rows(type, data, rb, 0, SPLIT, acts + v * ab, ab, 1, cols, y1, ROWS, isa);
+                cpu_quant_rows(type, data, rb, SPLIT, ROWS, acts + v * ab, ab, 1, cols, y1, ROWS, isa);
+                for (int r = 0; r < ROWS; r++) {
+                    size_t k = (size_t)v * ROWS + r;
+                    float one = cpu_quant_dot(type, data + r * rb, acts + v * ab, cols, CPU_ISA_SCALAR);
+                    cr_assert(memcmp(&y[k], &one, 4) == 0, "%s isa %d row %d vector %d: tile %a scalar %a",
+                              ggml_type_name(type), isa, r, v, y[k], one);
+                    cr_assert(memcmp(&y1[r], &one, 4) == 0, "%s isa %d row %d vector %d alone: tile %a scalar %a",
+                              ggml_type_name(type), isa, r, v, y1[r], one);
+                    double bound, ref = reference_dot(type, w + (size_t)r * cols, x + (size_t)v * cols, cols, &bound);
+                    cr_assert_leq(fabs(y[k] - ref), bound, "%s row %d vector %d: %g vs %g (bound %g)",
+                                  ggml_type_name(type), r, v, y[k], ref, bound);
+                }
+            }
+        }
+        free(data); free(acts); free(w); free(x); free(y); free(y1);
+    }
+}
+
+/* The activations' quantisation gives the same bytes with AVX2 as in C (the 256-value form:
+ * cpu_kquant.c): random blocks,
  * blocks of zeros, and blocks whose codes land on halves (amax 127: v * id = v), where
  * rounding to nearest even must agree. */
 Test(quants, activation_quantisation_is_the_same_bytes_on_every_isa)
