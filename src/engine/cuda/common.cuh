@@ -67,6 +67,15 @@ static inline bool cuda_enter(struct cuda_ctx *c)
     return !c->err && CU(c, cuda_use_device(c->dev));
 }
 
+/* The CTAs for n elements in blocks of block threads, at least 1 and at most cap: the
+ * grid-stride kernels that take it loop over what a smaller grid leaves. The default cap is
+ * the 65535 most launches use; small_ops.cu's launches pass their own 65536. */
+static inline unsigned cuda_grid(size_t n, int block, size_t cap = 65535)
+{
+    size_t g = (n + (size_t)block - 1) / (size_t)block;
+    return (unsigned)(g < cap ? (g ? g : 1) : cap);
+}
+
 /* A workspace of at least bytes on the op stream. Reused by consecutive ops: they run in
  * stream order, so one op's use is over before the next op's kernels start. Growth frees
  * the old buffer stream-ordered too, so it never synchronises the host. NULL on failure. */

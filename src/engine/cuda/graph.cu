@@ -16,7 +16,7 @@ struct cuda_graph {
 int cuda_graph_begin(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (c->err || !CU(c, cuda_use_device(c->dev)))
+    if (!cuda_enter(c))
         return c->err;
     if (c->capturing)
         return TIDE_EINVAL;
@@ -74,7 +74,7 @@ int cuda_graph_launch(void *ctx, void *graph)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     struct cuda_graph *cg = (struct cuda_graph *)graph;
-    if (c->err || !CU(c, cuda_use_device(c->dev)))
+    if (!cuda_enter(c))
         return c->err;
     if (cg->ws_gen != c->ws_gen) /* it would use a freed workspace */
         return TIDE_ESTALE;

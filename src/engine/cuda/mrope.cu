@@ -11,11 +11,6 @@
 
 #include <string.h>
 
-static inline bool renter(struct cuda_ctx *c)
-{
-    return !c->err && CU(c, cuda_use_device(c->dev));
-}
-
 struct mrope_sec {
     uint32_t s[4];
 };
@@ -95,7 +90,7 @@ void cu_rope_multi(void *ctx, float *vec, int n, int n_heads, int head_dim, cons
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int work = n_heads * (head_dim / 2);
-    if (!renter(c) || work <= 0 || n <= 0)
+    if (!cuda_enter(c) || work <= 0 || n <= 0)
         return;
     mrope_sec sec = {{sections[0], sections[1], sections[2], sections[3]}};
     for (int t0 = 0; t0 < n; t0 += MROPE_LAUNCH) {
@@ -114,7 +109,7 @@ void cu_rope_2d(void *ctx, float *vec, int n, int n_heads, int head_dim, const i
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int work = n_heads * (head_dim / 2);
-    if (!renter(c) || work <= 0 || n <= 0)
+    if (!cuda_enter(c) || work <= 0 || n <= 0)
         return;
     const int32_t *d = ids_on_device(c, pos, (size_t)n * 2);
     if (!d)

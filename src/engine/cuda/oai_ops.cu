@@ -16,17 +16,6 @@
 #define SINK_MAX_HD 576 /* head_dim / 32 values a lane: up to deepseek2's MLA rows (512 + 64) */
 #define ROPE_MAX_PAIRS 256
 
-static inline bool oenter(struct cuda_ctx *c)
-{
-    return !c->err && CU(c, cuda_use_device(c->dev));
-}
-
-static unsigned ogrid(size_t n, int block)
-{
-    size_t g = (n + (size_t)block - 1) / (size_t)block;
-    return (unsigned)(g < 65535 ? (g ? g : 1) : 65535);
-}
-
 /* A warp per (token t, head h): t at position pos + t attends to t0..p. The softmax's maximum
  * starts at the sink's logit and its denominator at exp(sink - max) (the sink adds no value
  * row), as cpu_attention_sinks does. */
@@ -99,7 +88,7 @@ void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const
 {
     (void)att;
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!oenter(c) || n <= 0)
+    if (!cuda_enter(c) || n <= 0)
         return;
     if (head_dim % 32 || head_dim > SINK_MAX_HD || n_head_kv <= 0 || n_head % n_head_kv) {
         cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: head_dim not a multiple of 32 up to 576", __FILE__,
@@ -142,7 +131,7 @@ void cuda_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, in
                      float mscale, enum rope_kind kind)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!oenter(c) || n <= 0)
+    if (!cuda_enter(c) || n <= 0)
         return;
     int half = head_dim / 2;
     if (half > ROPE_MAX_PAIRS) {
@@ -153,7 +142,7 @@ void cuda_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, in
     for (int i = 0; i < half; i++)
         ft.f[i] = freqs[i];
     size_t total = (size_t)n * n_heads * half;
-    rope_freqs_kernel<<<ogrid(total, 256), 256, 0, c->st>>>(vec, n, n_heads, head_dim, pos, ft, mscale,
+    rope_freqs_kernel<<<cuda_grid(total, 256), 256, 0, c->st>>>(vec, n, n_heads, head_dim, pos, ft, mscale,
                                                            kind == ROPE_NEOX);
     CU_LAUNCH(c, "rope_freqs_kernel");
 }
@@ -170,8 +159,8 @@ __global__ void swiglu_oai_kernel(float *gate, const float *up, size_t n, float 
 void cuda_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!oenter(c) || n <= 0)
+    if (!cuda_enter(c) || n <= 0)
         return;
-    swiglu_oai_kernel<<<ogrid((size_t)n, 256), 256, 0, c->st>>>(gate, up, (size_t)n, alpha, limit);
+    swiglu_oai_kernel<<<cuda_grid((size_t)n, 256), 256, 0, c->st>>>(gate, up, (size_t)n, alpha, limit);
     CU_LAUNCH(c, "swiglu_oai_kernel");
 }

@@ -190,11 +190,8 @@ __global__ void gather_kernel(float *__restrict__ dst, const float *__restrict__
         d[i] = s[i];
 }
 
-static unsigned grid_for(size_t n, int block)
-{
-    size_t g = (n + block - 1) / block;
-    return (unsigned)(g < 65536 ? (g ? g : 1) : 65536);
-}
+/* These launches cap their grids at 65536 CTAs (cuda_grid's default is 65535); kept as it was. */
+#define SMALL_OPS_GRID_CAP 65536
 
 /* ---- the ops (backend_i's slots: small_ops.cuh) ---- */
 
@@ -295,7 +292,7 @@ void cu_store_f16(void *ctx, uint16_t *dst, const float *src, size_t n)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || !n)
         return;
-    store_f16_kernel<<<grid_for(n, 256), 256, 0, c->st>>>((__half *)dst, src, n);
+    store_f16_kernel<<<cuda_grid(n, 256, SMALL_OPS_GRID_CAP), 256, 0, c->st>>>((__half *)dst, src, n);
     CU_LAUNCH(c, "store_f16_kernel");
 }
 
@@ -305,8 +302,8 @@ void cu_get_row_at(void *ctx, const struct tensor *t, const int32_t *at, float *
     int n = (int)t->ne[0];
     if (!cuda_enter(c) || n <= 0)
         return;
-    get_row_at_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(t->type, (const uint8_t *)t->data, t->row_bytes,
-                                                                  at, out, n);
+    get_row_at_kernel<<<cuda_grid((size_t)n, 256, SMALL_OPS_GRID_CAP), 256, 0, c->st>>>(
+        t->type, (const uint8_t *)t->data, t->row_bytes, at, out, n);
     CU_LAUNCH(c, "get_row_at_kernel");
 }
 
@@ -315,7 +312,7 @@ void cu_swiglu(void *ctx, float *gate, const float *up, int n)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || n <= 0)
         return;
-    swiglu_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(gate, up, (size_t)n);
+    swiglu_kernel<<<cuda_grid((size_t)n, 256, SMALL_OPS_GRID_CAP), 256, 0, c->st>>>(gate, up, (size_t)n);
     CU_LAUNCH(c, "swiglu_kernel");
 }
 
@@ -324,7 +321,7 @@ void cu_axpy(void *ctx, float *y, const float *x, float a, int n)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || n <= 0)
         return;
-    axpy_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(y, x, a, (size_t)n);
+    axpy_kernel<<<cuda_grid((size_t)n, 256, SMALL_OPS_GRID_CAP), 256, 0, c->st>>>(y, x, a, (size_t)n);
     CU_LAUNCH(c, "axpy_kernel");
 }
 
@@ -361,7 +358,7 @@ void cu_get_row(void *ctx, const struct tensor *t, int id, float *out)
     if (!cuda_enter(c) || n <= 0)
         return;
     const uint8_t *row = (const uint8_t *)t->data + (size_t)id * t->row_bytes;
-    get_row_kernel<<<grid_for((size_t)n, 256), 256, 0, c->st>>>(t->type, row, out, n);
+    get_row_kernel<<<cuda_grid((size_t)n, 256, SMALL_OPS_GRID_CAP), 256, 0, c->st>>>(t->type, row, out, n);
     CU_LAUNCH(c, "get_row_kernel");
 }
 

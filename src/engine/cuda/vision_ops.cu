@@ -6,17 +6,6 @@
 #include "engine/cuda/vision_ops.cuh"
 #include "engine/cuda/mmq.cuh"
 
-static inline bool venter(struct cuda_ctx *c)
-{
-    return !c->err && CU(c, cuda_use_device(c->dev));
-}
-
-static unsigned grid_n(size_t n, int block)
-{
-    size_t g = (n + (size_t)block - 1) / (size_t)block;
-    return (unsigned)(g < 65535 ? (g ? g : 1) : 65535);
-}
-
 /* The CTA's maximum of each thread's v (block_sum's pattern, common.cuh): every thread calls
  * it and gets the result; red (32 shared floats) is free again when it returns. */
 __device__ __forceinline__ float block_max(float v, float *red)
@@ -129,7 +118,7 @@ attention_full_kernel(const float *__restrict__ q, const float *__restrict__ k, 
 void cu_layernorm(void *ctx, const float *x, float *y, const float *w, const float *b, int n, int dim, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!venter(c) || n <= 0 || dim <= 0)
+    if (!cuda_enter(c) || n <= 0 || dim <= 0)
         return;
     layernorm_kernel<<<n, dim >= 1024 ? 512 : dim >= 256 ? 256 : 128, 0, c->st>>>(x, y, w, b, dim, eps);
     CU_LAUNCH(c, "layernorm_kernel");
@@ -138,19 +127,19 @@ void cu_layernorm(void *ctx, const float *x, float *y, const float *w, const flo
 void cu_add_bias(void *ctx, float *y, const float *b, int n, int dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!b || !venter(c) || n <= 0 || dim <= 0)
+    if (!b || !cuda_enter(c) || n <= 0 || dim <= 0)
         return;
     size_t total = (size_t)n * dim;
-    add_bias_kernel<<<grid_n(total, 256), 256, 0, c->st>>>(y, b, total, dim);
+    add_bias_kernel<<<cuda_grid(total, 256), 256, 0, c->st>>>(y, b, total, dim);
     CU_LAUNCH(c, "add_bias_kernel");
 }
 
 void cu_activate(void *ctx, float *x, size_t n, enum act_kind act)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!venter(c) || !n)
+    if (!cuda_enter(c) || !n)
         return;
-    activate_kernel<<<grid_n(n, 256), 256, 0, c->st>>>(x, n, (int)act);
+    activate_kernel<<<cuda_grid(n, 256), 256, 0, c->st>>>(x, n, (int)act);
     CU_LAUNCH(c, "activate_kernel");
 }
 
@@ -159,7 +148,7 @@ void cu_attention_full(void *ctx, const float *q, const float *k, const float *v
 {
     (void)ws; /* the scores live in shared memory */
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!venter(c) || P <= 0 || n_head <= 0 || d <= 0)
+    if (!cuda_enter(c) || P <= 0 || n_head <= 0 || d <= 0)
         return;
     size_t smem = sizeof(float) * ((size_t)d + P);
     if (smem > 48 * 1024 || n_head > 65535) {
