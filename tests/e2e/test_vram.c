@@ -530,18 +530,22 @@ Test(vision, big_image_is_scaled_to_the_budget_not_refused, .timeout = 60)
     stop();
 }
 
-struct req_arg { const char *body; long code; double t_done; };
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+/* A chat request on its own connection; t_reply: when its reply reached this host, stamped by
+ * the kernel (harness.h e2e_raw_stamped). */
+struct req_arg { const char *body; long code; double t_reply; int done; };
 static void *req_thread(void *p)
 {
     struct req_arg *a = p;
-    a->code = req("POST", "/v1/chat/completions", a->body, NULL);
-    a->t_done = mono();
+    size_t n = strlen(a->body), cap = n + 256;
+    char *rq = malloc(cap);
+    int len = snprintf(rq, cap, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                       n, a->body);
+    char *resp = e2e_raw_stamped(&dm, rq, (size_t)len, 60, &a->t_reply);
+    a->code = e2e_status(resp);
+    free(resp);
+    free(rq);
+    __atomic_store_n(&a->done, 1, __ATOMIC_SEQ_CST);
     return NULL;
 }
 
@@ -557,22 +561,27 @@ static double busy(void)
 Test(vision, text_queued_behind_an_image_is_answered_after_it, .timeout = 60)
 {
     if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
-    /* The order is checked where the client sees the replies end. Every token takes >= 10 ms,
-     * so the text request (16 tokens, started only once the image's has ended) ends >= 150 ms
-     * after it: a margin over the client threads' scheduling on a loaded machine, which at
-     * the tiny model's ~1 ms a token once let the two returns swap. */
+    /* The order is the one in which the daemon sent the replies: the kernel's receive stamp of
+     * each reply's first byte (a non-streamed reply goes out whole when its request ends). The
+     * client threads' own clocks, read after each reply, swapped the two when this process ran
+     * late on a loaded machine and woke both readers at once (1 run in 20 with the test's
+     * processes paused at random for up to 0.5 s). Every token takes >= 10 ms, so the text
+     * (16 tokens, admitted after the image) ends >= 80 ms after the image's 8 tokens. */
     start_env(vision_cfg(64, true, 60), "TIDE_FAULT_SLOW_TOKEN_MS=10");
     char *img = image_body_of(32, 32, 99);
-    struct req_arg ai = {img, 0, 0}, at = {TEXT, 0, 0};
+    struct req_arg ai = {img, 0, 0, 0}, at = {TEXT, 0, 0, 0};
     pthread_t ti, tt;
     pthread_create(&ti, NULL, req_thread, &ai);
-    while (busy() < 1 && !ai.t_done) usleep(500);
+    /* the image is queued or running before the text is sent */
+    while (busy() < 1 && !__atomic_load_n(&ai.done, __ATOMIC_SEQ_CST)) usleep(500);
     pthread_create(&tt, NULL, req_thread, &at);
     pthread_join(ti, NULL);
     pthread_join(tt, NULL);
     cr_assert_eq(ai.code, 200);
     cr_assert_eq(at.code, 200);
-    cr_assert_leq(ai.t_done, at.t_done, "the text request behind the image finished first");
+    cr_assert(ai.t_reply > 0 && at.t_reply > 0, "no receive stamps");
+    cr_log_info("text reply %.0f ms after the image's", (at.t_reply - ai.t_reply) * 1e3);
+    cr_assert_leq(ai.t_reply, at.t_reply, "the text request behind the image was answered first");
     free(img);
     stop();
 }
