@@ -20,7 +20,8 @@
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* not under ThreadSanitizer (make tsan): the clones' ifunc resolvers run before its runtime is up and crash */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define KERNEL

@@ -706,7 +706,7 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         max_rows = n;
     for (int i = 0; i < n; i++) { /* cancelled ones leave before any work */
         struct engine_seq *q = seqs[i];
-        if (!q->done && q->job->cancel && *q->job->cancel)
+        if (!q->done && q->job->cancel && __atomic_load_n(q->job->cancel, __ATOMIC_RELAXED)) /* set by the HTTP watch thread */
             seq_fail(e, q, TIDE_ECANCELED, NULL);
     }
     for (int i = 0; i < n; i++) /* waiters: the rows exist now, or their sequence went (prefix_share.h) */

@@ -367,7 +367,9 @@ void tokenizer_get_counters(struct tokenizer_counters *c)
 static bool next_piece(struct ids *out)
 {
     if (out->err) return false;
-    if (out->cancel && ++out->pieces % CANCEL_EVERY == 0 && *out->cancel) out->err = TIDE_ECANCELED;
+    /* an atomic load: the flag is written by another thread (the HTTP side's hang-up watch) */
+    if (out->cancel && ++out->pieces % CANCEL_EVERY == 0 && __atomic_load_n(out->cancel, __ATOMIC_RELAXED))
+        out->err = TIDE_ECANCELED;
     return !out->err;
 }
 

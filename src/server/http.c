@@ -541,6 +541,10 @@ int http_start(struct http_server **out, const char *host, int port, const struc
     s->n_routes = n_routes;
     s->app = app;
     s->api_key = opt->api_key ? strdup(opt->api_key) : NULL;
+    /* fixed before any thread of ours or MHD's reads them */
+    s->instance = opt->instance ? strdup(opt->instance) : NULL;
+    s->queue_s = opt->queue_timeout_s;
+    s->run_s = opt->request_timeout_s;
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->stop, false);
     atomic_init(&s->quiesced, false);
@@ -608,19 +612,6 @@ int http_set_cors(struct http_server *s, char *const *origins, int n)
         if (!(s->cors[i] = strdup(origins[i]))) return TIDE_ENOMEM; /* http_stop frees them */
     atomic_store(&s->n_cors, n);
     return 0;
-}
-
-void http_set_timeouts(struct http_server *s, double queue_s, double run_s)
-{
-    s->queue_s = queue_s;
-    s->run_s = run_s;
-}
-
-void http_set_instance(struct http_server *s, const char *name)
-{
-    char *d = name ? strdup(name) : NULL;
-    free(s->instance);
-    s->instance = d;
 }
 
 void http_quiesce(struct http_server *s)

@@ -50,6 +50,14 @@ struct http_options {
     const char *const *allowed_hosts;
     int n_allowed_hosts;
     bool no_listen;                 /* no socket: connections come from http_add_connection */
+    /* Every response carries `X-Tide-Instance: instance` (which daemon of a fleet answered);
+     * NULL: none. Set here, before the polling threads serve the first request (/health while
+     * the model loads): a setter after http_start wrote it under a running reader. */
+    const char *instance;
+    /* Bounded waits: a job still queued after queue_timeout_s, or not done request_timeout_s
+     * after it was queued, is cancelled and answered 503 (a stream ends with an error event).
+     * 0 = no bound. Read by the watch thread, which http_start starts. */
+    double queue_timeout_s, request_timeout_s;
 };
 
 struct http_server;
@@ -57,11 +65,6 @@ int http_start(struct http_server **out, const char *host, int port, const struc
                int n_routes, void *app, const struct http_options *opt, char *err, size_t errlen);
 /* Serve one connected socket (with no_listen: the fuzzer's socketpairs); MHD owns fd after. */
 int http_add_connection(struct http_server *s, int fd, const struct sockaddr *addr, unsigned addrlen);
-/* Bounded waits: a job still queued after queue_s, or not done run_s after it was queued,
- * is cancelled and answered 503 (a stream ends with an error event). 0 = no bound. */
-void http_set_timeouts(struct http_server *s, double queue_s, double run_s);
-/* Every response carries `X-Tide-Instance: name` (which daemon of a fleet answered). */
-void http_set_instance(struct http_server *s, const char *name);
 /* CORS: the browser origins allowed to call (copied; "*" allows any). Call before requests
  * come (right after http_start); with none, no CORS header is sent and preflights get 403. */
 int http_set_cors(struct http_server *s, char *const *origins, int n);

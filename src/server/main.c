@@ -357,19 +357,21 @@ int main(int argc, char **argv)
 
     struct http_server *http = NULL;
     const struct http_config *hc = &a->cfg.http;
+    char instance[300];
+    config_instance_name(&a->cfg, instance, sizeof instance);
+    /* every copy of the name is written before the HTTP threads start: /health, /metrics and
+     * /v1/vram answer while the model loads */
+    metrics_set_instance(instance);
+    vram_set_instance(instance);
     struct http_options ho = {
         .api_key = a->cfg.api_key, .max_connections = (unsigned)hc->max_connections,
         .max_connections_per_ip = (unsigned)hc->max_connections_per_ip, .idle_timeout_s = (unsigned)hc->idle_timeout_s,
-        .allowed_hosts = (const char *const *)hc->allowed_hosts, .n_allowed_hosts = hc->n_allowed_hosts};
+        .allowed_hosts = (const char *const *)hc->allowed_hosts, .n_allowed_hosts = hc->n_allowed_hosts,
+        .instance = instance, .queue_timeout_s = a->cfg.queue_timeout_s,
+        .request_timeout_s = a->cfg.request_timeout_s};
     rc = http_start(&http, a->cfg.host, a->cfg.port, routes, (int)(sizeof routes / sizeof routes[0]), a,
                     &ho, err, sizeof err);
     if (rc) { tide_log("%s", err); config_free(&a->cfg); return 1; }
-    http_set_timeouts(http, a->cfg.queue_timeout_s, a->cfg.request_timeout_s);
-    char instance[300];
-    config_instance_name(&a->cfg, instance, sizeof instance);
-    http_set_instance(http, instance);
-    metrics_set_instance(instance);
-    vram_set_instance(instance);
     if (http_set_cors(http, a->cfg.cors_origins, a->cfg.n_cors_origins)) {
         tide_log("out of memory");
         http_stop(http);

@@ -248,7 +248,7 @@ static bool admit(struct scheduler *S)
             memset(r, 0, sizeof *r);
             continue;
         }
-        /* the job's own flag (an atomic int, read as a plain one): the tokenizer and every step
+        /* the job's own flag (an atomic int; the tokenizer and the step read it with an atomic load): they
          * see a hang-up or a shutdown as soon as it is set */
         r->gj->cancel = (const volatile int *)&j->cancel;
         int rc = 0;

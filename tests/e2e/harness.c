@@ -48,14 +48,22 @@ int e2e_connect(const struct daemon *d, const char *from)
     return s;
 }
 
-char *e2e_raw(const struct daemon *d, const char *from, const void *bytes, size_t len, double timeout_s,
-              bool *closed)
+/* e2e_raw and e2e_raw_stamped: with t_first, the socket asks for the kernel's receive time of
+ * each segment (SO_TIMESTAMPNS) and *t_first gets the first one's. */
+static char *raw_io(const struct daemon *d, const char *from, const void *bytes, size_t len, double timeout_s,
+                    bool *closed, double *t_first)
 {
     size_t cap = 65536, n = 0;
     char *resp = calloc(1, cap);
     if (closed) *closed = false;
+    if (t_first) *t_first = 0;
     int s = e2e_connect(d, from);
     if (s < 0) return resp;
+    int on = 1;
+    if (t_first && setsockopt(s, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on)) {
+        close(s);
+        return resp;
+    }
     for (size_t off = 0; off < len;) {
         ssize_t w = send(s, (const char *)bytes + off, len - off, MSG_NOSIGNAL);
         if (w <= 0) break;
@@ -65,13 +73,33 @@ char *e2e_raw(const struct daemon *d, const char *from, const void *bytes, size_
         struct pollfd p = { .fd = s, .events = POLLIN };
         if (poll(&p, 1, (int)(timeout_s * 1000)) <= 0) break;
         if (n + 1 >= cap) resp = realloc(resp, cap *= 2);
-        ssize_t r = recv(s, resp + n, cap - n - 1, 0);
+        struct iovec io = { .iov_base = resp + n, .iov_len = cap - n - 1 };
+        union { char b[CMSG_SPACE(sizeof(struct timespec))]; struct cmsghdr align; } ctl;
+        struct msghdr m = { .msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b };
+        ssize_t r = recvmsg(s, &m, 0);
         if (r <= 0) { if (closed) *closed = true; break; }
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); t_first && !*t_first && c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+                struct timespec ts;
+                memcpy(&ts, CMSG_DATA(c), sizeof ts);
+                *t_first = ts.tv_sec + ts.tv_nsec * 1e-9;
+            }
         n += (size_t)r;
     }
     resp[n] = 0;
     close(s);
     return resp;
+}
+
+char *e2e_raw(const struct daemon *d, const char *from, const void *bytes, size_t len, double timeout_s,
+              bool *closed)
+{
+    return raw_io(d, from, bytes, len, timeout_s, closed, NULL);
+}
+
+char *e2e_raw_stamped(const struct daemon *d, const void *bytes, size_t len, double timeout_s, double *t_first)
+{
+    return raw_io(d, NULL, bytes, len, timeout_s, NULL, t_first);
 }
 
 int e2e_status(const char *resp)

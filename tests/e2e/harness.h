@@ -30,6 +30,10 @@ int e2e_connect(const struct daemon *d, const char *from);
  * (if not NULL) says whether the server closed the connection. */
 char *e2e_raw(const struct daemon *d, const char *from, const void *bytes, size_t len, double timeout_s,
               bool *closed);
+/* e2e_raw from the kernel's choice of address, and *t_first: when the response's first byte
+ * reached this host (the kernel's receive stamp, CLOCK_REALTIME seconds; 0: none). The order in
+ * which the daemon sent two replies, however late this process runs to read them. */
+char *e2e_raw_stamped(const struct daemon *d, const void *bytes, size_t len, double timeout_s, double *t_first);
 /* The status code of the first response in resp (0: none). */
 int e2e_status(const char *resp);
 /* Seconds on the monotonic clock. */

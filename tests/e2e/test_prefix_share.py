@@ -101,6 +101,15 @@ def shared_system_prompt():
         check("daemon exits 0 on SIGTERM", d.stop() == 0)
 
 
+def until(cond, what, timeout=30):
+    """Poll cond every 5 ms until it holds; an AssertionError naming what after timeout s."""
+    t0 = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t0 > timeout:
+            raise AssertionError("not seen in %d s: %s" % (timeout, what))
+        time.sleep(0.005)
+
+
 def cancelled_leader():
     long_prompt = SYSTEM * 4 + "Now the question:"
     body = {"prompt": long_prompt, "max_tokens": 8, "temperature": 0}
@@ -111,17 +120,22 @@ def cancelled_leader():
         s = socket.create_connection(("127.0.0.1", d.port))
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
-        time.sleep(0.15)  # admitted, prefilling (~20 chunks of 64 rows, >= 20 ms each)
+        # The steps are signalled in /metrics, not guessed with sleeps (a loaded machine runs this
+        # process late): the leader is admitted and prefills (27 chunks of 64 rows, >= 20 ms
+        # each), then the 3 others wait for its rows, then it hangs up, well inside its prefill.
+        until(lambda: (metric(d, "tide_requests_running") or 0) >= 1, "the leader admitted")
         fns = [lambda: send(d, "/v1/completions", body) for _ in range(3)]
 
         def hang_up():
-            time.sleep(0.15)  # the 3 others wait for its rows by now
-            s.close()
-            return None
+            try:
+                until(lambda: (metric(d, "tide_kv_prefix_waits_total") or 0) >= 3, "3 waiting for the leader's rows")
+            finally:
+                s.close()
         t0 = time.perf_counter()
-        got = run_threads(fns + [hang_up])[:3]
+        res = run_threads(fns + [hang_up])
+        got = res[:3]
         dt = time.perf_counter() - t0
-        errs = [g for g in got if isinstance(g, Exception)]
+        errs = [g for g in res if isinstance(g, Exception)]
         check("cancelled leader: its 3 waiters are answered, with their text alone",
               not errs and all(g[0] == ref for g in got), "%.1f s; %s" % (dt, repr(errs[0]) if errs else
                                                                          [g[0] for g in got] + [ref]))

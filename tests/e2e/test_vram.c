@@ -2,34 +2,26 @@
  * GET/POST /v1/vram, the metrics that mirror them, and the lazy vision cycle. Starts the real
  * daemon ($TIDE_BIN, default build/tide) on the default model ($TIDE_MODEL) and mmproj
  * ($TIDE_MMPROJ, default models/tide-mmproj.gguf). */
+#include "harness.h"
+
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-static pid_t pid;
+/* The daemon under test, started and stopped by the shared harness (harness.c): it notices a
+ * daemon that exits at start-up (its port taken, a bad config) instead of polling /health until
+ * some other process answers there, and the daemon dies with a test that times out. */
+static struct daemon dm;
 static int port;
-static char cfg_path[64];
-
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(s, (struct sockaddr *)&a, &l);
-    close(s);
-    return ntohs(a.sin_port);
-}
 
 struct buf { char *p; size_t n; int chunks; };
 static size_t sink(char *d, size_t sz, size_t nm, void *ud)
@@ -78,49 +70,23 @@ static const char *mmproj_path(void)
 
 static void start_env(const char *cfg, const char *env)
 {
-    const char *bin = getenv("TIDE_BIN") ? getenv("TIDE_BIN") : "build/tide";
-    const char *model = getenv("TIDE_MODEL") ? getenv("TIDE_MODEL") : "models/tide-moe.gguf";
-    port = free_port();
-    snprintf(cfg_path, sizeof cfg_path, "/tmp/tide-e2e-vram-%d.json", (int)getpid());
-    FILE *f = fopen(cfg_path, "w");
-    fprintf(f, "{\"model\":\"%s\",\"context\":1024,\"port\":%d,%s}", model, port, cfg);
-    fclose(f);
-    pid = fork();
-    if (pid == 0) {
-        if (env) putenv((char *)env);
-        freopen("/dev/null", "w", stderr);
-        freopen("/dev/null", "w", stdout);
-        execl(bin, bin, "--config", cfg_path, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-        if (req("GET", "/health", NULL, NULL) == 200) return;
-        usleep(50000);
-    }
-    cr_assert_fail("daemon did not become healthy (config %s)", cfg);
+    dm = (struct daemon){.env = env};
+    e2e_start(&dm, cfg, NULL);
+    port = dm.port;
 }
 static void start(const char *cfg) { start_env(cfg, NULL); }
 
-static void stop(void)
-{
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        int st;
-        waitpid(pid, &st, 0);
-        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon exit status");
-    }
-    unlink(cfg_path);
-    pid = 0;
-}
+/* SIGTERM; expects exit status 0 within 10 s. */
+static void stop(void) { e2e_stop(&dm); }
 
 /* A failed assertion skips stop(): never leave a daemon behind. */
 static void reap(void)
 {
-    if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        unlink(cfg_path);
-        pid = 0;
+    if (dm.pid > 0) {
+        kill(dm.pid, SIGKILL);
+        waitpid(dm.pid, NULL, 0);
+        unlink(dm.cfg_path);
+        dm.pid = 0;
     }
 }
 TestSuite(vram, .fini = reap);
@@ -564,18 +530,22 @@ Test(vision, big_image_is_scaled_to_the_budget_not_refused, .timeout = 60)
     stop();
 }
 
-struct req_arg { const char *body; long code; double t_done; };
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+/* A chat request on its own connection; t_reply: when its reply reached this host, stamped by
+ * the kernel (harness.h e2e_raw_stamped). */
+struct req_arg { const char *body; long code; double t_reply; int done; };
 static void *req_thread(void *p)
 {
     struct req_arg *a = p;
-    a->code = req("POST", "/v1/chat/completions", a->body, NULL);
-    a->t_done = mono();
+    size_t n = strlen(a->body), cap = n + 256;
+    char *rq = malloc(cap);
+    int len = snprintf(rq, cap, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                       n, a->body);
+    char *resp = e2e_raw_stamped(&dm, rq, (size_t)len, 60, &a->t_reply);
+    a->code = e2e_status(resp);
+    free(resp);
+    free(rq);
+    __atomic_store_n(&a->done, 1, __ATOMIC_SEQ_CST);
     return NULL;
 }
 
@@ -591,22 +561,27 @@ static double busy(void)
 Test(vision, text_queued_behind_an_image_is_answered_after_it, .timeout = 60)
 {
     if (access(mmproj_path(), R_OK)) cr_skip_test("no mmproj at %s", mmproj_path());
-    /* The order is checked where the client sees the replies end. Every token takes >= 10 ms,
-     * so the text request (16 tokens, started only once the image's has ended) ends >= 150 ms
-     * after it: a margin over the client threads' scheduling on a loaded machine, which at
-     * the tiny model's ~1 ms a token once let the two returns swap. */
+    /* The order is the one in which the daemon sent the replies: the kernel's receive stamp of
+     * each reply's first byte (a non-streamed reply goes out whole when its request ends). The
+     * client threads' own clocks, read after each reply, swapped the two when this process ran
+     * late on a loaded machine and woke both readers at once (1 run in 20 with the test's
+     * processes paused at random for up to 0.5 s). Every token takes >= 10 ms, so the text
+     * (16 tokens, admitted after the image) ends >= 80 ms after the image's 8 tokens. */
     start_env(vision_cfg(64, true, 60), "TIDE_FAULT_SLOW_TOKEN_MS=10");
     char *img = image_body_of(32, 32, 99);
-    struct req_arg ai = {img, 0, 0}, at = {TEXT, 0, 0};
+    struct req_arg ai = {img, 0, 0, 0}, at = {TEXT, 0, 0, 0};
     pthread_t ti, tt;
     pthread_create(&ti, NULL, req_thread, &ai);
-    while (busy() < 1 && !ai.t_done) usleep(500);
+    /* the image is queued or running before the text is sent */
+    while (busy() < 1 && !__atomic_load_n(&ai.done, __ATOMIC_SEQ_CST)) usleep(500);
     pthread_create(&tt, NULL, req_thread, &at);
     pthread_join(ti, NULL);
     pthread_join(tt, NULL);
     cr_assert_eq(ai.code, 200);
     cr_assert_eq(at.code, 200);
-    cr_assert_leq(ai.t_done, at.t_done, "the text request behind the image finished first");
+    cr_assert(ai.t_reply > 0 && at.t_reply > 0, "no receive stamps");
+    cr_log_info("text reply %.0f ms after the image's", (at.t_reply - ai.t_reply) * 1e3);
+    cr_assert_leq(ai.t_reply, at.t_reply, "the text request behind the image was answered first");
     free(img);
     stop();
 }
@@ -658,18 +633,21 @@ Test(vision, injected_vision_allocation_failure_restores_the_caches, .timeout = 
 
 Test(vision, corrupt_mmproj_keeps_text_serving_and_says_why, .timeout = 30)
 {
-    const char *bad = "/tmp/tide-e2e-bad-mmproj.gguf";
+    /* this process's own file: two runs of the suite at once (helpers, CI) never rewrite or
+     * remove each other's */
+    char bad[64];
+    snprintf(bad, sizeof bad, "/tmp/tide-e2e-bad-mmproj-%d.gguf", (int)getpid());
     FILE *f = fopen(bad, "w");
     fputs("GGUF this is not a model", f);
     fclose(f);
     char cfg[256];
     snprintf(cfg, sizeof cfg, "\"mmproj\":\"%s\"", bad);
     start(cfg);
+    unlink(bad); /* read (and refused) at start-up */
     char *t = content(TEXT), *img = image_body(), *b;
     cr_assert(t[0]);
     cr_assert_eq(req("POST", "/v1/chat/completions", img, &b), 400, "%s", b);
     cr_assert(strstr(b, "mmproj"), "%s", b);
     free(b); free(img); free(t);
     stop();
-    unlink(bad);
 }
