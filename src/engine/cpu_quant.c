@@ -111,6 +111,12 @@ bool cpu_quant_isa_available(enum cpu_isa isa)
     return isa == CPU_ISA_AVX512VNNI ? have_vnni : isa == CPU_ISA_AVX2 ? have_avx2 : true;
 }
 
+enum cpu_isa cpu_quant_isa_best(void)
+{
+    pthread_once(&init_once, cpu_quant_init);
+    return best_isa();
+}
+
 const char *cpu_quant_isa_name(void)
 {
     pthread_once(&init_once, cpu_quant_init);
