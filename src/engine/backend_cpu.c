@@ -289,8 +289,8 @@ struct mm_job {
 
 static void mm_rows(struct mm_job *j, int ith, int r0, int r1);
 
-/* Rows in chunks of contiguous rows (a multiple of eight, the VNNI tiles' height), about
- * four a thread, claimed until none is left. */
+/* Rows in chunks of contiguous rows (a multiple of 16, the VNNI prefill GEMM's height; the
+ * other tiles' 8 and 4 divide it), about four a thread, claimed until none is left. */
 static void mm_worker(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
@@ -380,7 +380,7 @@ static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float 
         n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
     int rows = (int)w->ne[1], chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
     j.next = 0;
-    j.chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
+    j.chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);

@@ -28,5 +28,10 @@ void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, con
 /* out[k] = row w . vector (x + k * act_stride bytes), for k < 8. */
 void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x, size_t act_stride, int nb,
                           float out[8]);
+/* Prefill: y[t * y_stride + r] = row r . vector t for rows r < rows rounded down to a multiple
+ * of 16 (w + r * row_bytes) and n vectors (x + t * act_stride bytes), nb 32-value blocks: a
+ * GEMM over weights repacked 16 rows at a time (worth it from about 8 vectors). */
+void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes, int rows, const struct act32 *x,
+                         size_t act_stride, int n, int nb, float *y, size_t y_stride);
 
 #endif
