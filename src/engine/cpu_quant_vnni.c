@@ -1,5 +1,6 @@
-/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for q8_0 and q4_0 weights
- * (the CPU backend's decode and prefill matmuls on CPUs that have them; cpu_quant_vnni.h).
+/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for q8_0 and q4_0 weights,
+ * and a GEMM over repacked rows for prefill (the CPU backend's decode and prefill matmuls on
+ * CPUs that have them; cpu_quant_vnni.h).
  *
  * Why tiles: with AVX2 a row's dot product is integer sums per block and then a scalar float
  * combine, block after block, for one (row, vector) at a time; for prefill the row's blocks

@@ -2,7 +2,8 @@
  * (cpu_quant_vnni.c), used by cpu_quant.c's cpu_quant_rows where the CPU has them.
  *
  * A tile is eight dot products at once: eight consecutive weight rows with one activation
- * vector (decode), or one row with eight activation vectors (prefill). Each of the eight
+ * vector (decode), or one row with eight activation vectors; prefill's GEMM does 16 rows by 8
+ * vectors over weights repacked for it. Each of the eight
  * results has exactly the bits cpu_quant_dot gives for its (row, vector): the integer sums
  * per block are exact, and the float combine runs in the eight lanes of a vector with the
  * scalar combine's operations in its order (no fused multiply-adds). */
