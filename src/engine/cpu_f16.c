@@ -161,11 +161,6 @@ F16 static void widen(const uint16_t *src, float *dst, int n)
  * instruction, and 16 accumulators (8 rows by 4 vectors) of the 32 registers: 1024x1024 by 512
  * vectors, one thread, 102-120 GFLOP/s against AVX2's 76-78 (a loaded machine). Decode keeps
  * AVX2's direct form (one vector: nothing to widen for), which gives the same bits. */
-#ifndef WP /* -D to try other shapes; 4x4 (8 rows by 4 vectors) measured as good as 4x6 and 3x8,
-              * better than 2x8 and 2x6, and its row count matches the matmul's shares */
-#define WP 4 /* row pairs a tile */
-#define WT 4 /* vectors a tile */
-#endif
 #define W512 __attribute__((target("avx2,f16c,fma,avx512f,avx512vl,avx512dq")))
 
 bool cpu_f16_wide_cpu(void)
@@ -175,11 +170,11 @@ bool cpu_f16_wide_cpu(void)
            __builtin_cpu_supports("avx512dq");
 }
 
-/* 2 * WP f16 rows (row_bytes apart) widened as WP pairs, pair p at dst + p * 2 * c8: for each
- * 8 columns, the first row's then the second's. */
+/* 8 f16 rows (row_bytes apart) widened as 4 pairs, pair p at dst + p * 2 * c8: for each 8
+ * columns, the first row's then the second's. */
 W512 static void widen_pairs(const uint8_t *w, size_t row_bytes, int c8, float *dst)
 {
-    for (int p = 0; p < WP; p++) {
+    for (int p = 0; p < 4; p++) {
         const uint16_t *a = (const uint16_t *)(w + (size_t)(2 * p) * row_bytes);
         const uint16_t *b = (const uint16_t *)(w + (size_t)(2 * p + 1) * row_bytes);
         float *d = dst + (size_t)p * 2 * c8;
@@ -189,16 +184,6 @@ W512 static void widen_pairs(const uint8_t *w, size_t row_bytes, int c8, float *
             _mm512_storeu_ps(d + 2 * i, _mm512_cvtph_ps(h));
         }
     }
-}
-
-/* One finished product from half an accumulator: finish()'s arithmetic, the columns past c8
- * read from the f16 row (widening is exact, so the products are the same). */
-F16 static ALWAYS_INLINE float finish_f16(__m256 acc, const uint16_t *w, const float *x, int c8, int cols)
-{
-    float s = lanes_sum(acc);
-    for (int i = c8; i < cols; i++)
-        s += f16_value(w[i]) * x[i];
-    return s;
 }
 
 /* The lanes' sums of 16 accumulators (a: rows 0-7 of one vector as 4 row pairs, b: of another)
@@ -225,33 +210,43 @@ W512 static ALWAYS_INLINE void sums16(__m512 a0, __m512 a1, __m512 a2, __m512 a3
         _mm256_storeu_ps(yb, _mm512_extractf32x8_ps(r, 1));
 }
 
-/* 2 * WP rows (w: the f16 rows, wp: widen_pairs' copy) times T <= WT vectors (x, xs floats
- * apart): y[t * y_stride + k] for row k < 2 * WP. */
+/* 8 rows (w: the f16 rows, wp: widen_pairs' copy) times T <= 4 vectors (x, xs floats apart),
+ * columns i0 to i1 (multiples of 8) of c8: the accumulators start from zero at column 0, else
+ * from st (where the previous columns left them); at c8 they are summed into y[t * y_stride +
+ * k] for row k < 8, else saved to st. Stopping and going on loses nothing: the state is the
+ * registers. */
 W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, const float *wp, const float *x, size_t xs,
-                                       int cols, float *y, size_t y_stride, const int T)
+                                         int cols, float *y, size_t y_stride, const int T, int i0, int i1,
+                                         __m512 *st)
 {
-    __m512 acc[WP][WT];
+    __m512 acc[4][4];
     int c8 = cols / 8 * 8;
     size_t ps = 2 * (size_t)c8;
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
-        for (int p = 0; p < WP; p++)
-            acc[p][t] = _mm512_setzero_ps();
-    for (int i = 0; i < c8; i += 8) {
-        __m512 wv[WP];
+        for (int p = 0; p < 4; p++)
+            acc[p][t] = i0 ? st[4 * t + p] : _mm512_setzero_ps();
+    for (int i = i0; i < i1; i += 8) {
+        __m512 w0 = _mm512_loadu_ps(wp + 2 * i), w1 = _mm512_loadu_ps(wp + ps + 2 * i);
+        __m512 w2 = _mm512_loadu_ps(wp + 2 * ps + 2 * i), w3 = _mm512_loadu_ps(wp + 3 * ps + 2 * i);
 #pragma GCC unroll 4
-        for (int p = 0; p < WP; p++)
-            wv[p] = _mm512_loadu_ps(wp + p * ps + 2 * i);
-#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)t * xs + i));
-#pragma GCC unroll 4
-            for (int p = 0; p < WP; p++)
-                acc[p][t] = _mm512_fmadd_ps(wv[p], v, acc[p][t]);
+            acc[0][t] = _mm512_fmadd_ps(w0, v, acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(w1, v, acc[1][t]);
+            acc[2][t] = _mm512_fmadd_ps(w2, v, acc[2][t]);
+            acc[3][t] = _mm512_fmadd_ps(w3, v, acc[3][t]);
         }
     }
-#if WP == 4
+    if (i1 < c8) {
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                st[4 * t + p] = acc[p][t];
+        return;
+    }
 #pragma GCC unroll 2
     for (int t = 0; t < T; t += 2) {
         int u = t + 1 < T ? t + 1 : t; /* an odd last vector pairs with itself */
@@ -260,7 +255,7 @@ W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, con
     }
     if (c8 < cols) /* the columns past a multiple of 8, after the lanes' sum as finish() adds them */
         for (int t = 0; t < T; t++)
-            for (int k = 0; k < 2 * WP; k++) {
+            for (int k = 0; k < 8; k++) {
                 const uint16_t *wk = (const uint16_t *)(w + (size_t)k * row_bytes);
                 const float *xt = x + (size_t)t * xs;
                 float v = y[(size_t)t * y_stride + k];
@@ -268,32 +263,34 @@ W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, con
                     v += f16_value(wk[i]) * xt[i];
                 y[(size_t)t * y_stride + k] = v;
             }
-#else
-    for (int t = 0; t < T; t++)
-        for (int p = 0; p < WP; p++) {
-            const float *xt = x + (size_t)t * xs;
-            const uint16_t *a = (const uint16_t *)(w + (size_t)(2 * p) * row_bytes);
-            const uint16_t *b = (const uint16_t *)(w + (size_t)(2 * p + 1) * row_bytes);
-            __m256 lo = _mm512_castps512_ps256(acc[p][t]), hi = _mm512_extractf32x8_ps(acc[p][t], 1);
-            y[(size_t)t * y_stride + 2 * p] = finish_f16(lo, a, xt, c8, cols);
-            y[(size_t)t * y_stride + 2 * p + 1] = finish_f16(hi, b, xt, c8, cols);
-        }
-#endif
 }
 
+/* Rows r..r+7 (widened at wp) times vectors t0..t1 (at most TOKEN_BLOCK), KC columns at a time
+ * for all the vectors: a column block of the 8 rows and of 4 vectors (KC * 48 bytes) stays in
+ * L1, where whole rows of 1024 columns (48 KB) did not. */
+#ifndef KC
+#define KC 512
+#endif
 W512 static void rows_wide(const uint8_t *w, size_t row_bytes, int r, const float *x, int t0, int t1, int cols,
-                            float *y, size_t y_stride, const float *wp)
+                           float *y, size_t y_stride, const float *wp)
 {
+    __m512 st[TOKEN_BLOCK / 4][16]; /* each 4-vector tile's accumulators between column blocks */
     const uint8_t *wr = w + (size_t)r * row_bytes;
-    int t = t0;
-    for (; t + WT <= t1; t += WT)
-        tile_wide(wr, row_bytes, wp, x + (size_t)t * cols, cols, cols, y + (size_t)t * y_stride + r, y_stride, WT);
-    float *yt = y + (size_t)t * y_stride + r;
-    const float *xt = x + (size_t)t * cols;
-    switch (t1 - t) {
-#define CASE(k) case k: if (k < WT) tile_wide(wr, row_bytes, wp, xt, cols, cols, yt, y_stride, k); break;
-    CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) CASE(1)
-#undef CASE
+    int c8 = cols / 8 * 8;
+    for (int i0 = 0;; i0 += KC) {
+        int i1 = c8 - i0 > KC ? i0 + KC : c8, t = t0;
+        for (; t + 4 <= t1; t += 4)
+            tile_wide(wr, row_bytes, wp, x + (size_t)t * cols, cols, cols, y + (size_t)t * y_stride + r, y_stride, 4,
+                      i0, i1, st[(t - t0) / 4]);
+        float *yt = y + (size_t)t * y_stride + r;
+        const float *xt = x + (size_t)t * cols;
+        switch (t1 - t) {
+        case 3: tile_wide(wr, row_bytes, wp, xt, cols, cols, yt, y_stride, 3, i0, i1, st[(t - t0) / 4]); break;
+        case 2: tile_wide(wr, row_bytes, wp, xt, cols, cols, yt, y_stride, 2, i0, i1, st[(t - t0) / 4]); break;
+        case 1: tile_wide(wr, row_bytes, wp, xt, cols, cols, yt, y_stride, 1, i0, i1, st[(t - t0) / 4]); break;
+        }
+        if (i1 >= c8)
+            break;
     }
 }
 
@@ -317,10 +314,10 @@ void cpu_f16_rows_isa(const uint8_t *w, size_t row_bytes, int r0, int r1, const 
         rows_avx2(w, row_bytes, r0, r1, x, n, cols, y, y_stride, buf);
         return;
     }
-    int r8 = r0 + (r1 - r0) / (2 * WP) * (2 * WP), c8 = cols / 8 * 8;
+    int r8 = r0 + (r1 - r0) / 8 * 8, c8 = cols / 8 * 8;
     for (int t0 = 0; t0 < n; t0 += TOKEN_BLOCK) {
         int t1 = t0 + TOKEN_BLOCK < n ? t0 + TOKEN_BLOCK : n;
-        for (int r = r0; r < r8; r += 2 * WP) {
+        for (int r = r0; r < r8; r += 8) {
             widen_pairs(w + (size_t)r * row_bytes, row_bytes, c8, buf);
             rows_wide(w, row_bytes, r, x, t0, t1, cols, y, y_stride, buf);
         }

@@ -12,7 +12,9 @@
 #include "engine/cpu_f16.h"
 #include "engine/gguf.h"
 
-enum { ROWS = 23, COLS = 203, N = 70 }; /* rows past a multiple of 4, columns past 8, vectors past 64 */
+/* rows past a multiple of 4 and 8, columns past 8 and over two of the AVX-512 tiles' 512-column
+ * blocks, vectors past 64 */
+enum { ROWS = 23, COLS = 1107, N = 70 };
 
 static uint64_t rng = 0x2545f4914f6cdd1dULL;
 static float frand(void)
