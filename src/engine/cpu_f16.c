@@ -14,6 +14,7 @@
  * So a row's result does not depend on the batch, the tile it fell in, the thread or whether
  * AVX-512 ran it (its registers hold two such accumulators: see "AVX-512" below). */
 #include "cpu_f16.h"
+#include "cpu_lanes512.h"
 #include "cpu_quant.h"
 #include "gguf.h"
 
@@ -186,30 +187,6 @@ W512 static void widen_pairs(const uint8_t *w, size_t row_bytes, int c8, float *
     }
 }
 
-/* The lanes' sums of 16 accumulators (a: rows 0-7 of one vector as 4 row pairs, b: of another)
- * in lanes_sum's order, 16 at once: each 8-lane v is ((v0 + v4) + (v2 + v6)) + ((v1 + v5) +
- * (v3 + v7)), the same additions (a + b is b + a, bit for bit) done across registers by
- * shuffles, instead of 6 dependent operations a product. Stores ya[0..7], yb[0..7] (yb may be
- * NULL). */
-W512 static ALWAYS_INLINE void sums16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 b0, __m512 b1, __m512 b2,
-                                      __m512 b3, float *ya, float *yb)
-{
-    /* v_j + v_(j+4): the 128-bit halves of each 8 lanes; lane block k of h01 is row k's */
-#define H(x, y) _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xdd))
-    __m512 ha0 = H(a0, a1), ha1 = H(a2, a3), hb0 = H(b0, b1), hb1 = H(b2, b3);
-#undef H
-    /* (h0 + h2, h1 + h3) of row k and row k + 4, in lane block k */
-#define G(x, y) _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee))
-    __m512 ga = G(ha0, ha1), gb = G(hb0, hb1);
-#undef G
-    /* g0 + g1: lane block k holds (a: row k, row k + 4; b: row k, row k + 4) */
-    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(ga, gb, 0x88), _mm512_shuffle_ps(ga, gb, 0xdd));
-    r = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-    _mm256_storeu_ps(ya, _mm512_castps512_ps256(r));
-    if (yb)
-        _mm256_storeu_ps(yb, _mm512_extractf32x8_ps(r, 1));
-}
-
 /* 8 rows (w: the f16 rows, wp: widen_pairs' copy) times T <= 4 vectors (x, xs floats apart),
  * columns i0 to i1 (multiples of 8) of c8: the accumulators start from zero at column 0, else
  * from st (where the previous columns left them); at c8 they are summed into y[t * y_stride +
@@ -250,8 +227,11 @@ W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, con
 #pragma GCC unroll 2
     for (int t = 0; t < T; t += 2) {
         int u = t + 1 < T ? t + 1 : t; /* an odd last vector pairs with itself */
-        sums16(acc[0][t], acc[1][t], acc[2][t], acc[3][t], acc[0][u], acc[1][u], acc[2][u], acc[3][u],
-               y + (size_t)t * y_stride, u != t ? y + (size_t)u * y_stride : NULL);
+        /* the lanes' sums in lanes_sum's order, 16 at once (cpu_lanes512.h) */
+        __m512 r = lane_sums16(acc[0][t], acc[1][t], acc[2][t], acc[3][t], acc[0][u], acc[1][u], acc[2][u], acc[3][u]);
+        _mm256_storeu_ps(y + (size_t)t * y_stride, _mm512_castps512_ps256(r));
+        if (u != t)
+            _mm256_storeu_ps(y + (size_t)u * y_stride, _mm512_extractf32x8_ps(r, 1));
     }
     if (c8 < cols) /* the columns past a multiple of 8, after the lanes' sum as finish() adds them */
         for (int t = 0; t < T; t++)
