@@ -7,8 +7,13 @@
  * claimed a KV head's group for a block of tokens at a time (prefill_worker says why). Each
  * (token, head) is computed by the same function whichever thread runs it, so the result does
  * not depend on the split, and a token's output in a prefill is the bits it gets when decoded
- * alone at that position. */
+ * alone at that position.
+ *
+ * On a CPU with AVX-512 (and TIDE_CPU_ISA not capping it), head_dim 64 runs two heads of a GQA
+ * group at once, each with AVX2's bits (attend_pair_avx512 says how and why). */
 #include "backend_cpu_attention.h"
+#include "cpu_lanes512.h"
+#include "cpu_quant.h" /* the ISA choice */
 
 #include <math.h>
 #include <stdbool.h>
@@ -27,6 +32,8 @@ struct att_job {
     int n, pos, n_head, n_head_kv, head_dim;
     int next; /* the first head (decode) or token (prefill) no thread has claimed */
     bool fast; /* attend_one_avx2 runs it */
+    bool wide; /* and its head_dim 64 scores are AVX-512's (scores16_avx512) */
+    bool pairs; /* and heads go two at a time (attend_pair_avx512) */
 };
 
 /* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
@@ -47,7 +54,7 @@ KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const 
 #include <immintrin.h>
 #define ATT_AVX2 1
 #define AVX2 __attribute__((target("avx2,fma")))
-static int have_avx2 = -1; /* -1 until asked */
+static int have_avx2 = -1, have_avx512; /* -1 until asked */
 
 AVX2 static inline float hsum8f(__m256 v)
 {
@@ -112,6 +119,107 @@ AVX2 static void softmax8(float *a, int n)
         _mm256_maskstore_ps(a + n8, tail, _mm256_div_ps(_mm256_maskload_ps(a + n8, tail), sum));
 }
 
+#define ATT_AVX512 1
+#define W512 __attribute__((target("avx2,fma,avx512f,avx512dq")))
+
+/* The head_dim 64 scores of positions 0 to n rounded down to 16 (a[p] = q . k_p * scale), 16
+ * positions at a time; returns how many. The AVX2 loop's arithmetic exactly: its two 8-lane
+ * accumulators (q's even and odd 8-float blocks) are one register's halves, since blocks 2i
+ * and 2i + 1 are 16 contiguous floats; its odd half starts as fma(q1, k1, 0), which is the
+ * product + 0 (the masked add); the lanes' sums are hsum8f's order (cpu_lanes512.h). Half the
+ * multiply-adds, and no horizontal sum per position. */
+W512 static int scores16_avx512(const float *qh, const float *k, int kv_dim, int n, float scale, float *a)
+{
+    __m512 q01 = _mm512_loadu_ps(qh), q23 = _mm512_loadu_ps(qh + 16), q45 = _mm512_loadu_ps(qh + 32);
+    __m512 q67 = _mm512_loadu_ps(qh + 48), zero = _mm512_setzero_ps(), sc = _mm512_set1_ps(scale);
+    int p = 0;
+    for (; p + 16 <= n; p += 16) {
+        __m512 acc[16], s[8];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            const float *kp = k + (size_t)(p + i) * kv_dim;
+            __m512 x = _mm512_mul_ps(q01, _mm512_loadu_ps(kp));
+            x = _mm512_mask_add_ps(x, 0xff00, x, zero);
+            x = _mm512_fmadd_ps(q23, _mm512_loadu_ps(kp + 16), x);
+            x = _mm512_fmadd_ps(q45, _mm512_loadu_ps(kp + 32), x);
+            acc[i] = _mm512_fmadd_ps(q67, _mm512_loadu_ps(kp + 48), x);
+        }
+        /* acc0 + acc1 of each position, two positions a register */
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                                 _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xee));
+        __m512 r = lane_sums16(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
+        _mm512_storeu_ps(a + p, _mm512_mul_ps(r, sc));
+    }
+    return p;
+}
+
+/* One head_dim 64 score in AVX2: attend_one_avx2's loop body. */
+AVX2 static inline __attribute__((always_inline)) float score64_avx2(const float *qh, const float *kp, float scale)
+{
+    __m256 acc0 = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kp));
+    __m256 acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), _mm256_loadu_ps(kp + 8), _mm256_setzero_ps());
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 16), _mm256_loadu_ps(kp + 16), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 24), _mm256_loadu_ps(kp + 24), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 32), _mm256_loadu_ps(kp + 32), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 40), _mm256_loadu_ps(kp + 40), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 48), _mm256_loadu_ps(kp + 48), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 56), _mm256_loadu_ps(kp + 56), acc1);
+    return hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+}
+
+/* Heads h and h + 1 of query token t, which read the same K and V rows (GQA), head_dim 64,
+ * scores in a0 and a1: each head's bits are attend_one_avx2's (the same score per position,
+ * the same softmax, and each output element's sum over the positions in order; 512-bit
+ * registers hold 16 of them where AVX2's held 8, which changes no element's arithmetic).
+ * Why two: attention was bound by reading K and V from L2 (a KV head's 512 positions are
+ * 256 KB), not by arithmetic; a block of 16 K rows (4 KB) is read once from L2 for both heads'
+ * scores, and each V row once for both heads' sums, whose 8 accumulators also hide the
+ * multiply-adds' latency that 4 would not. */
+W512 static void attend_pair_avx512(const struct att_job *j, int t, int h, float *a0, float *a1)
+{
+    int kv_dim = j->n_head_kv * 64, n = j->pos + t + 1, kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf(64.0f);
+    const float *qa = j->q + ((size_t)t * j->n_head + h) * 64, *qb = qa + 64;
+    const float *k = j->k_cache + (size_t)kvh * 64, *v = j->v_cache + (size_t)kvh * 64;
+    int p = 0;
+    for (; p + 16 <= n; p += 16) {
+        const float *kb = k + (size_t)p * kv_dim;
+        scores16_avx512(qa, kb, kv_dim, 16, scale, a0 + p);
+        scores16_avx512(qb, kb, kv_dim, 16, scale, a1 + p);
+    }
+    for (; p < n; p++) {
+        a0[p] = score64_avx2(qa, k + (size_t)p * kv_dim, scale);
+        a1[p] = score64_avx2(qb, k + (size_t)p * kv_dim, scale);
+    }
+    softmax8(a0, n);
+    softmax8(a1, n);
+    __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
+    for (p = 0; p < n; p++) {
+        const float *vp = v + (size_t)p * kv_dim;
+        __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16), v2 = _mm512_loadu_ps(vp + 32);
+        __m512 v3 = _mm512_loadu_ps(vp + 48), wa = _mm512_set1_ps(a0[p]), wb = _mm512_set1_ps(a1[p]);
+        o0 = _mm512_fmadd_ps(wa, v0, o0);
+        o1 = _mm512_fmadd_ps(wa, v1, o1);
+        o2 = _mm512_fmadd_ps(wa, v2, o2);
+        o3 = _mm512_fmadd_ps(wa, v3, o3);
+        o4 = _mm512_fmadd_ps(wb, v0, o4);
+        o5 = _mm512_fmadd_ps(wb, v1, o5);
+        o6 = _mm512_fmadd_ps(wb, v2, o6);
+        o7 = _mm512_fmadd_ps(wb, v3, o7);
+    }
+    float *oa = j->out + ((size_t)t * j->n_head + h) * 64, *ob = oa + 64;
+    _mm512_storeu_ps(oa, o0);
+    _mm512_storeu_ps(oa + 16, o1);
+    _mm512_storeu_ps(oa + 32, o2);
+    _mm512_storeu_ps(oa + 48, o3);
+    _mm512_storeu_ps(ob, o4);
+    _mm512_storeu_ps(ob + 16, o5);
+    _mm512_storeu_ps(ob + 32, o6);
+    _mm512_storeu_ps(ob + 48, o7);
+}
+
 /* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
  * registers over the positions, and the output in 64-wide chunks over the positions (where the
  * portable form loads and stores the whole output row for every position). Every (token, head)
@@ -128,7 +236,12 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
         q[i] = _mm256_loadu_ps(qh + 8 * i);
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
-        for (int p = 0; p <= last; p++) {
+        int p = 0;
+#if ATT_AVX512
+        if (j->wide)
+            p = scores16_avx512(qh, k, kv_dim, last + 1, scale, a);
+#endif
+        for (; p <= last; p++) {
             const float *kp = k + (size_t)p * kv_dim;
             __m256 acc0 = _mm256_mul_ps(q0, _mm256_loadu_ps(kp));
             __m256 acc1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kp + 8), _mm256_setzero_ps());
@@ -197,6 +310,7 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
 }
 #else
 #define ATT_AVX2 0
+#define ATT_AVX512 0
 #endif
 
 /* Head h of query token t (at position pos + t), its scores in a (pos + t + 1 floats). */
@@ -228,6 +342,20 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
                   last + 1, sum, hd);
 }
 
+/* Head h of query token t, or heads h and h + 1 where the job goes in pairs (j->pairs: the
+ * same bits), scores in a and a1. */
+static void attend_heads(const struct att_job *j, int t, int h, float *a, float *a1)
+{
+#if ATT_AVX512
+    if (j->pairs) {
+        attend_pair_avx512(j, t, h, a, a1);
+        return;
+    }
+#endif
+    (void)a1;
+    attend_one(j, t, h, a);
+}
+
 /* One decode token: the heads this thread claims, scores at att + h * (pos + 1). */
 static void decode_worker(void *p, int ith, int nth)
 {
@@ -235,8 +363,8 @@ static void decode_worker(void *p, int ith, int nth)
     int group = j->n_head / j->n_head_kv;
     (void)ith; (void)nth;
     for (int h0; (h0 = cpu_claim(&j->next, group, j->n_head)) >= 0;)
-        for (int h = h0; h < h0 + group; h++)
-            attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
+        for (int h = h0; h < h0 + group; h += j->pairs ? 2 : 1)
+            attend_heads(j, 0, h, j->att + (size_t)h * (j->pos + 1), j->att + (size_t)(h + 1) * (j->pos + 1));
 }
 
 /* Query tokens a prefill claim takes, for one KV head's group of query heads. */
@@ -252,25 +380,28 @@ static void decode_worker(void *p, int ith, int nth)
 static void prefill_worker(void *p, int ith, int nth)
 {
     struct att_job *j = p;
-    float *a = j->att + (size_t)ith * (j->pos + j->n);
+    /* a row of att for each head at once (2 in pairs: run_capped leaves enough) */
+    float *a = j->att + (size_t)ith * (j->pairs ? 2 : 1) * (j->pos + j->n), *a1 = a + (j->pos + j->n);
     int group = j->n_head / j->n_head_kv, blocks = (j->n + PREFILL_TOKENS - 1) / PREFILL_TOKENS;
     (void)nth;
     for (int u; (u = cpu_claim(&j->next, 1, j->n_head_kv * blocks)) >= 0;) {
         int kvh = u / blocks, t0 = (u % blocks) * PREFILL_TOKENS;
         int t1 = t0 + PREFILL_TOKENS < j->n ? t0 + PREFILL_TOKENS : j->n;
         for (int t = t0; t < t1; t++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                attend_one(j, t, h, a);
+            for (int h = kvh * group; h < (kvh + 1) * group; h += j->pairs ? 2 : 1)
+                attend_heads(j, t, h, a, a1);
     }
 }
 
-/* The threads that share one job: at most n_head, so each has an att row. */
+/* The threads that share one job: at most n_head (n_head / 2 in pairs), so each has its att
+ * rows. */
 struct capped { cpu_job_fn fn; struct att_job *j; };
 
 static void capped_worker(void *p, int ith, int nth)
 {
     const struct capped *c = p;
-    int use = nth < c->j->n_head ? nth : c->j->n_head;
+    int rows = c->j->pairs && c->j->n > 1 ? c->j->n_head / 2 : c->j->n_head; /* prefill: att rows a thread */
+    int use = nth < rows ? nth : rows;
     if (ith < use)
         c->fn((void *)c->j, ith, use);
 }
@@ -284,14 +415,28 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false};
+    cpu_attention_isa(ctx, q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+}
+
+void cpu_attention_isa(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                       int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
+{
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false, false, false};
 #if ATT_AVX2
     if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
         __builtin_cpu_init();
         __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
                          __ATOMIC_RELAXED);
+        __atomic_store_n(&have_avx512, __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"),
+                         __ATOMIC_RELAXED);
     }
     j.fast = have_avx2 && head_dim % 8 == 0 && head_dim <= 256;
+    if (isa == CPU_ISA_BEST)
+        isa = cpu_quant_isa_best();
+    j.wide = j.fast && have_avx512 && isa == CPU_ISA_AVX512VNNI && head_dim == 64;
+    j.pairs = j.wide && (n_head / n_head_kv) % 2 == 0;
+#else
+    (void)isa;
 #endif
     /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
      * than waking the pool */

@@ -3,6 +3,8 @@
 #ifndef TIDE_BACKEND_CPU_ATTENTION_H
 #define TIDE_BACKEND_CPU_ATTENTION_H
 
+#include "cpu_quant.h" /* enum cpu_isa */
+
 typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
 
 /* Run fn on the caller (thread 0, ith) and on the pool threads that join in time; fn must
@@ -20,5 +22,9 @@ float cpu_dot_f32(const float *a, const float *b, int n);
 /* backend_i.attention */
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim);
+/* The same with the AVX-512 scores only where isa is CPU_ISA_AVX512VNNI (or CPU_ISA_BEST picks
+ * it) and the CPU has them: the bits are the same either way (for tests). */
+void cpu_attention_isa(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
+                       int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa);
 
 #endif
