@@ -4,8 +4,8 @@
  * decode step does not pay thread start-up), in chunks the threads claim. For quantised
  * weights (q8_0, q4_0, q5_0, q5_1, MXFP4, the k-quants, iq4_xs) x is quantised to int8 blocks
  * once per call and rows are int8 dot products (cpu_quant.c, with AVX-512 VNNI tiles in
- * cpu_quant_vnni.c); f16 rows are register tiles of 4 rows by 3 vectors (cpu_f16.c) where the
- * CPU has F16C and FMA; bf16 rows (and f16 without F16C) are widened into a per-thread float
+ * cpu_quant_vnni.c); f16 rows are register tiles (cpu_f16.c: 4 rows by 3 vectors in AVX2, 8 by
+ * 4 in AVX-512) where the CPU has F16C and FMA; bf16 rows (and f16 without F16C) are widened into a per-thread float
  * buffer then dotted. Attention is backend_cpu_attention.c. */
 #include "backend.h"
 #include "route.h"
@@ -290,8 +290,8 @@ struct mm_job {
 
 static void mm_rows(struct mm_job *j, int ith, int r0, int r1);
 
-/* Rows in chunks of contiguous rows (a multiple of eight, the VNNI tiles' height), about
- * four a thread, claimed until none is left. */
+/* Rows in chunks of contiguous rows (a multiple of 16, the VNNI prefill GEMM's height; the
+ * other tiles' 8 and 4 divide it), about four a thread, claimed until none is left. */
 static void mm_worker(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
@@ -308,7 +308,7 @@ static void mm_rows(struct mm_job *j, int ith, int r0, int r1)
     const uint8_t *base = w->data;
 #if defined(__x86_64__)
     if (w->type == GGML_TYPE_F16 && have_f16c) { /* register tiles (cpu_f16.c) */
-        float *tbuf = thread_scratch(j->c, ith, 4 * (size_t)cols);
+        float *tbuf = thread_scratch(j->c, ith, 8 * (size_t)cols);
         if (tbuf && r0 < r1)
             cpu_f16_rows(base, w->row_bytes, r0, r1, j->x, j->n, cols, j->y, (size_t)rows, tbuf);
         return;
@@ -381,7 +381,7 @@ static void cpu_matmul(void *ctx, const struct tensor *w, const float *x, float 
         n >= 8 ? pool_run(c, act_worker, &j) : act_worker(&j, 0, 1);
     int rows = (int)w->ne[1], chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
     j.next = 0;
-    j.chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
+    j.chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
     /* tiny matrices are not worth waking the pool for */
     if ((size_t)w->ne[0] * w->ne[1] * n < 16384)
         mm_worker(&j, 0, 1);

@@ -11,9 +11,14 @@
  *
  * The f16 cache: the same code reads each K or V row widened to f32 (F16C; exact), so the f16
  * form is bit for bit the f32 form over the widened cache, and a row's result still does not
- * depend on what shares its step. */
+ * depend on what shares its step.
+ *
+ * On a CPU with AVX-512 (and TIDE_CPU_ISA not capping it), head_dim 64 runs two heads of a GQA
+ * group at once, each with AVX2's bits (attend_pair_avx512 says how and why), over either cache. */
 #include "backend_cpu_attention.h"
 #include "cpu_f16.h"
+#include "cpu_lanes512.h"
+#include "cpu_quant.h" /* the ISA choice */
 
 #include <math.h>
 #include <stdbool.h>
@@ -35,6 +40,8 @@ struct att_job {
     int next; /* the first head (decode) or token (prefill) no thread has claimed */
     bool fast; /* attend_one_avx2 runs it */
     bool f16;  /* the caches hold f16 */
+    bool wide; /* and its head_dim 64 scores are AVX-512's (scores16_avx512) */
+    bool pairs; /* and heads go two at a time (attend_pair_avx512) */
 };
 
 /* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
@@ -70,7 +77,7 @@ KERNEL static void weighted_rows_f16(float *o, const uint16_t *v, size_t stride,
 #include <immintrin.h>
 #define ATT_AVX2 1
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-static int have_avx2 = -1; /* -1 until asked */
+static int have_avx2 = -1, have_avx512; /* -1 until asked */
 
 AVX2 static inline float hsum8f(__m256 v)
 {
@@ -142,6 +149,140 @@ AVX2 static inline __attribute__((always_inline)) __m256 load8(const void *base,
                : _mm256_loadu_ps((const float *)base + i);
 }
 
+#define ATT_AVX512 1
+#define W512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+
+/* Sixteen cache elements from element i of base: f32, or f16 widened (exact). */
+W512 static inline __attribute__((always_inline)) __m512 load16(const void *base, size_t i, bool f16)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)))
+               : _mm512_loadu_ps((const float *)base + i);
+}
+
+/* The head_dim 64 scores of positions 0 to n rounded down to 16 (a[p] = q . k_p * scale, k_p
+ * the row at element head + p * kv_dim), 16 positions at a time; returns how many. The AVX2
+ * loop's arithmetic exactly: its two 8-lane accumulators (q's even and odd 8-float blocks) are
+ * one register's halves, since blocks 2i and 2i + 1 are 16 contiguous elements; its odd half
+ * starts as fma(q1, k1, 0), which is the product + 0 (the masked add); the lanes' sums are
+ * hsum8f's order (cpu_lanes512.h). Half the multiply-adds, and no horizontal sum per position.
+ * f16 is a constant in each caller (scores16_avx512_f32 / _f16). */
+W512 static inline __attribute__((always_inline)) int scores16_body(const float *qh, const void *k, size_t head,
+                                                                    int kv_dim, int n, float scale, float *a,
+                                                                    const bool f16)
+{
+    __m512 q01 = _mm512_loadu_ps(qh), q23 = _mm512_loadu_ps(qh + 16), q45 = _mm512_loadu_ps(qh + 32);
+    __m512 q67 = _mm512_loadu_ps(qh + 48), zero = _mm512_setzero_ps(), sc = _mm512_set1_ps(scale);
+    int p = 0;
+    for (; p + 16 <= n; p += 16) {
+        __m512 acc[16], s[8];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            size_t kp = head + (size_t)(p + i) * kv_dim;
+            __m512 x = _mm512_mul_ps(q01, load16(k, kp, f16));
+            x = _mm512_mask_add_ps(x, 0xff00, x, zero);
+            x = _mm512_fmadd_ps(q23, load16(k, kp + 16, f16), x);
+            x = _mm512_fmadd_ps(q45, load16(k, kp + 32, f16), x);
+            acc[i] = _mm512_fmadd_ps(q67, load16(k, kp + 48, f16), x);
+        }
+        /* acc0 + acc1 of each position, two positions a register */
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                                 _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xee));
+        __m512 r = lane_sums16(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
+        _mm512_storeu_ps(a + p, _mm512_mul_ps(r, sc));
+    }
+    return p;
+}
+
+W512 static int scores16_avx512_f32(const float *qh, const void *k, size_t head, int kv_dim, int n, float scale,
+                                    float *a)
+{
+    return scores16_body(qh, k, head, kv_dim, n, scale, a, false);
+}
+
+W512 static int scores16_avx512_f16(const float *qh, const void *k, size_t head, int kv_dim, int n, float scale,
+                                    float *a)
+{
+    return scores16_body(qh, k, head, kv_dim, n, scale, a, true);
+}
+
+/* One head_dim 64 score in AVX2, k_p at element kp: attend_avx2's loop body. */
+AVX2 static inline __attribute__((always_inline)) float score64_avx2(const float *qh, const void *k, size_t kp,
+                                                                     float scale, const bool f16)
+{
+    __m256 acc0 = _mm256_mul_ps(_mm256_loadu_ps(qh), load8(k, kp, f16));
+    __m256 acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8), load8(k, kp + 8, f16), _mm256_setzero_ps());
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 16), load8(k, kp + 16, f16), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 24), load8(k, kp + 24, f16), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 32), load8(k, kp + 32, f16), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 40), load8(k, kp + 40, f16), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 48), load8(k, kp + 48, f16), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 56), load8(k, kp + 56, f16), acc1);
+    return hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+}
+
+/* Heads h and h + 1 of query token t, which read the same K and V rows (GQA), head_dim 64,
+ * scores in a0 and a1: each head's bits are attend_avx2's (the same score per position, the
+ * same softmax, and each output element's sum over the positions in order; 512-bit registers
+ * hold 16 of them where AVX2's held 8, which changes no element's arithmetic). Why two:
+ * attention was bound by reading K and V from L2 (a KV head's 512 positions are 256 KB in
+ * f32), not by arithmetic; a block of 16 K rows is read once from L2 for both heads' scores,
+ * and each V row once for both heads' sums, whose 8 accumulators also hide the multiply-adds'
+ * latency that 4 would not. f16 is a constant in each caller. */
+W512 static inline __attribute__((always_inline)) void attend_pair_body(const struct att_job *j, int t, int h,
+                                                                        float *a0, float *a1, const bool f16)
+{
+    int kv_dim = j->n_head_kv * 64, n = j->pos + t + 1, kvh = h / (j->n_head / j->n_head_kv);
+    float scale = 1.0f / sqrtf(64.0f);
+    const float *qa = j->q + ((size_t)t * j->n_head + h) * 64, *qb = qa + 64;
+    const void *k = j->k_cache, *v = j->v_cache;
+    size_t head = (size_t)kvh * 64; /* the KV head's first element in a row */
+    int p = 0;
+    for (; p + 16 <= n; p += 16) {
+        size_t kb = head + (size_t)p * kv_dim;
+        scores16_body(qa, k, kb, kv_dim, 16, scale, a0 + p, f16);
+        scores16_body(qb, k, kb, kv_dim, 16, scale, a1 + p, f16);
+    }
+    for (; p < n; p++) {
+        a0[p] = score64_avx2(qa, k, head + (size_t)p * kv_dim, scale, f16);
+        a1[p] = score64_avx2(qb, k, head + (size_t)p * kv_dim, scale, f16);
+    }
+    softmax8(a0, n);
+    softmax8(a1, n);
+    __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
+    for (p = 0; p < n; p++) {
+        size_t vp = head + (size_t)p * kv_dim;
+        __m512 v0 = load16(v, vp, f16), v1 = load16(v, vp + 16, f16), v2 = load16(v, vp + 32, f16);
+        __m512 v3 = load16(v, vp + 48, f16), wa = _mm512_set1_ps(a0[p]), wb = _mm512_set1_ps(a1[p]);
+        o0 = _mm512_fmadd_ps(wa, v0, o0);
+        o1 = _mm512_fmadd_ps(wa, v1, o1);
+        o2 = _mm512_fmadd_ps(wa, v2, o2);
+        o3 = _mm512_fmadd_ps(wa, v3, o3);
+        o4 = _mm512_fmadd_ps(wb, v0, o4);
+        o5 = _mm512_fmadd_ps(wb, v1, o5);
+        o6 = _mm512_fmadd_ps(wb, v2, o6);
+        o7 = _mm512_fmadd_ps(wb, v3, o7);
+    }
+    float *oa = j->out + ((size_t)t * j->n_head + h) * 64, *ob = oa + 64;
+    _mm512_storeu_ps(oa, o0);
+    _mm512_storeu_ps(oa + 16, o1);
+    _mm512_storeu_ps(oa + 32, o2);
+    _mm512_storeu_ps(oa + 48, o3);
+    _mm512_storeu_ps(ob, o4);
+    _mm512_storeu_ps(ob + 16, o5);
+    _mm512_storeu_ps(ob + 32, o6);
+    _mm512_storeu_ps(ob + 48, o7);
+}
+
+W512 static void attend_pair_avx512(const struct att_job *j, int t, int h, float *a0, float *a1)
+{
+    if (j->f16)
+        attend_pair_body(j, t, h, a0, a1, true);
+    else
+        attend_pair_body(j, t, h, a0, a1, false);
+}
+
 /* attend_one for head_dim a multiple of 8 up to 256, in AVX2 registers: the query stays in
  * registers over the positions, and the output in 64-wide chunks over the positions (where the
  * portable form loads and stores the whole output row for every position). Every (token, head)
@@ -161,7 +302,11 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
         q[i] = _mm256_loadu_ps(qh + 8 * i);
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
-        for (int p = 0; p <= last; p++) {
+        int p = 0;
+        if (j->wide)
+            p = f16 ? scores16_avx512_f16(qh, k, head, kv_dim, last + 1, scale, a)
+                    : scores16_avx512_f32(qh, k, head, kv_dim, last + 1, scale, a);
+        for (; p <= last; p++) {
             size_t kp = head + (size_t)p * kv_dim;
             __m256 acc0 = _mm256_mul_ps(q0, load8(k, kp, f16));
             __m256 acc1 = _mm256_fmadd_ps(q1, load8(k, kp + 8, f16), _mm256_setzero_ps());
@@ -233,6 +378,7 @@ AVX2 static void attend_one_avx2(const struct att_job *j, int t, int h, float *a
 AVX2 static void attend_one_avx2_f16(const struct att_job *j, int t, int h, float *a) { attend_avx2(j, t, h, a, true); }
 #else
 #define ATT_AVX2 0
+#define ATT_AVX512 0
 #endif
 
 /* Head h of query token t (at position pos + t), its scores in a (pos + t + 1 floats). */
@@ -275,6 +421,20 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
         weighted_rows(o, (const float *)j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a, last + 1, sum, hd);
 }
 
+/* Head h of query token t, or heads h and h + 1 where the job goes in pairs (j->pairs: the
+ * same bits), scores in a and a1. */
+static void attend_heads(const struct att_job *j, int t, int h, float *a, float *a1)
+{
+#if ATT_AVX512
+    if (j->pairs) {
+        attend_pair_avx512(j, t, h, a, a1);
+        return;
+    }
+#endif
+    (void)a1;
+    attend_one(j, t, h, a);
+}
+
 /* One decode token: the heads this thread claims, scores at att + h * (pos + 1). */
 static void decode_worker(void *p, int ith, int nth)
 {
@@ -282,8 +442,8 @@ static void decode_worker(void *p, int ith, int nth)
     int group = j->n_head / j->n_head_kv;
     (void)ith; (void)nth;
     for (int h0; (h0 = cpu_claim(&j->next, group, j->n_head)) >= 0;)
-        for (int h = h0; h < h0 + group; h++)
-            attend_one(j, 0, h, j->att + (size_t)h * (j->pos + 1));
+        for (int h = h0; h < h0 + group; h += j->pairs ? 2 : 1)
+            attend_heads(j, 0, h, j->att + (size_t)h * (j->pos + 1), j->att + (size_t)(h + 1) * (j->pos + 1));
 }
 
 /* Query tokens a prefill claim takes, for one KV head's group of query heads. */
@@ -299,25 +459,28 @@ static void decode_worker(void *p, int ith, int nth)
 static void prefill_worker(void *p, int ith, int nth)
 {
     struct att_job *j = p;
-    float *a = j->att + (size_t)ith * (j->pos + j->n);
+    /* a row of att for each head at once (2 in pairs: run_capped leaves enough) */
+    float *a = j->att + (size_t)ith * (j->pairs ? 2 : 1) * (j->pos + j->n), *a1 = a + (j->pos + j->n);
     int group = j->n_head / j->n_head_kv, blocks = (j->n + PREFILL_TOKENS - 1) / PREFILL_TOKENS;
     (void)nth;
     for (int u; (u = cpu_claim(&j->next, 1, j->n_head_kv * blocks)) >= 0;) {
         int kvh = u / blocks, t0 = (u % blocks) * PREFILL_TOKENS;
         int t1 = t0 + PREFILL_TOKENS < j->n ? t0 + PREFILL_TOKENS : j->n;
         for (int t = t0; t < t1; t++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                attend_one(j, t, h, a);
+            for (int h = kvh * group; h < (kvh + 1) * group; h += j->pairs ? 2 : 1)
+                attend_heads(j, t, h, a, a1);
     }
 }
 
-/* The threads that share one job: at most n_head, so each has an att row. */
+/* The threads that share one job: at most n_head (n_head / 2 in pairs), so each has its att
+ * rows. */
 struct capped { cpu_job_fn fn; struct att_job *j; };
 
 static void capped_worker(void *p, int ith, int nth)
 {
     const struct capped *c = p;
-    int use = nth < c->j->n_head ? nth : c->j->n_head;
+    int rows = c->j->pairs && c->j->n > 1 ? c->j->n_head / 2 : c->j->n_head; /* prefill: att rows a thread */
+    int use = nth < rows ? nth : rows;
     if (ith < use)
         c->fn((void *)c->j, ith, use);
 }
@@ -329,17 +492,26 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
 }
 
 static void attention_run(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
-                          float *out, float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
+                          float *out, float *att, int n, int pos, int n_head, int n_head_kv, int head_dim,
+                          enum cpu_isa isa)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false, f16};
+    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false, f16, false, false};
 #if ATT_AVX2
     if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
         __builtin_cpu_init();
         __atomic_store_n(&have_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                                          __builtin_cpu_supports("f16c"),
                          __ATOMIC_RELAXED);
+        __atomic_store_n(&have_avx512, __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"),
+                         __ATOMIC_RELAXED);
     }
     j.fast = have_avx2 && head_dim % 8 == 0 && head_dim <= 256;
+    if (isa == CPU_ISA_BEST)
+        isa = cpu_quant_isa_best();
+    j.wide = j.fast && have_avx512 && isa == CPU_ISA_AVX512VNNI && head_dim == 64;
+    j.pairs = j.wide && (n_head / n_head_kv) % 2 == 0;
+#else
+    (void)isa;
 #endif
     /* rows of K and V the whole call reads, times the head width: short contexts are cheaper
      * than waking the pool */
@@ -357,11 +529,17 @@ static void attention_run(void *ctx, const float *q, const void *k_cache, const 
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, false, out, att, n, pos, n_head, n_head_kv, head_dim);
+    attention_run(ctx, q, k_cache, v_cache, false, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+}
+
+void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16, float *out,
+                       float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
+{
+    attention_run(ctx, q, k_cache, v_cache, f16, out, att, n, pos, n_head, n_head_kv, head_dim, isa);
 }
 
 void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, true, out, att, n, pos, n_head, n_head_kv, head_dim);
+    attention_run(ctx, q, k_cache, v_cache, true, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
 }

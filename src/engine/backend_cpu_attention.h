@@ -3,6 +3,8 @@
 #ifndef TIDE_BACKEND_CPU_ATTENTION_H
 #define TIDE_BACKEND_CPU_ATTENTION_H
 
+#include "cpu_quant.h" /* enum cpu_isa */
+
 #include <stdint.h>
 
 typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
@@ -27,5 +29,10 @@ void cpu_attention(void *ctx, const float *q, const float *k_cache, const float 
 #define CPU_ATT_F16_MAX_HD 256
 void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim);
+/* Either of the two (f16: the caches hold f16) with the AVX-512 scores only where isa is
+ * CPU_ISA_AVX512VNNI (or CPU_ISA_BEST picks it) and the CPU has them: the bits are the same
+ * either way (for tests). */
+void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16, float *out,
+                       float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa);
 
 #endif

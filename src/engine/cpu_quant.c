@@ -111,6 +111,12 @@ bool cpu_quant_isa_available(enum cpu_isa isa)
     return isa == CPU_ISA_AVX512VNNI ? have_vnni : isa == CPU_ISA_AVX2 ? have_avx2 : true;
 }
 
+enum cpu_isa cpu_quant_isa_best(void)
+{
+    pthread_once(&init_once, cpu_quant_init);
+    return best_isa();
+}
+
 const char *cpu_quant_isa_name(void)
 {
     pthread_once(&init_once, cpu_quant_init);
@@ -780,7 +786,13 @@ void cpu_quant_rows(uint32_t type, const void *w, size_t row_bytes, int r0, int 
         act_stride <= (1u << 27)) {
         int nb = cols / QB, n8 = n / 8 * 8;
         float o[8];
-        /* prefill: a row with eight vectors at a time; the vectors stay in cache across rows */
+        /* prefill: 16 rows at a time by GEMM, the rest a row with eight vectors at a time */
+        if (n >= 8) {
+            int r16 = r0 + (r1 - r0) / 16 * 16;
+            cpu_quant_vnni_gemm(type, wb + (size_t)r0 * row_bytes, row_bytes, r16 - r0, act, act_stride, n, nb,
+                                y + r0, y_stride);
+            r0 = r16;
+        }
         for (int r = r0; r < r1; r++)
             for (int t = 0; t < n8; t += 8) {
                 cpu_quant_vnni_vecs8(type, wb + (size_t)r * row_bytes, (const struct act32 *)(xb + t * act_stride),

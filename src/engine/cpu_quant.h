@@ -27,6 +27,8 @@ enum cpu_isa {
 bool cpu_quant_has(uint32_t type);
 /* Whether this CPU (and build) can run isa. */
 bool cpu_quant_isa_available(enum cpu_isa isa);
+/* The ISA CPU_ISA_BEST stands for: the best this CPU has, capped by TIDE_CPU_ISA. */
+enum cpu_isa cpu_quant_isa_best(void);
 /* The ISA CPU_ISA_BEST picks, as a name ("avx512vnni", "avx2", "scalar"); the environment's
  * TIDE_CPU_ISA=avx2 or scalar caps it. */
 const char *cpu_quant_isa_name(void);

@@ -1,5 +1,6 @@
-/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for q8_0 and q4_0 weights
- * (the CPU backend's decode and prefill matmuls on CPUs that have them; cpu_quant_vnni.h).
+/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for q8_0 and q4_0 weights,
+ * and a GEMM over repacked rows for prefill (the CPU backend's decode and prefill matmuls on
+ * CPUs that have them; cpu_quant_vnni.h).
  *
  * Why tiles: with AVX2 a row's dot product is integer sums per block and then a scalar float
  * combine, block after block, for one (row, vector) at a time; for prefill the row's blocks
@@ -17,6 +18,8 @@
  * plain multiplies and adds). The results therefore have the bits of cpu_quant_dot. */
 #include "cpu_quant_vnni.h"
 #include "gguf.h"
+
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -134,6 +137,119 @@ void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x
         vecs8_q4_0(w, x, act_stride, nb, out);
 }
 
+/* ---- prefill: a GEMM over weights repacked per 16 rows ----
+ * The tiles above make each block's integer sum in eight lanes and then add the lanes (a
+ * horizontal sum per block and product). Here the weight codes of 16 rows are repacked, a
+ * block at a time, so that one 512-bit register holds four codes of each of the 16 rows (lane
+ * r: row r's codes 4k..4k+3 of the block); vpdpbusd with the vector's four codes 4k..4k+3
+ * broadcast to every lane then adds four products to each row's sum, and after the block's
+ * eight such steps lane r holds row r's block sum, complete: no horizontal sum. The repacking
+ * is paid once per 16 rows and GEMM_BLOCKS blocks for all the vectors, which is why it is for
+ * prefill (at least 8 vectors). The sums start from -offset * (the vector block's code sum), so
+ * they end as the exact signed sums; the float combine is the scalar one, (d_w * d_x) * sum
+ * added in block order, in 16 lanes: the bits of cpu_quant_dot again. */
+#define GEMM_ROWS 16
+#define GEMM_BLOCKS 64 /* blocks repacked at once: 32 KB of codes */
+#ifndef GEMM_VECS
+#define GEMM_VECS 8    /* vectors a tile */
+#endif
+
+struct packed16 {
+    uint8_t codes[GEMM_BLOCKS][8][64]; /* [block][k][4 * row + j]: the row's code 4k + j, unsigned */
+    float dw[GEMM_BLOCKS][GEMM_ROWS];  /* the rows' block scales */
+};
+
+/* 16 rows' blocks b0..b0+nc repacked (q8_0: codes + 128; q4_0: the nibbles) */
+VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int b0, int nc, struct packed16 *pk)
+{
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)row_bytes));
+    bool q8 = type == GGML_TYPE_Q8_0;
+    size_t bb = q8 ? 34 : 18;
+    for (int b = 0; b < nc; b++) {
+        const uint8_t *blk = w + (size_t)(b0 + b) * bb;
+        __m512i d = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
+        _mm512_storeu_ps(pk->dw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
+        for (int k = 0; k < 8; k++) {
+            __m512i v;
+            if (q8)
+                v = _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk + 2 + 4 * k), 1),
+                                     _mm512_set1_epi8((char)0x80));
+            else
+                v = _mm512_and_si512(_mm512_srli_epi32(_mm512_i32gather_epi32(rows, (const void *)(blk + 2 + 4 * (k & 3)), 1),
+                                                       k < 4 ? 0 : 4),
+                                     _mm512_set1_epi8(0x0f));
+            _mm512_storeu_si512(pk->codes[b][k], v);
+        }
+    }
+}
+
+/* T <= GEMM_VECS vectors (x: their block b0, act_stride bytes apart) against the packed rows'
+ * nc blocks: y[t * y_stride + row] for the 16 rows, continuing y's sums past block 0. */
+VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct packed16 *pk, int nc, const uint8_t *x,
+                                                                 size_t act_stride, int shift, bool first, float *y,
+                                                                 size_t y_stride, const int T)
+{
+    __m512 s[GEMM_VECS];
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++)
+        s[t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + (size_t)t * y_stride);
+    for (int b = 0; b < nc; b++) {
+        __m512i acc[GEMM_VECS];
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            const struct act32 *a = (const struct act32 *)(x + (size_t)t * act_stride) + b;
+            acc[t] = _mm512_set1_epi32(-((int32_t)a->sum * (1 << shift)));
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i wk = _mm512_loadu_si512(pk->codes[b][k]);
+#pragma GCC unroll 12
+            for (int t = 0; t < T; t++) {
+                const struct act32 *a = (const struct act32 *)(x + (size_t)t * act_stride) + b;
+                int32_t q4;
+                memcpy(&q4, a->q + 4 * k, 4);
+                acc[t] = _mm512_dpbusd_epi32(acc[t], wk, _mm512_set1_epi32(q4));
+            }
+        }
+        __m512 dw = _mm512_loadu_ps(pk->dw[b]);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            const struct act32 *a = (const struct act32 *)(x + (size_t)t * act_stride) + b;
+            __m512 dx = _mm512_set1_ps(f16_value((const uint8_t *)&a->d));
+            s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(acc[t])));
+        }
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(y + (size_t)t * y_stride, s[t]);
+}
+
+VNNI void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes, int rows, const struct act32 *x,
+                              size_t act_stride, int n, int nb, float *y, size_t y_stride)
+{
+    static _Thread_local struct packed16 pk; /* 36 KB: not the stack */
+    int shift = type == GGML_TYPE_Q8_0 ? 7 : 3;
+    const uint8_t *xb = (const uint8_t *)x;
+    for (int r = 0; r + GEMM_ROWS <= rows; r += GEMM_ROWS)
+        for (int b0 = 0; b0 < nb; b0 += GEMM_BLOCKS) {
+            int nc = nb - b0 < GEMM_BLOCKS ? nb - b0 : GEMM_BLOCKS;
+            repack16(type, w + (size_t)r * row_bytes, row_bytes, b0, nc, &pk);
+            const uint8_t *xc = xb + (size_t)b0 * sizeof(struct act32);
+            int t = 0;
+            for (; t + GEMM_VECS <= n; t += GEMM_VECS)
+                gemm_tile(&pk, nc, xc + (size_t)t * act_stride, act_stride, shift, b0 == 0,
+                          y + (size_t)t * y_stride + r, y_stride, GEMM_VECS);
+            const uint8_t *xt = xc + (size_t)t * act_stride;
+            float *yt = y + (size_t)t * y_stride + r;
+            switch (n - t) {
+#define CASE(k) case k: if (k < GEMM_VECS) gemm_tile(&pk, nc, xt, act_stride, shift, b0 == 0, yt, y_stride, k); break;
+            CASE(11) CASE(10) CASE(9) CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) CASE(1)
+#undef CASE
+            }
+        }
+}
+
 #else /* not x86-64: never chosen */
 bool cpu_quant_vnni_cpu(void) { return false; }
 bool cpu_quant_vnni_has(uint32_t type) { (void)type; return false; }
@@ -146,5 +262,11 @@ void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x
                           float out[8])
 {
     (void)type; (void)w; (void)act_stride; (void)x; (void)nb; (void)out;
+}
+void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes, int rows, const struct act32 *x,
+                         size_t act_stride, int n, int nb, float *y, size_t y_stride)
+{
+    (void)type; (void)w; (void)row_bytes; (void)rows; (void)x; (void)act_stride; (void)n; (void)nb; (void)y;
+    (void)y_stride;
 }
 #endif

@@ -2,7 +2,8 @@
  * (cpu_quant_vnni.c), used by cpu_quant.c's cpu_quant_rows where the CPU has them.
  *
  * A tile is eight dot products at once: eight consecutive weight rows with one activation
- * vector (decode), or one row with eight activation vectors (prefill). Each of the eight
+ * vector (decode), or one row with eight activation vectors; prefill's GEMM does 16 rows by 8
+ * vectors over weights repacked for it. Each of the eight
  * results has exactly the bits cpu_quant_dot gives for its (row, vector): the integer sums
  * per block are exact, and the float combine runs in the eight lanes of a vector with the
  * scalar combine's operations in its order (no fused multiply-adds). */
@@ -28,5 +29,10 @@ void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, con
 /* out[k] = row w . vector (x + k * act_stride bytes), for k < 8. */
 void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x, size_t act_stride, int nb,
                           float out[8]);
+/* Prefill: y[t * y_stride + r] = row r . vector t for rows r < rows rounded down to a multiple
+ * of 16 (w + r * row_bytes) and n vectors (x + t * act_stride bytes), nb 32-value blocks: a
+ * GEMM over weights repacked 16 rows at a time (worth it from about 8 vectors). */
+void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes, int rows, const struct act32 *x,
+                         size_t act_stride, int n, int nb, float *y, size_t y_stride);
 
 #endif

@@ -317,6 +317,51 @@ Test(quants, kquant_tiles_equal_the_one_vector_product_in_every_shape)
     }
 }
 
+/* The prefill GEMM (cpu_quant_vnni_gemm: q8_0 and q4_0 rows repacked 16 at a time) through
+ * cpu_quant_rows: shares of 20 and 17 rows (a 16-row group and rows left for the 8-vector
+ * tiles), 19 vectors (two 8-vector tiles and 3 left), 75 blocks (two repacked chunks). Every
+ * result has AVX2's bits and a lone vector's (decode: 8-row tiles), within the reference's
+ * bound. */
+Test(quants, prefill_gemm_gives_avx2s_and_a_lone_vectors_bits)
+{
+    enum { ROWS = 37, N = 19 };
+    if (!cpu_quant_isa_available(CPU_ISA_AVX512VNNI))
+        cr_skip_test("this CPU has no AVX-512 VNNI");
+    const uint32_t gemm_types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t type = gemm_types[ti];
+        int cols = test_cols(type);
+        size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
+        uint8_t *data = malloc(rb * ROWS), *acts = malloc(ab * N);
+        float *w = malloc(sizeof(float) * cols * ROWS), *x = malloc(sizeof(float) * cols * N);
+        float *yv = calloc((size_t)ROWS * N, sizeof(float)), *ya = calloc((size_t)ROWS * N, sizeof(float));
+        float *y1 = calloc(ROWS, sizeof(float));
+        random_blocks(type, data, (uint64_t)cols * ROWS, false);
+        ggml_dequantize(type, data, w, (uint64_t)cols * ROWS);
+        for (int v = 0; v < N; v++) {
+            for (int i = 0; i < cols; i++) x[v * cols + i] = frand() * (float)(1 + v) * (i % 5 ? 1.0f : 7.0f);
+            cpu_quant_act(type, x + (size_t)v * cols, cols, acts + v * ab);
+        }
+        cpu_quant_rows(type, data, rb, 0, 20, acts, ab, N, cols, yv, ROWS, CPU_ISA_AVX512VNNI);
+        cpu_quant_rows(type, data, rb, 20, ROWS, acts, ab, N, cols, yv, ROWS, CPU_ISA_AVX512VNNI);
+        cpu_quant_rows(type, data, rb, 0, ROWS, acts, ab, N, cols, ya, ROWS, CPU_ISA_AVX2);
+        for (int v = 0; v < N; v++) {
+            cpu_quant_rows(type, data, rb, 0, ROWS, acts + v * ab, ab, 1, cols, y1, ROWS, CPU_ISA_AVX512VNNI);
+            for (int r = 0; r < ROWS; r++) {
+                size_t k = (size_t)v * ROWS + r;
+                cr_assert(memcmp(&yv[k], &ya[k], 4) == 0, "%s row %d vector %d: gemm %a avx2 %a",
+                          ggml_type_name(type), r, v, yv[k], ya[k]);
+                cr_assert(memcmp(&yv[k], &y1[r], 4) == 0, "%s row %d vector %d: gemm %a alone %a",
+                          ggml_type_name(type), r, v, yv[k], y1[r]);
+                double bound, ref = reference_dot(type, w + (size_t)r * cols, x + (size_t)v * cols, cols, &bound);
+                cr_assert_leq(fabs(yv[k] - ref), bound, "%s row %d vector %d: %g vs %g (bound %g)",
+                              ggml_type_name(type), r, v, yv[k], ref, bound);
+            }
+        }
+        free(data); free(acts); free(w); free(x); free(yv); free(ya); free(y1);
+    }
+}
+
 /* The activations' quantisation gives the same bytes with AVX2 as in C (the 256-value form:
  * cpu_kquant.c): random blocks,
  * blocks of zeros, and blocks whose codes land on halves (amax 127: v * id = v), where
