@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/backend_cpu_attention.h"
 #include "engine/cpu_f16.h"
+#include "ref_attention.h"
 
 enum { H = 8, HKV = 2, HD = 64, POS = 40, N = 24, CTX = POS + N };
 
@@ -24,24 +25,6 @@ static float frand(void)
     return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
 }
 
-/* query token t (at POS + t), head h, element i, in double */
-static double reference(const float *q, const float *k, const float *v, int t, int h, int i)
-{
-    int kvh = h / (H / HKV), last = POS + t;
-    double s[CTX], mx = -INFINITY, sum = 0, o = 0;
-    for (int p = 0; p <= last; p++) {
-        s[p] = 0;
-        for (int e = 0; e < HD; e++)
-            s[p] += (double)q[((size_t)t * H + h) * HD + e] * k[((size_t)p * HKV + kvh) * HD + e];
-        s[p] /= sqrt((double)HD);
-        mx = fmax(mx, s[p]);
-    }
-    for (int p = 0; p <= last; p++)
-        sum += exp(s[p] - mx);
-    for (int p = 0; p <= last; p++)
-        o += exp(s[p] - mx) / sum * v[((size_t)p * HKV + kvh) * HD + i];
-    return o;
-}
 
 Test(cpu_attention, prefill_matches_double_reference_and_decode_bits_on_any_thread_count)
 {
@@ -74,7 +57,7 @@ Test(cpu_attention, prefill_matches_double_reference_and_decode_bits_on_any_thre
     for (int t = 0; t < N; t++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < HD; i += 7) {
-                double ref = reference(q, k, v, t, h, i);
+                double ref = ref_attention(q, k, v, t, h, i, H, HKV, HD, POS);
                 float got = out[1][((size_t)t * H + h) * HD + i];
                 cr_assert_leq(fabs(got - ref), 1e-5 + 1e-5 * fabs(ref), "token %d head %d [%d]: %g vs %g", t, h, i,
                               got, ref);

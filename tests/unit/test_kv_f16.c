@@ -14,6 +14,7 @@
 #include "engine/cpu_f16.h"
 #include "engine/forward.h"
 #include "engine/modelgen.h"
+#include "ref_attention.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dULL;
 static uint64_t next(void)
@@ -80,26 +81,6 @@ Test(kv_f16, rounding_is_nearest_even_and_the_same_in_both_forms)
     free(h);
 }
 
-/* query token t (at pos + t), head h, element i over f32 rows k, v, in double */
-static double reference(const float *q, const float *k, const float *v, int t, int h, int i, int H, int HKV, int HD,
-                        int pos)
-{
-    int kvh = h / (H / HKV), last = pos + t;
-    double mx = -INFINITY, sum = 0, o = 0, *s = malloc(sizeof(double) * (size_t)(last + 1));
-    for (int p = 0; p <= last; p++) {
-        s[p] = 0;
-        for (int e = 0; e < HD; e++)
-            s[p] += (double)q[((size_t)t * H + h) * HD + e] * k[((size_t)p * HKV + kvh) * HD + e];
-        s[p] /= sqrt((double)HD);
-        mx = fmax(mx, s[p]);
-    }
-    for (int p = 0; p <= last; p++)
-        sum += exp(s[p] - mx);
-    for (int p = 0; p <= last; p++)
-        o += exp(s[p] - mx) / sum * v[((size_t)p * HKV + kvh) * HD + i];
-    free(s);
-    return o;
-}
 
 static void check_attention(int H, int HKV, int HD, int pos, int n)
 {
@@ -143,12 +124,12 @@ static void check_attention(int H, int HKV, int HD, int pos, int n)
             for (int i = 0; i < HD; i += 5) {
                 float got = out[1][((size_t)t * H + h) * HD + i];
                 /* against the rows it read, as tight as the f32 attention's own test */
-                double ref = reference(q, kw, vw, t, h, i, H, HKV, HD, pos);
+                double ref = ref_attention(q, kw, vw, t, h, i, H, HKV, HD, pos);
                 cr_assert_leq(fabs(got - ref), 1e-5 + 1e-5 * fabs(ref), "hd %d token %d head %d [%d]: %g vs %g", HD,
                               t, h, i, got, ref);
                 /* against the f32 rows before rounding: f16's 2^-11 relative step, through the
                  * softmax of scores up to ~|q||k| */
-                double ref32 = reference(q, k, v, t, h, i, H, HKV, HD, pos);
+                double ref32 = ref_attention(q, k, v, t, h, i, H, HKV, HD, pos);
                 worst = fmax(worst, fabs(got - ref32));
             }
     cr_log_info("hd %d: f16 rows vs the f32 rows before rounding: max |diff| %.3g", HD, worst);
