@@ -18,7 +18,9 @@
 # qwen3vl and qwen25vl prompts' images need a resize, qwen2vl's does not).
 # For qwen25vl each image's embeddings from both are also compared with a float64 numpy reference
 # (scripts/qwen25vl-ref.py, run by NUMPY_PY, a python with numpy; skipped without one): printed,
-# not judged; tide stays within 4e-7 of it, libmtmd's f16 patch embedding is most of its gap.
+# not judged; tide stays within 4e-7 of it, libmtmd's f16 patch embedding is most of its gap: on
+# a CPU with AVX512-FP16 a native ggml-cpu sums that conv in half precision (docs/VISION.md);
+# LD_LIBRARY_PATH=a ggml-cpu built without it (GGML_NATIVE=OFF, GGML_AVX512=ON) compares at f32 sums.
 # Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) [PAIRS="qwen2vl ..."] [NUMPY_PY=python]
 #        scripts/check-mtmd-parity.sh
 set -euo pipefail
