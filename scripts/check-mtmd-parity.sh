@@ -16,10 +16,17 @@
 # and from libmtmd's helper (scripts/mtmd-greedy.c: the same ChatML text, the image between
 # <|vision_start|> and <|vision_end|>, M-RoPE positions, deepstack) must be the same text (the
 # qwen3vl and qwen25vl prompts' images need a resize, qwen2vl's does not).
-# Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) [PAIRS="qwen2vl ..."] scripts/check-mtmd-parity.sh
+# For qwen25vl each image's embeddings from both are also compared with a float64 numpy reference
+# (scripts/qwen25vl-ref.py, run by NUMPY_PY, a python with numpy; skipped without one): printed,
+# not judged; tide stays within 4e-7 of it, libmtmd's f16 patch embedding is most of its gap: on
+# a CPU with AVX512-FP16 a native ggml-cpu sums that conv in half precision (docs/VISION.md);
+# LD_LIBRARY_PATH=a ggml-cpu built without it (GGML_NATIVE=OFF, GGML_AVX512=ON) compares at f32 sums.
+# Usage: LLAMA_DIR=/path/to/llama.cpp (built, with libmtmd) [PAIRS="qwen2vl ..."] [NUMPY_PY=python]
+#        scripts/check-mtmd-parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LD="${LLAMA_DIR:-/tmp/llama.cpp}"
+NUMPY_PY="${NUMPY_PY:-/usr/bin/python3}"
 [ -e "$LD/build/bin/libmtmd.so" ] || { echo "no libmtmd in LLAMA_DIR=$LD"; exit 2; }
 make -s build/tide build/tide-mkmodel build/libtide.a
 tmp=$(mktemp -d); pid=; trap 'kill $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT
@@ -70,6 +77,11 @@ print(f"{'same' if ok else 'DIFFERENT'}: {label}, {n} tokens: relative RMS " +
       ", ".join(f"{m} {v:.2e}" for m, v in zip(names, parts)))
 sys.exit(0 if ok else 1)
 PY
+  if [ $pair = qwen25vl ] && "$NUMPY_PY" -c 'import numpy' 2>/dev/null; then # which side is off
+    "$NUMPY_PY" scripts/qwen25vl-ref.py "$tmp/mmproj.gguf" "$tmp/resized.ppm" "$tmp/f64.txt"
+    "$NUMPY_PY" scripts/qwen25vl-ref.py --cmp "$tmp/f64.txt" "$tmp/ours.txt" "$tmp/ref.txt" |
+      awk '{v[NR] = $(NF - 2)} END {print " float64 reference: tide " v[1] ", libmtmd " v[2]}'
+  fi
 done
 Q=$'What is this?'
 "$tmp/mtmd-greedy" "$tmp/text.gguf" "$tmp/mmproj.gguf" $gsize $'<|im_start|>user\n<__media__>'"$Q"$'<|im_end|>\n<|im_start|>assistant\n' 24 \
