@@ -1,7 +1,7 @@
 /* http.c - libmicrohttpd glue: routing, limits, auth, error bodies, SSE streaming.
  *
- * Threading: MHD's internal polling threads (a pool of HTTP_POLLING_THREADS, each with
- * its own epoll set where the library has it, else poll) run every handler, with
+ * Threading: MHD's internal polling threads (a pool of HTTP_POLLING_THREADS, each polling
+ * its share of the connections with poll(), never epoll: see http_start) run every handler, with
  * MHD_ALLOW_SUSPEND_RESUME. Handlers never block on the engine: a
  * request that needs the engine queues a job and its connection is suspended; the job's
  * notify hook (output, start, finish, cancel; fifo.c calls it from the engine thread)
@@ -503,7 +503,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
-/* Polling threads, each with its own epoll set and its share of the connections. One would do
+/* Polling threads, each with its share of the connections. One would do
  * for the JSON, but an image request decodes its image in the handler (up to the pixel limit,
  * a second or so): with a few threads that stalls only the connections on its thread. */
 #define HTTP_POLLING_THREADS 4
@@ -555,8 +555,14 @@ int http_start(struct http_server **out, const char *host, int port, const struc
         if (s->n_hosts != opt->n_allowed_hosts) { free_server(s); if (ai) freeaddrinfo(ai); return TIDE_ENOMEM; }
     }
     s->check_host = opt->allowed_hosts || (ai && http_guard_addr_is_loopback(ai->ai_addr));
+    /* poll(), not epoll: with epoll, MHD_quiesce_daemon (SIGTERM's drain) races the polling
+     * threads for removing the listen socket from their epoll sets, and the loser's epoll_ctl
+     * gets ENOENT, which libmicrohttpd 0.9.75 answers with MHD_PANIC: "Failed to remove listen
+     * FD from epoll set", the process aborted instead of exiting 0 (seen once in CI's
+     * test_batching.py; an open libmicrohttpd defect). With poll() the drain wakes each thread
+     * through its inter-thread channel instead. The pool keeps each thread's set small. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
-                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL);
+                     (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL : 0);
     if (ai && ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     /* The fuzzer's mode: a thread per added connection, polling level-triggered, which sees
      * the client's EOF after a partial request at once (edge-triggered epoll waits for the
