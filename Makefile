@@ -222,8 +222,8 @@ fuzz: deps
 	    if [ $$rc -ne 0 ]; then tail -n 60 $(FUZZ_BUILD)/fuzz_$$n.log; exit 1; fi; done
 
 # clang 14 rejects __builtin_cpu_supports("f16c"), so in the fuzz build the CPU backend, its
-# VNNI and f16 tiles and its attention (the math kernels, no input parsing) are compiled by
-# gcc, uninstrumented.
+# VNNI, f16 and k-quant tiles and its attention (the math kernels, no input parsing) are
+# compiled by gcc, uninstrumented.
 ifeq ($(TIDE_FUZZ),1)
 $(BUILD)/obj/src/engine/backend_cpu.o: override CC := gcc
 $(BUILD)/obj/src/engine/backend_cpu.o: override CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -pthread -MMD -MP -Isrc
@@ -233,6 +233,8 @@ $(BUILD)/obj/src/engine/backend_cpu_attention.o: override CC := gcc
 $(BUILD)/obj/src/engine/backend_cpu_attention.o: override CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -pthread -MMD -MP -Isrc
 $(BUILD)/obj/src/engine/cpu_f16.o: override CC := gcc
 $(BUILD)/obj/src/engine/cpu_f16.o: override CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -pthread -MMD -MP -Isrc
+$(BUILD)/obj/src/engine/cpu_kquant.o: override CC := gcc
+$(BUILD)/obj/src/engine/cpu_kquant.o: override CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -pthread -MMD -MP -Isrc
 endif
 .PRECIOUS: $(BUILD)/obj/fuzz/%.o
 $(BUILD)/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(BUILD)/libtide.a
