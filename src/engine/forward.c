@@ -12,15 +12,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* K and V rows, or K only where V reads K's rows (deepseek2's MLA: forward_mla.c) */
-static size_t kv_parts(const struct model *m) { return m->cfg.kv_lora_rank ? 1 : 2; }
-
-static size_t kv_elem(enum kv_type kv) { return kv == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
-
 size_t forward_kv_bytes(const struct model *m, int n_ctx, enum kv_type kv)
 {
     size_t kvd = (size_t)m->cfg.n_head_kv * m->cfg.head_dim;
     return kv_parts(m) * (size_t)m->cfg.n_layer * (size_t)n_ctx * kvd * kv_elem(kv);
+}
+
+size_t forward_kv_pool_bytes(const struct model *m, uint32_t l0, uint32_t l1, size_t rows, enum kv_type kv)
+{
+    return forward_kv_bytes(m, 1, kv) / m->cfg.n_layer * (l1 - l0) * rows;
+}
+
+/* Whether model m's attention has sinks or sliding windows (gpt-oss): attention_sinks' rows. */
+static bool has_sink_attention(const struct model *m)
+{
+    bool sinks = m->cfg.arch == ARCH_GPTOSS;
+    for (uint32_t l = 0; l < m->cfg.n_layer && !sinks; l++)
+        sinks = m->layers[l].attn_sinks.data || model_layer_window(&m->cfg, l);
+    return sinks;
+}
+
+const char *forward_kv_paged_why(const struct model *m, const struct backend *be, int n)
+{
+    if (m->cfg.kv_lora_rank)
+        return "deepseek2's MLA attention (forward_mla.c) reads a slot's rows in one piece";
+    if (has_sink_attention(m))
+        return "the sink and sliding-window attention (gpt-oss) reads a slot's rows in one piece";
+    for (int i = 0; i < n; i++)
+        if (!be[i].i->attention_paged)
+            return "a device's backend has no paged attention (CUDA for now)";
+    return NULL;
 }
 
 const char *forward_kv_f16_why(const struct model *m, const struct backend *be, int n)
@@ -28,10 +49,7 @@ const char *forward_kv_f16_why(const struct model *m, const struct backend *be, 
     const struct model_config *c = &m->cfg;
     if (c->kv_lora_rank) /* forward_mla.c reads the latent rows as f32 in its own products */
         return "deepseek2's MLA latent cache has no f16 form yet";
-    bool sinks = c->arch == ARCH_GPTOSS;
-    for (uint32_t l = 0; l < c->n_layer && !sinks; l++)
-        sinks = m->layers[l].attn_sinks.data || model_layer_window(c, l);
-    if (sinks)
+    if (has_sink_attention(m))
         return "the sink and sliding-window attention (gpt-oss) reads f32 rows only";
     if (c->head_dim % 8 || c->head_dim > 256)
         return "the f16 attention takes a head_dim that is a multiple of 8 up to 256";
@@ -246,7 +264,8 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     }
     if (rc)
         return rc;
-    size_t kvh = forward_kv_bytes(m, s->n_ctx, s->kv_f16 ? KV_F16 : KV_F32) / kv_parts(m) / m->cfg.n_layer * (st->l1 - st->l0) * (size_t)s->n_seq;
+    size_t kvh = forward_kv_pool_bytes(m, st->l0, st->l1, (size_t)s->kv.n_blocks * s->kv.block_rows,
+                                       s->kv_f16 ? KV_F16 : KV_F32) / kv_parts(m);
     if (kvh) {
         st->k_cache = stage_alloc(st, MEM_KV, kvh);
         st->v_cache = kv_parts(m) == 1 ? st->k_cache : stage_alloc(st, MEM_KV, kvh); /* MLA: V is K's rows */
@@ -279,7 +298,7 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->step_at = (int32_t *)(sb + kvb);
     st->rows_at = st->step_at + 2;
     const struct backend_i *B = st->be.i;
-    st->graph_off = !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
+    st->graph_off = !s->kv.fixed || !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
                     (s->kv_f16 && (!B->qk_norm_rope_at_f16 || !B->attention_at_f16)) || getenv("TIDE_NO_GRAPHS");
     /* Can a decode step take its experts from a device table? Asked once per layer with the
      * host views (the same types and shapes as the cached copies). */
@@ -352,6 +371,14 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     for (int i = 0; i < n_stage; i++)
         bes[i] = sp[i].dev ? sp[i].dev->be : sp[i].be; /* as stage_init */
     s->kv_f16 = sp[0].kv_type == KV_F16 && !forward_kv_f16_why(m, bes, n_stage);
+    /* paged where the model and every backend can; else a block of n_ctx per slot */
+    int br = sp[0].kv_block_rows > 0 && !forward_kv_paged_why(m, bes, n_stage) ? sp[0].kv_block_rows : 0;
+    int per_slot = br ? (n_ctx + br - 1) / br : 1;
+    int rc = kv_blocks_init(&s->kv, n_seq, n_ctx, br, br && sp[0].kv_blocks > 0 ? sp[0].kv_blocks : n_seq * per_slot);
+    if (rc < 0) {
+        forward_free(s);
+        return rc;
+    }
     /* A decode step's sequences share the rows' ops (docs/DESIGN.md; on one H200 at 32 clients
      * 610 -> 746 tok/s, docs/BENCHMARKS.md). TIDE_DECODE_ROWS=0 runs them one sequence at a
      * time, for A/B runs. */
@@ -387,7 +414,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     for (int i = 0; i < n_stage; i++) {
         s->stage[i].first = i == 0;
         s->stage[i].last = i == n_stage - 1;
-        int rc = stage_init(s, &s->stage[i], &sp[i]);
+        rc = stage_init(s, &s->stage[i], &sp[i]);
         if (rc < 0) {
             forward_free(s);
             return rc;
@@ -418,6 +445,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_tokw);
     free(s->moe_off);
     free(s->iota);
+    kv_blocks_free(&s->kv);
     if (s->logits_free)
         s->logits_free(s->logits_ctx, s->logits);
     else
@@ -483,71 +511,4 @@ void forward_unbind_buffers(struct forward_state *s)
             expert_cache_unborrow(st->cache);
         use_bufs(st, &st->dec);
     }
-}
-
-size_t forward_kv_row_bytes(const struct forward_state *s)
-{
-    return kv_parts(s->m) * kv_elem(s->kv_f16 ? KV_F16 : KV_F32) * s->m->cfg.n_layer * s->m->cfg.n_head_kv * s->m->cfg.head_dim;
-}
-
-int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save)
-{
-    if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n)
-        return TIDE_EINVAL;
-    /* in bytes: the rows travel in the cache's type, f16 or f32 */
-    size_t el = kv_elem(s->kv_f16 ? KV_F16 : KV_F32), kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim;
-    size_t part = (size_t)n * kvd * el, hpart = (size_t)host_n * kvd * el, parts = kv_parts(s->m);
-    for (int i = 0; i < s->n_stage; i++) {
-        struct forward_stage *st = &s->stage[i];
-        for (uint32_t l = st->l0; l < st->l1 && n > 0; l++) {
-            size_t at = ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd * el;
-            uint8_t *kc = (uint8_t *)st->k_cache + at, *vc = (uint8_t *)st->v_cache + at,
-                    *hk = (uint8_t *)host + (size_t)l * parts * hpart, *hv = hk + hpart;
-            if (save) {
-                st->be.i->download(st->be.ctx, hk, kc, part);
-                if (parts == 2)
-                    st->be.i->download(st->be.ctx, hv, vc, part);
-            } else {
-                st->be.i->upload(st->be.ctx, kc, hk, part);
-                if (parts == 2)
-                    st->be.i->upload(st->be.ctx, vc, hv, part);
-            }
-        }
-    }
-    return 0;
-}
-
-int forward_kv_clone(struct forward_state *s, int src, int dst, int n)
-{
-    if (src < 0 || src >= s->n_seq || dst < 0 || dst >= s->n_seq || n < 0 || n > s->n_ctx)
-        return TIDE_EINVAL;
-    if (src == dst || n == 0)
-        return 0;
-    /* bytes of one position of one layer's K (or V), from the one definition of a row's size, so
-     * the copy follows the cache's element type */
-    size_t parts = kv_parts(s->m), pos_bytes = forward_kv_row_bytes(s) / (parts * s->m->cfg.n_layer);
-    size_t bytes = (size_t)n * pos_bytes;
-    void *bounce = NULL;
-    for (int i = 0; i < s->n_stage; i++) {
-        struct forward_stage *st = &s->stage[i];
-        const struct backend_i *B = st->be.i;
-        if (!B->copy && !bounce && !(bounce = malloc(bytes)))
-            return TIDE_ENOMEM;
-        for (uint32_t l = st->l0; l < st->l1; l++) {
-            size_t layer = (size_t)(l - st->l0) * s->n_seq;
-            for (size_t p = 0; p < parts; p++) {
-                char *base = (char *)(p ? st->v_cache : st->k_cache);
-                char *from = base + (layer + (size_t)src) * s->n_ctx * pos_bytes;
-                char *to = base + (layer + (size_t)dst) * s->n_ctx * pos_bytes;
-                if (B->copy) {
-                    B->copy(st->be.ctx, to, from, bytes);
-                } else {
-                    B->download(st->be.ctx, bounce, from, bytes);
-                    B->upload(st->be.ctx, to, bounce, bytes);
-                }
-            }
-        }
-    }
-    free(bounce);
-    return 0;
 }

@@ -7,7 +7,10 @@
  * Experts are reached only through the stage's expert cache (memory/expert_cache.h); a stage
  * without one reads them straight from host RAM (the single-device test path).
  *
- * The KV cache has n_seq slots of n_ctx positions each: one per sequence that may run at once.
+ * The KV cache has n_seq slots of up to n_ctx positions each: one per sequence that may run at
+ * once. Its rows live in a pool of blocks (kv_blocks.h): paged, blocks of kv_block_rows positions
+ * taken as a slot's rows grow and shared in place between slots, where every stage's backend has
+ * attention_paged (forward_kv_paged_why); else one block of n_ctx positions per slot.
  * forward_eval_batch() runs one step over several sequences (each its slot, its positions, its
  * tokens: a decode token or a prompt chunk) with every product over all of the step's rows at
  * once and attention per sequence; forward_eval() is the one-sequence form (slot 0) that runs
@@ -17,6 +20,7 @@
 #define TIDE_FORWARD_H
 
 #include "backend.h"
+#include "kv_blocks.h"
 
 #define FORWARD_MAX_STAGES 16
 #define FORWARD_MAX_SEQ 256 /* sequences a step may hold (KV slots at most) */
@@ -39,7 +43,14 @@ struct forward_stage_spec {
     struct expert_cache *cache;  /* NULL: experts from host RAM */
     enum kv_type kv_type;        /* the first stage's sets the whole state's (KV_F32 or KV_F16;
                                     forward_kv_f16_why can turn f16 into f32) */
+    int kv_block_rows;           /* the first stage's: positions a KV block, a power of two (0: one
+                                    block of n_ctx a slot; so is a model or backend that cannot page,
+                                    forward_kv_paged_why) */
+    int kv_blocks;               /* the first stage's: blocks in the pool when paged (0: n_seq slots' worth) */
 };
+
+/* Positions a KV block when the config does not say (vLLM's default block size too). */
+#define FORWARD_KV_BLOCK_ROWS 16
 
 /* The activation buffers that grow with the chunk: one set for a single token (decode),
  * one for max_batch tokens (prefill). */
@@ -74,8 +85,9 @@ struct forward_stage {
     size_t *owned_bytes;
     int *owned_kind;
     int n_owned, cap_owned;
-    void *k_cache, *v_cache;     /* (l1-l0, n_seq, n_ctx, n_head_kv*head_dim) of float, or of f16
-                                    (uint16_t) when the state's kv_f16; MLA: v_cache is k_cache */
+    void *k_cache, *v_cache;     /* (l1-l0, kv.n_blocks, kv.block_rows, n_head_kv*head_dim) of float, or
+                                    of f16 (uint16_t) when the state's kv_f16; MLA: v_cache is k_cache.
+                                    Not paged: (l1-l0, n_seq, n_ctx, ...), block s being slot s */
     /* the buffers of the chunk being run: dec or pre below */
     float *x, *xb, *xb2, *q, *att_out, *hb, *hb2, *router, *moe_in, *moe_out, *k_new, *v_new;
     struct stage_bufs dec;       /* batch n_seq (a decode token per sequence), always there */
@@ -108,6 +120,7 @@ struct forward_state {
     int n_ctx;
     bool kv_f16;         /* the KV cache holds f16 (new rows computed in f32, rounded as stored) */
     int n_seq;           /* KV slots: sequences that can run at once */
+    struct kv_blocks kv; /* which pool blocks hold which slot's rows */
     int max_batch;       /* rows of a step: the prefill buffers' size (>= n_seq) */
     int n_stage;
     struct forward_stage stage[FORWARD_MAX_STAGES];
@@ -141,6 +154,12 @@ struct forward_stage_bytes {
 };
 void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_batch, uint32_t l0, uint32_t l1,
                         bool first, bool last, enum kv_type kv, struct forward_stage_bytes *out);
+/* NULL when model m's KV cache can be paged on backends be[0..n) (each has attention_paged, and the
+ * model's attention reads the rows through it); else why each slot keeps one block of n_ctx:
+ * deepseek2's MLA latent, gpt-oss's sink attention, a backend without the op (CUDA for now). */
+const char *forward_kv_paged_why(const struct model *m, const struct backend *be, int n);
+/* Bytes of a pool of `rows` positions over layers [l0, l1). */
+size_t forward_kv_pool_bytes(const struct model *m, uint32_t l0, uint32_t l1, size_t rows, enum kv_type kv);
 /* NULL when model m's KV cache can be f16 on backends be[0..n) (n 0: any that has the f16
  * ops); else why it stays f32 (deepseek2's latent, gpt-oss's sink attention, a head_dim the
  * f16 attention does not take, a backend without the f16 ops). */
@@ -204,10 +223,20 @@ size_t forward_kv_row_bytes(const struct forward_state *s);
  * 0..n-1 of each are copied. A save returns with the
  * bytes on the host; a restore is ordered before the next step's ops. */
 int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save);
-/* Slot src's KV rows 0..n-1, every layer, K and V, into slot dst's rows 0..n-1 on the device
- * (backend_i.copy; through host memory where a backend has none): one sequence's computed
- * prefix reused by another. Ordered after the steps that wrote src, before the next step. */
+/* Slot src's KV rows 0..n-1, every layer, K and V, become slot dst's rows 0..n-1: one sequence's
+ * computed prefix reused by another. Paged, src's full blocks are shared in place (read-only) and
+ * a last partial one is copied; else the rows are copied on the device (backend_i.copy; through
+ * host memory where a backend has none). Ordered after the steps that wrote src, before the next
+ * step. Returns the rows dst now holds from src (n; fewer, a whole number of blocks, when the
+ * pool has no block for the partial one), or a negative code. */
 int forward_kv_clone(struct forward_state *s, int src, int dst, int n);
+/* Makes slot's rows from..to-1 writable (rows before from kept): blocks taken from the pool, a
+ * shared block it writes into copied first. TIDE_EFULL, nothing changed, when the pool has too
+ * few free blocks (kv_blocks_need says how many). Steps do this themselves; the scheduler does it
+ * first to choose whom to pause when the pool runs out. */
+int forward_kv_reserve(struct forward_state *s, int slot, int from, int to);
+/* Slot keeps rows 0..rows-1; blocks past them go back to the pool. */
+void forward_kv_trim(struct forward_state *s, int slot, int rows);
 
 /* Prefill chunk: the CPU's default, and the one when any stage is on a CUDA device. A GPU
  * runs every op of a chunk in a handful of launches whatever n, so a longer chunk divides

@@ -46,12 +46,34 @@ struct run {
     int out;             /* the forward_seq whose last row this is when its logits are wanted, else -1 */
 };
 
-/* Layer l's K (or V) rows of slot `slot`: (n_ctx, kvd) elements of the cache's type. */
+/* Layer l's K (or V) rows of slot `slot` where a slot is one block (not paged): (n_ctx, kvd)
+ * elements of the cache's type. */
 static void *slot_rows(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l,
                        int slot)
 {
-    size_t kvd = (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim, el = s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
-    return (uint8_t *)cache + ((size_t)(l - st->l0) * s->n_seq + (size_t)slot) * s->n_ctx * kvd * el;
+    return kv_row(s, st, cache, l, slot, 0);
+}
+
+/* Run R's new rows k and v (R->n rows of kvd floats) into its slot's rows R->pos.. of layer l:
+ * rounded to f16 (store_f16) or copied, a piece per block they fall in (one piece unpaged). */
+static void store_run(const struct forward_state *s, const struct forward_stage *st, uint32_t l, const struct run *R,
+                      const float *k, const float *v)
+{
+    const struct backend_i *B = st->be.i;
+    void *bc = st->be.ctx;
+    int kvd = (int)(s->m->cfg.n_head_kv * s->m->cfg.head_dim);
+    for (int r = 0, n; r < R->n; r += n) {
+        n = kv_run(s, R->pos + r, R->n - r);
+        void *kc = kv_row(s, st, st->k_cache, l, R->slot, R->pos + r), *vc = kv_row(s, st, st->v_cache, l, R->slot, R->pos + r);
+        const float *kr = k + (size_t)r * kvd, *vr = v + (size_t)r * kvd;
+        if (s->kv_f16) {
+            B->store_f16(bc, kc, kr, (size_t)n * kvd);
+            B->store_f16(bc, vc, vr, (size_t)n * kvd);
+        } else {
+            B->gather_rows(bc, kc, kr, s->iota, n, kvd);
+            B->gather_rows(bc, vc, vr, s->iota, n, kvd);
+        }
+    }
 }
 
 /* The runs of a step (nr of them, n rows in all); or, with at (backend memory, see struct
@@ -75,7 +97,7 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
     for (uint32_t l = st->l0; l < st->l1; l++) {
         const struct model_layer *L = &st->layers[l - st->l0];
         /* with at the new rows go to kv_new and qk_norm_rope_at stores them at *at */
-        bool direct = one && !f16; /* the products write the slot's f32 rows themselves */
+        bool direct = one && !f16 && s->kv.fixed; /* the products write the slot's f32 rows themselves */
         float *kpos = at       ? st->kv_new
                       : direct ? (float *)slot_rows(s, st, st->k_cache, l, rn[0].slot) + (size_t)rn[0].pos * kvd
                                : st->k_new;
@@ -165,25 +187,24 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 B->rope(bc, q, R->n, (int)c->n_head, hd, R->pos, c->rope_theta, c->rope);
                 B->rope(bc, k, R->n, (int)c->n_head_kv, hd, R->pos, c->rope_theta, c->rope);
             }
-            void *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
-            if (f16) { /* this run's rows into its slot, rounded to f16, then attention over those */
-                B->store_f16(bc, (uint16_t *)kc + (size_t)R->pos * kvd, k, (size_t)R->n * kvd);
-                B->store_f16(bc, (uint16_t *)vc + (size_t)R->pos * kvd, v, (size_t)R->n * kvd);
-                B->attention_f16(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos,
-                                 (int)c->n_head, (int)c->n_head_kv, hd);
+            if (!direct) /* this run's rows into its slot (f16: rounded as stored) */
+                store_run(s, st, l, R, k, v);
+            /* the run's K/V rows are in its slot now: one causal attention for its rows */
+            float *out = st->att_out + (size_t)R->t0 * qd;
+            if (!s->kv.fixed) { /* paged: the attention reads the rows through the slot's block table */
+                B->attention_paged(bc, q, kv_layer(s, st, st->k_cache, l), kv_layer(s, st, st->v_cache, l), f16,
+                                   kv_blocks_table(&s->kv, R->slot), s->kv.block_rows, out, st->att, R->n, R->pos,
+                                   (int)c->n_head, (int)c->n_head_kv, hd);
                 continue;
             }
-            if (!one) { /* this run's rows into its slot */
-                B->gather_rows(bc, (float *)kc + (size_t)R->pos * kvd, k, s->iota, R->n, kvd);
-                B->gather_rows(bc, (float *)vc + (size_t)R->pos * kvd, v, s->iota, R->n, kvd);
-            }
-            /* the run's K/V rows are in its slot now: one causal attention for its rows */
-            if (L->attn_sinks.data || window) /* gpt-oss: sinks, and every other layer windowed */
-                B->attention_sinks(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos,
-                                   (int)c->n_head, (int)c->n_head_kv, hd, L->attn_sinks.data, window);
+            void *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
+            if (f16)
+                B->attention_f16(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
+            else if (L->attn_sinks.data || window) /* gpt-oss: sinks, and every other layer windowed */
+                B->attention_sinks(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd,
+                                   L->attn_sinks.data, window);
             else
-                B->attention(bc, q, kc, vc, st->att_out + (size_t)R->t0 * qd, st->att, R->n, R->pos, (int)c->n_head,
-                             (int)c->n_head_kv, hd);
+                B->attention(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
         }
         if (pc)
             phase_clock_mark(B, bc, PHASE_ATTN);
@@ -409,7 +430,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
-    bool rows = nr > 1 && n == nr && s->decode_rows && !mrope;
+    bool rows = nr > 1 && n == nr && s->decode_rows && !mrope && s->kv.fixed; /* the _at ops take a slot's one block */
     int32_t rows_at[2 * FORWARD_MAX_SEQ] = {0};
     if (rows) {
         for (int r = 0; r < nr; r++) {
@@ -532,6 +553,10 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
         for (int j = 0; j < i; j++)
             if (seqs[j].slot == q->slot)
                 return TIDE_EINVAL;
+        /* the blocks its rows go into (the scheduler has taken them already: then a no-op) */
+        int rc = forward_kv_reserve(s, q->slot, q->pos, q->pos + q->n);
+        if (rc < 0)
+            return rc;
         q->logits = NULL;
         q->pick = -1;
         total += q->n;

@@ -4,7 +4,36 @@
 #define TIDE_FORWARD_INTERNAL_H
 #include "forward.h"
 
-#define MOE_FUSED_MAX_K 16 /* the most experts a token a fused MoE op takes */
+#define MOE_FUSED_MAX_K 16
+
+/* K and V rows, or K only where V reads K's rows (deepseek2's MLA: forward_mla.c) */
+static inline size_t kv_parts(const struct model *m) { return m->cfg.kv_lora_rank ? 1 : 2; }
+static inline size_t kv_elem(enum kv_type kv) { return kv == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* Bytes of one position of one layer's K (or V) in s's cache. */
+static inline size_t kv_pos_bytes(const struct forward_state *s)
+{
+    return (size_t)s->m->cfg.n_head_kv * s->m->cfg.head_dim * kv_elem(s->kv_f16 ? KV_F16 : KV_F32);
+}
+/* Layer l's K (or V) cache in stage st: (kv.n_blocks, kv.block_rows, kvd) elements. */
+static inline void *kv_layer(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l)
+{
+    return (uint8_t *)cache + (size_t)(l - st->l0) * s->kv.n_blocks * s->kv.block_rows * kv_pos_bytes(s);
+}
+/* Where slot's row p of layer l's K (or V) is: row p % block_rows of block table[p / block_rows]. */
+static inline void *kv_row(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l,
+                           int slot, int p)
+{
+    int br = s->kv.block_rows;
+    size_t at = (size_t)kv_blocks_table(&s->kv, slot)[p / br] * br + (size_t)(p % br);
+    return (uint8_t *)kv_layer(s, st, cache, l) + at * kv_pos_bytes(s);
+}
+/* Rows from p on that lie in one block, at most n. */
+static inline int kv_run(const struct forward_state *s, int p, int n)
+{
+    int left = s->kv.block_rows - p % s->kv.block_rows;
+    return n < left ? n : left;
+} /* the most experts a token a fused MoE op takes */
 
 /* Point every stage at buffers for a chunk of up to n tokens; returns the chunk size they
  * allow (n, fewer, or 1: see forward.c). forward_unbind_buffers returns to the decode set. */

@@ -21,51 +21,7 @@
 
 #include "mrope.h"
 #include "prefix_share.h"
-
-#define SEQ_MAX_STOPS (JOB_MAX_STOP + 8)
-
-struct engine_seq {
-    struct gen_job *job;
-    int slot;
-    int *ids;                /* (n_prompt) prompt tokens; -1 for an image's rows */
-    int n_prompt;
-    int img_at[ENGINE_MAX_IMAGES]; /* first row of each image */
-    struct row_image rimg[ENGINE_MAX_IMAGES]; /* the images' rows with their keys (prompt_rows.h) */
-    int pos;                 /* rows of the slot that hold this sequence (prefill progress, then tokens) */
-    int max_new;
-    int n_choices, choice;
-    int per;                 /* choices of each prompt (n_choices / prompts) */
-    int **pids, *pn;         /* several prompts (job->n_prompts > 1): each one's tokens; ids is one of them */
-    int n_prompts;
-    const char *stops[SEQ_MAX_STOPS];
-    int n_stop;
-    bool pick_only;          /* greedy with nothing that needs the logits: the pick is made on the device */
-    bool draw_on_device;     /* sampled with nothing else that needs the logits: drawn by backend_i.sample */
-    struct sample_row draw;  /* its parameters; u drawn from smp for each step that brings logits */
-    struct sample_logprob dlp; /* the device draw's logprobs (draw.logprobs) */
-    struct sample_edit *eds; /* the sampler's edits with the end-of-generation ban (min_tokens, ignore_eos) */
-    int cap_eds;
-    float *prompt_logits;    /* (2, n_vocab) for the choices after the first (n > 1), else NULL: the
-                                prompt's logits, then a copy a choice's first draw may change */
-    /* the choice being generated */
-    struct sampler smp;
-    bool smp_ok;
-    struct json_guard jg;
-    struct utf8_stream u8;
-    char *held;              /* decoded text not yet given to the callback */
-    size_t n_held, cap;
-    int t;                   /* tokens of this choice so far */
-    int next;                /* the token the next step feeds (at pos), -1 while prefilling */
-    int32_t *mpos;           /* (n_prompt, 4) M-RoPE ids when the model has them and the prompt
-                                images, else NULL (plain rope at the KV position) */
-    int rope_delta;          /* with mpos: a generated token's ids are its KV position + this */
-    int32_t dpos[4];         /* the decode token's ids */
-    bool waiting;            /* admitted, but its prefix rows are awaited from another slot: no rows
-                                computed until they exist or their sequence goes (prefix_share.h) */
-    bool done;
-    int rc;
-    char err[400];
-};
+#include "sequence_internal.h"
 
 static bool step_fault(struct engine *e)
 {
@@ -81,16 +37,6 @@ int engine_free_slots(const struct engine *e)
     for (int i = 0; i < e->n_slots; i++)
         n += !e->slots[i].busy;
     return n;
-}
-
-static struct prompt_rows slot_rows(const struct kv_slot *s)
-{
-    return (struct prompt_rows){s->tokens, s->n_tokens, s->img, s->n_img};
-}
-
-static struct prompt_rows seq_rows(const struct engine_seq *q)
-{
-    return (struct prompt_rows){q->ids, q->n_prompt, q->rimg, q->job->n_images};
 }
 
 /* The free slot whose rows share the longest prefix with q's prompt (ties: the least recently
@@ -128,7 +74,7 @@ static int share_sources(struct engine *e, const struct engine_seq *q, struct sh
             continue;
         src[n].rows = slot_rows(s);
         src[n].pending = (struct prompt_rows){0};
-        if (o && !o->done && !o->waiting && o->pos < o->n_prompt)
+        if (o && !o->done && !o->waiting && !o->paused && o->pos < o->n_prompt)
             src[n].pending = seq_rows(o);
         slot_of[n++] = i;
     }
@@ -158,17 +104,19 @@ static void share_prefix(struct engine *e, struct engine_seq *q)
     q->waiting = pl.wait_on >= 0;
     if (pl.copy_from < 0)
         return;
-    int rc = forward_kv_clone(&e->fw, slot_of[pl.copy_from], q->slot, pl.copy_len);
-    if (rc < 0) {
-        tide_log("prefix: %d rows not copied from slot %d: %s", pl.copy_len, slot_of[pl.copy_from], tide_strerror(rc));
+    /* the rows q's slot holds from there now: all of them, or (paged, the pool out of blocks for a
+     * last partial block) its whole blocks */
+    int got = forward_kv_clone(&e->fw, slot_of[pl.copy_from], q->slot, pl.copy_len);
+    if (got < 0) {
+        tide_log("prefix: %d rows not copied from slot %d: %s", pl.copy_len, slot_of[pl.copy_from], tide_strerror(got));
         return;
     }
     struct kv_slot *s = &e->slots[q->slot];
-    memcpy(s->tokens, q->ids, sizeof(int) * (size_t)pl.copy_len); /* image rows: s->img holds q's keys */
-    s->n_tokens = pl.copy_len;
-    q->job->cached_tokens += pl.copy_len - q->pos;
-    e->shared_tokens += (uint64_t)(pl.copy_len - q->pos);
-    q->pos = pl.copy_len;
+    memcpy(s->tokens, q->ids, sizeof(int) * (size_t)got); /* image rows: s->img holds q's keys */
+    s->n_tokens = got;
+    q->job->cached_tokens += got - q->pos;
+    e->shared_tokens += (uint64_t)(got > q->pos ? got - q->pos : 0);
+    q->pos = got;
 }
 
 static bool wants_logits(const struct sampling_params *sp)
@@ -324,6 +272,7 @@ static int begin_choice(struct engine_seq *q, uint32_t n_vocab)
     q->n_held = 0;
     q->t = 0;
     q->next = -1;
+    q->filled = q->n_prompt;
     q->job->finish[q->choice] = FINISH_NONE;
     return 0;
 }
@@ -406,6 +355,7 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     s->seq = q;
     s->last_use = ++e->use_clock;
     s->n_tokens = keep;
+    forward_kv_trim(&e->fw, q->slot, keep); /* blocks past the kept rows go back to the pool */
     q->pos = keep;
     job->cached_tokens = keep;
     share_prefix(e, q); /* more from another slot, now or once a prefilling sequence has it */
@@ -499,8 +449,10 @@ static void seq_fail(struct engine *e, struct engine_seq *q, int rc, const char 
     q->rc = rc;
     if (why && !q->err[0])
         snprintf(q->err, sizeof q->err, "%s", why);
-    if (q->slot >= 0 && rc != TIDE_ECANCELED) /* a cancel comes between steps: the rows stand */
+    if (q->slot >= 0 && rc != TIDE_ECANCELED) { /* a cancel comes between steps: the rows stand */
         e->slots[q->slot].n_tokens = 0; /* what the slot holds is no longer known */
+        forward_kv_trim(&e->fw, q->slot, 0);
+    }
 }
 
 /* Length of the longest suffix of buf[0..len) that is a proper prefix of a stop string:
@@ -550,6 +502,7 @@ static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reaso
         q->n_prompt = n;
         q->pos = keep;
         s->n_tokens = keep;
+        forward_kv_trim(&e->fw, q->slot, keep);
         q->job->cached_tokens += keep;
         q->max_new = q->job->max_tokens < 0 ? e->n_ctx - n : q->job->max_tokens;
         int rc = begin_choice(q, e->model.cfg.n_vocab);
@@ -564,6 +517,7 @@ static bool end_choice(struct engine *e, struct engine_seq *q, enum finish_reaso
     }
     q->pos = q->n_prompt; /* the next choice overwrites the last one's rows */
     e->slots[q->slot].n_tokens = q->n_prompt;
+    forward_kv_trim(&e->fw, q->slot, q->n_prompt);
     return true;
 }
 
@@ -661,7 +615,7 @@ static int plan_rows(const struct engine *e, struct engine_seq *q, int budget, s
 {
     const struct gen_job *job = q->job;
     *f = (struct forward_seq){.slot = q->slot, .pos = q->pos};
-    if (q->pos >= q->n_prompt) {
+    if (q->pos >= q->filled) {
         f->n = 1;
         f->tokens = &q->next;
         if (q->mpos) {
@@ -674,6 +628,18 @@ static int plan_rows(const struct engine *e, struct engine_seq *q, int budget, s
         return 1;
     }
     int p = q->pos, end = p;
+    if (p >= q->n_prompt) { /* resumed after a pause: the tokens it had generated, computed again */
+        const int *had = e->slots[q->slot].tokens;
+        end = q->mpos ? p + 1 : (q->filled - p < budget ? q->filled : p + budget); /* M-RoPE: a row a step */
+        f->tokens = had + p;
+        f->n = end - p;
+        if (q->mpos) {
+            for (int k = 0; k < 4; k++)
+                q->dpos[k] = p + q->rope_delta;
+            f->mpos = q->dpos;
+        }
+        return f->n; /* no logits: the token after them is known (q->next) */
+    }
     if (q->ids[p] >= 0) {
         while (end < q->n_prompt && q->ids[end] >= 0 && end - p < budget)
             end++;
@@ -692,7 +658,7 @@ static int plan_rows(const struct engine *e, struct engine_seq *q, int budget, s
     if (q->mpos)
         f->mpos = q->mpos + (size_t)p * 4;
     f->n = end - p;
-    f->want_logits = end == q->n_prompt;
+    f->want_logits = end == q->n_prompt && q->filled == q->n_prompt; /* a resumed generation's prompt: none */
     f->pick_only = q->pick_only && q->per == 1;
     return f->n;
 }
@@ -709,31 +675,38 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         if (!q->done && q->job->cancel && __atomic_load_n(q->job->cancel, __ATOMIC_RELAXED)) /* set by the HTTP watch thread */
             seq_fail(e, q, TIDE_ECANCELED, NULL);
     }
+    seq_pool_resume(e, seqs, n); /* paused ones come back while the pool holds them, oldest first */
     for (int i = 0; i < n; i++) /* waiters: the rows exist now, or their sequence went (prefix_share.h) */
-        if (!seqs[i]->done && seqs[i]->waiting)
+        if (!seqs[i]->done && !seqs[i]->paused && seqs[i]->waiting)
             share_prefix(e, seqs[i]);
     /* decode rows first: every stream advances each step; then prompt chunks in admission order */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n && nf < FORWARD_MAX_SEQ; i++) {
             struct engine_seq *q = seqs[i];
-            if (q->done || q->waiting || (pass == 0) != (q->pos >= q->n_prompt) || rows >= max_rows)
+            if (q->done || q->waiting || q->paused || (pass == 0) != (q->pos >= q->filled) || rows >= max_rows)
                 continue;
             int k = plan_rows(e, q, max_rows - rows, &fs[nf]);
-            const struct sample_edit *ed;
-            int ne = q->draw_on_device ? draw_edits(e, q, &ed) : -1;
-            if (k > 0 && fs[nf].want_logits && ne >= 0) { /* else the host samples its logits */
-                if (q->draw.temperature > 0.0f) /* one u a draw, as the host sampler */
-                    q->draw.u = sampler_next_uniform(&q->smp);
-                q->draw.edits = ed;
-                q->draw.n_edits = ne;
-                fs[nf].draw = &q->draw;
-                fs[nf].logprob = &q->dlp;
-            }
             if (k > 0) {
                 in[nf++] = q;
                 rows += k;
             }
         }
+    /* their blocks (paged): where the pool runs out, a sequence pauses and leaves the step, before
+     * any draw takes a number from its sampler */
+    nf = seq_pool_reserve(e, seqs, n, in, fs, nf);
+    for (int i = 0; i < nf; i++) {
+        struct engine_seq *q = in[i];
+        const struct sample_edit *ed;
+        int ne = q->draw_on_device && fs[i].want_logits ? draw_edits(e, q, &ed) : -1;
+        if (ne >= 0) { /* else the host samples its logits */
+            if (q->draw.temperature > 0.0f) /* one u a draw, as the host sampler */
+                q->draw.u = sampler_next_uniform(&q->smp);
+            q->draw.edits = ed;
+            q->draw.n_edits = ne;
+            fs[i].draw = &q->draw;
+            fs[i].logprob = &q->dlp;
+        }
+    }
     e->last_forward_s = 0;
     if (!nf)
         return 0;
@@ -763,8 +736,8 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
         bool prefill = q->pos < q->n_prompt;
         if (prefill)
             memcpy(s->tokens + q->pos, q->ids + q->pos, sizeof(int) * (size_t)fs[i].n);
-        else
-            s->tokens[q->pos] = q->next;
+        else if (q->pos >= q->filled)
+            s->tokens[q->pos] = q->next; /* (a resumed generation's rows hold their tokens already) */
         q->pos += fs[i].n;
         s->n_tokens = q->pos;
         if (!fs[i].want_logits)

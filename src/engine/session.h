@@ -59,6 +59,9 @@ struct engine {
     /* counters (engine thread writes, the snapshot reads) */
     uint64_t shared_tokens;   /* prompt rows copied from another slot instead of computed */
     uint64_t prefix_waits;    /* sequences that waited for another's prefix rows */
+    uint64_t kv_pauses;       /* sequences paused because the paged KV pool ran out (seq_pool.c) */
+    uint64_t kv_resumes;      /* ... and resumed */
+    uint64_t kv_reclaims;     /* idle slots whose blocks went back to the pool for a running sequence */
     int *eog_ids;             /* the vocabulary's end-of-generation ids, listed for the first draw on
                                  the device that bans them (sequence.c), or NULL */
     int n_eog;
@@ -165,5 +168,17 @@ void engine_seq_release(struct engine *e, struct engine_seq *q);
 /* Release q and its slot (its rows stay there for a later prompt with the same prefix). */
 void engine_seq_free(struct engine *e, struct engine_seq *q);
 int engine_free_slots(const struct engine *e);
+/* The KV pool as the page and /metrics show it (seq_pool.c): blocks of block_rows positions (one
+ * block a slot of context positions when not paged), those the running sequences' slots hold,
+ * those only idle slots hold (rows kept for a later prompt), the free ones, those that more than
+ * one slot holds in place, and the sequences paused for blocks now. */
+struct engine_kv_stats {
+    int block_rows, blocks, running, cached, free, shared, paused;
+    bool paged;
+};
+void engine_kv_stats(const struct engine *e, struct engine_kv_stats *out);
+/* Whether a new sequence may start now: a slot is free and no sequence is paused for KV blocks
+ * (seq_pool.c: paused ones go first). */
+bool engine_can_admit(const struct engine *e);
 
 #endif

@@ -204,6 +204,26 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     enum kv_type want = o->kv_type == KV_AUTO ? (cuda_stage && !KV_F16_CUDA_DEFAULT ? KV_F32 : KV_F16) : o->kv_type;
     const char *why = want == KV_F16 ? forward_kv_f16_why(m, bes, n) : NULL;
     p->kv_type = why ? KV_F32 : want;
+    /* Paged KV (kv_blocks.h) where the model and every backend can read blocks: the pool is
+     * kv_pool_tokens positions, or n_seq contexts' worth; else one block of n_ctx a sequence. */
+    const char *why_paged = o->kv_block_rows > 0 ? forward_kv_paged_why(m, bes, n) : "kv_block_size is 0";
+    if (o->kv_block_rows > 0 && !why_paged && o->kv_block_rows < o->n_ctx) {
+        p->kv_block_rows = o->kv_block_rows;
+        int per_seq = (o->n_ctx + p->kv_block_rows - 1) / p->kv_block_rows;
+        long pool = o->kv_pool_tokens > 0 ? o->kv_pool_tokens / p->kv_block_rows : (long)per_seq * p->n_seq;
+        if (pool < per_seq) {
+            snprintf(err, errlen, "kv_pool_tokens %ld holds less than one context of %d tokens", o->kv_pool_tokens,
+                     o->n_ctx);
+            memory_plan_free(p);
+            return TIDE_EINVAL;
+        }
+        p->kv_blocks = pool > INT32_MAX / 2 ? INT32_MAX / 2 : (int)pool;
+    } else if (o->kv_pool_tokens > 0) {
+        snprintf(err, errlen, "kv_pool_tokens needs the paged KV cache, which this server cannot use: %s",
+                 why_paged ? why_paged : "kv_block_size is not below the context");
+        memory_plan_free(p);
+        return TIDE_EINVAL;
+    }
     /* KV slots: as many as asked; automatic: PLAN_AUTO_SEQ_*, halved while they would not fit
      * some device. Every device holds every slot (its layers' part). */
     for (int i = 0; i < n; i++) {
@@ -216,6 +236,11 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         size_t cache_ws = g.slot_bytes + expert_cache_table_bytes(&g, &p->dev[i]); /* staging slot, table */
         forward_stage_size(m, o->n_ctx, p->n_seq, p->max_batch, p->l0[i], p->l1[i], i == 0, i == n - 1, p->kv_type,
                            &sb);
+        if (p->kv_block_rows) { /* the pool, not the slots: n_seq contexts' worth unless kv_pool_tokens */
+            if (o->kv_pool_tokens <= 0)
+                p->kv_blocks = p->n_seq * ((o->n_ctx + p->kv_block_rows - 1) / p->kv_block_rows);
+            sb.kv = forward_kv_pool_bytes(m, p->l0[i], p->l1[i], (size_t)p->kv_blocks * p->kv_block_rows, p->kv_type);
+        }
         size_t need = sb.weights + sb.kv + sb.workspace + cache_ws + p->dev[i].reserve;
         if (o->n_seq <= 0 && p->n_seq > 1 && need > budget) {
             p->n_seq /= 2;
@@ -234,8 +259,16 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
             return TIDE_ERANGE;
         }
     }
+    if (p->kv_block_rows)
+        tide_log("KV cache: paged, %d blocks of %d positions (%ld positions), up to %d sequences of %d",
+                 p->kv_blocks, p->kv_block_rows, (long)p->kv_blocks * p->kv_block_rows, p->n_seq, o->n_ctx);
+    else if (o->kv_block_rows > 0)
+        tide_log("KV cache: one block of %d positions a sequence (%s)", o->n_ctx,
+                 why_paged ? why_paged : "kv_block_size is not below the context");
+    size_t kv_all = p->kv_block_rows ? forward_kv_bytes(m, 1, p->kv_type) * p->kv_blocks * p->kv_block_rows
+                                     : forward_kv_bytes(m, o->n_ctx, p->kv_type) * p->n_seq;
     tide_log("KV cache: %s, %d slots of %d positions, %.1f MiB in all%s%s%s", p->kv_type == KV_F16 ? "f16" : "f32",
-             p->n_seq, o->n_ctx, (double)forward_kv_bytes(m, o->n_ctx, p->kv_type) * p->n_seq / MIB,
+             p->n_seq, o->n_ctx, (double)kv_all / MIB,
              why ? " (" : "", why ? why : "",
              why ? ")" : o->kv_type == KV_AUTO && cuda_stage && !KV_F16_CUDA_DEFAULT ? " (auto: f32 on a CUDA device for now)" : "");
     fault_hook(p);
@@ -261,7 +294,8 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         }
         p->spec[i] = (struct forward_stage_spec){.dev = &p->dev[i], .l0 = p->l0[i], .l1 = p->l1[i],
                                                  .cache = m->cfg.n_expert ? &p->cache[i] : NULL,
-                                                 .kv_type = p->kv_type};
+                                                 .kv_type = p->kv_type, .kv_block_rows = p->kv_block_rows,
+                                                 .kv_blocks = p->kv_blocks};
     }
     return 0;
 }

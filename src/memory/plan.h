@@ -49,6 +49,10 @@ struct plan_options {
                                 -1 automatic (what the host holds beside the experts, at most 2048) */
     enum kv_type kv_type;    /* the KV cache's elements (config kv_type; KV_AUTO: see forward.h);
                                 zeroed options keep f32 */
+    int kv_block_rows;       /* positions a KV block (config kv_block_size); 0: one block of n_ctx a
+                                sequence (zeroed options) */
+    long kv_pool_tokens;     /* positions the paged pool holds (config kv_pool_tokens); 0: n_seq
+                                sequences of n_ctx */
 };
 
 struct memory_plan {
@@ -63,6 +67,8 @@ struct memory_plan {
     int max_batch;
     int n_seq;                 /* KV slots the devices hold (every device holds all of them) */
     enum kv_type kv_type;      /* KV_F16 or KV_F32: what the devices' KV caches hold */
+    int kv_block_rows;         /* positions a KV block; 0: not paged (one block of n_ctx a sequence) */
+    int kv_blocks;             /* blocks in the pool when paged */
     /* Segments a cache could not get back when it last grew (a device allocation failed):
      * it is below its target until memory_plan_retry_grow gets them. 0 when in step. */
     int grow_behind[PLAN_MAX_DEVICES];

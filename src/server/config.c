@@ -31,6 +31,7 @@ void config_defaults(struct config *c)
     c->max_batch_tokens = 2048;
     c->prefix_wait_tokens = ENGINE_PREFIX_WAIT_DEFAULT;
     c->kv_host_mib = -1;
+    c->kv_block_size = FORWARD_KV_BLOCK_ROWS;
     c->queue_timeout_s = 600;
     c->request_timeout_s = 3600;
     c->drain_timeout_s = 30;
@@ -300,6 +301,17 @@ static int parse_root(struct config *c, const cJSON *root, char *err, size_t err
             rc = get_int(f, k, 0, 1 << 24, "null or a non-negative integer (MiB of host RAM for parked conversations; 0 = off)",
                          &n, err, errlen);
             if (!rc) c->kv_host_mib = (int)n;
+        } else if (strcmp(k, "kv_block_size") == 0) {
+            rc = get_int(f, k, 0, 4096, "0 or a power of two 16..4096 (positions a KV block; 0 = one block a sequence)",
+                         &n, err, errlen);
+            if (!rc && n && (n < 16 || (n & (n - 1))))
+                rc = bad(err, errlen, k, "0 or a power of two 16..4096 (positions a KV block; 0 = one block a sequence)", f);
+            if (!rc) c->kv_block_size = (int)n;
+        } else if (strcmp(k, "kv_pool_tokens") == 0) {
+            if (cJSON_IsNull(f)) { c->kv_pool_tokens = 0; continue; }
+            rc = get_int(f, k, 1, 1L << 30, "null or a positive integer (positions the paged KV pool holds)", &n, err,
+                         errlen);
+            if (!rc) c->kv_pool_tokens = (long)n;
         } else if (strcmp(k, "kv_type") == 0) {
             if (cJSON_IsNull(f)) { c->kv_type = 0; continue; }
             rc = config_kv_type(cJSON_IsString(f) ? f->valuestring : "", &c->kv_type);

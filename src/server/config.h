@@ -54,6 +54,9 @@ struct config {
     int max_batch_tokens;  /* rows one scheduler step may run: decode tokens + prompt chunks */
     int prefix_wait_tokens; /* a prompt waits for a prefilling sequence's rows worth this many more (0: never) */
     int kv_host_mib;       /* conversations parked in host RAM (engine/kv_park.h); -1 = null: automatic */
+    int kv_block_size;     /* positions a KV block (a power of two, 16..4096); 0: one block of context a
+                              sequence (not paged) */
+    long kv_pool_tokens;   /* positions the paged KV pool holds; 0 = null: parallel contexts' worth */
     int kv_type;           /* the KV cache's elements: 16 (f16), 32 (f32), 0 = null: f16, but f32 on a
                               CUDA device for now (engine/forward.h KV_F16_CUDA_DEFAULT) */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */

@@ -247,6 +247,8 @@ static void plan_from_config(const struct config *c, struct plan_options *po)
     po->n_devices = c->devices_auto ? 0 : c->n_devices;
     po->kv_host_mib = c->kv_host_mib;
     po->kv_type = c->kv_type == 16 ? KV_F16 : c->kv_type == 32 ? KV_F32 : KV_AUTO;
+    po->kv_block_rows = c->kv_block_size;
+    po->kv_pool_tokens = c->kv_pool_tokens;
     po->max_batch_cap = c->max_batch_tokens;
     for (int i = 0; i < PLAN_MAX_DEVICES; i++) {
         po->dev[i].kind = DEVICE_KIND_CPU;

@@ -11,6 +11,7 @@
  * Names, units and buckets are documented in docs/METRICS.md. */
 #include "server/metrics.h"
 #include "memory/host_budget.h"
+#include "engine/session.h" /* struct engine_kv_stats */
 
 #include <inttypes.h>
 #include <math.h>
@@ -128,6 +129,22 @@ void metrics_tokens(long prompt, long generated)
 }
 
 void metrics_running_add(int d) { atomic_fetch_add(&running, d); }
+static atomic_int m_kv_blocks_total, m_kv_blocks_running, m_kv_blocks_cached, m_kv_blocks_free, m_kv_blocks_shared,
+    m_kv_block_rows, m_kv_paused;
+static atomic_llong m_kv_pauses_total;
+
+void metrics_kv_blocks(const struct engine_kv_stats *kv, uint64_t pauses_total)
+{
+    atomic_store(&m_kv_block_rows, kv->block_rows);
+    atomic_store(&m_kv_blocks_total, kv->blocks);
+    atomic_store(&m_kv_blocks_running, kv->running);
+    atomic_store(&m_kv_blocks_cached, kv->cached);
+    atomic_store(&m_kv_blocks_free, kv->free);
+    atomic_store(&m_kv_blocks_shared, kv->shared);
+    atomic_store(&m_kv_paused, kv->paused);
+    atomic_store(&m_kv_pauses_total, (long long)pauses_total);
+}
+
 void metrics_kv_slots(int used, int total, int cached, long cached_rows)
 {
     atomic_store(&kv_slots_used, used);
@@ -524,6 +541,20 @@ char *metrics_render(void)
     sb_printf(&b, "tide_kv_slots_cached %d\n", atomic_load(&kv_slots_cached));
     family(&b, "tide_kv_cached_rows", "gauge", "KV rows (token positions) the idle slots keep for reuse.");
     sb_printf(&b, "tide_kv_cached_rows %lld\n", atomic_load(&kv_cached_rows));
+    family(&b, "tide_kv_block_rows", "gauge", "Token positions a KV block holds (context when the pool is not paged).");
+    sb_printf(&b, "tide_kv_block_rows %d\n", atomic_load(&m_kv_block_rows));
+    family(&b, "tide_kv_blocks", "gauge", "KV blocks in the pool, by state: held by running sequences, kept only by "
+           "idle slots for prefix reuse, free.");
+    sb_printf(&b, "tide_kv_blocks{state=\"running\"} %d\n", atomic_load(&m_kv_blocks_running));
+    sb_printf(&b, "tide_kv_blocks{state=\"cached\"} %d\n", atomic_load(&m_kv_blocks_cached));
+    sb_printf(&b, "tide_kv_blocks{state=\"free\"} %d\n", atomic_load(&m_kv_blocks_free));
+    family(&b, "tide_kv_blocks_shared", "gauge", "KV blocks held by more than one sequence's table (a shared prefix, in place).");
+    sb_printf(&b, "tide_kv_blocks_shared %d\n", atomic_load(&m_kv_blocks_shared));
+    family(&b, "tide_kv_sequences_paused", "gauge", "Sequences paused because the KV pool ran out of blocks.");
+    sb_printf(&b, "tide_kv_sequences_paused %d\n", atomic_load(&m_kv_paused));
+    family(&b, "tide_kv_preemptions_total", "counter", "Sequences paused because the KV pool ran out of blocks "
+           "(each resumes with the same output).");
+    sb_printf(&b, "tide_kv_preemptions_total %lld\n", atomic_load(&m_kv_pauses_total));
     family(&b, "tide_kv_parked_conversations", "gauge", "Conversations whose KV rows are parked in host RAM.");
     sb_printf(&b, "tide_kv_parked_conversations %d\n", atomic_load(&kv_parked));
     family(&b, "tide_kv_parked_bytes", "gauge", "Host RAM held by parked conversations.");

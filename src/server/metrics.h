@@ -22,6 +22,10 @@ void metrics_waiting_add(int d);
 /* KV slots (sequences at once) held now and in all: tide_kv_slots_used, tide_kv_slots; idle slots
  * keeping rows for reuse and those rows: tide_kv_slots_cached, tide_kv_cached_rows. */
 void metrics_kv_slots(int used, int total, int cached, long cached_rows);
+/* The KV pool's blocks (engine_kv_stats) and the sequences paused for them: tide_kv_blocks*,
+ * tide_kv_sequences_paused, tide_kv_preemptions_total. */
+struct engine_kv_stats;
+void metrics_kv_blocks(const struct engine_kv_stats *kv, uint64_t pauses_total);
 /* Conversations parked in host RAM (engine/kv_park.h): tide_kv_parked_conversations, tide_kv_parked_bytes,
  * tide_kv_parked_budget_bytes, tide_kv_parked_total, tide_kv_restored_total,
  * tide_kv_restored_tokens_total, tide_kv_park_evicted_total (the engine's counts, published). */

@@ -40,6 +40,8 @@ struct vram_snapshot {
     long kv_cached_rows;        /* KV rows the cached slots keep for reuse */
     int kv_rows_per_slot;       /* context: rows a slot holds at most */
     bool kv_f16;                /* the KV cache's elements are f16 (else f32) */
+    struct engine_kv_stats kv;  /* the KV pool's blocks (engine_kv_stats) */
+    uint64_t kv_pauses_total, kv_resumes_total; /* sequences paused for KV blocks, and resumed */
     int parked;                 /* conversations parked in host RAM (engine/kv_park.h) */
     size_t parked_bytes, parked_budget;
     uint64_t parked_total, restored_total, restored_tokens_total, park_evicted_total;

@@ -94,6 +94,9 @@ void runtime_publish(struct runtime *rt)
     }
     s.kv_rows_per_slot = rt->eng.n_ctx;
     s.kv_f16 = rt->eng.fw.kv_f16;
+    engine_kv_stats(&rt->eng, &s.kv);
+    s.kv_pauses_total = rt->eng.kv_pauses;
+    s.kv_resumes_total = rt->eng.kv_resumes;
     const struct kv_park *kp = &rt->eng.park;
     s.parked = kp->n;
     s.parked_bytes = kp->used;
@@ -118,6 +121,7 @@ void runtime_publish(struct runtime *rt)
     metrics_kv_parked(s.parked, s.parked_bytes, s.parked_budget, s.parked_total, s.restored_total,
                       s.restored_tokens_total, s.park_evicted_total);
     metrics_kv_shared(s.shared_tokens_total, s.prefix_waits_total);
+    metrics_kv_blocks(&s.kv, s.kv_pauses_total);
 }
 
 void runtime_vision_event(void *ud, const struct vision_lifecycle *v, enum vision_event ev)
@@ -217,12 +221,13 @@ static void finish(struct scheduler *S, struct running *r, int rc, const char *e
     memset(r, 0, sizeof *r);
 }
 
-/* Admit queued jobs in arrival order while a KV slot is free. */
+/* Admit queued jobs in arrival order while a KV slot is free (and no sequence is paused for KV
+ * blocks: engine_can_admit). */
 static bool admit(struct scheduler *S)
 {
     struct runtime *rt = S->rt;
     bool any = false;
-    while (S->n < FORWARD_MAX_SEQ && engine_free_slots(&rt->eng) > 0) {
+    while (S->n < FORWARD_MAX_SEQ && engine_can_admit(&rt->eng)) {
         struct job *j = fifo_pop(rt->fifo);
         if (!j)
             break;

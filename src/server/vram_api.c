@@ -87,6 +87,17 @@ char *vram_render(const struct vram_snapshot *s, const char *status, const size_
     cJSON_AddNumberToObject(sq, "rows_per_slot", s->kv_rows_per_slot);
     cJSON_AddNumberToObject(sq, "running_rows", (double)s->kv_running_rows);
     cJSON_AddNumberToObject(sq, "cached_rows", (double)s->kv_cached_rows);
+    /* the KV pool's blocks (engine/kv_blocks.h): paged, blocks of block_rows positions taken as
+     * sequences grow; else one block of rows_per_slot a slot */
+    cJSON_AddBoolToObject(sq, "paged", s->kv.paged);
+    cJSON_AddNumberToObject(sq, "block_rows", s->kv.block_rows);
+    cJSON_AddNumberToObject(sq, "blocks", s->kv.blocks);
+    cJSON_AddNumberToObject(sq, "blocks_running", s->kv.running);
+    cJSON_AddNumberToObject(sq, "blocks_cached", s->kv.cached);
+    cJSON_AddNumberToObject(sq, "blocks_free", s->kv.free);
+    cJSON_AddNumberToObject(sq, "blocks_shared", s->kv.shared);
+    cJSON_AddNumberToObject(sq, "paused", s->kv.paused);
+    cJSON_AddNumberToObject(sq, "paused_total", (double)s->kv_pauses_total);
     /* conversations parked in host RAM when their slot was taken (engine/kv_park.h) */
     cJSON_AddNumberToObject(sq, "parked", s->parked);
     cJSON_AddNumberToObject(sq, "parked_mib", round((double)s->parked_bytes / 1048576.0 * 10) / 10);

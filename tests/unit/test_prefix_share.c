@@ -163,7 +163,7 @@ Test(prefix_share, cloned_rows_compute_the_same_logits)
     struct forward_seq a = {.slot = 0, .pos = 0, .n = 50, .tokens = ids, .want_logits = true};
     cr_assert_eq(forward_eval_batch(&f, &a, 1), 0);
     memcpy(want, a.logits, sizeof(float) * V);
-    cr_assert_eq(forward_kv_clone(&f, 0, 2, 30), 0);
+    cr_assert_eq(forward_kv_clone(&f, 0, 2, 30), 30, "the rows slot 2 holds from slot 0");
     size_t rb = forward_kv_row_bytes(&f);
     char *r0 = malloc(30 * rb), *r2 = malloc(30 * rb);
     cr_assert_eq(forward_kv_copy(&f, 0, 30, (float *)r0, 30, true), 0);
