@@ -26,7 +26,9 @@ static const int plen[NSEQ] = {9, 23, 5};
 
 static int prompt_tok(int s, int i, uint32_t V) { return (int)((7u * (unsigned)s + 13u * (unsigned)i + 3u) % V); }
 
-static void check_preset_kv(const char *preset, int type, enum kv_type kv)
+/* block_rows > 0: the batched state's KV cache is paged in blocks of that many rows (kv_blocks.h),
+ * where the model can page; the lone runs keep one block a slot. */
+static void check_preset_paged(const char *preset, int type, enum kv_type kv, int block_rows)
 {
     char path[96];
     snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-%s-%d.gguf", (int)getpid(), preset, type);
@@ -64,8 +66,10 @@ static void check_preset_kv(const char *preset, int type, enum kv_type kv)
 
     /* together: 4 slots (one unused), steps of at most 16 rows from the prefill buffers */
     struct forward_state f;
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv};
+    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv, .kv_block_rows = block_rows};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 4, 16, &sp, 1), 0);
+    bool can_page = !m.cfg.kv_lora_rank && strcmp(preset, "gpt-oss") != 0;
+    cr_assert_eq(!f.kv.fixed, block_rows > 0 && can_page, "%s: paged %d", preset, !f.kv.fixed);
     /* deepseek2's latent cache stays f32 (forward_kv_f16_why) */
     cr_assert_eq(f.kv_f16, kv == KV_F16 && !m.cfg.kv_lora_rank, "%s: kv_f16 %d", preset, f.kv_f16);
     cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
@@ -126,7 +130,16 @@ static void check_preset_kv(const char *preset, int type, enum kv_type kv)
     unlink(path);
 }
 
+static void check_preset_kv(const char *preset, int type, enum kv_type kv) { check_preset_paged(preset, type, kv, 0); }
 static void check_preset(const char *preset, int type) { check_preset_kv(preset, type, KV_F32); }
+
+/* A paged KV cache (blocks of 16 rows: the 23-row prompt and its decode rows cross two block
+ * boundaries, the slots' blocks interleave in the pool) gives the same bits. */
+Test(batch, moe_f16_paged_batched_equals_alone) { check_preset_paged("moe", -1, KV_F32, 16); }
+Test(batch, qwen3moe_f16_kv_f16_paged_batched_equals_alone) { check_preset_paged("qwen3moe", -1, KV_F16, 16); }
+Test(batch, qwen2moe_q8_0_kv_f16_paged_batched_equals_alone) { check_preset_paged("qwen2moe", GGML_TYPE_Q8_0, KV_F16, 16); }
+Test(batch, dense_f32_paged_batched_equals_alone) { check_preset_paged("dense", GGML_TYPE_F32, KV_F32, 32); }
+Test(batch, deepseek2_paged_keeps_one_block_a_slot) { check_preset_paged("deepseek2", -1, KV_F32, 16); }
 
 Test(batch, moe_f16_batched_equals_alone) { check_preset("moe", -1); }
 Test(batch, moe_f16_kv_f16_batched_equals_alone) { check_preset_kv("moe", -1, KV_F16); }
@@ -271,4 +284,5 @@ Test(batch, backend_draws_are_the_rows_own)
 /* gpt-oss: sliding-window layers (window 4, shorter than every prompt here but one), sinks,
  * biases and the clamped SwiGLU; MXFP4 experts as its released files have them */
 Test(batch, gptoss_f16_batched_equals_alone) { check_preset("gpt-oss", -1); }
+Test(batch, gptoss_paged_keeps_one_block_a_slot) { check_preset_paged("gpt-oss", -1, KV_F32, 16); }
 Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }

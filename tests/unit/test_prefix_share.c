@@ -181,3 +181,61 @@ Test(prefix_share, cloned_rows_compute_the_same_logits)
     model_free(&m);
     unlink(path);
 }
+
+/* The same on a paged cache (blocks of 16 rows, f16): slot 2 takes slot 0's first 40 rows with
+ * its two whole blocks in place (the same blocks in both tables) and the partial third copied;
+ * computing the rest gives slot 0's logits bit for bit. Then slot 2 writes from row 20, inside
+ * a shared block: it gets a copy of its own (copy on write), and slot 0's rows do not change. */
+Test(prefix_share, paged_blocks_shared_in_place_and_copied_on_write)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/tide-test-prefix-paged-%d.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "qwen3moe", .out = path, .seed = 5, .type = -1, .threads = 1};
+    struct modelgen_summary sum;
+    struct model m;
+    struct backend be;
+    struct forward_state f;
+    char err[256] = "";
+    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
+    cr_assert_eq(backend_cpu_init(&be, 1), 0);
+    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = KV_F16, .kv_block_rows = 16};
+    cr_assert_eq(forward_init_stages(&f, &m, 128, 3, 64, &sp, 1), 0);
+    cr_assert(!f.kv.fixed, "the CPU backend pages");
+    cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
+    int ids[50];
+    for (int i = 0; i < 50; i++)
+        ids[i] = (int)((13u * (unsigned)i + 5u) % m.cfg.n_vocab);
+    uint32_t V = m.cfg.n_vocab;
+    float *want = malloc(sizeof(float) * V);
+    struct forward_seq a = {.slot = 0, .pos = 0, .n = 50, .tokens = ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &a, 1), 0);
+    memcpy(want, a.logits, sizeof(float) * V);
+    size_t rb = forward_kv_row_bytes(&f);
+    char *r0 = malloc(50 * rb), *r0b = malloc(50 * rb);
+    cr_assert_eq(forward_kv_copy(&f, 0, 50, r0, 50, true), 0);
+    cr_assert_eq(forward_kv_clone(&f, 0, 2, 40), 40);
+    const int32_t *t0 = kv_blocks_table(&f.kv, 0), *t2 = kv_blocks_table(&f.kv, 2);
+    cr_assert(t2[0] == t0[0] && t2[1] == t0[1] && t2[2] != t0[2], "two blocks in place, the third a copy");
+    cr_assert_eq(kv_blocks_shared(&f.kv), 2);
+    struct forward_seq b = {.slot = 2, .pos = 40, .n = 10, .tokens = ids + 40, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &b, 1), 0);
+    cr_assert_eq(memcmp(want, b.logits, sizeof(float) * V), 0, "the same logits, bit for bit");
+    int32_t shared1 = t2[1];
+    struct forward_seq c = {.slot = 2, .pos = 20, .n = 30, .tokens = ids + 20, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&f, &c, 1), 0);
+    cr_assert_eq(memcmp(want, c.logits, sizeof(float) * V), 0, "computed again from row 20: the same logits");
+    cr_assert(t2[1] != shared1 && t0[1] == shared1 && t2[0] == t0[0], "slot 2 wrote into a copy of block 1");
+    cr_assert_eq(forward_kv_copy(&f, 0, 50, r0b, 50, true), 0);
+    cr_assert_eq(memcmp(r0, r0b, 50 * rb), 0, "slot 0's rows did not change");
+    forward_kv_trim(&f, 2, 0);
+    forward_kv_trim(&f, 0, 0);
+    cr_assert_eq(f.kv.n_free, f.kv.n_blocks, "every block back in the pool");
+    free(want);
+    free(r0);
+    free(r0b);
+    forward_free(&f);
+    backend_cpu_free(&be);
+    model_free(&m);
+    unlink(path);
+}

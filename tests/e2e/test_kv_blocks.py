@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""test_kv_blocks.py - the paged KV cache through the real daemon (CPU devices).
+
+A pool of blocks smaller than the running sequences need (kv_pool_tokens: one context of 256
+positions, in blocks of 16, for 4 sequences at once) makes the server pause the newest sequence
+when the blocks run out and resume it later (engine/seq_pool.c). What a client sees:
+ 1. every one of 4 concurrent replies (greedy and seeded sampling, streamed and not, 200 tokens
+    each with end-of-text masked, so together they need ~3x the pool) equals the reply the same
+    request gets alone, and none errs; /metrics counts the pauses, and when all are done no
+    sequence is paused and every block is free or cached;
+ 2. the same with conversation parking off (kv_host_mib 0): a paused sequence's rows are computed
+    again instead of restored, with the same replies;
+ 3. /v1/vram reports the pool (paged, block_rows, blocks and their states) and blocks shared in
+    place by two prompts with one long prefix; a pool smaller than one context stops start-up
+    with a clear error.
+Usage: tests/e2e/test_kv_blocks.py   (env: TIDE_BIN). Prints "N passed, N failed".
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_batching import Daemon, check, metric, reply_texts, results, run_threads  # noqa: E402 - the shared harness
+
+POOL = {"parallel": 4, "context": 256, "kv_block_size": 16, "kv_pool_tokens": 256}
+
+
+def bodies():
+    asks = ["Tell me about rivers.", "Describe a city at night.", "List some colours.", "Explain the tides."]
+    out = []
+    for i, a in enumerate(asks):
+        b = {"messages": [{"role": "user", "content": a}], "max_tokens": 200, "ignore_eos": True,
+             "temperature": 0 if i % 2 == 0 else 1.0, "seed": 11 + i, "stream": i >= 2}
+        out.append(b)
+    return out
+
+
+def paused_then_equal(d, name):
+    bs = bodies()
+    alone = [reply_texts(d, "/v1/chat/completions", b) for b in bs]
+    before = metric(d, "tide_kv_preemptions_total")
+    together = run_threads([lambda b=b: reply_texts(d, "/v1/chat/completions", b) for b in bs])
+    bad = [t for t in together if isinstance(t, Exception)]
+    check(name + ": 4 concurrent replies, none errs", not bad, repr(bad[:1]))
+    if bad:
+        return
+    same = sum(1 for a, t in zip(alone, together) if a == t)
+    check(name + ": each reply equals the same request alone", same == 4, "%d/4 equal" % same)
+    pauses = metric(d, "tide_kv_preemptions_total") - before
+    check(name + ": the pool ran out and sequences were paused", pauses > 0, "%d pauses" % pauses)
+    sq = d.vram()["sequences"]
+    check(name + ": afterwards none is paused, no block is held by a running sequence",
+          sq["paused"] == 0 and sq["blocks_running"] == 0 and sq["blocks_free"] + sq["blocks_cached"] == sq["blocks"],
+          str({k: sq[k] for k in ("paused", "blocks", "blocks_running", "blocks_cached", "blocks_free")}))
+
+
+def pool_report(d):
+    sq = d.vram()["sequences"]
+    check("vram: the pool is paged in blocks of 16, 16 blocks",
+          sq.get("paged") is True and sq.get("block_rows") == 16 and sq.get("blocks") == 16, str(sq))
+    long = "The quiet river runs past the old mill and under the stone bridge, " * 6
+    a = {"messages": [{"role": "system", "content": long}, {"role": "user", "content": "One?"}], "max_tokens": 2,
+         "temperature": 0}
+    reply_texts(d, "/v1/chat/completions", a)
+    b = dict(a, messages=[a["messages"][0], {"role": "user", "content": "Two?"}])
+    o = d.post("/v1/chat/completions", b)
+    cached = o["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    check("prefix: the second prompt reuses the first's rows", cached >= 32, "cached_tokens %d" % cached)
+
+
+def main():
+    d = Daemon(dict(POOL, kv_host_mib=64))
+    try:
+        pool_report(d)
+        paused_then_equal(d, "parked")
+        rc = d.stop()
+        check("daemon exits 0 on SIGTERM", rc == 0, "rc %d" % rc)
+    except BaseException:
+        d.stop()
+        raise
+    d = Daemon(dict(POOL, kv_host_mib=0))
+    try:
+        paused_then_equal(d, "recomputed")
+    finally:
+        d.stop()
+    try:
+        Daemon(dict(POOL, kv_pool_tokens=128)).stop()
+        check("a pool below one context is refused", False, "the daemon started")
+    except RuntimeError as e:
+        check("a pool below one context is refused, saying why", "kv_pool_tokens" in str(e), str(e)[-200:])
+    print("%d passed, %d failed" % (sum(results), len(results) - sum(results)))
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
