@@ -247,6 +247,17 @@ struct backend_i {
     void (*store_f16)(void *ctx, uint16_t *dst, const float *src, size_t n);
     void (*attention_f16)(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                           float *att, int n, int pos, int n_head, int n_head_kv, int head_dim);
+    /* Causal attention over a paged KV cache (docs/DESIGN.md "KV blocks"): attention (f16:
+     * attention_f16) of n query tokens at positions pos..pos+n-1 where the sequence's KV row p
+     * is row p % block_rows of block blocks[p / block_rows]; block b's rows start
+     * b * block_rows * kvd elements (float, or uint16_t f16 when f16) into k_pool / v_pool
+     * (kvd = n_head_kv*head_dim). blocks (at least (pos+n-1)/block_rows + 1 entries) is in
+     * backend memory, read when the op runs. block_rows is a power of two and a multiple of 16.
+     * Bit for bit the contiguous op over the same rows. NULL where the backend has none: the
+     * forward keeps one block per sequence there. */
+    void (*attention_paged)(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                            const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,
+                            int n_head, int n_head_kv, int head_dim);
     /* slot_elems: elements (f16) from one slot's cache to the next */
     void (*qk_norm_rope_at_f16)(void *ctx, float *q, const float *k_new, const float *v_new, uint16_t *k_cache,
                                 uint16_t *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_elems,
