@@ -625,6 +625,7 @@ static const struct backend_i cpu_iface = {
     .attention = cpu_attention,
     .store_f16 = cpu_store_f16, /* the f16 KV cache: backend_cpu_attention.c */
     .attention_f16 = cpu_attention_f16,
+    .attention_paged = cpu_attention_paged,
     .swiglu = cpu_swiglu,
     .attention_sinks = cpu_attention_sinks, /* gpt-oss's ops: backend_cpu_oai.c */
     .swiglu_oai = cpu_swiglu_oai,

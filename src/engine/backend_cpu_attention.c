@@ -1,5 +1,6 @@
 /* backend_cpu_attention.c - the CPU backend's causal attention (backend_i.attention) over
- * the f32 KV cache, and its f16 twin (backend_i.attention_f16), shared by the pool's threads.
+ * the f32 KV cache, its f16 twin (backend_i.attention_f16), and the paged form of either
+ * (backend_i.attention_paged), shared by the pool's threads.
  *
  * How the work is split: a decode step (one query token) is claimed by the threads a KV
  * head's group of query heads at a time (GQA: the heads that read the same K and V rows stay
@@ -14,7 +15,16 @@
  * depend on what shares its step.
  *
  * On a CPU with AVX-512 (and TIDE_CPU_ISA not capping it), head_dim 64 runs two heads of a GQA
- * group at once, each with AVX2's bits (attend_pair_avx512 says how and why), over either cache. */
+ * group at once, each with AVX2's bits (attend_pair_avx512 says how and why), over either cache.
+ *
+ * The paged cache: the sequence's KV row p is row p % block_rows of block blocks[p /
+ * block_rows] of a pool (docs/DESIGN.md "KV blocks"). Every loop over rows goes a run of rows
+ * at a time (run_end: the rest of a block, or all rows when contiguous), each run's first row
+ * found through the table (row_at), and the rows within a run one stride apart as before; the
+ * 16-row tiles of the AVX-512 scores start at multiples of 16 and block_rows is a multiple of
+ * 16, so no tile crosses a block. The arithmetic and its order are the contiguous op's, so the
+ * paged op gives its bits over the same rows, and the contiguous op (blocks NULL: one run) runs
+ * the loops it ran before. */
 #include "backend_cpu_attention.h"
 #include "cpu_f16.h"
 #include "cpu_lanes512.h"
@@ -42,16 +52,39 @@ struct att_job {
     bool f16;  /* the caches hold f16 */
     bool wide; /* and its head_dim 64 scores are AVX-512's (scores16_avx512) */
     bool pairs; /* and heads go two at a time (attend_pair_avx512) */
+    const int32_t *blocks; /* the block table, or NULL: the caches are contiguous */
+    int shift;             /* log2 of block_rows */
 };
 
-/* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows, element by element in
- * row order (vectorised across the head's elements, which leaves each element's sum as is). */
-KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const float *a, int rows, float sum,
-                                 int hd)
+/* The element where the sequence's KV row p starts: p * kv_dim in a contiguous cache, else
+ * row p % block_rows of block blocks[p / block_rows]. */
+static inline __attribute__((always_inline)) size_t row_at(const struct att_job *j, int p, int kv_dim)
+{
+    if (!j->blocks)
+        return (size_t)p * kv_dim;
+    size_t row = (size_t)j->blocks[p >> j->shift] << j->shift | (size_t)(p & ((1 << j->shift) - 1));
+    return row * kv_dim;
+}
+
+/* The end of the run of rows p.. (before end) that lie kv_dim elements apart in the cache: the
+ * end of p's block, or end when the cache is contiguous. */
+static inline __attribute__((always_inline)) int run_end(const struct att_job *j, int p, int end)
+{
+    if (!j->blocks)
+        return end;
+    int block_end = (p | ((1 << j->shift) - 1)) + 1;
+    return block_end < end ? block_end : end;
+}
+
+/* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows (v_t at element head of the
+ * job's row t of v), element by element in row order (vectorised across the head's elements,
+ * which leaves each element's sum as is). */
+KERNEL static void weighted_rows(float *o, const struct att_job *j, const float *v, size_t head, int kv_dim,
+                                 const float *a, int rows, float sum, int hd)
 {
     memset(o, 0, sizeof(float) * (size_t)hd);
     for (int t = 0; t < rows; t++) {
-        const float *vt = v + (size_t)t * stride;
+        const float *vt = v + head + row_at(j, t, kv_dim);
         float wgt = a[t] / sum;
         for (int i = 0; i < hd; i++)
             o[i] += wgt * vt[i];
@@ -60,13 +93,13 @@ KERNEL static void weighted_rows(float *o, const float *v, size_t stride, const 
 
 /* weighted_rows over f16 value rows: each row widened (exact), then the same sums. hd <=
  * CPU_ATT_F16_MAX_HD. */
-KERNEL static void weighted_rows_f16(float *o, const uint16_t *v, size_t stride, const float *a, int rows,
-                                     float sum, int hd)
+KERNEL static void weighted_rows_f16(float *o, const struct att_job *j, const uint16_t *v, size_t head,
+                                     int kv_dim, const float *a, int rows, float sum, int hd)
 {
     float vt[CPU_ATT_F16_MAX_HD];
     memset(o, 0, sizeof(float) * (size_t)hd);
     for (int t = 0; t < rows; t++) {
-        cpu_f16_to_f32(vt, v + (size_t)t * stride, (size_t)hd);
+        cpu_f16_to_f32(vt, v + head + row_at(j, t, kv_dim), (size_t)hd);
         float wgt = a[t] / sum;
         for (int i = 0; i < hd; i++)
             o[i] += wgt * vt[i];
@@ -240,29 +273,31 @@ W512 static inline __attribute__((always_inline)) void attend_pair_body(const st
     size_t head = (size_t)kvh * 64; /* the KV head's first element in a row */
     int p = 0;
     for (; p + 16 <= n; p += 16) {
-        size_t kb = head + (size_t)p * kv_dim;
+        size_t kb = head + row_at(j, p, kv_dim); /* 16 rows from a multiple of 16: one block's */
         scores16_body(qa, k, kb, kv_dim, 16, scale, a0 + p, f16);
         scores16_body(qb, k, kb, kv_dim, 16, scale, a1 + p, f16);
     }
     for (; p < n; p++) {
-        a0[p] = score64_avx2(qa, k, head + (size_t)p * kv_dim, scale, f16);
-        a1[p] = score64_avx2(qb, k, head + (size_t)p * kv_dim, scale, f16);
+        a0[p] = score64_avx2(qa, k, head + row_at(j, p, kv_dim), scale, f16);
+        a1[p] = score64_avx2(qb, k, head + row_at(j, p, kv_dim), scale, f16);
     }
     softmax8(a0, n);
     softmax8(a1, n);
     __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-    for (p = 0; p < n; p++) {
-        size_t vp = head + (size_t)p * kv_dim;
-        __m512 v0 = load16(v, vp, f16), v1 = load16(v, vp + 16, f16), v2 = load16(v, vp + 32, f16);
-        __m512 v3 = load16(v, vp + 48, f16), wa = _mm512_set1_ps(a0[p]), wb = _mm512_set1_ps(a1[p]);
-        o0 = _mm512_fmadd_ps(wa, v0, o0);
-        o1 = _mm512_fmadd_ps(wa, v1, o1);
-        o2 = _mm512_fmadd_ps(wa, v2, o2);
-        o3 = _mm512_fmadd_ps(wa, v3, o3);
-        o4 = _mm512_fmadd_ps(wb, v0, o4);
-        o5 = _mm512_fmadd_ps(wb, v1, o5);
-        o6 = _mm512_fmadd_ps(wb, v2, o6);
-        o7 = _mm512_fmadd_ps(wb, v3, o7);
+    for (p = 0; p < n;) { /* a run of rows at a time: its rows kv_dim elements apart */
+        int e = run_end(j, p, n);
+        for (size_t vp = head + row_at(j, p, kv_dim); p < e; p++, vp += kv_dim) {
+            __m512 v0 = load16(v, vp, f16), v1 = load16(v, vp + 16, f16), v2 = load16(v, vp + 32, f16);
+            __m512 v3 = load16(v, vp + 48, f16), wa = _mm512_set1_ps(a0[p]), wb = _mm512_set1_ps(a1[p]);
+            o0 = _mm512_fmadd_ps(wa, v0, o0);
+            o1 = _mm512_fmadd_ps(wa, v1, o1);
+            o2 = _mm512_fmadd_ps(wa, v2, o2);
+            o3 = _mm512_fmadd_ps(wa, v3, o3);
+            o4 = _mm512_fmadd_ps(wb, v0, o4);
+            o5 = _mm512_fmadd_ps(wb, v1, o5);
+            o6 = _mm512_fmadd_ps(wb, v2, o6);
+            o7 = _mm512_fmadd_ps(wb, v3, o7);
+        }
     }
     float *oa = j->out + ((size_t)t * j->n_head + h) * 64, *ob = oa + 64;
     _mm512_storeu_ps(oa, o0);
@@ -303,32 +338,43 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
         int p = 0;
-        if (j->wide)
-            p = f16 ? scores16_avx512_f16(qh, k, head, kv_dim, last + 1, scale, a)
-                    : scores16_avx512_f32(qh, k, head, kv_dim, last + 1, scale, a);
-        for (; p <= last; p++) {
-            size_t kp = head + (size_t)p * kv_dim;
-            __m256 acc0 = _mm256_mul_ps(q0, load8(k, kp, f16));
-            __m256 acc1 = _mm256_fmadd_ps(q1, load8(k, kp + 8, f16), _mm256_setzero_ps());
-            acc0 = _mm256_fmadd_ps(q2, load8(k, kp + 16, f16), acc0);
-            acc1 = _mm256_fmadd_ps(q3, load8(k, kp + 24, f16), acc1);
-            acc0 = _mm256_fmadd_ps(q4, load8(k, kp + 32, f16), acc0);
-            acc1 = _mm256_fmadd_ps(q5, load8(k, kp + 40, f16), acc1);
-            acc0 = _mm256_fmadd_ps(q6, load8(k, kp + 48, f16), acc0);
-            acc1 = _mm256_fmadd_ps(q7, load8(k, kp + 56, f16), acc1);
-            a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+        /* the 16-row tiles a run at a time; only the last run (the only one not whole blocks,
+         * which are multiples of 16 rows) leaves rows to the loop below */
+        while (j->wide && p <= last) {
+            int e = run_end(j, p, last + 1);
+            size_t kb = head + row_at(j, p, kv_dim);
+            p += f16 ? scores16_avx512_f16(qh, k, kb, kv_dim, e - p, scale, a + p)
+                     : scores16_avx512_f32(qh, k, kb, kv_dim, e - p, scale, a + p);
+            if (p < e)
+                break;
+        }
+        while (p <= last) { /* a run of rows at a time: its rows kv_dim elements apart */
+            int e = run_end(j, p, last + 1);
+            for (size_t kp = head + row_at(j, p, kv_dim); p < e; p++, kp += kv_dim) {
+                __m256 acc0 = _mm256_mul_ps(q0, load8(k, kp, f16));
+                __m256 acc1 = _mm256_fmadd_ps(q1, load8(k, kp + 8, f16), _mm256_setzero_ps());
+                acc0 = _mm256_fmadd_ps(q2, load8(k, kp + 16, f16), acc0);
+                acc1 = _mm256_fmadd_ps(q3, load8(k, kp + 24, f16), acc1);
+                acc0 = _mm256_fmadd_ps(q4, load8(k, kp + 32, f16), acc0);
+                acc1 = _mm256_fmadd_ps(q5, load8(k, kp + 40, f16), acc1);
+                acc0 = _mm256_fmadd_ps(q6, load8(k, kp + 48, f16), acc0);
+                acc1 = _mm256_fmadd_ps(q7, load8(k, kp + 56, f16), acc1);
+                a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
+            }
         }
     }
-    for (int p = 0; p <= last && nv != 8; p++) {
-        size_t kp = head + (size_t)p * kv_dim;
-        __m256 acc0 = _mm256_mul_ps(q[0], load8(k, kp, f16)), acc1 = _mm256_setzero_ps();
-        for (int i = 1; i + 1 < nv; i += 2) {
-            acc1 = _mm256_fmadd_ps(q[i], load8(k, kp + 8 * i, f16), acc1);
-            acc0 = _mm256_fmadd_ps(q[i + 1], load8(k, kp + 8 * i + 8, f16), acc0);
+    for (int p = 0; p <= last && nv != 8;) {
+        int e = run_end(j, p, last + 1);
+        for (size_t kp = head + row_at(j, p, kv_dim); p < e; p++, kp += kv_dim) {
+            __m256 acc0 = _mm256_mul_ps(q[0], load8(k, kp, f16)), acc1 = _mm256_setzero_ps();
+            for (int i = 1; i + 1 < nv; i += 2) {
+                acc1 = _mm256_fmadd_ps(q[i], load8(k, kp + 8 * i, f16), acc1);
+                acc0 = _mm256_fmadd_ps(q[i + 1], load8(k, kp + 8 * i + 8, f16), acc0);
+            }
+            if (!(nv & 1))
+                acc1 = _mm256_fmadd_ps(q[nv - 1], load8(k, kp + 8 * (nv - 1), f16), acc1);
+            a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
         }
-        if (!(nv & 1))
-            acc1 = _mm256_fmadd_ps(q[nv - 1], load8(k, kp + 8 * (nv - 1), f16), acc1);
-        a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
     }
     softmax8(a, last + 1);
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
@@ -337,17 +383,19 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
         if (m == 8) { /* a constant count, so the eight sums stay in registers (with m they
                        * went through the stack: a store and a load per product) */
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-            for (int p = 0; p <= last; p++) {
-                __m256 wgt = _mm256_set1_ps(a[p]);
-                size_t vp = head + (size_t)p * kv_dim + 8 * c;
-                o0 = _mm256_fmadd_ps(wgt, load8(v, vp, f16), o0);
-                o1 = _mm256_fmadd_ps(wgt, load8(v, vp + 8, f16), o1);
-                o2 = _mm256_fmadd_ps(wgt, load8(v, vp + 16, f16), o2);
-                o3 = _mm256_fmadd_ps(wgt, load8(v, vp + 24, f16), o3);
-                o4 = _mm256_fmadd_ps(wgt, load8(v, vp + 32, f16), o4);
-                o5 = _mm256_fmadd_ps(wgt, load8(v, vp + 40, f16), o5);
-                o6 = _mm256_fmadd_ps(wgt, load8(v, vp + 48, f16), o6);
-                o7 = _mm256_fmadd_ps(wgt, load8(v, vp + 56, f16), o7);
+            for (int p = 0; p <= last;) {
+                int e = run_end(j, p, last + 1);
+                for (size_t vp = head + row_at(j, p, kv_dim) + 8 * c; p < e; p++, vp += kv_dim) {
+                    __m256 wgt = _mm256_set1_ps(a[p]);
+                    o0 = _mm256_fmadd_ps(wgt, load8(v, vp, f16), o0);
+                    o1 = _mm256_fmadd_ps(wgt, load8(v, vp + 8, f16), o1);
+                    o2 = _mm256_fmadd_ps(wgt, load8(v, vp + 16, f16), o2);
+                    o3 = _mm256_fmadd_ps(wgt, load8(v, vp + 24, f16), o3);
+                    o4 = _mm256_fmadd_ps(wgt, load8(v, vp + 32, f16), o4);
+                    o5 = _mm256_fmadd_ps(wgt, load8(v, vp + 40, f16), o5);
+                    o6 = _mm256_fmadd_ps(wgt, load8(v, vp + 48, f16), o6);
+                    o7 = _mm256_fmadd_ps(wgt, load8(v, vp + 56, f16), o7);
+                }
             }
             float *oc = o + 8 * c;
             _mm256_storeu_ps(oc, o0);
@@ -363,11 +411,13 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
         __m256 acc[8];
         for (int i = 0; i < 8; i++)
             acc[i] = _mm256_setzero_ps();
-        for (int p = 0; p <= last; p++) {
-            __m256 wgt = _mm256_set1_ps(a[p]);
-            size_t vp = head + (size_t)p * kv_dim + 8 * c;
-            for (int i = 0; i < m; i++)
-                acc[i] = _mm256_fmadd_ps(wgt, load8(v, vp + 8 * i, f16), acc[i]);
+        for (int p = 0; p <= last;) {
+            int e = run_end(j, p, last + 1);
+            for (size_t vp = head + row_at(j, p, kv_dim) + 8 * c; p < e; p++, vp += kv_dim) {
+                __m256 wgt = _mm256_set1_ps(a[p]);
+                for (int i = 0; i < m; i++)
+                    acc[i] = _mm256_fmadd_ps(wgt, load8(v, vp + 8 * i, f16), acc[i]);
+            }
         }
         for (int i = 0; i < m; i++)
             _mm256_storeu_ps(o + 8 * (c + i), acc[i]);
@@ -399,7 +449,7 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
     const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
     float mx = -INFINITY, kt[CPU_ATT_F16_MAX_HD];
     for (int p = 0; p <= last; p++) {
-        size_t at = (size_t)p * kv_dim + (size_t)kvh * hd;
+        size_t at = row_at(j, p, kv_dim) + (size_t)kvh * hd;
         const float *kp = kt;
         if (j->f16) /* widened a row at a time (exact): the f32 form's bits over those values */
             cpu_f16_to_f32(kt, (const uint16_t *)j->k_cache + at, (size_t)hd);
@@ -416,9 +466,9 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
     }
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     if (j->f16)
-        weighted_rows_f16(o, (const uint16_t *)j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a, last + 1, sum, hd);
+        weighted_rows_f16(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, last + 1, sum, hd);
     else
-        weighted_rows(o, (const float *)j->v_cache + (size_t)kvh * hd, (size_t)kv_dim, a, last + 1, sum, hd);
+        weighted_rows(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, last + 1, sum, hd);
 }
 
 /* Head h of query token t, or heads h and h + 1 where the job goes in pairs (j->pairs: the
@@ -491,11 +541,14 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
     cpu_pool_run(ctx, capped_worker, &c);
 }
 
+/* blocks NULL: the caches are contiguous (block_rows unused) */
 static void attention_run(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
-                          float *out, float *att, int n, int pos, int n_head, int n_head_kv, int head_dim,
-                          enum cpu_isa isa)
+                          const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                          int n_head_kv, int head_dim, enum cpu_isa isa)
 {
-    struct att_job j = {q, k_cache, v_cache, out, att, n, pos, n_head, n_head_kv, head_dim, 0, false, f16, false, false};
+    struct att_job j = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .att = att, .n = n, .pos = pos,
+                        .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = head_dim, .f16 = f16,
+                        .blocks = blocks, .shift = blocks ? __builtin_ctz((unsigned)block_rows) : 0};
 #if ATT_AVX2
     if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
         __builtin_cpu_init();
@@ -529,17 +582,34 @@ static void attention_run(void *ctx, const float *q, const void *k_cache, const 
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, false, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+    attention_run(ctx, q, k_cache, v_cache, false, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim,
+                  CPU_ISA_BEST);
 }
 
 void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
 {
-    attention_run(ctx, q, k_cache, v_cache, f16, out, att, n, pos, n_head, n_head_kv, head_dim, isa);
+    attention_run(ctx, q, k_cache, v_cache, f16, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, isa);
 }
 
 void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, true, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+    attention_run(ctx, q, k_cache, v_cache, true, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+}
+
+void cpu_attention_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                         const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                         int n_head_kv, int head_dim)
+{
+    attention_run(ctx, q, k_pool, v_pool, f16, blocks, block_rows, out, att, n, pos, n_head, n_head_kv, head_dim,
+                  CPU_ISA_BEST);
+}
+
+void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                             const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,
+                             int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
+{
+    attention_run(ctx, q, k_pool, v_pool, f16, blocks, block_rows, out, att, n, pos, n_head, n_head_kv, head_dim,
+                  isa);
 }

@@ -1,10 +1,12 @@
-/* backend_cpu_attention.h - the CPU backend's causal attention (backend_cpu_attention.c), and
- * what it uses of backend_cpu.c: the thread pool and the f32 dot product. */
+/* backend_cpu_attention.h - the CPU backend's causal attention (backend_cpu_attention.c) over
+ * a contiguous KV cache or a paged one (blocks of rows and a block table), and what it uses of
+ * backend_cpu.c: the thread pool and the f32 dot product. */
 #ifndef TIDE_BACKEND_CPU_ATTENTION_H
 #define TIDE_BACKEND_CPU_ATTENTION_H
 
 #include "cpu_quant.h" /* enum cpu_isa */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef void (*cpu_job_fn)(void *arg, int ith, int nth);
@@ -34,5 +36,16 @@ void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const
  * either way (for tests). */
 void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa);
+/* backend_i.attention_paged: the sequence's KV row p is row p % block_rows of block
+ * blocks[p / block_rows] of k_pool / v_pool (f16: they hold f16); bit for bit cpu_attention
+ * (f16: cpu_attention_f16) over the same rows laid out contiguously. block_rows is a power of
+ * two and a multiple of 16 (the AVX-512 scores' tiles of 16 rows must not cross a block). */
+void cpu_attention_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                         const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                         int n_head_kv, int head_dim);
+/* cpu_attention_paged with the ISA chosen as cpu_attention_isa's (for tests) */
+void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                             const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,
+                             int n_head, int n_head_kv, int head_dim, enum cpu_isa isa);
 
 #endif
