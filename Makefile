@@ -132,6 +132,7 @@ test: deps
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_prefix_share.py # a shared prefix computed once for clients at once; a cancelled leader
+	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_kv_blocks.py # a paged KV pool that runs out: sequences paused and resumed, replies unchanged
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_deploy.sh # nginx + 3 daemons + Prometheus: deploy/ (issue 24)
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/sdk/run.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/browser/run.sh
@@ -173,7 +174,7 @@ asan: deps
 # atomic load. Slow (the daemon runs 5-10x slower), so CI does not run it.
 TSAN_BUILD ?= $(BUILD)/tsan
 TSAN_FILTER ?= *
-TSAN_PY ?= tests/e2e/test_batching.py tests/e2e/test_prefix_share.py
+TSAN_PY ?= tests/e2e/test_batching.py tests/e2e/test_prefix_share.py tests/e2e/test_kv_blocks.py
 .PHONY: tsan
 tsan: deps
 	$(Q)$(MAKE) --no-print-directory models $(BUILD)/test-e2e

@@ -67,7 +67,8 @@ function renderDevices(v) {
 }
 
 // The KV pool (GET /v1/vram "sequences"): a cell per slot, running ones first, then the idle
-// ones keeping rows for a later prompt with the same prefix, then empty ones; rows in the text.
+// ones keeping rows for a later prompt with the same prefix, then empty ones; rows in the text,
+// and the pool's blocks by state.
 function renderKV(sq, type) {
   const n = sq.slots ?? 0, run = sq.running ?? 0, cached = sq.cached ?? 0;
   const cell = (i) => i < run ? 'run' : i < run + cached ? 'cached' : 'empty';
@@ -77,6 +78,11 @@ function renderKV(sq, type) {
     `free, <span id="seq-cached">${cached}</span> of them keeping <span id="seq-cached-rows">${sq.cached_rows ?? 0}</span> ` +
     `rows of a reusable prefix · <span id="seq-parked">${sq.parked ?? 0}</span> conversations parked in host RAM ` +
     `(<span id="seq-parked-mib">${(sq.parked_mib ?? 0).toFixed(1)}</span> of ${sq.parked_budget_mib ?? 0} MiB)</div>` +
+    `<div>${sq.paged ? 'paged' : 'one block a slot'}: <span id="kv-blocks">${sq.blocks ?? 0}</span> blocks of ` +
+    `<span id="kv-block-rows">${sq.block_rows ?? 0}</span> rows · <span id="kv-blocks-running">${sq.blocks_running ?? 0}</span> ` +
+    `running, <span id="kv-blocks-cached">${sq.blocks_cached ?? 0}</span> cached, <span id="kv-blocks-free">` +
+    `${sq.blocks_free ?? 0}</span> free, <span id="kv-blocks-shared">${sq.blocks_shared ?? 0}</span> shared in place · ` +
+    `<span id="seq-paused">${sq.paused ?? 0}</span> paused for blocks</div>` +
     `<div class="slots">${Array.from({ length: n }, (_, i) => `<span class="slot ${cell(i)}" title="slot: ${cell(i)}"></span>`).join('')}</div>`;
 }
 

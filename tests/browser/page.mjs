@@ -23,11 +23,14 @@ const kvShown = (page) => page.evaluate(() => {
   const cells = (k) => document.querySelectorAll('#kv .slot.' + k).length;
   return { running: n('seq-running'), slots: n('seq-slots'), free: n('seq-free'), cached: n('seq-cached'),
            running_rows: n('seq-running-rows'), cached_rows: n('seq-cached-rows'), parked: n('seq-parked'),
-           parked_mib: n('seq-parked-mib'), cells: [cells('run'), cells('cached'), cells('empty')] };
+           parked_mib: n('seq-parked-mib'), cells: [cells('run'), cells('cached'), cells('empty')],
+           blocks: [n('kv-blocks'), n('kv-block-rows'), n('kv-blocks-running'), n('kv-blocks-cached'),
+                    n('kv-blocks-free'), n('kv-blocks-shared'), n('seq-paused')] };
 });
 const kvWanted = (sq) => ({ running: sq.running, slots: sq.slots, free: sq.free, cached: sq.cached,
   running_rows: sq.running_rows, cached_rows: sq.cached_rows, parked: sq.parked,
-  parked_mib: Number(sq.parked_mib.toFixed(1)), cells: [sq.running, sq.cached, sq.slots - sq.running - sq.cached] });
+  parked_mib: Number(sq.parked_mib.toFixed(1)), cells: [sq.running, sq.cached, sq.slots - sq.running - sq.cached],
+  blocks: [sq.blocks, sq.block_rows, sq.blocks_running, sq.blocks_cached, sq.blocks_free, sq.blocks_shared, sq.paused] });
 // wait (up to ms) until the page shows sq; fail showing both when it does not
 async function kvMatches(page, sq, ms) {
   const want = kvWanted(sq), until = Date.now() + ms;
@@ -147,6 +150,8 @@ try {
     await kvMatches(page, during, 3000);
   }
   assert.ok(during.running >= 2 && during.running_rows > 0, 'no poll saw the streams run: ' + JSON.stringify(during));
+  assert.ok(during.paged && during.blocks_running > 0 && during.blocks_running + during.blocks_cached + during.blocks_free === during.blocks,
+            'the paged pool during the load: ' + JSON.stringify(during));
   await page.screenshot({ path: `${out}/kv-load.png` });
   await Promise.all(load);
   step(`page showed ${during.running} sequences running of ${during.slots} KV slots (${during.running_rows} rows), ` +
