@@ -144,7 +144,7 @@ bool engine_can_admit(const struct engine *e)
     if (engine_free_slots(e) == 0)
         return false;
     for (int i = 0; paged(e) && i < e->n_slots; i++)
-        if (e->slots[i].busy && e->slots[i].seq && e->slots[i].seq->paused)
+        if (e->slots[i].busy && e->slots[i].seq && e->slots[i].seq->paused && !e->slots[i].seq->done)
             return false;
     return true;
 }
@@ -173,7 +173,7 @@ void engine_kv_stats(const struct engine *e, struct engine_kv_stats *out)
     for (int i = 0; mark && i < e->n_slots; i++) {
         if (!e->slots[i].busy)
             continue;
-        out->paused += e->slots[i].seq && e->slots[i].seq->paused;
+        out->paused += e->slots[i].seq && e->slots[i].seq->paused && !e->slots[i].seq->done;
         const int32_t *t = kv_blocks_table(kb, i);
         for (int k = 0; k < kb->held[i]; k++)
             if (!mark[t[k]]) {
