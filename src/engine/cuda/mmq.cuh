@@ -41,14 +41,7 @@ __device__ __forceinline__ void dot_block(const int wq[8], float dw, const int8_
         if (t < nt) {
             const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
             int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
-            int acc = __dp4a(wq[0], a.x, 0);
-            acc = __dp4a(wq[1], a.y, acc);
-            acc = __dp4a(wq[2], a.z, acc);
-            acc = __dp4a(wq[3], a.w, acc);
-            acc = __dp4a(wq[4], c.x, acc);
-            acc = __dp4a(wq[5], c.y, acc);
-            acc = __dp4a(wq[6], c.z, acc);
-            acc = __dp4a(wq[7], c.w, acc);
+            int acc = dp4a_dot8(wq, a, c);
             float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
             s[t] += (dw * xs) * (float)acc;
         }
