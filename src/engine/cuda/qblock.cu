@@ -151,23 +151,14 @@ qb_mmv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int col
         return;
     const uint8_t *wr = W + (size_t)r * row_bytes;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     for (int b = lane; b < nb; b += 32) {
         int q[8];
         float d, m;
         qb_load<T>(wr, b, tbl, q, d, m);
         qb_dot<T, FUSED>(q, d, m, xq, xd, nb, b, nt, s);
     }
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                y[(size_t)t * rows + r] = add ? y[(size_t)t * rows + r] + v : v;
-        }
-    }
+    mm_sums_store(s, nt, y, rows, r, add, lane);
 }
 
 /* W (rows, cols) widened to f16, a block a thread: each value d * q + m in f32, rounded once. */
