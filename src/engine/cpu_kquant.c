@@ -1,8 +1,8 @@
 /* cpu_kquant.c - AVX-512 register tiles of int8 dot products for q4_K, q5_K and q6_K weights
  * (the CPU backend's decode and prefill matmuls on CPUs with AVX-512 VNNI; cpu_kquant.h).
  *
- * Why tiles: cpu_quant.c's AVX2 kernels make one (row, vector) product at a time: a
- * super-block's scales are unpacked and its codes decoded again for every vector, the
+ * Why tiles: cpu_quant.c's AVX2 kernels (in cpu_quant_isums.c) make one (row, vector) product
+ * at a time: a super-block's scales are unpacked and its codes decoded again for every vector, the
  * activations loaded again for every row, and each block's integers are combined in scalar
  * float code, block after block. Here a tile of R rows and V vectors (R * V <= 16) advances
  * one super-block at a time: each row's codes are decoded once per 64 values for all V
