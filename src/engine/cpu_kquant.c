@@ -1,8 +1,8 @@
 /* cpu_kquant.c - AVX-512 register tiles of int8 dot products for q4_K, q5_K and q6_K weights
  * (the CPU backend's decode and prefill matmuls on CPUs with AVX-512 VNNI; cpu_kquant.h).
  *
- * Why tiles: cpu_quant.c's AVX2 kernels make one (row, vector) product at a time: a
- * super-block's scales are unpacked and its codes decoded again for every vector, the
+ * Why tiles: cpu_quant.c's AVX2 kernels (in cpu_quant_isums.c) make one (row, vector) product
+ * at a time: a super-block's scales are unpacked and its codes decoded again for every vector, the
  * activations loaded again for every row, and each block's integers are combined in scalar
  * float code, block after block. Here a tile of R rows and V vectors (R * V <= 16) advances
  * one super-block at a time: each row's codes are decoded once per 64 values for all V
@@ -29,6 +29,10 @@
 
 #define KQ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define KQ_INLINE KQ static inline __attribute__((always_inline))
+/* The AVX2 tiles' ISA (below); its helpers inline into the AVX-512 tiles as well (a subset),
+ * so the two kinds of tile share them. */
+#define KQ2 __attribute__((target("avx2,f16c")))
+#define KQ2_INLINE KQ2 static inline __attribute__((always_inline))
 
 bool cpu_kquant_has(uint32_t type)
 {
@@ -52,8 +56,8 @@ struct row_block {
 /* A q4_K/q5_K block's eight 6-bit scales and mins, four at a time in 32-bit words: bytes
  * 0-3 of the field hold scales 0-3 (low 6 bits) and the top bits of scales 4-7, bytes 4-7
  * the same for the mins, bytes 8-11 the low nibbles of scales 4-7 and the mins' 4-7 above
- * them (quants.c's q4k_scale_min, one at a time). */
-KQ_INLINE void unpack_q45k_scales(const uint8_t *blk, struct row_block *rb)
+ * them (quants.c's q4k_scale_min, one at a time). SSE4.1 only: the AVX2 tiles use it too. */
+KQ2_INLINE void unpack_q45k_scales(const uint8_t *blk, struct row_block *rb)
 {
     uint32_t w0 = rd32(blk + 4), w1 = rd32(blk + 8), w2 = rd32(blk + 12);
     uint64_t s = (uint64_t)(w0 & 0x3f3f3f3fu) | (uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)) << 32;
@@ -65,11 +69,20 @@ KQ_INLINE void unpack_q45k_scales(const uint8_t *blk, struct row_block *rb)
     _mm_storeu_si128((__m128i *)(rb->offw + 8), _mm_unpackhi_epi16(m16, m16));
 }
 
-KQ_INLINE void unpack_q6k_scales(const uint8_t *blk, struct row_block *rb)
+KQ2_INLINE void unpack_q6k_scales(const uint8_t *blk, struct row_block *rb)
 {
     __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     _mm256_storeu_si256((__m256i *)rb->sc, s16);
     _mm256_storeu_si256((__m256i *)rb->offw, s16);
+}
+
+/* A row's super-block set-up, the same in every tile: its scales into rb */
+KQ2_INLINE void unpack_row_scales(const int type, const uint8_t *blk, struct row_block *rb)
+{
+    if (type == GGML_TYPE_Q6_K)
+        unpack_q6k_scales(blk, rb);
+    else
+        unpack_q45k_scales(blk, rb);
 }
 
 /* 64 weight codes (values 64c .. 64c + 63 of the block) as unsigned bytes. q4_K/q5_K: chunk
@@ -114,7 +127,7 @@ KQ_INLINE __m512i scale_index(const int type, const int c)
 }
 
 /* the lane sums of eight vectors, as one vector (v[k]'s sum in lane k) */
-KQ_INLINE __m256i sum8x8(const __m256i v[8])
+KQ2_INLINE __m256i sum8x8(const __m256i v[8])
 {
     __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
@@ -149,13 +162,8 @@ KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, 
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             blk[r] = w + (size_t)r * row_bytes + (size_t)b * bb;
-            if (type == GGML_TYPE_Q6_K) {
-                unpack_q6k_scales(blk[r], &rb[r]);
-                dd[r] = (uint32_t)blk[r][208] | (uint32_t)blk[r][209] << 8;
-            } else {
-                unpack_q45k_scales(blk[r], &rb[r]);
-                dd[r] = rd32(blk[r]);
-            }
+            unpack_row_scales(type, blk[r], &rb[r]);
+            dd[r] = type == GGML_TYPE_Q6_K ? (uint32_t)blk[r][208] | (uint32_t)blk[r][209] << 8 : rd32(blk[r]);
         }
 #pragma GCC unroll 16
         for (int v = 0; v < V; v++) {
@@ -289,9 +297,6 @@ KQ_INLINE void tile16_q45k(const int type, const uint8_t *w, size_t row_bytes, c
  * 32 values an instruction; no vpdpwssd, so the scale-weighting is vpmaddwd then an add (the
  * same exact integers). Eight accumulators of 256 bits: tiles of 2 rows x 4 vectors, or 8, 4
  * and 2 rows with one vector. */
-#define KQ2 __attribute__((target("avx2,f16c")))
-#define KQ2_INLINE KQ2 static inline __attribute__((always_inline))
-
 /* 32 weight codes, values 64c + 32j .. 64c + 32j + 31 of the block (j = 0, 1), unsigned */
 KQ2_INLINE __m256i codes32(const int type, const uint8_t *blk, const int c, const int j)
 {
@@ -323,26 +328,6 @@ KQ2_INLINE __m256i scales32(const int type, const struct row_block *rb, const in
     return _mm256_set1_epi16(rb->sc[2 * c + j]);
 }
 
-KQ2_INLINE __m256i sum8x8_avx2(const __m256i v[8])
-{
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-/* q4_K/q5_K scales and mins as unpack_q45k_scales makes them, with SSE4.1 only */
-KQ2_INLINE void unpack_q45k_scales2(const uint8_t *blk, struct row_block *rb)
-{
-    uint32_t w0 = rd32(blk + 4), w1 = rd32(blk + 8), w2 = rd32(blk + 12);
-    uint64_t s = (uint64_t)(w0 & 0x3f3f3f3fu) | (uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)) << 32;
-    uint64_t m = (uint64_t)(w1 & 0x3f3f3f3fu) |
-                 (uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u)) << 32;
-    _mm_storeu_si128((__m128i *)rb->sc, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s)));
-    __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m));
-    _mm_storeu_si128((__m128i *)rb->offw, _mm_unpacklo_epi16(m16, m16));
-    _mm_storeu_si128((__m128i *)(rb->offw + 8), _mm_unpackhi_epi16(m16, m16));
-}
-
 KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_t *w, size_t row_bytes,
                           const uint8_t *act, size_t act_stride, int nb, float out[16])
 {
@@ -363,13 +348,10 @@ KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             blk[r] = w + (size_t)r * row_bytes + (size_t)b * bb;
+            unpack_row_scales(type, blk[r], &rb[r]);
             if (type == GGML_TYPE_Q6_K) {
-                __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk[r] + 192)));
-                _mm256_storeu_si256((__m256i *)rb[r].sc, s16);
-                _mm256_storeu_si256((__m256i *)rb[r].offw, s16);
                 dh[r] = (uint16_t)(blk[r][208] | blk[r][209] << 8);
             } else {
-                unpack_q45k_scales2(blk[r], &rb[r]);
                 dh[r] = (uint16_t)(blk[r][0] | blk[r][1] << 8);
                 mh[r] = (uint16_t)(blk[r][2] | blk[r][3] << 8);
             }
@@ -407,7 +389,7 @@ KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_
             offs[k] = k < R * V ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[k % V]->bsum),
                                                     _mm256_loadu_si256((const __m256i *)rb[k / V].offw))
                                 : _mm256_setzero_si256();
-        __m256i is = sum8x8_avx2(acc), off = sum8x8_avx2(offs);
+        __m256i is = sum8x8(acc), off = sum8x8(offs);
         /* cpu_quant.c's combine, lane by lane */
         __m256 dv = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)), row_of);
         __m256 xv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd), vec_of);

@@ -167,6 +167,22 @@ static void ids_grid(int32_t *ids)
     }
 }
 
+/* What both forward tests start with: the preset's forward over the tokens with M-RoPE ids
+ * equal to their positions gives plain rope's logits bit for bit, and with an image grid's
+ * ids other logits. Returns the batch entry as it was last run (the grid ids, its logits). */
+static struct forward_seq plain_then_grid(struct preset_run *r)
+{
+    uint32_t V = r->m.cfg.n_vocab;
+    ids_plain(r->ids);
+    struct forward_seq q = {.slot = 0, .pos = 0, .n = N_TOK, .tokens = r->toks, .mpos = r->ids, .want_logits = true};
+    cr_assert_eq(forward_eval_batch(&r->f, &q, 1), 0);
+    cr_assert_eq(memcmp(q.logits, r->plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
+    ids_grid(r->ids);
+    cr_assert_eq(forward_eval_batch(&r->f, &q, 1), 0);
+    cr_assert_neq(memcmp(q.logits, r->plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    return q;
+}
+
 /* Qwen-VL's vision tokens at the end of the preset's vocabulary */
 static void has_vision_tokens(const struct preset_run *r)
 {
@@ -211,13 +227,7 @@ Test(mrope, forward_hooks_on_the_preset)
     enum { E = 96 };
     uint32_t V = r.m.cfg.n_vocab;
     float *got = malloc(sizeof(float) * V);
-    ids_plain(r.ids);
-    struct forward_seq q = {.slot = 0, .pos = 0, .n = N_TOK, .tokens = r.toks, .mpos = r.ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
-    cr_assert_eq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
-    ids_grid(r.ids);
-    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
-    cr_assert_neq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "grid ids rotate differently");
+    plain_then_grid(&r);
     /* embedding rows: the tokens' own, then two deepstack slices */
     static float rows[N_TOK * 3 * E];
     memset(rows, 0, sizeof rows);
@@ -275,14 +285,8 @@ Test(mrope, qwen2vl_forward_takes_sections_in_order)
     preset_open(&r, "qwen2vl", "q2vl-fw", 2, GGML_TYPE_F32, true);
     uint32_t V = r.m.cfg.n_vocab;
     float *grid = malloc(sizeof(float) * V);
-    ids_plain(r.ids);
-    struct forward_seq q = {.slot = 0, .pos = 0, .n = N_TOK, .tokens = r.toks, .mpos = r.ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
-    cr_assert_eq(memcmp(q.logits, r.plain, sizeof(float) * V), 0, "M-RoPE with equal ids is plain rope");
-    ids_grid(r.ids);
-    cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
+    struct forward_seq q = plain_then_grid(&r);
     memcpy(grid, q.logits, sizeof(float) * V);
-    cr_assert_neq(memcmp(grid, r.plain, sizeof(float) * V), 0, "grid ids rotate differently");
     r.m.cfg.rope_sections_interleaved = true;
     cr_assert_eq(forward_eval_batch(&r.f, &q, 1), 0);
     cr_assert_neq(memcmp(q.logits, grid, sizeof(float) * V), 0, "the layout of the sections matters");

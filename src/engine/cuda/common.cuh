@@ -177,6 +177,38 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
+/* acc + the dot of four int8x4 words w with the 16 int8 of x (dp4a, in w's order): the int8
+ * block dots of mmq.cuh, kquant.cuh and qblock.cu are built from it, so they add in one order. */
+__device__ __forceinline__ int dp4a_dot4(const int *w, int4 x, int acc)
+{
+    acc = __dp4a(w[0], x.x, acc);
+    acc = __dp4a(w[1], x.y, acc);
+    acc = __dp4a(w[2], x.z, acc);
+    return __dp4a(w[3], x.w, acc);
+}
+
+/* The dot of eight int8x4 words w with a 32-value int8 block held as two int4, a then c. */
+__device__ __forceinline__ int dp4a_dot8(const int *w, int4 a, int4 c)
+{
+    return dp4a_dot4(w + 4, c, dp4a_dot4(w, a, 0));
+}
+
+/* The sum of a 32-value int8 block held as a then c (dp4a against all-ones words). Written
+ * out with one scalar word: dp4a_dot4 over an array of ones gives the same instructions but
+ * another register numbering, and so another ptxas schedule. */
+__device__ __forceinline__ int dp4a_sum32(int4 a, int4 c)
+{
+    const int ones = 0x01010101;
+    int sx = __dp4a(ones, a.x, 0);
+    sx = __dp4a(ones, a.y, sx);
+    sx = __dp4a(ones, a.z, sx);
+    sx = __dp4a(ones, a.w, sx);
+    sx = __dp4a(ones, c.x, sx);
+    sx = __dp4a(ones, c.y, sx);
+    sx = __dp4a(ones, c.z, sx);
+    return __dp4a(ones, c.w, sx);
+}
+
 __device__ __forceinline__ float f16_bits_to_f32(uint16_t h)
 {
     return __half2float(__ushort_as_half(h));

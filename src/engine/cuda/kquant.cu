@@ -34,18 +34,9 @@ kq_mmv_fused_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, i
     if (r >= rows)
         return;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     row_dot_kq<T, true>(W + (size_t)r * row_bytes, cols / KQ_UNIT, xq, xd, nt, s, lane);
-#pragma unroll
-    for (int t = 0; t < 2; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                y[(size_t)t * rows + r] = add ? y[(size_t)t * rows + r] + v : v;
-        }
-    }
+    mm_sums_store<2>(s, nt, y, rows, r, add, lane);
 }
 
 /* Up to MM_NT vectors already quantised (global memory), one row a warp. */
@@ -58,18 +49,9 @@ kq_mmv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int col
     if (r >= rows)
         return;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     row_dot_kq<T, false>(W + (size_t)r * row_bytes, cols / KQ_UNIT, xq, xd, nt, s, lane);
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                y[(size_t)t * rows + r] = add ? y[(size_t)t * rows + r] + v : v;
-        }
-    }
+    mm_sums_store(s, nt, y, rows, r, add, lane);
 }
 
 /* W (rows, cols) widened to f16, one 64-value unit a thread (the values kq_elem gives, in f32,

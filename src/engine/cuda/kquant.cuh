@@ -146,26 +146,11 @@ __device__ __forceinline__ void kq_dot_unit(const kq_unit &k, int u, const int8_
                 int b = kq_unit_block<T>(u, h);
                 const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
                 int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
-                int lo = __dp4a(k.q[h][0], a.x, 0);
-                lo = __dp4a(k.q[h][1], a.y, lo);
-                lo = __dp4a(k.q[h][2], a.z, lo);
-                lo = __dp4a(k.q[h][3], a.w, lo);
-                int hi = __dp4a(k.q[h][4], c.x, 0);
-                hi = __dp4a(k.q[h][5], c.y, hi);
-                hi = __dp4a(k.q[h][6], c.z, hi);
-                hi = __dp4a(k.q[h][7], c.w, hi);
+                int lo = dp4a_dot4(k.q[h], a, 0), hi = dp4a_dot4(k.q[h] + 4, c, 0);
                 float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
                 float v = k.d * (float)(k.sc[h][0] * lo + k.sc[h][1] * hi);
                 if (T != KQ_Q6_K) {
-                    const int ones = 0x01010101;
-                    int sx = __dp4a(ones, a.x, 0);
-                    sx = __dp4a(ones, a.y, sx);
-                    sx = __dp4a(ones, a.z, sx);
-                    sx = __dp4a(ones, a.w, sx);
-                    sx = __dp4a(ones, c.x, sx);
-                    sx = __dp4a(ones, c.y, sx);
-                    sx = __dp4a(ones, c.z, sx);
-                    sx = __dp4a(ones, c.w, sx);
+                    int sx = dp4a_sum32(a, c);
                     v -= k.dmin * (float)(k.mn[h] * sx);
                 }
                 acc = fmaf(xs, v, acc);

@@ -18,13 +18,6 @@
 #include <mma.h>
 
 
-/* One output element: y = v, or y += v for matmul_add (the residual add fused into the
- * product; y + v is the bits of axpy_kernel's y + 1.0f * v). */
-__device__ __forceinline__ void put(float *y, float v, bool add)
-{
-    *y = add ? *y + v : v;
-}
-
 /* y += t, n elements: matmul_add for the tensor-core paths, which write through tiles. */
 __global__ void add_kernel(float *y, const float *__restrict__ t, size_t n)
 {
@@ -150,18 +143,9 @@ __device__ __forceinline__ void mmvq_rows(const uint8_t *__restrict__ W, size_t 
         if (r >= rows)
             break;
         float s[MM_NT];
-#pragma unroll
-        for (int t = 0; t < MM_NT; t++)
-            s[t] = 0.0f;
+        mm_sums_clear(s);
         row_dot_q<QT, true>(W + (size_t)r * row_bytes, nb, pairs, xq, xd, nt, s, lane);
-#pragma unroll
-        for (int t = 0; t < MM_NT; t++) {
-            if (t < nt) {
-                float vv = warp_sum(s[t]);
-                if (lane == 0)
-                    put(y + (size_t)t * rows + r, vv, add);
-            }
-        }
+        mm_sums_store(s, nt, y, rows, r, add, lane);
     }
 }
 
@@ -249,18 +233,9 @@ mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, b
     if (r >= rows)
         return;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     row_dot_q<QT, false>(W + (size_t)r * row_bytes, nb, pairs, xq, xd, nt, s, lane);
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                put(y + (size_t)t * rows + r, v, add);
-        }
-    }
+    mm_sums_store(s, nt, y, rows, r, add, lane);
 }
 
 /* ---- float rows: 16-byte loads ---- */
@@ -363,9 +338,9 @@ gemv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int cols,
         if (t < nt) {
             float v0 = warp_sum(s0[t]), v1 = warp_sum(s1[t]);
             if (lane == 0) {
-                put(y + (size_t)t * rows + r0, v0, add);
+                mm_put(y + (size_t)t * rows + r0, v0, add);
                 if (two)
-                    put(y + (size_t)t * rows + r0 + 1, v1, add);
+                    mm_put(y + (size_t)t * rows + r0 + 1, v1, add);
             }
         }
     }
@@ -382,9 +357,7 @@ gemv_any_kernel(uint32_t type, const uint8_t *__restrict__ W, size_t row_bytes, 
         return;
     const uint8_t *wr = W + (size_t)r * row_bytes;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     for (int c = lane; c < cols; c += 32) {
         float w = row_elem(type, wr, c);
 #pragma unroll
@@ -392,14 +365,7 @@ gemv_any_kernel(uint32_t type, const uint8_t *__restrict__ W, size_t row_bytes, 
             if (t < nt)
                 s[t] = fmaf(w, x[(size_t)t * cols + c], s[t]);
     }
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                put(y + (size_t)t * rows + r, v, add);
-        }
-    }
+    mm_sums_store(s, nt, y, rows, r, add, lane);
 }
 
 /* ---- prefill: tensor cores ---- */

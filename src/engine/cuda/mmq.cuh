@@ -9,6 +9,37 @@
 #define MM_WARPS 4   /* rows per CTA in the row-per-warp kernels */
 #define MM_NT 8      /* tokens per launch of the row-per-warp kernels */
 
+/* One output element: y = v, or y += v for matmul_add (the residual add fused into the
+ * product; y + v is the bits of axpy_kernel's y + 1.0f * v). */
+__device__ __forceinline__ void mm_put(float *y, float v, bool add)
+{
+    *y = add ? *y + v : v;
+}
+
+/* The row-per-warp kernels' frame around a row's dot: mm_sums_clear before it, and after it
+ * mm_sums_store, which sums each vector's s[t] over the warp and has lane 0 put it at
+ * y[t * rows + r] (NT: a bound on nt the kernel knows, for a shorter unrolled loop). */
+__device__ __forceinline__ void mm_sums_clear(float s[MM_NT])
+{
+#pragma unroll
+    for (int t = 0; t < MM_NT; t++)
+        s[t] = 0.0f;
+}
+
+template <int NT = MM_NT>
+__device__ __forceinline__ void mm_sums_store(const float s[MM_NT], int nt, float *y, int rows, int r, bool add,
+                                              int lane)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            float v = warp_sum(s[t]);
+            if (lane == 0)
+                mm_put(y + (size_t)t * rows + r, v, add);
+        }
+    }
+}
+
 /* xq (n, cols) int8, xd (n, cols/32) f32 scale already rounded through f16. One warp per
  * block of 32: d = amax/127, q = round-to-nearest-even(v / d), as backend_cpu.c does.
  * PERM stores each block's 4-byte words in the order 0,4,1,5,2,6,3,7, the order the
@@ -41,14 +72,7 @@ __device__ __forceinline__ void dot_block(const int wq[8], float dw, const int8_
         if (t < nt) {
             const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
             int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
-            int acc = __dp4a(wq[0], a.x, 0);
-            acc = __dp4a(wq[1], a.y, acc);
-            acc = __dp4a(wq[2], a.z, acc);
-            acc = __dp4a(wq[3], a.w, acc);
-            acc = __dp4a(wq[4], c.x, acc);
-            acc = __dp4a(wq[5], c.y, acc);
-            acc = __dp4a(wq[6], c.z, acc);
-            acc = __dp4a(wq[7], c.w, acc);
+            int acc = dp4a_dot8(wq, a, c);
             float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
             s[t] += (dw * xs) * (float)acc;
         }

@@ -114,28 +114,11 @@ __device__ __forceinline__ void qb_dot(const int q[8], float d, float m, const i
         if (t < nt) {
             const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + b) * QK);
             int4 a = SMEM ? xp[0] : __ldg(xp), c = SMEM ? xp[1] : __ldg(xp + 1);
-            int acc = __dp4a(q[0], a.x, 0);
-            acc = __dp4a(q[1], a.y, acc);
-            acc = __dp4a(q[2], a.z, acc);
-            acc = __dp4a(q[3], a.w, acc);
-            acc = __dp4a(q[4], c.x, acc);
-            acc = __dp4a(q[5], c.y, acc);
-            acc = __dp4a(q[6], c.z, acc);
-            acc = __dp4a(q[7], c.w, acc);
+            int acc = dp4a_dot8(q, a, c);
             float xs = SMEM ? xd[(size_t)t * nb + b] : __ldg(xd + (size_t)t * nb + b);
             float v = d * (float)acc;
-            if (T == 7) {
-                const int ones = 0x01010101;
-                int sx = __dp4a(ones, a.x, 0);
-                sx = __dp4a(ones, a.y, sx);
-                sx = __dp4a(ones, a.z, sx);
-                sx = __dp4a(ones, a.w, sx);
-                sx = __dp4a(ones, c.x, sx);
-                sx = __dp4a(ones, c.y, sx);
-                sx = __dp4a(ones, c.z, sx);
-                sx = __dp4a(ones, c.w, sx);
-                v = fmaf(m, (float)sx, v);
-            }
+            if (T == 7)
+                v = fmaf(m, (float)dp4a_sum32(a, c), v);
             s[t] = fmaf(xs, v, s[t]);
         }
     }
@@ -168,23 +151,14 @@ qb_mmv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int col
         return;
     const uint8_t *wr = W + (size_t)r * row_bytes;
     float s[MM_NT];
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++)
-        s[t] = 0.0f;
+    mm_sums_clear(s);
     for (int b = lane; b < nb; b += 32) {
         int q[8];
         float d, m;
         qb_load<T>(wr, b, tbl, q, d, m);
         qb_dot<T, FUSED>(q, d, m, xq, xd, nb, b, nt, s);
     }
-#pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        if (t < nt) {
-            float v = warp_sum(s[t]);
-            if (lane == 0)
-                y[(size_t)t * rows + r] = add ? y[(size_t)t * rows + r] + v : v;
-        }
-    }
+    mm_sums_store(s, nt, y, rows, r, add, lane);
 }
 
 /* W (rows, cols) widened to f16, a block a thread: each value d * q + m in f32, rounded once. */

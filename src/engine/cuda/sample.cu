@@ -67,43 +67,26 @@ __device__ __forceinline__ uint64_t weight(float x, float m, float t)
     return d < -32.0 ? 0 : (uint64_t)rint(exp(d) * W_ONE);
 }
 
-/* Block-wide sum / max, the result in every thread. sh: 33 words of shared memory. */
-__device__ uint64_t block_sum(uint64_t v, uint64_t *sh)
+/* Block-wide sum (MAX false) or max of v, the result in every thread: shuffles down each
+ * warp, then warp 0 over the warps' results. sh: 33 words of shared memory. The one order of
+ * block_sum, block_max and block_sum_d. */
+template <bool MAX, typename T>
+__device__ __forceinline__ T block_reduce(T v, T *sh)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) {
+        T ov = __shfl_down_sync(0xffffffffu, v, o);
+        v = MAX ? (ov > v ? ov : v) : v + ov;
+    }
     __syncthreads(); /* every thread has read the last result out of sh */
     if (lane == 0)
         sh[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < nw ? sh[lane] : 0;
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_down_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            sh[32] = v;
-    }
-    __syncthreads();
-    return sh[32];
-}
-
-__device__ uint64_t block_max(uint64_t v, uint64_t *sh)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        uint64_t ov = __shfl_down_sync(0xffffffffu, v, o);
-        v = ov > v ? ov : v;
-    }
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? sh[lane] : 0;
+        v = lane < nw ? sh[lane] : (T)0;
         for (int o = 16; o > 0; o >>= 1) {
-            uint64_t ov = __shfl_down_sync(0xffffffffu, v, o);
-            v = ov > v ? ov : v;
+            T ov = __shfl_down_sync(0xffffffffu, v, o);
+            v = MAX ? (ov > v ? ov : v) : v + ov;
         }
         if (lane == 0)
             sh[32] = v;
@@ -111,6 +94,10 @@ __device__ uint64_t block_max(uint64_t v, uint64_t *sh)
     __syncthreads();
     return sh[32];
 }
+
+__device__ uint64_t block_sum(uint64_t v, uint64_t *sh) { return block_reduce<false>(v, sh); }
+__device__ uint64_t block_max(uint64_t v, uint64_t *sh) { return block_reduce<true>(v, sh); }
+__device__ double block_sum_d(double v, double *sh) { return block_reduce<false>(v, sh); }
 
 /* The sum of v over threads below this one (in threadIdx order); *total the whole block's. */
 __device__ uint64_t block_exclusive_scan(uint64_t v, uint64_t *sh, uint64_t *total)
@@ -251,26 +238,6 @@ __device__ __forceinline__ uint32_t order_key(float v)
     if (b == 0x80000000u)
         b = 0;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ double block_sum_d(double v, double *sh)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_down_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            sh[32] = v;
-    }
-    __syncthreads();
-    return sh[32];
 }
 
 /* One CTA a row: its logprobs (lse kept for finish_kernel), then its edits in place. */
