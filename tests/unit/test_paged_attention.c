@@ -111,8 +111,8 @@ static void check_paged_equals_contiguous(int pool_blocks, int block_rows, const
                         cr_assert(memcmp(want, got, sizeof(float) * n * qd) == 0,
                                   "%d-row blocks, head_dim %d, heads %d/%d, %s, isa %s, %d threads, n %d at pos %d: "
                                   "paged differs from contiguous",
-                                  block_rows, sh.head_dim, sh.n_head, sh.n_head_kv, f16 ? "f16" : "f32", isa_names[isas[ii]],
-                                  threads, n, pos);
+                                  block_rows, sh.head_dim, sh.n_head, sh.n_head_kv, f16 ? "f16" : "f32",
+                                  isa_names[isas[ii]], threads, n, pos);
                     }
                 free(q); free(att); free(want); free(got);
                 paged_kv_free(&kv);
