@@ -255,8 +255,9 @@ AVX2 static inline __attribute__((always_inline)) float score64_avx2(const float
     return hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
 }
 
-/* Rows first.. of a paged cache's next run into the cache ahead of their loads: a jump to
- * another block loses the hardware's stride prefetch. */
+/* A paged cache's rows from element at (rows of them, one head of 64 elements each) into L1
+ * ahead of their loads: a jump to another block loses the hardware's stride prefetch. Decode
+ * over scattered 16-row blocks measured ~7-12% faster with it (the commit says how). */
 AVX2 static inline __attribute__((always_inline)) void prefetch_rows(const void *base, size_t at, int kv_dim,
                                                                      int rows, const bool f16)
 {
