@@ -255,6 +255,19 @@ AVX2 static inline __attribute__((always_inline)) float score64_avx2(const float
     return hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
 }
 
+/* A paged cache's rows from element at (rows of them, one head of 64 elements each) into L1
+ * ahead of their loads: a jump to another block loses the hardware's stride prefetch. Decode
+ * over scattered 16-row blocks measured ~7-12% faster with it (the commit says how). */
+AVX2 static inline __attribute__((always_inline)) void prefetch_rows(const void *base, size_t at, int kv_dim,
+                                                                     int rows, const bool f16)
+{
+    const char *c = (const char *)base + at * (f16 ? 2 : 4);
+    size_t stride = (size_t)kv_dim * (f16 ? 2 : 4);
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < (f16 ? 128 : 256); b += 64)
+            _mm_prefetch(c + r * stride + b, _MM_HINT_T0);
+}
+
 /* Heads h and h + 1 of query token t, which read the same K and V rows (GQA), head_dim 64,
  * scores in a0 and a1: each head's bits are attend_avx2's (the same score per position, the
  * same softmax, and each output element's sum over the positions in order; 512-bit registers
@@ -274,6 +287,8 @@ W512 static inline __attribute__((always_inline)) void attend_pair_body(const st
     int p = 0;
     for (; p + 16 <= n; p += 16) {
         size_t kb = head + row_at(j, p, kv_dim); /* 16 rows from a multiple of 16: one block's */
+        if (j->blocks && p + 16 < n && !((p + 16) & ((1 << j->shift) - 1)))
+            prefetch_rows(k, head + row_at(j, p + 16, kv_dim), kv_dim, 16, f16);
         scores16_body(qa, k, kb, kv_dim, 16, scale, a0 + p, f16);
         scores16_body(qb, k, kb, kv_dim, 16, scale, a1 + p, f16);
     }
@@ -286,6 +301,8 @@ W512 static inline __attribute__((always_inline)) void attend_pair_body(const st
     __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
     for (p = 0; p < n;) { /* a run of rows at a time: its rows kv_dim elements apart */
         int e = run_end(j, p, n);
+        if (e < n)
+            prefetch_rows(v, head + row_at(j, e, kv_dim), kv_dim, 8, f16);
         for (size_t vp = head + row_at(j, p, kv_dim); p < e; p++, vp += kv_dim) {
             __m512 v0 = load16(v, vp, f16), v1 = load16(v, vp + 16, f16), v2 = load16(v, vp + 32, f16);
             __m512 v3 = load16(v, vp + 48, f16), wa = _mm512_set1_ps(a0[p]), wb = _mm512_set1_ps(a1[p]);
