@@ -5,7 +5,8 @@
 # 8 layers, 16 experts top-2), at THREADS (2) threads, for each of TYPES (f16 q8_0); the two
 # servers alternate RUNS (3) times so a busy neighbour hits both alike. Every request bans the
 # vocabulary's byte tokens (bench-serve.py --ban 128-255: llama-server refuses replies that are
-# not valid UTF-8), the same for both servers.
+# not valid UTF-8), the same for both servers. SHARED=N gives every request the same N-word system
+# prompt before its own question (bench-serve.py --shared).
 #
 #   LLAMA_SERVER=/tmp/llama.cpp/build/bin/llama-server scripts/bench-serve-cpu.sh
 # Output: $OUT/runs.jsonl (every run) and the lines printed (also $OUT/summary.txt).
@@ -15,6 +16,7 @@ TYPES=${TYPES:-"f16 q8_0"}
 THREADS=${THREADS:-2}
 CLIENTS=${CLIENTS:-4}
 RUNS=${RUNS:-3}
+SHARED=${SHARED:-0}
 MODELS=${MODELS:-/tmp}
 OUT=${OUT:-/tmp/tide-bench-serve-cpu}
 LS=${LLAMA_SERVER:-/tmp/llama.cpp/build/bin/llama-server}
@@ -24,7 +26,7 @@ S=$OUT/summary.txt
 make -s CUDA_HOME=/nonexistent build/tide build/tide-mkmodel || exit 1
 [ -x "$LS" ] || { echo "no llama-server at $LS (set LLAMA_SERVER)"; exit 1; }
 log() { echo "$*" | tee -a "$S"; }
-log "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) nproc=$(nproc) threads=$THREADS clients=$CLIENTS"
+log "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) nproc=$(nproc) threads=$THREADS clients=$CLIENTS shared=$SHARED"
 
 serve() { # label type cmd...: start, wait for /health, run the clients, stop
     local label=$1 type=$2
@@ -39,7 +41,7 @@ serve() { # label type cmd...: start, wait for /health, run the clients, stop
     if [ -n "$ok" ]; then
         timeout 300 python3 scripts/bench-serve.py "http://127.0.0.1:$PORT" 1 --max-tokens 8 --ban 128-255 >/dev/null # warm-up
         log "$(timeout 300 python3 scripts/bench-serve.py "http://127.0.0.1:$PORT" "$CLIENTS" --ban 128-255 \
-            --label "$label-$type" --out "$OUT/runs.jsonl") load=$(cut -d' ' -f1 /proc/loadavg)"
+            --shared "$SHARED" --label "$label-$type" --out "$OUT/runs.jsonl") load=$(cut -d' ' -f1 /proc/loadavg)"
     else
         log "$label did not start: $(tail -n 2 "$OUT/$label.log")"
     fi
