@@ -284,7 +284,7 @@ struct backend_i {
      * written by the call that ends at n_group. x NULL is a probe (nothing runs; b->ex[0]
      * may be a host view): 0 when the types and shapes would run. Returns 0,
      * TIDE_EUNSUPPORTED (nothing done: the caller runs the per-expert ops) or another
-     * negative code. NULL where the backend has no grouped form (the CPU). */
+     * negative code. NULL where the backend has no grouped form. */
     int (*moe_ffn_batch)(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add);
 
     /* ---- the vision encoder's ops (src/vision/clip.c). Vectors f32 in backend memory. ---- */

@@ -16,6 +16,7 @@
 #include "cpu_quant.h"
 #include "cpu_f16.h"
 #include "backend_cpu_attention.h"
+#include "backend_cpu_moe.h"
 #include "backend_cpu_rows.h"
 #include "mrope.h"
 
@@ -56,6 +57,7 @@ struct cpu_ctx {
     size_t sum_n;
     pthread_mutex_t maps_mu; /* big_maps is used by alloc/free from any thread */
     struct big_map *big_maps; /* (n_big_maps) live mappings made by cpu_alloc */
+    void *moe;               /* backend_cpu_moe.c's buffers */
     int n_big_maps, cap_big_maps;
 };
 
@@ -153,6 +155,9 @@ static float *thread_scratch(struct cpu_ctx *c, int ith, size_t n)
     }
     return c->scratch[ith];
 }
+
+float *cpu_thread_scratch(void *ctx, int ith, size_t n) { return thread_scratch(ctx, ith, n); }
+void **cpu_moe_state(void *ctx) { return &((struct cpu_ctx *)ctx)->moe; }
 
 /* ---- kernels ---- */
 
@@ -643,6 +648,7 @@ static const struct backend_i cpu_iface = {
     .zero = cpu_zero,
     .sync = cpu_sync,
     .moe_ffn = cpu_moe_ffn,
+    .moe_ffn_batch = cpu_moe_ffn_batch, /* f16 experts: backend_cpu_moe.c */
     .route = cpu_route,
     .moe_ffn_table = NULL, /* a CPU device computes experts where the cache put them */
     .moe_ffn_table_route = NULL,
@@ -728,6 +734,7 @@ void backend_cpu_free(struct backend *b)
     free(c->threads);
     free(c->xq);
     free(c->sum);
+    cpu_moe_free(c->moe);
     pthread_mutex_destroy(&c->mu);
     for (int i = 0; i < c->n_big_maps; i++) /* buffers the owner never freed */
         munmap(c->big_maps[i].raw, c->big_maps[i].len);

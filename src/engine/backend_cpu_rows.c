@@ -124,7 +124,7 @@ static void swiglu_body(const struct rows_job *j, int i0, int i1)
     float *gate = j->y;
     const float *up = j->x;
     for (int i = i0; i < i1; i++)
-        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        gate[i] = cpu_silu_mul(gate[i], up[i]);
 }
 
 void cpu_rows_swiglu(void *ctx, float *gate, const float *up, int n)

@@ -5,12 +5,16 @@
 
 #include "model.h"
 
+#include <math.h>
+
 /* out (n, dim) = each row of x rmsnormed, times wf (dim floats) */
 void cpu_rows_rmsnorm(void *ctx, const float *x, const float *wf, float *out, int dim, int n, float eps);
 /* rope of n tokens at positions pos..: q (n, n_head_q*head_dim) and, when k is not NULL, k (n,
  * n_head_k*head_dim), both with one cos/sin per (token, pair) */
 void cpu_rows_rope(void *ctx, float *q, int n_head_q, float *k, int n_head_k, int n, int head_dim, int pos,
                    float theta, enum rope_kind kind);
+/* silu(g) * u: swiglu's element, the one expression every CPU form computes */
+static inline float cpu_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 /* gate[i] = silu(gate[i]) * up[i] */
 void cpu_rows_swiglu(void *ctx, float *gate, const float *up, int n);
 /* y += a x over n floats */

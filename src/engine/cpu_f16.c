@@ -166,8 +166,12 @@ F16 static void widen(const uint16_t *src, float *dst, int n)
  * AVX2 form's multiply-adds on the same operands in the same order, and its lanes' sum and the
  * columns past a multiple of 8 are finished the same way. Twice the multiply-adds an
  * instruction, and 16 accumulators (8 rows by 4 vectors) of the 32 registers: 1024x1024 by 512
- * vectors, one thread, 102-120 GFLOP/s against AVX2's 76-78 (a loaded machine). Decode keeps
- * AVX2's direct form (one vector: nothing to widen for), which gives the same bits. */
+ * vectors, one thread, 102-120 GFLOP/s against AVX2's 76-78 (a loaded machine). Up to 4 vectors
+ * (decode, a decode step of a few sequences, an expert's few tokens) the pairs are widened in
+ * registers straight from the f16 rows (tile_direct): widening them through a buffer cost a store
+ * and a load of every weight for 1-4 uses, and 2-4 vectors ran at half one vector's speed (1024 x
+ * 1024, one thread: 195-240 us against 110-130; at 4 sequences of the --preset big f16 model the
+ * q/k/v and output products took 3.5 ms a step, now 1.9). */
 #define W512 __attribute__((target("avx2,f16c,fma,avx512f,avx512vl,avx512dq")))
 
 bool cpu_f16_wide_cpu(void)
@@ -198,6 +202,9 @@ W512 static void widen_pairs(const uint8_t *w, size_t row_bytes, int c8, float *
  * from st (where the previous columns left them); at c8 they are summed into y[t * y_stride +
  * k] for row k < 8, else saved to st. Stopping and going on loses nothing: the state is the
  * registers. */
+W512 static ALWAYS_INLINE void tile_finish(__m512 acc[4][4], const uint8_t *w, size_t row_bytes, const float *x,
+                                           size_t xs, int cols, float *y, size_t y_stride, const int T);
+
 W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, const float *wp, const float *x, size_t xs,
                                          int cols, float *y, size_t y_stride, const int T, int i0, int i1,
                                          __m512 *st)
@@ -230,6 +237,52 @@ W512 static ALWAYS_INLINE void tile_wide(const uint8_t *w, size_t row_bytes, con
                 st[4 * t + p] = acc[p][t];
         return;
     }
+    tile_finish(acc, w, row_bytes, x, xs, cols, y, y_stride, T);
+}
+
+/* tile_wide's 8 rows times T <= 4 vectors over all the columns, reading the f16 rows directly:
+ * each pair of rows widened into a register as widen_pairs lays it out, not through a buffer.
+ * For a few vectors (a decode step of several sequences, an expert's few tokens) the buffer was
+ * a store and a load of every weight for 1-4 uses of it. The same multiply-adds on the same
+ * operands in the same order as tile_wide, so the same bits. */
+W512 static ALWAYS_INLINE void tile_direct(const uint8_t *w, size_t row_bytes, const float *x, size_t xs, int cols,
+                                           float *y, size_t y_stride, const int T)
+{
+    __m512 acc[4][4];
+    int c8 = cols / 8 * 8;
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+            acc[p][t] = _mm512_setzero_ps();
+    for (int i = 0; i < c8; i += 8) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint16_t *a = (const uint16_t *)(w + (size_t)(2 * p) * row_bytes);
+            const uint16_t *b = (const uint16_t *)(w + (size_t)(2 * p + 1) * row_bytes);
+            __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(a + i))),
+                                                _mm_loadu_si128((const __m128i *)(b + i)), 1);
+            wv[p] = _mm512_cvtph_ps(h);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)t * xs + i));
+            acc[0][t] = _mm512_fmadd_ps(wv[0], v, acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(wv[1], v, acc[1][t]);
+            acc[2][t] = _mm512_fmadd_ps(wv[2], v, acc[2][t]);
+            acc[3][t] = _mm512_fmadd_ps(wv[3], v, acc[3][t]);
+        }
+    }
+    tile_finish(acc, w, row_bytes, x, xs, cols, y, y_stride, T);
+}
+
+/* The end of a tile: the lanes' sums of its accumulators into y, then the columns past a
+ * multiple of 8 (as finish() adds them). */
+W512 static ALWAYS_INLINE void tile_finish(__m512 acc[4][4], const uint8_t *w, size_t row_bytes, const float *x,
+                                           size_t xs, int cols, float *y, size_t y_stride, const int T)
+{
+    int c8 = cols / 8 * 8;
 #pragma GCC unroll 2
     for (int t = 0; t < T; t += 2) {
         int u = t + 1 < T ? t + 1 : t; /* an odd last vector pairs with itself */
@@ -283,6 +336,21 @@ W512 static void rows_wide(const uint8_t *w, size_t row_bytes, int r, const floa
 static void rows_avx2(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
                       size_t y_stride, float *buf);
 
+/* Rows r0..r1 (a multiple of 8 apart) times n <= 4 vectors, tile_direct's way. */
+W512 static void rows_direct(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols,
+                             float *y, size_t y_stride)
+{
+    for (int r = r0; r < r1; r += 8) {
+        const uint8_t *wr = w + (size_t)r * row_bytes;
+        switch (n) {
+        case 4: tile_direct(wr, row_bytes, x, cols, cols, y + r, y_stride, 4); break;
+        case 3: tile_direct(wr, row_bytes, x, cols, cols, y + r, y_stride, 3); break;
+        case 2: tile_direct(wr, row_bytes, x, cols, cols, y + r, y_stride, 2); break;
+        default: tile_direct(wr, row_bytes, x, cols, cols, y + r, y_stride, 1); break;
+        }
+    }
+}
+
 void cpu_f16_rows(const uint8_t *w, size_t row_bytes, int r0, int r1, const float *x, int n, int cols, float *y,
                   size_t y_stride, float *buf)
 {
@@ -296,11 +364,17 @@ void cpu_f16_rows_isa(const uint8_t *w, size_t row_bytes, int r0, int r1, const 
     static _Atomic int wide_cpu = -1;
     if (wide_cpu < 0)
         wide_cpu = cpu_f16_wide_cpu();
-    if (n == 1 || isa != CPU_ISA_AVX512VNNI || !wide_cpu) { /* decode reads the f16 rows directly */
+    if (isa != CPU_ISA_AVX512VNNI || !wide_cpu) { /* AVX2's tiles (one vector: the rows read directly) */
         rows_avx2(w, row_bytes, r0, r1, x, n, cols, y, y_stride, buf);
         return;
     }
     int r8 = r0 + (r1 - r0) / 8 * 8, c8 = cols / 8 * 8;
+    if (n <= 4) { /* a few vectors: the rows read directly (tile_direct), nothing widened to reuse */
+        rows_direct(w, row_bytes, r0, r8, x, n, cols, y, y_stride);
+        if (r8 < r1)
+            rows_avx2(w, row_bytes, r8, r1, x, n, cols, y, y_stride, buf);
+        return;
+    }
     for (int t0 = 0; t0 < n; t0 += TOKEN_BLOCK) {
         int t1 = t0 + TOKEN_BLOCK < n ? t0 + TOKEN_BLOCK : n;
         for (int r = r0; r < r8; r += 8) {

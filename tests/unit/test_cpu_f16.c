@@ -1,7 +1,7 @@
 /* test_cpu_f16.c - the CPU backend's f16 register tiles (cpu_f16.c): each (row, vector)
  * product against a double-precision reference, and the same bits whether the vector came
  * alone (decode: f16 read directly), in a batch (widened rows, 4x3 tiles or AVX-512's 8x4, a
- * 64-vector block and the edges past them), in another row range (a thread's share) or with
+ * 64-vector block and the edges past them; 2-4 vectors read directly on AVX-512), in another row range (a thread's share) or with
  * the other instruction set's tiles (AVX2 and AVX-512: TIDE_CPU_ISA, or the CPU, picks). */
 #include <criterion/criterion.h>
 
@@ -52,6 +52,18 @@ static void check_isa(const uint16_t *w, const float *x, float *y, enum cpu_isa 
     float *y5 = malloc(sizeof(float) * 5 * ROWS);
     cpu_f16_rows_isa((const uint8_t *)w, COLS * 2, 0, ROWS, x + 7 * COLS, 5, COLS, y5, ROWS, buf, isa);
     cr_assert(memcmp(y5, y + (size_t)7 * ROWS, sizeof(float) * 5 * ROWS) == 0, "%s: batch of 5", name);
+    /* batches of 2, 3 and 4 (a decode step of a few sequences, an expert's few tokens: AVX-512
+     * reads the rows directly, tile_direct), whole and in two shares, the bits again */
+    for (int nb = 2; nb <= 4; nb++) {
+        memset(y5, 0, sizeof(float) * 5 * ROWS);
+        cpu_f16_rows_isa((const uint8_t *)w, COLS * 2, 0, ROWS, x + 11 * COLS, nb, COLS, y5, ROWS, buf, isa);
+        cr_assert(memcmp(y5, y + (size_t)11 * ROWS, sizeof(float) * nb * ROWS) == 0, "%s: batch of %d", name, nb);
+        memset(y5, 0, sizeof(float) * 5 * ROWS);
+        cpu_f16_rows_isa((const uint8_t *)w, COLS * 2, 0, 10, x + 11 * COLS, nb, COLS, y5, ROWS, buf, isa);
+        cpu_f16_rows_isa((const uint8_t *)w, COLS * 2, 10, ROWS, x + 11 * COLS, nb, COLS, y5, ROWS, buf, isa);
+        cr_assert(memcmp(y5, y + (size_t)11 * ROWS, sizeof(float) * nb * ROWS) == 0, "%s: batch of %d in shares",
+                  name, nb);
+    }
     free(y1); free(buf); free(y5);
 }
 
