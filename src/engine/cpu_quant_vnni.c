@@ -71,6 +71,9 @@ VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cv
         __m256 s = _mm256_setzero_ps();                                                                \
         for (int b = 0; b < nb; b++) {                                                                 \
             const uint8_t *blk = w + (size_t)b * (BB);                                                 \
+            if (!(b & 1)) /* the next 8 rows' lines as these stream by (see cpu_f16.c tile_direct) */   \
+                for (int k = 8; k < 16; k++)                                                           \
+                    _mm_prefetch((const char *)(blk + (size_t)k * row_bytes), _MM_HINT_T0);          \
             __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), v[8];                            \
             for (int k = 0; k < 8; k++)                                                                \
                 v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), CODES(blk + (size_t)k * row_bytes), xq); \
