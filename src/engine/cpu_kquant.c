@@ -240,6 +240,10 @@ KQ_INLINE void tile16_q45k(const int type, const uint8_t *w, size_t row_bytes, c
     for (int b = 0; b < nb; b++) {
         const uint8_t *bp = w + (size_t)b * bb;
         const struct act256 *x = (const struct act256 *)act + b;
+        /* the next 16 rows' super-blocks, as these stream by (cpu_f16.c tile_direct says why) */
+        for (int r = 16; r < 32; r++)
+            for (size_t o = 0; o < bb; o += 64)
+                _mm_prefetch((const char *)(bp + (size_t)r * row_bytes + o), _MM_HINT_T0);
         __m512i w0 = _mm512_i32gather_epi32(offs, (const void *)(bp + 4), 1);
         __m512i w1 = _mm512_i32gather_epi32(offs, (const void *)(bp + 8), 1);
         __m512i w2 = _mm512_i32gather_epi32(offs, (const void *)(bp + 12), 1);
