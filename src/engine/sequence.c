@@ -335,6 +335,7 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
         if (rc < 0)
             tide_log("kv park: slot %d's %d rows not parked: %s", q->slot, s->n_tokens, tide_strerror(rc));
     }
+    forward_kv_trim(&e->fw, q->slot, keep); /* blocks past the kept rows go back to the pool */
     struct prompt_rows qr = seq_rows(q);
     int plen = 0, pi = kv_park_find(&e->park, &qr, n - 1, &plen);
     if (pi >= 0 && plen > keep) {
@@ -355,7 +356,6 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     s->seq = q;
     s->last_use = ++e->use_clock;
     s->n_tokens = keep;
-    forward_kv_trim(&e->fw, q->slot, keep); /* blocks past the kept rows go back to the pool */
     q->pos = keep;
     job->cached_tokens = keep;
     share_prefix(e, q); /* more from another slot, now or once a prefilling sequence has it */
