@@ -10,13 +10,16 @@ when the blocks run out and resume it later (engine/seq_pool.c). What a client s
     sequence is paused and every block is free or cached;
  2. the same with conversation parking off (kv_host_mib 0): a paused sequence's rows are computed
     again instead of restored, with the same replies;
- 3. /v1/vram reports the pool (paged, block_rows, blocks and their states) and blocks shared in
+ 3. clients that hang up while others are paused: the rest get their solo replies, and nothing is
+    left paused or holding blocks;
+ 4. /v1/vram reports the pool (paged, block_rows, blocks and their states) and blocks shared in
     place by two prompts with one long prefix; a pool smaller than one context stops start-up
     with a clear error.
 Usage: tests/e2e/test_kv_blocks.py   (env: TIDE_BIN). Prints "N passed, N failed".
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_batching import Daemon, check, metric, reply_texts, results, run_threads  # noqa: E402 - the shared harness
@@ -53,6 +56,32 @@ def paused_then_equal(d, name):
           str({k: sq[k] for k in ("paused", "blocks", "blocks_running", "blocks_cached", "blocks_free")}))
 
 
+def hang_ups(d):
+    """Clients that hang up while the pool is out of blocks (some of them paused then): the others
+    finish with their solo replies, and afterwards nothing is left paused or holding blocks."""
+    bs = bodies()
+    alone = [reply_texts(d, "/v1/chat/completions", b) for b in bs[:2]]
+    before = metric(d, "tide_kv_preemptions_total")
+    long = [dict(b, stream=True, max_tokens=240) for b in bodies()]
+    res = run_threads([lambda b=bs[0]: reply_texts(d, "/v1/chat/completions", b),
+                       lambda b=bs[1]: reply_texts(d, "/v1/chat/completions", b)] +
+                      [lambda b=b: d.stream("/v1/chat/completions", b, hang_up_after=60) for b in long[2:]])
+    kept = res[:2]
+    check("hang-ups: the two who stayed get their solo replies", kept == alone,
+          "equal %s" % [k == a for k, a in zip(kept, alone)])
+    check("hang-ups: the pool ran out meanwhile", metric(d, "tide_kv_preemptions_total") > before)
+    sq = {}
+    for _ in range(100):
+        sq = d.vram()["sequences"]
+        if sq["running"] == 0:
+            break
+        time.sleep(0.1)
+    check("hang-ups: afterwards nothing is running, paused or holding blocks",
+          sq["running"] == 0 and sq["paused"] == 0 and sq["blocks_running"] == 0, str(sq))
+    again = reply_texts(d, "/v1/chat/completions", bs[0])
+    check("hang-ups: the next request gets its solo reply", again == alone[0])
+
+
 def pool_report(d):
     sq = d.vram()["sequences"]
     check("vram: the pool is paged in blocks of 16, 16 blocks",
@@ -72,6 +101,7 @@ def main():
     try:
         pool_report(d)
         paused_then_equal(d, "parked")
+        hang_ups(d)
         rc = d.stop()
         check("daemon exits 0 on SIGTERM", rc == 0, "rc %d" % rc)
     except BaseException:
