@@ -12,13 +12,27 @@ size_t forward_kv_row_bytes(const struct forward_state *s)
     return kv_parts(s->m) * kv_pos_bytes(s) * s->m->cfg.n_layer;
 }
 
-/* Every layer's K and V rows of block cp[i].src into block cp[i].dst, on each stage's device
- * (through host memory where a backend has no copy). */
-static int copy_blocks(struct forward_state *s, const struct kv_block_copy *cp, int n_cp)
+/* bytes from `from` to `to` in one stage's device memory: its backend's copy, or through host
+ * memory (bounce, at least bytes) where the backend has none. */
+static void dev_copy(const struct forward_stage *st, void *to, const void *from, size_t bytes, void *bounce)
 {
-    if (n_cp <= 0)
+    const struct backend_i *B = st->be.i;
+    if (B->copy) {
+        B->copy(st->be.ctx, to, from, bytes);
+    } else {
+        B->download(st->be.ctx, bounce, from, bytes);
+        B->upload(st->be.ctx, to, bounce, bytes);
+    }
+}
+
+/* Every layer's K and V rows 0..rows-1 of block cp[i].src into block cp[i].dst, on each stage's
+ * device (through host memory where a backend has no copy). */
+static int copy_blocks(struct forward_state *s, const struct kv_block_copy *cp, int n_cp, int rows)
+{
+    if (n_cp <= 0 || rows <= 0)
         return 0;
-    size_t bytes = (size_t)s->kv.block_rows * kv_pos_bytes(s), parts = kv_parts(s->m);
+    size_t block = (size_t)s->kv.block_rows * kv_pos_bytes(s), bytes = (size_t)rows * kv_pos_bytes(s);
+    size_t parts = kv_parts(s->m);
     void *bounce = NULL;
     for (int i = 0; i < s->n_stage; i++) {
         struct forward_stage *st = &s->stage[i];
@@ -29,13 +43,7 @@ static int copy_blocks(struct forward_state *s, const struct kv_block_copy *cp, 
             for (size_t p = 0; p < parts; p++)
                 for (int c = 0; c < n_cp; c++) {
                     uint8_t *base = kv_layer(s, st, p ? st->v_cache : st->k_cache, l);
-                    uint8_t *from = base + (size_t)cp[c].src * bytes, *to = base + (size_t)cp[c].dst * bytes;
-                    if (B->copy) {
-                        B->copy(st->be.ctx, to, from, bytes);
-                    } else {
-                        B->download(st->be.ctx, bounce, from, bytes);
-                        B->upload(st->be.ctx, to, bounce, bytes);
-                    }
+                    dev_copy(st, base + (size_t)cp[c].dst * block, base + (size_t)cp[c].src * block, bytes, bounce);
                 }
     }
     free(bounce);
@@ -46,7 +54,7 @@ int forward_kv_reserve(struct forward_state *s, int slot, int from, int to)
 {
     struct kv_block_copy cp[2];
     int n_cp = 0, rc = kv_blocks_reserve(&s->kv, slot, from, to, cp, &n_cp);
-    return rc < 0 ? rc : copy_blocks(s, cp, n_cp);
+    return rc < 0 ? rc : copy_blocks(s, cp, n_cp, s->kv.block_rows);
 }
 
 void forward_kv_trim(struct forward_state *s, int slot, int rows) { kv_blocks_trim(&s->kv, slot, rows); }
@@ -94,33 +102,15 @@ int forward_kv_clone(struct forward_state *s, int src, int dst, int n)
         int n_cp = 0, rows = kv_blocks_share(&s->kv, src, dst, n, cp, &n_cp);
         if (rows < 0)
             return rows;
-        int rc = copy_blocks(s, cp, n_cp);
+        int rc = copy_blocks(s, cp, n_cp, s->kv.block_rows);
         if (rc < 0) { /* the partial block's rows are not there: keep the whole blocks only */
             kv_blocks_trim(&s->kv, dst, n / s->kv.block_rows * s->kv.block_rows);
             return n / s->kv.block_rows * s->kv.block_rows;
         }
         return rows;
     }
-    /* one block a slot: rows 0..n-1 copied, per layer K and V */
-    size_t parts = kv_parts(s->m), bytes = (size_t)n * kv_pos_bytes(s);
-    void *bounce = NULL;
-    for (int i = 0; i < s->n_stage; i++) {
-        struct forward_stage *st = &s->stage[i];
-        const struct backend_i *B = st->be.i;
-        if (!B->copy && !bounce && !(bounce = malloc(bytes)))
-            return TIDE_ENOMEM;
-        for (uint32_t l = st->l0; l < st->l1; l++)
-            for (size_t p = 0; p < parts; p++) {
-                void *cache = p ? st->v_cache : st->k_cache;
-                void *from = kv_row(s, st, cache, l, src, 0), *to = kv_row(s, st, cache, l, dst, 0);
-                if (B->copy) {
-                    B->copy(st->be.ctx, to, from, bytes);
-                } else {
-                    B->download(st->be.ctx, bounce, from, bytes);
-                    B->upload(st->be.ctx, to, bounce, bytes);
-                }
-            }
-    }
-    free(bounce);
-    return n;
+    /* one block a slot: rows 0..n-1 of src's block into dst's */
+    struct kv_block_copy whole = {kv_blocks_table(&s->kv, src)[0], kv_blocks_table(&s->kv, dst)[0]};
+    int rc = copy_blocks(s, &whole, 1, n);
+    return rc < 0 ? rc : n;
 }

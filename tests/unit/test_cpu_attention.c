@@ -13,18 +13,9 @@
 #include "engine/backend_cpu_attention.h"
 #include "engine/cpu_f16.h"
 #include "ref_attention.h"
+#include "test_rand.h"
 
 enum { H = 8, HKV = 2, HD = 64, POS = 40, N = 24, CTX = POS + N };
-
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
-}
-
 
 Test(cpu_attention, prefill_matches_double_reference_and_decode_bits_on_any_thread_count)
 {

@@ -11,19 +11,12 @@
 
 #include "engine/cpu_f16.h"
 #include "engine/gguf.h"
+#define TEST_RAND_SEED 0x2545f4914f6cdd1dULL
+#include "test_rand.h"
 
 /* rows past a multiple of 4 and 8, columns past 8 and over two of the AVX-512 tiles' 512-column
  * blocks, vectors past 64 */
 enum { ROWS = 23, COLS = 1107, N = 70 };
-
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
-}
 
 /* One ISA's run: the batch in two shares, every vector alone, a batch of 5; returns y (N x ROWS). */
 static void check_isa(const uint16_t *w, const float *x, float *y, enum cpu_isa isa)

@@ -11,17 +11,9 @@
 #include "engine/backend.h"
 #include "engine/cpu_f16.h"
 #include "engine/gguf.h"
+#include "test_rand.h"
 
 enum { E = 96, F = 136, NE = 6, K = 3 }; /* 3 choices: a sum of three depends on its order */ /* F past a multiple of 64 and 8: the row blocks' edges */
-
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
-}
 
 static struct tensor f16_tensor(int cols, int rows)
 {

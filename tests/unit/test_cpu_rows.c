@@ -9,19 +9,15 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#define TEST_RAND_SEED 0x2545f4914f6cdd1dULL
+#include "test_rand.h"
 
 enum { N = 96, H = 8, HKV = 2, HD = 64, DIM = H * HD, KD = HKV * HD, POS = 37, NS = 40 };
 #define THETA 10000.0f
 #define EPS 1e-5f
 
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
-}
+/* uniform in [-1, 1) on a grid of 2^-23 (its own scale, over the shared generator) */
+static float frand24(void) { return (float)((test_rand_next() >> 40) / (double)(1 << 24)) * 2.0f - 1.0f; }
 
 struct outs {
     float q[N * DIM], k[N * KD], norm[N * DIM], gate[N * DIM], y[N * DIM], gathered[NS * DIM];
@@ -55,10 +51,10 @@ static void run_ops(const struct backend *be, const float *x, const float *up, c
 Test(cpu_rows, ops_match_double_references_and_bits_on_any_thread_count)
 {
     static float x[N * DIM], up[N * DIM], qn[HD], kn[HD], nw[DIM], wt[NS];
-    for (int i = 0; i < N * DIM; i++) x[i] = 2.0f * frand(), up[i] = frand();
-    for (int i = 0; i < HD; i++) qn[i] = 1.0f + 0.5f * frand(), kn[i] = 1.0f + 0.5f * frand();
-    for (int i = 0; i < DIM; i++) nw[i] = 1.0f + 0.5f * frand();
-    for (int i = 0; i < NS; i++) wt[i] = frand();
+    for (int i = 0; i < N * DIM; i++) x[i] = 2.0f * frand24(), up[i] = frand24();
+    for (int i = 0; i < HD; i++) qn[i] = 1.0f + 0.5f * frand24(), kn[i] = 1.0f + 0.5f * frand24();
+    for (int i = 0; i < DIM; i++) nw[i] = 1.0f + 0.5f * frand24();
+    for (int i = 0; i < NS; i++) wt[i] = frand24();
     struct outs *o[4];
     for (int threads = 1; threads <= 3; threads++) {
         struct backend be;

@@ -15,16 +15,8 @@
 #include "engine/forward.h"
 #include "engine/modelgen.h"
 #include "ref_attention.h"
-
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static float frand(void) { return (float)((next() >> 16) % 2000001) / 1000000.0f - 1.0f; }
+#define TEST_RAND_SEED 0x2545f4914f6cdd1dULL
+#include "test_rand.h"
 
 static float bits_f(uint32_t x)
 {
@@ -59,7 +51,7 @@ Test(kv_f16, rounding_is_nearest_even_and_the_same_in_both_forms)
     float *x = malloc(sizeof(float) * N), *w = malloc(sizeof(float) * N);
     uint16_t *h = malloc(sizeof(uint16_t) * N);
     for (int i = 0; i < N; i++)
-        x[i] = i % 3 ? bits_f((uint32_t)(next() >> 32)) : frand() * 70000.0f;
+        x[i] = i % 3 ? bits_f((uint32_t)(test_rand_next() >> 32)) : frand() * 70000.0f;
     cpu_f16_from_f32(h, x, N - 3);
     h[N - 3] = cpu_f16_round(x[N - 3]), h[N - 2] = cpu_f16_round(x[N - 2]), h[N - 1] = cpu_f16_round(x[N - 1]);
     cpu_f16_to_f32(w, h, N);
@@ -80,7 +72,6 @@ Test(kv_f16, rounding_is_nearest_even_and_the_same_in_both_forms)
     free(w);
     free(h);
 }
-
 
 static void check_attention(int H, int HKV, int HD, int pos, int n)
 {

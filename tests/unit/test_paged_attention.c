@@ -17,15 +17,8 @@
 #include "engine/backend.h"
 #include "engine/backend_cpu_attention.h"
 #include "engine/cpu_f16.h"
-
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 16) % 2000001) / 1000000.0f - 1.0f;
-}
+#define TEST_RAND_SEED 0x2545f4914f6cdd1dULL
+#include "test_rand.h"
 
 struct shape { int head_dim, n_head, n_head_kv; };
 static const struct shape shapes[] = {

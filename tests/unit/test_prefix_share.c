@@ -137,49 +137,67 @@ Test(prefix_share, image_rows_match_the_same_image_only)
     cr_assert(pl.wait_on == 0 && pl.wait_len == 99);
 }
 
+/* A random-weight model of preset in a forward state of 3 KV slots of 128 positions on the CPU
+ * backend (spec: its KV type and blocks), with 50 prompt ids in ids. */
+struct clone_fixture {
+    char path[96];
+    struct model m;
+    struct backend be;
+    struct forward_state f;
+    int ids[50];
+};
+
+static void fixture_up(struct clone_fixture *x, const char *preset, enum kv_type kv, int block_rows)
+{
+    snprintf(x->path, sizeof x->path, "/tmp/tide-test-prefix-%s-%d.gguf", preset, (int)getpid());
+    struct modelgen_options o = {.preset = preset, .out = x->path, .seed = 5, .type = -1, .threads = 1};
+    struct modelgen_summary sum;
+    char err[256] = "";
+    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
+    cr_assert_eq(model_load(&x->m, x->path, err, sizeof err), 0, "model_load: %s", err);
+    cr_assert_eq(backend_cpu_init(&x->be, 1), 0);
+    struct forward_stage_spec sp = {.be = x->be, .l0 = 0, .l1 = x->m.cfg.n_layer, .kv_type = kv,
+                                    .kv_block_rows = block_rows};
+    cr_assert_eq(forward_init_stages(&x->f, &x->m, 128, 3, 64, &sp, 1), 0);
+    cr_assert_eq(forward_setup_prefill(&x->f, 0, PREFILL_OWN), 0);
+    for (int i = 0; i < 50; i++)
+        x->ids[i] = (int)((13u * (unsigned)i + 5u) % x->m.cfg.n_vocab);
+}
+
+static void fixture_down(struct clone_fixture *x)
+{
+    forward_free(&x->f);
+    backend_cpu_free(&x->be);
+    model_free(&x->m);
+    unlink(x->path);
+}
+
 /* forward_kv_clone on the CPU backend: rows 0..n-1 of every layer's K and V copied between
  * slots; the prompt's rest computed after them gives the logits of the prompt computed alone */
 Test(prefix_share, cloned_rows_compute_the_same_logits)
 {
-    char path[96];
-    snprintf(path, sizeof path, "/tmp/tide-test-prefix-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 5, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    struct model m;
-    struct backend be;
-    struct forward_state f;
-    char err[256] = "";
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
-    cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer};
-    cr_assert_eq(forward_init_stages(&f, &m, 128, 3, 64, &sp, 1), 0);
-    cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
-    int ids[50];
-    for (int i = 0; i < 50; i++)
-        ids[i] = (int)((13u * (unsigned)i + 5u) % m.cfg.n_vocab);
-    uint32_t V = m.cfg.n_vocab;
+    struct clone_fixture x;
+    fixture_up(&x, "moe", KV_F32, 0);
+    int *ids = x.ids;
+    uint32_t V = x.m.cfg.n_vocab;
     float *want = malloc(sizeof(float) * V);
     struct forward_seq a = {.slot = 0, .pos = 0, .n = 50, .tokens = ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &a, 1), 0);
+    cr_assert_eq(forward_eval_batch(&x.f, &a, 1), 0);
     memcpy(want, a.logits, sizeof(float) * V);
-    cr_assert_eq(forward_kv_clone(&f, 0, 2, 30), 30, "the rows slot 2 holds from slot 0");
-    size_t rb = forward_kv_row_bytes(&f);
+    cr_assert_eq(forward_kv_clone(&x.f, 0, 2, 30), 30, "the rows slot 2 holds from slot 0");
+    size_t rb = forward_kv_row_bytes(&x.f);
     char *r0 = malloc(30 * rb), *r2 = malloc(30 * rb);
-    cr_assert_eq(forward_kv_copy(&f, 0, 30, (float *)r0, 30, true), 0);
-    cr_assert_eq(forward_kv_copy(&f, 2, 30, (float *)r2, 30, true), 0);
+    cr_assert_eq(forward_kv_copy(&x.f, 0, 30, (float *)r0, 30, true), 0);
+    cr_assert_eq(forward_kv_copy(&x.f, 2, 30, (float *)r2, 30, true), 0);
     cr_assert_eq(memcmp(r0, r2, 30 * rb), 0, "the copied rows are the source's bytes");
     struct forward_seq b = {.slot = 2, .pos = 30, .n = 20, .tokens = ids + 30, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &b, 1), 0);
+    cr_assert_eq(forward_eval_batch(&x.f, &b, 1), 0);
     cr_assert_eq(memcmp(want, b.logits, sizeof(float) * V), 0, "the same logits, bit for bit");
-    cr_assert_eq(forward_kv_clone(&f, 0, 3, 1), TIDE_EINVAL, "slot 3 of 3");
+    cr_assert_eq(forward_kv_clone(&x.f, 0, 3, 1), TIDE_EINVAL, "slot 3 of 3");
     free(want);
     free(r0);
     free(r2);
-    forward_free(&f);
-    backend_cpu_free(&be);
-    model_free(&m);
-    unlink(path);
+    fixture_down(&x);
 }
 
 /* The same on a paged cache (blocks of 16 rows, f16): slot 2 takes slot 0's first 40 rows with
@@ -188,54 +206,37 @@ Test(prefix_share, cloned_rows_compute_the_same_logits)
  * a shared block: it gets a copy of its own (copy on write), and slot 0's rows do not change. */
 Test(prefix_share, paged_blocks_shared_in_place_and_copied_on_write)
 {
-    char path[96];
-    snprintf(path, sizeof path, "/tmp/tide-test-prefix-paged-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen3moe", .out = path, .seed = 5, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    struct model m;
-    struct backend be;
-    struct forward_state f;
-    char err[256] = "";
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
-    cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = KV_F16, .kv_block_rows = 16};
-    cr_assert_eq(forward_init_stages(&f, &m, 128, 3, 64, &sp, 1), 0);
-    cr_assert(!f.kv.fixed, "the CPU backend pages");
-    cr_assert_eq(forward_setup_prefill(&f, 0, PREFILL_OWN), 0);
-    int ids[50];
-    for (int i = 0; i < 50; i++)
-        ids[i] = (int)((13u * (unsigned)i + 5u) % m.cfg.n_vocab);
-    uint32_t V = m.cfg.n_vocab;
+    struct clone_fixture x;
+    fixture_up(&x, "qwen3moe", KV_F16, 16);
+    cr_assert(!x.f.kv.fixed, "the CPU backend pages");
+    int *ids = x.ids;
+    uint32_t V = x.m.cfg.n_vocab;
     float *want = malloc(sizeof(float) * V);
     struct forward_seq a = {.slot = 0, .pos = 0, .n = 50, .tokens = ids, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &a, 1), 0);
+    cr_assert_eq(forward_eval_batch(&x.f, &a, 1), 0);
     memcpy(want, a.logits, sizeof(float) * V);
-    size_t rb = forward_kv_row_bytes(&f);
+    size_t rb = forward_kv_row_bytes(&x.f);
     char *r0 = malloc(50 * rb), *r0b = malloc(50 * rb);
-    cr_assert_eq(forward_kv_copy(&f, 0, 50, r0, 50, true), 0);
-    cr_assert_eq(forward_kv_clone(&f, 0, 2, 40), 40);
-    const int32_t *t0 = kv_blocks_table(&f.kv, 0), *t2 = kv_blocks_table(&f.kv, 2);
+    cr_assert_eq(forward_kv_copy(&x.f, 0, 50, r0, 50, true), 0);
+    cr_assert_eq(forward_kv_clone(&x.f, 0, 2, 40), 40);
+    const int32_t *t0 = kv_blocks_table(&x.f.kv, 0), *t2 = kv_blocks_table(&x.f.kv, 2);
     cr_assert(t2[0] == t0[0] && t2[1] == t0[1] && t2[2] != t0[2], "two blocks in place, the third a copy");
-    cr_assert_eq(kv_blocks_shared(&f.kv), 2);
+    cr_assert_eq(kv_blocks_shared(&x.f.kv), 2);
     struct forward_seq b = {.slot = 2, .pos = 40, .n = 10, .tokens = ids + 40, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &b, 1), 0);
+    cr_assert_eq(forward_eval_batch(&x.f, &b, 1), 0);
     cr_assert_eq(memcmp(want, b.logits, sizeof(float) * V), 0, "the same logits, bit for bit");
     int32_t shared1 = t2[1];
     struct forward_seq c = {.slot = 2, .pos = 20, .n = 30, .tokens = ids + 20, .want_logits = true};
-    cr_assert_eq(forward_eval_batch(&f, &c, 1), 0);
+    cr_assert_eq(forward_eval_batch(&x.f, &c, 1), 0);
     cr_assert_eq(memcmp(want, c.logits, sizeof(float) * V), 0, "computed again from row 20: the same logits");
     cr_assert(t2[1] != shared1 && t0[1] == shared1 && t2[0] == t0[0], "slot 2 wrote into a copy of block 1");
-    cr_assert_eq(forward_kv_copy(&f, 0, 50, r0b, 50, true), 0);
+    cr_assert_eq(forward_kv_copy(&x.f, 0, 50, r0b, 50, true), 0);
     cr_assert_eq(memcmp(r0, r0b, 50 * rb), 0, "slot 0's rows did not change");
-    forward_kv_trim(&f, 2, 0);
-    forward_kv_trim(&f, 0, 0);
-    cr_assert_eq(f.kv.n_free, f.kv.n_blocks, "every block back in the pool");
+    forward_kv_trim(&x.f, 2, 0);
+    forward_kv_trim(&x.f, 0, 0);
+    cr_assert_eq(x.f.kv.n_free, x.f.kv.n_blocks, "every block back in the pool");
     free(want);
     free(r0);
     free(r0b);
-    forward_free(&f);
-    backend_cpu_free(&be);
-    model_free(&m);
-    unlink(path);
+    fixture_down(&x);
 }

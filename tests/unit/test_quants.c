@@ -15,21 +15,15 @@
 #include "engine/backend.h"
 #include "engine/cpu_quant.h"
 #include "engine/gguf.h"
+#define TEST_RAND_SEED 88172645463325252ULL
+#include "test_rand.h"
 
 static const uint32_t types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
                                  GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
                                  GGML_TYPE_IQ4_XS};
 #define N_TYPES (sizeof types / sizeof types[0])
 
-static uint64_t rng = 88172645463325252ULL;
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float frand(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
+static uint32_t rnd(void) { return (uint32_t)(test_rand_next() >> 16); }
 
 static void put_f16(uint8_t *p, float f)
 {
