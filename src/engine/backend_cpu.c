@@ -157,6 +157,14 @@ static float *thread_scratch(struct cpu_ctx *c, int ith, size_t n)
 }
 
 float *cpu_thread_scratch(void *ctx, int ith, size_t n) { return thread_scratch(ctx, ith, n); }
+int cpu_thread_scratch_all(void *ctx, size_t n)
+{
+    struct cpu_ctx *c = ctx;
+    for (int i = 0; i < c->n_threads; i++)
+        if (!thread_scratch(c, i, n))
+            return TIDE_ENOMEM;
+    return 0;
+}
 void **cpu_moe_state(void *ctx) { return &((struct cpu_ctx *)ctx)->moe; }
 
 /* ---- kernels ---- */

@@ -117,9 +117,7 @@ static void moe_worker(void *p, int ith, int nth)
     struct moe_state *st = j->st;
     int E = j->E, F = j->F;
     (void)nth;
-    float *tbuf = cpu_thread_scratch(j->ctx, ith, 8 * (size_t)(E > F ? E : F));
-    if (!tbuf)
-        return; /* out of memory: the rows stay as they were (never here after the call's checks) */
+    float *tbuf = cpu_thread_scratch(j->ctx, ith, 8 * (size_t)(E > F ? E : F)); /* grown before the job */
     for (int i; (i = cpu_claim(&j->next, 1, j->n_items)) >= 0;) {
         const struct moe_item *it = &st->items[i];
         const struct expert_weights *ex = &b->ex[it->g];
@@ -154,7 +152,7 @@ int cpu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, floa
         return TIDE_ENOMEM;
     struct moe_state *st = *slot;
     int per_group = (E > F ? E : F) / MOE_ROW_BLOCK + 2;
-    if (state_fit(st, b, E, F, (b->g1 - b->g0) * per_group))
+    if (state_fit(st, b, E, F, (b->g1 - b->g0) * per_group) || cpu_thread_scratch_all(ctx, 8 * (size_t)(E > F ? E : F)))
         return TIDE_ENOMEM;
     if (b->g0 == 0)
         memset(st->sum, 0, sizeof(float) * (size_t)b->n * E);
