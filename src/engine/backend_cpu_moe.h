@@ -5,8 +5,8 @@
 
 #include "backend.h"
 
-/* backend_i.moe_ffn_batch for f16 experts (TIDE_EUNSUPPORTED for other types: the caller runs the
- * per-expert ops). */
+/* backend_i.moe_ffn_batch for f16 experts and the int8 products' types (TIDE_EUNSUPPORTED for
+ * others, and where gate and up differ in type: the caller runs the per-expert ops). */
 int cpu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, float *y, bool add);
 /* Frees what cpu_moe_ffn_batch kept in a context (its state pointer, *cpu_moe_state). */
 void cpu_moe_free(void *state);
