@@ -168,6 +168,15 @@ static void moe_worker(void *p, int ith, int nth)
     }
 }
 
+/* One phase of the call: its n_items claimed by the pool's threads. */
+static void run_phase(void *ctx, struct moe_job *j, enum moe_phase phase, int n_items)
+{
+    j->phase = phase;
+    j->n_items = n_items;
+    j->next = 0;
+    cpu_pool_run(ctx, moe_worker, j);
+}
+
 /* Whether this op computes products of w: f16 (where the CPU has the f16 tiles) or a type of
  * the int8 products. */
 static bool grouped_type(const struct tensor *w)
@@ -202,25 +211,12 @@ int cpu_moe_ffn_batch(void *ctx, const struct moe_batch *b, const float *x, floa
         int p = b->off[g], cnt = b->off[g + 1] - p;
         cpu_rows_gather(ctx, st->xin + (size_t)(p - j.p0) * E, x, b->tok + p, cnt, E);
     }
-    if (qx) {
-        j.phase = PH_QUANT_X;
-        j.n_items = pairs;
-        cpu_pool_run(ctx, moe_worker, &j);
-    }
-    j.phase = PH_GATE_UP;
-    j.next = 0;
-    j.n_items = make_items(st, b, F);
-    cpu_pool_run(ctx, moe_worker, &j);
-    if (qh) {
-        j.phase = PH_QUANT_H;
-        j.next = 0;
-        j.n_items = pairs;
-        cpu_pool_run(ctx, moe_worker, &j);
-    }
-    j.phase = PH_DOWN;
-    j.next = 0;
-    j.n_items = make_items(st, b, E);
-    cpu_pool_run(ctx, moe_worker, &j);
+    if (qx)
+        run_phase(ctx, &j, PH_QUANT_X, pairs);
+    run_phase(ctx, &j, PH_GATE_UP, make_items(st, b, F));
+    if (qh)
+        run_phase(ctx, &j, PH_QUANT_H, pairs);
+    run_phase(ctx, &j, PH_DOWN, make_items(st, b, E));
     for (int g = b->g0; g < b->g1; g++) { /* in ascending group order, as the per-expert scatters */
         int p = b->off[g], cnt = b->off[g + 1] - p;
         cpu_rows_scatter_axpy(ctx, st->sum, st->out + (size_t)(p - j.p0) * E, b->tok + p, b->w + p, cnt, E);
