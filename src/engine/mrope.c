@@ -25,6 +25,19 @@ int mrope_section_of(const uint32_t sections[MROPE_N], bool interleaved, int pai
     return MROPE_E;
 }
 
+/* Pair (i, i + head_dim/2) of each of a token's n_heads heads (at vec) turned by the angle whose
+ * cosine and sine are cs, sn (the NEOX pairs both rotations here use). */
+static void rotate_heads_pair(float *vec, int n_heads, int head_dim, int i, float cs, float sn)
+{
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * head_dim;
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x0 * sn + x1 * cs;
+    }
+}
+
 void mrope_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *pos, float theta,
                   const uint32_t sections[MROPE_N], bool interleaved)
 {
@@ -34,12 +47,7 @@ void mrope_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *p
             double freq = pow((double)theta, -2.0 * i / head_dim);
             double a = pos[(size_t)t * MROPE_N + mrope_section_of(sections, interleaved, i)] * freq;
             float cs = (float)cos(a), sn = (float)sin(a);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = vec + ((size_t)t * n_heads + h) * head_dim;
-                float x0 = v[i], x1 = v[i + half];
-                v[i] = x0 * cs - x1 * sn;
-                v[i + half] = x0 * sn + x1 * cs;
-            }
+            rotate_heads_pair(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, i, cs, sn);
         }
 }
 
@@ -51,12 +59,7 @@ void rope2d_rotate(float *vec, int n, int n_heads, int head_dim, const int32_t *
             int j = i < quarter ? i : i - quarter;
             double a = pos[2 * t + (i < quarter ? 0 : 1)] * pow((double)theta, -4.0 * j / head_dim);
             float cs = (float)cos(a), sn = (float)sin(a);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = vec + ((size_t)t * n_heads + h) * head_dim;
-                float x0 = v[i], x1 = v[i + half];
-                v[i] = x0 * cs - x1 * sn;
-                v[i + half] = x0 * sn + x1 * cs;
-            }
+            rotate_heads_pair(vec + (size_t)t * n_heads * head_dim, n_heads, head_dim, i, cs, sn);
         }
 }
 

@@ -566,6 +566,16 @@ out:
     return rc;
 }
 
+/* Output index i's two source taps (clamped to n) and the second's weight, at ratio r. */
+static void aligned_taps(int i, float r, int n, int *i0, int *i1, float *f)
+{
+    float p = (float)i * r;
+    *i0 = (int)p;
+    if (*i0 > n - 1) *i0 = n - 1;
+    *i1 = *i0 + 1 > n - 1 ? n - 1 : *i0 + 1;
+    *f = p - (float)*i0;
+}
+
 /* Bilinear with the corners aligned (output x samples source x * (src_w - 1) / (w - 1)), no
  * antialiasing, every step in float and the result truncated to 8 bits: the arithmetic of
  * llama.cpp's mtmd for the Qwen-VL towers, so that the same image gives the same pixels (and
@@ -576,17 +586,11 @@ static void resize_bilinear_aligned(const struct image_u8 *src, int w, int h, ui
     float rx = w > 1 ? (float)(src->w - 1) / (float)(w - 1) : 0.0f;
     float ry = h > 1 ? (float)(src->h - 1) / (float)(h - 1) : 0.0f;
     for (int y = 0; y < h; y++) {
-        float py = (float)y * ry;
-        int y0 = (int)py;
-        if (y0 > src->h - 1) y0 = src->h - 1;
-        int y1 = y0 + 1 > src->h - 1 ? src->h - 1 : y0 + 1;
-        float fy = py - (float)y0;
+        int y0, y1, x0, x1;
+        float fy, fx;
+        aligned_taps(y, ry, src->h, &y0, &y1, &fy);
         for (int x = 0; x < w; x++) {
-            float px = (float)x * rx;
-            int x0 = (int)px;
-            if (x0 > src->w - 1) x0 = src->w - 1;
-            int x1 = x0 + 1 > src->w - 1 ? src->w - 1 : x0 + 1;
-            float fx = px - (float)x0;
+            aligned_taps(x, rx, src->w, &x0, &x1, &fx);
             const uint8_t *p00 = src->rgb + ((size_t)y0 * src->w + x0) * 3, *p10 = src->rgb + ((size_t)y0 * src->w + x1) * 3;
             const uint8_t *p01 = src->rgb + ((size_t)y1 * src->w + x0) * 3, *p11 = src->rgb + ((size_t)y1 * src->w + x1) * 3;
             for (int c = 0; c < 3; c++) {
