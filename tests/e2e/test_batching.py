@@ -127,6 +127,13 @@ def check(name, ok, detail=""):
     print(("ok   " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
 
 
+def report():
+    """Prints "N passed, N failed" and exits 1 when any check failed."""
+    npass = sum(results)
+    print("%d passed, %d failed" % (npass, len(results) - npass))
+    sys.exit(0 if npass == len(results) else 1)
+
+
 def run_threads(fns):
     out = [None] * len(fns)
 
@@ -381,9 +388,7 @@ def main():
     parking()
     image_prefix()
     vision_under_load()
-    npass = sum(results)
-    print("%d passed, %d failed" % (npass, len(results) - npass))
-    sys.exit(0 if npass == len(results) else 1)
+    report()
 
 
 if __name__ == "__main__":

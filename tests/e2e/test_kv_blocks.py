@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_batching import Daemon, check, metric, reply_texts, results, run_threads  # noqa: E402 - the shared harness
+from test_batching import Daemon, check, metric, reply_texts, report, run_threads  # noqa: E402 - the shared harness
 
 POOL = {"parallel": 4, "context": 256, "kv_block_size": 16, "kv_pool_tokens": 256}
 
@@ -117,8 +117,7 @@ def main():
         check("a pool below one context is refused", False, "the daemon started")
     except RuntimeError as e:
         check("a pool below one context is refused, saying why", "kv_pool_tokens" in str(e), str(e)[-200:])
-    print("%d passed, %d failed" % (sum(results), len(results) - sum(results)))
-    sys.exit(0 if all(results) else 1)
+    report()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time
 import json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_batching import MMPROJ, Daemon, check, metric, png_bytes, results, run_threads  # noqa: E402 - the shared harness
+from test_batching import MMPROJ, Daemon, check, metric, png_bytes, report, run_threads  # noqa: E402 - the shared harness
 
 SLOW = {"TIDE_FAULT_SLOW_TOKEN_MS": "20"}
 SYSTEM = ("You are a careful assistant for a harbour town. The boats are painted in bright colours, the nets "
@@ -189,9 +189,7 @@ def main():
     shared_system_prompt()
     image_rows()
     cancelled_leader()
-    npass = sum(results)
-    print("%d passed, %d failed" % (npass, len(results) - npass))
-    sys.exit(0 if npass == len(results) else 1)
+    report()
 
 
 if __name__ == "__main__":

@@ -18,35 +18,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t st = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void)
-{
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return st;
-}
-static double rnd_u(void) { return (double)(rnd() >> 11) * 0x1p-53; }
-static double rnd_n(void) { return sqrt(-2.0 * log(rnd_u() + 1e-300)) * cos(6.283185307179586 * rnd_u()); }
+#define TEST_RAND_SEED 0x2545F4914F6CDD1Dull
+#include "../unit/test_rand.h"
 
 static void random_row(float *l, int V, int shape)
 {
-    double scale = (double[]){0.05, 1, 3, 12, 60}[rnd() % 5];
+    double scale = (double[]){0.05, 1, 3, 12, 60}[test_rand_next() % 5];
     for (int i = 0; i < V; i++) {
-        double x = rnd_n() * scale;
+        double x = test_rand_normal() * scale;
         if (shape == 1)
             x = floor(x * 2) / 2;
         if (shape == 2)
-            x = (double)(rnd() % 3);
+            x = (double)(test_rand_next() % 3);
         l[i] = (float)x;
-        if (shape == 3 && rnd() % 7 == 0)
-            l[i] = (rnd() & 1) ? -INFINITY : NAN;
-        if (shape == 4 && rnd() % 500 == 0)
+        if (shape == 3 && test_rand_next() % 7 == 0)
+            l[i] = (test_rand_next() & 1) ? -INFINITY : NAN;
+        if (shape == 4 && test_rand_next() % 500 == 0)
             l[i] = -0.0f;
     }
-    if (shape == 3 && rnd() % 4 == 0)
-        l[rnd() % V] = INFINITY;
-    if (shape == 3 && rnd() % 8 == 0) /* nothing to draw */
+    if (shape == 3 && test_rand_next() % 4 == 0)
+        l[test_rand_next() % V] = INFINITY;
+    if (shape == 3 && test_rand_next() % 8 == 0) /* nothing to draw */
         for (int i = 0; i < V; i++)
             l[i] = -INFINITY;
 }
@@ -57,8 +49,8 @@ static struct sample_row random_params(int V)
     static const float top_ps[] = {1.0f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f, 0.999999f, 0.0f};
     static const float min_ps[] = {0.0f, 0.0f, 0.05f, 0.2f, 0.5f, 1.0f, 2.0f};
     int top_ks[] = {0, 0, 1, 2, 5, 40, V - 1, V, V + 3};
-    return (struct sample_row){.temperature = temps[rnd() % 6], .top_k = top_ks[rnd() % 9],
-                               .top_p = top_ps[rnd() % 8], .min_p = min_ps[rnd() % 7], .u = rnd_u()};
+    return (struct sample_row){.temperature = temps[test_rand_next() % 6], .top_k = top_ks[test_rand_next() % 9],
+                               .top_p = top_ps[test_rand_next() % 8], .min_p = min_ps[test_rand_next() % 7], .u = test_rand_u()};
 }
 
 static int cpu_one(const float *l, int V, struct sample_row p)
@@ -137,9 +129,9 @@ static bool frequencies(int V, struct sample_row p, double *chi2_out, int *off_o
     for (int j = 0; j < LIVE; j++) {
         int id;
         do
-            id = (int)(rnd() % (uint64_t)V);
+            id = (int)(test_rand_next() % (uint64_t)V);
         while (row[id] > -1e4f);
-        row[id] = (float)rnd_n();
+        row[id] = (float)test_rand_normal();
         live[j] = id;
     }
     float kth = -INFINITY;
@@ -186,7 +178,7 @@ static bool frequencies(int V, struct sample_row p, double *chi2_out, int *off_o
         off += fabs(count[j] - N * prob[j]) > 1.0 + 1e-6 * N;
     /* random u: chi-square over the ids that can be drawn */
     for (int j = 0; j < N; j++)
-        u[j] = rnd_u();
+        u[j] = test_rand_u();
     gpu_draws(row, V, p, u, N, ids);
     memset(count, 0, sizeof count);
     for (int j = 0; j < N; j++)
@@ -289,8 +281,8 @@ void test_sample(void)
         int32_t *od = dev_put(NULL, sizeof(int32_t) * B), ids[B];
         struct sample_row plain[B], cut[B];
         for (int r = 0; r < B; r++) {
-            plain[r] = (struct sample_row){.temperature = 1.0f, .top_p = 1.0f, .u = rnd_u()};
-            cut[r] = (struct sample_row){.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .u = rnd_u()};
+            plain[r] = (struct sample_row){.temperature = 1.0f, .top_p = 1.0f, .u = test_rand_u()};
+            cut[r] = (struct sample_row){.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .u = test_rand_u()};
         }
         double ms[2];
         for (int c = 0; c < 2; c++) {

@@ -21,16 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t xs = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void)
-{
-    xs ^= xs << 13;
-    xs ^= xs >> 7;
-    xs ^= xs << 17;
-    return xs;
-}
-static double rnd_u(void) { return (double)(rnd() >> 11) * 0x1p-53; }
-static double rnd_n(void) { return sqrt(-2.0 * log(rnd_u() + 1e-300)) * cos(6.283185307179586 * rnd_u()); }
+#define TEST_RAND_SEED 0x9E3779B97F4A7C15ull
+#include "../unit/test_rand.h"
 
 enum { MAX_BIAS = 12, MAX_PROMPT = 300, MAX_GEN = 120 };
 
@@ -48,17 +40,17 @@ struct case_row {
 
 static void random_logits(float *l, int V)
 {
-    double scale = (double[]){0.3, 1, 3, 10}[rnd() % 4];
-    int shape = (int)(rnd() % 3);
+    double scale = (double[]){0.3, 1, 3, 10}[test_rand_next() % 4];
+    int shape = (int)(test_rand_next() % 3);
     for (int i = 0; i < V; i++) {
-        double x = rnd_n() * scale;
+        double x = test_rand_normal() * scale;
         if (shape == 1)
             x = floor(x * 2) / 2; /* ties */
         l[i] = (float)x;
-        if (shape == 2 && rnd() % 9 == 0)
+        if (shape == 2 && test_rand_next() % 9 == 0)
             l[i] = -INFINITY;
     }
-    l[rnd() % V] = (float)(scale * 4); /* one stands out, never -inf: a row with a candidate */
+    l[test_rand_next() % V] = (float)(scale * 4); /* one stands out, never -inf: a row with a candidate */
 }
 
 /* A random request on c, its sampler fed a prompt and generated tokens; c->row from them. Its
@@ -72,41 +64,41 @@ static void random_case(struct case_row *c, int V, const float *row)
     static const float top_ps[] = {1.0f, 0.95f, 0.5f, 1.0f};
     static const float min_ps[] = {0.0f, 0.0f, 0.05f};
     sampling_params_default(&c->sp);
-    c->sp.temperature = temps[rnd() % 7];
-    c->sp.top_k = (int[]){0, 0, 40, 5}[rnd() % 4];
-    c->sp.top_p = top_ps[rnd() % 4];
-    c->sp.min_p = min_ps[rnd() % 3];
-    c->sp.presence_penalty = pres[rnd() % 5];
-    c->sp.frequency_penalty = freq[rnd() % 5];
-    c->sp.repetition_penalty = reps[rnd() % 5];
-    c->sp.logprobs = rnd() % 4 != 0;
-    c->sp.top_logprobs = (int[]){0, 1, 5, 20}[rnd() % 4];
-    c->sp.seed = rnd();
-    int nb = (int)(rnd() % (MAX_BIAS + 1)) * (rnd() % 2);
+    c->sp.temperature = temps[test_rand_next() % 7];
+    c->sp.top_k = (int[]){0, 0, 40, 5}[test_rand_next() % 4];
+    c->sp.top_p = top_ps[test_rand_next() % 4];
+    c->sp.min_p = min_ps[test_rand_next() % 3];
+    c->sp.presence_penalty = pres[test_rand_next() % 5];
+    c->sp.frequency_penalty = freq[test_rand_next() % 5];
+    c->sp.repetition_penalty = reps[test_rand_next() % 5];
+    c->sp.logprobs = test_rand_next() % 4 != 0;
+    c->sp.top_logprobs = (int[]){0, 1, 5, 20}[test_rand_next() % 4];
+    c->sp.seed = test_rand_next();
+    int nb = (int)(test_rand_next() % (MAX_BIAS + 1)) * (test_rand_next() % 2);
     for (int j = 0; j < nb; j++) {
         int id;
         bool dup;
         do { /* unique ids: a duplicated one keeps the sequence on the host (sampler_edits) */
-            id = (int)(rnd() % (uint64_t)V);
+            id = (int)(test_rand_next() % (uint64_t)V);
             dup = false;
             for (int k = 0; k < j; k++)
                 dup = dup || c->bias[k].id == id;
         } while (dup && V > MAX_BIAS);
-        c->bias[j] = (struct logit_bias){id, (float[]){-100.0f, 5.0f, -3.5f, 0.25f, 100.0f}[rnd() % 5]};
+        c->bias[j] = (struct logit_bias){id, (float[]){-100.0f, 5.0f, -3.5f, 0.25f, 100.0f}[test_rand_next() % 5]};
     }
     c->sp.logit_bias = c->bias;
     c->sp.n_logit_bias = V > MAX_BIAS ? nb : 0;
     sampler_init(&c->smp, &c->sp, (uint32_t)V);
-    int prompt[MAX_PROMPT], np = (int)(rnd() % MAX_PROMPT);
+    int prompt[MAX_PROMPT], np = (int)(test_rand_next() % MAX_PROMPT);
     for (int j = 0; j < np; j++)
-        prompt[j] = (int)(rnd() % (uint64_t)V);
+        prompt[j] = (int)(test_rand_next() % (uint64_t)V);
     sampler_note_prompt(&c->smp, prompt, np);
-    int ng = (int)(rnd() % MAX_GEN);
+    int ng = (int)(test_rand_next() % MAX_GEN);
     for (int j = 0; j < ng; j++) /* from a small set now and then: counts above 1 */
-        sampler_accept(&c->smp, (int)(rnd() % (uint64_t)(rnd() % 2 ? 16 : V)));
-    c->n_mask = rnd() % 3 == 0 && V > 4 ? 4 : 0;
+        sampler_accept(&c->smp, (int)(test_rand_next() % (uint64_t)(test_rand_next() % 2 ? 16 : V)));
+    c->n_mask = test_rand_next() % 3 == 0 && V > 4 ? 4 : 0;
     for (int j = 0; j < c->n_mask; j++)
-        c->mask[j] = (int)(rnd() % (uint64_t)V);
+        c->mask[j] = (int)(test_rand_next() % (uint64_t)V);
     if (c->n_mask) {
         int best = 0;
         for (int i = 1; i < V; i++)
@@ -256,7 +248,7 @@ void test_sample_extras(void)
         rows_b[r] = c[r].row;
         rows_b[r].logprobs = true;
         rows_b[r].top_logprobs = 5;
-        plain[r] = (struct sample_row){.temperature = 1.0f, .top_p = 1.0f, .u = rnd_u()};
+        plain[r] = (struct sample_row){.temperature = 1.0f, .top_p = 1.0f, .u = test_rand_u()};
     }
     float *ld = dev_put(l, sizeof(float) * (size_t)B * V);
     int32_t *od = dev_put(NULL, sizeof(int32_t) * B), a[B], b[B];

@@ -11,15 +11,9 @@
 #include "engine/sample.h"
 #include "engine/sample_rows.h"
 
-static uint64_t xs = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void)
-{
-    xs ^= xs << 13;
-    xs ^= xs >> 7;
-    xs ^= xs << 17;
-    return xs;
-}
-static float rnd_f(void) { return (float)((double)(rnd() >> 11) * 0x1p-53 * 2.0 - 1.0); }
+#define TEST_RAND_SEED 0x2545F4914F6CDD1Dull
+#include "test_rand.h"
+static float rnd_f(void) { return (float)(test_rand_u() * 2.0 - 1.0); }
 
 /* backend_i.sample's row for s's next draw, as sequence.c builds it (u peeked, not taken), with
  * mask[0..n_mask) masked (the end-of-generation ban) in *buf. */
@@ -63,7 +57,7 @@ Test(sample_edits, backend_slot_is_the_host_sampler)
         p.logprobs = req % 2 == 0;
         p.top_logprobs = (int[]){0, 3, 20}[req % 3];
         p.seed = 1000 + (uint64_t)req;
-        struct logit_bias bias[4] = {{5, -100.0f}, {17, 4.0f}, {(int)(rnd() % V), -2.5f}, {V - 1, 100.0f}};
+        struct logit_bias bias[4] = {{5, -100.0f}, {17, 4.0f}, {(int)(test_rand_next() % V), -2.5f}, {V - 1, 100.0f}};
         if (bias[2].id == 5 || bias[2].id == 17 || bias[2].id == V - 1)
             bias[2].id = 6;
         p.logit_bias = bias;
@@ -71,11 +65,11 @@ Test(sample_edits, backend_slot_is_the_host_sampler)
         struct sampler s;
         cr_assert_eq(sampler_init(&s, &p, V), 0);
         struct sample_edit *buf = NULL;
-        int cap = 0, mask[3] = {2, 17, (int)(rnd() % V)}; /* a leader, a biased one, any */
+        int cap = 0, mask[3] = {2, 17, (int)(test_rand_next() % V)}; /* a leader, a biased one, any */
         int n_mask = req % 3 == 2 ? 3 : 0, mask_steps = req % 2 ? STEPS : 8; /* ignore_eos, min_tokens */
         int prompt[64];
         for (int i = 0; i < 64; i++)
-            prompt[i] = (int)(rnd() % 40); /* a small set: the replies repeat it */
+            prompt[i] = (int)(test_rand_next() % 40); /* a small set: the replies repeat it */
         sampler_note_prompt(&s, prompt, 64);
         for (int t = 0; t < STEPS; t++) {
             for (int i = 0; i < V; i++)

@@ -15,16 +15,8 @@
 #define AMBIGUOUS (-2)
 #define EPS 1e-9
 
-static uint64_t rs = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-static double rnd_u(void) { return (double)(rnd() >> 11) * 0x1p-53; }
-static double rnd_n(void) { return sqrt(-2.0 * log(rnd_u() + 1e-300)) * cos(6.283185307179586 * rnd_u()); }
+#define TEST_RAND_SEED 0x243F6A8885A308D3ull
+#include "test_rand.h"
 
 struct rc {
     double x;
@@ -137,21 +129,21 @@ static int op(const float *l, int V, struct sample_row p)
  * levels (many ties), with -inf / NaN / +inf sprinkled in. */
 static void random_row(float *l, int V, int shape)
 {
-    double scale = (double[]){0.05, 1, 3, 12, 60}[rnd() % 5];
+    double scale = (double[]){0.05, 1, 3, 12, 60}[test_rand_next() % 5];
     for (int i = 0; i < V; i++) {
-        double x = rnd_n() * scale;
+        double x = test_rand_normal() * scale;
         if (shape == 1)
             x = floor(x * 2) / 2; /* ties */
         if (shape == 2)
-            x = (double)(rnd() % 3); /* three levels */
+            x = (double)(test_rand_next() % 3); /* three levels */
         l[i] = (float)x;
-        if (shape == 3 && rnd() % 7 == 0)
-            l[i] = (rnd() & 1) ? -INFINITY : NAN;
-        if (shape == 4 && rnd() % 500 == 0)
+        if (shape == 3 && test_rand_next() % 7 == 0)
+            l[i] = (test_rand_next() & 1) ? -INFINITY : NAN;
+        if (shape == 4 && test_rand_next() % 500 == 0)
             l[i] = -0.0f;
     }
-    if (shape == 3 && rnd() % 4 == 0)
-        l[rnd() % V] = INFINITY;
+    if (shape == 3 && test_rand_next() % 4 == 0)
+        l[test_rand_next() % V] = INFINITY;
 }
 
 static struct sample_row random_params(int V)
@@ -161,10 +153,10 @@ static struct sample_row random_params(int V)
     static const float min_ps[] = {0.0f, 0.0f, 0.05f, 0.2f, 0.5f, 1.0f, 2.0f};
     int top_ks[] = {0, 0, 1, 2, 5, 40, V - 1, V, V + 3};
     struct sample_row p = {
-        .temperature = temps[rnd() % 6],
-        .top_k = top_ks[rnd() % 9],
-        .top_p = top_ps[rnd() % 8],
-        .min_p = min_ps[rnd() % 7],
+        .temperature = temps[test_rand_next() % 6],
+        .top_k = top_ks[test_rand_next() % 9],
+        .top_p = top_ps[test_rand_next() % 8],
+        .min_p = min_ps[test_rand_next() % 7],
     };
     return p;
 }
@@ -180,7 +172,7 @@ Test(sample_rows, matches_the_sorted_reference, .timeout = 120)
             random_row(l, V, k % 5);
             struct sample_row p = random_params(V);
             for (int d = 0; d < 12; d++, draws++) {
-                p.u = d == 0 ? 0.0 : d == 1 ? 1.0 - 0x1p-53 : rnd_u();
+                p.u = d == 0 ? 0.0 : d == 1 ? 1.0 - 0x1p-53 : test_rand_u();
                 int want = reference(l, V, &p, NULL), got = op(l, V, p);
                 if (want == AMBIGUOUS) {
                     amb++;
@@ -211,7 +203,7 @@ Test(sample_rows, frequencies_follow_the_probabilities)
     };
     for (int c = 0; c < 4; c++) {
         for (int i = 0; i < V; i++) /* a spread that keeps many ids; ties in the last case */
-            l[i] = c == 3 ? (float)(floor(rnd_n() * 4) / 4) : (float)rnd_n();
+            l[i] = c == 3 ? (float)(floor(test_rand_normal() * 4) / 4) : (float)test_rand_normal();
         struct sample_row p = ps[c];
         p.u = 0;
         reference(l, V, &p, prob);
