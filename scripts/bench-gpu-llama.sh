@@ -12,7 +12,7 @@
 #   the model (LAYERS, default 48) written to tmpfs when there is room, else to disk;
 #   a) tide, everything resident: prefill tok/s of a 512-token prompt (time to first token)
 #      and decode tok/s over 128 tokens (inter-token latency), both from /metrics deltas;
-#   b) llama-bench -ngl 99 -fa 0 -p 512 -n 128 -r 3 on the same file;
+#   b) llama-bench -ngl 99 -p 512 -n 128 -r 3 on the same file (its default -fa: flash attention on);
 #   c) about half the experts on the GPU: tide's expert cache cut to half by POST /v1/vram
 #      (decode tok/s, hit rate from /v1/vram), llama-bench --n-cpu-moe LAYERS/2;
 #   d) decode as a share of the HBM roofline: active bytes per token / measured d2d bandwidth.
@@ -72,9 +72,10 @@ device)
     elif mkdir -p /mnt/tide-bench && mount -t tmpfs -o size=$((need + 2048))m tmpfs /mnt/tide-bench 2>/dev/null; then
         dir=/mnt/tide-bench
     fi
-    M=$dir/qwen3-30b-a3b-L$LAYERS-q8_0.gguf
+    # MIX=Q4_K_M (or another tide-mkmodel --mix) writes that k-quant mix instead of q8_0
+    M=$dir/qwen3-30b-a3b-L$LAYERS-${MIX:-q8_0}.gguf
     t0=$(date +%s.%N)
-    timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" ${MKMODEL_ARGS:-} --out "$M" | tee -a "$S" || { log "FAIL model write"; exit 1; }
+    timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" ${MIX:+--mix "$MIX"} ${MKMODEL_ARGS:-} --out "$M" | tee -a "$S" || { log "FAIL model write"; exit 1; }
     log "model: $M written in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s ($dir)"
     # a) + c) tide
     port=18557
@@ -176,24 +177,24 @@ EOF
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
     grep -E "pinning|expert cache|device 0|error" "$OUT/daemon.log" | tail -6 | tee -a "$S"
     # b) + c) llama.cpp
-    LB=/tmp/llama-bench
-    [ -f "$C/llama-bench.xz" ] && python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    LB=${LLAMA_BENCH:-/tmp/llama-bench} # LLAMA_BENCH: a llama-bench built on the device machine
+    [ -z "${LLAMA_BENCH:-}" ] && [ -f "$C/llama-bench.xz" ] && python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
         "$C/llama-bench.xz" "$LB" && chmod +x "$LB"
     if [ -x "$LB" ] && [ "$BACKEND" = cuda ]; then
         export LD_LIBRARY_PATH=${LLAMA_LIBS:-}:$LD_LIBRARY_PATH
         log "llama-bench libraries: ${LLAMA_LIBS:-none found}; $(ldd "$LB" | grep -c 'not found') not found"
-        cmd="llama-bench -m $M -ngl 99 -fa 0 -p 512 -n 128 -r 3"
+        cmd="llama-bench -m $M -ngl 99 -p 512 -n 128 -r 3"
         log "\$ $cmd"
-        timeout 240 "$LB" -m "$M" -ngl 99 -fa 0 -p 512 -n 128 -r 3 -o jsonl -oe md 2>"$OUT/llama-resident.txt" |
+        timeout 240 "$LB" -m "$M" -ngl 99 -p 512 -n 128 -r 3 -o jsonl -oe md 2>"$OUT/llama-resident.txt" |
             tee "$OUT/llama.jsonl" | python3 -c "
 import json, sys
 for l in sys.stdin:
     d = json.loads(l); print('LLAMA', d['n_prompt'], d['n_gen'], round(d['avg_ts'], 1), round(d['stddev_ts'], 1))" | tee -a "$S"
         grep -E "^\|" "$OUT/llama-resident.txt" | tee -a "$S"
         ncm=$((LAYERS / 2))
-        cmd="llama-bench -m $M -ngl 99 -fa 0 -p 0 -n 128 -r 3 --n-cpu-moe $ncm"
+        cmd="llama-bench -m $M -ngl 99 -p 0 -n 128 -r 3 --n-cpu-moe $ncm"
         log "\$ $cmd"
-        timeout 240 "$LB" -m "$M" -ngl 99 -fa 0 -p 0 -n 128 -r 3 --n-cpu-moe "$ncm" -o jsonl -oe md 2>"$OUT/llama-cpumoe.txt" |
+        timeout 240 "$LB" -m "$M" -ngl 99 -p 0 -n 128 -r 3 --n-cpu-moe "$ncm" -o jsonl -oe md 2>"$OUT/llama-cpumoe.txt" |
             tee -a "$OUT/llama.jsonl" | python3 -c "
 import json, sys
 for l in sys.stdin:

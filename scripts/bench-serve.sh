@@ -45,9 +45,20 @@ else
 fi
 
 port=18080
+# tide's mean step times over one run, from /metrics deltas (forward on the device vs the host's share)
+steps() { curl -s "$1/metrics" | awk '/^tide_step_(forward|host)_seconds_(sum|count)/ {printf "%s=%s ", $1, $2}'; }
+step_delta() { # before after
+    python3 -c 'import sys
+a = dict(kv.split("=") for kv in sys.argv[1].split()); b = dict(kv.split("=") for kv in sys.argv[2].split())
+d = lambda k: float(b.get(k, 0)) - float(a.get(k, 0))
+n = d("tide_step_forward_seconds_count")
+if n > 0: print("  steps %d: forward %.2f ms, host %.2f ms a step" % (n, 1e3 * d("tide_step_forward_seconds_sum") / n, 1e3 * d("tide_step_host_seconds_sum") / max(d("tide_step_host_seconds_count"), 1)))' "$1" "$2"
+}
 serve_runs() { # label url
     for n in $CLIENTS; do
+        s0=$(steps "$2")
         timeout 300 python3 scripts/bench-serve.py "$2" "$n" --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
+        step_delta "$s0" "$(steps "$2")" | tee -a "$S"
     done
     timeout 300 python3 scripts/bench-serve.py "$2" 32 --temperature 1 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
     timeout 300 python3 scripts/bench-serve.py "$2" 32 --shared 400 --label "$1" --out "$OUT/runs.jsonl" | tee -a "$S"
@@ -77,8 +88,13 @@ for variant in ${VARIANTS:-tide}; do
     label=${variant%%:*}
     envs=()
     [ "$label" = "$variant" ] || IFS=+ read -r -a envs <<<"${variant#*:}"
+    # BIN=name runs $C/name instead of $C/tide; KV=f16 passes --kv-type f16; the rest is environment
+    bin=tide; args=(); e2=()
+    for kv in "${envs[@]}"; do
+        case $kv in BIN=*) bin=${kv#BIN=} ;; KV=*) args=(--kv-type "${kv#KV=}") ;; *) e2+=("$kv") ;; esac
+    done
     log "-- $label ${envs[*]:-}"
-    env "${envs[@]}" "$C/tide" --config "$OUT/tide.json" >"$OUT/$label.log" 2>&1 &
+    env "${e2[@]}" "$C/$bin" --config "$OUT/tide.json" "${args[@]}" >"$OUT/$label.log" 2>&1 &
     pid=$!
     if wait_health "http://127.0.0.1:$port" $pid "$OUT/$label.log"; then
         grep -E "ready in|device 0:" "$OUT/$label.log" | tee -a "$S"

@@ -399,17 +399,24 @@ size_t model_expert_bytes(const struct model *m, uint32_t l)
 
 /* Whether a CUDA device takes weights of type t. A type whose CUDA kernels exist but have not
  * yet passed their test-gpu tests on a GPU stays refused at start-up: each is one line here,
- * and lifting its refusal is turning that line's false into true. */
+ * and lifting its refusal is turning that line's false into true. The switches can also be set
+ * at build time (-DCUDA_RUNS_QBLOCK=true), for a device run of the refused paths. */
+#ifndef CUDA_RUNS_QBLOCK
+#define CUDA_RUNS_QBLOCK false
+#endif
+#ifndef CUDA_RUNS_MXFP4
+#define CUDA_RUNS_MXFP4 false
+#endif
 static bool cuda_runs_type(uint32_t t)
 {
     switch (t) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: /* k-quants: cuda/kquant.cu */
         return true;
-    case GGML_TYPE_Q5_0: return false;   /* cuda/qblock.cu; test-gpu matmul_q5_0, get_rows_qb */
-    case GGML_TYPE_Q5_1: return false;   /* cuda/qblock.cu; test-gpu matmul_q5_1, get_rows_qb */
-    case GGML_TYPE_IQ4_XS: return false; /* cuda/qblock.cu; test-gpu matmul_iq4_xs, get_rows_qb */
-    case GGML_TYPE_MXFP4: return false;  /* cuda/qblock.cu; test-gpu matmul_mxfp4, e2e_gptoss_mxfp4 */
+    case GGML_TYPE_Q5_0: return CUDA_RUNS_QBLOCK;   /* cuda/qblock.cu; test-gpu matmul_q5_0, get_rows_qb */
+    case GGML_TYPE_Q5_1: return CUDA_RUNS_QBLOCK;   /* cuda/qblock.cu; test-gpu matmul_q5_1, get_rows_qb */
+    case GGML_TYPE_IQ4_XS: return CUDA_RUNS_QBLOCK; /* cuda/qblock.cu; test-gpu matmul_iq4_xs, get_rows_qb */
+    case GGML_TYPE_MXFP4: return CUDA_RUNS_MXFP4; /* cuda/qblock.cu; test-gpu matmul_mxfp4, e2e_gptoss_mxfp4 */
     default: return false;
     }
 }

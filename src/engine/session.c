@@ -27,12 +27,18 @@ static int engine_init_template(struct engine *e, const char *jinja)
 
 /* Whether a CUDA device runs architecture a. One whose CUDA ops exist but have not yet passed
  * their test-gpu tests on a GPU stays refused at start-up: each is one line here, and lifting
- * its refusal is turning that line's false into true. */
+ * its refusal is turning that line's false into true (or -DCUDA_RUNS_GPTOSS=true at build time). */
+#ifndef CUDA_RUNS_GPTOSS
+#define CUDA_RUNS_GPTOSS false
+#endif
+#ifndef CUDA_RUNS_DEEPSEEK2
+#define CUDA_RUNS_DEEPSEEK2 false
+#endif
 static bool cuda_runs_arch(enum model_arch a)
 {
     switch (a) {
-    case ARCH_GPTOSS: return false;    /* cuda/oai_ops.cu; test-gpu attention_sinks, rope_freqs, swiglu_oai, e2e_gptoss */
-    case ARCH_DEEPSEEK2: return false; /* forward_mla.c runs op by op on any backend with rope_freqs (cuda/oai_ops.cu) */
+    case ARCH_GPTOSS: return CUDA_RUNS_GPTOSS;    /* cuda/oai_ops.cu; test-gpu attention_sinks, rope_freqs, swiglu_oai, e2e_gptoss */
+    case ARCH_DEEPSEEK2: return CUDA_RUNS_DEEPSEEK2; /* forward_mla.c runs op by op on any backend with rope_freqs (cuda/oai_ops.cu) */
     /* text rows take the plain rope (qwen3moe's and qwen2moe's ops, which have run on a GPU);
      * image rows' M-RoPE (cuda/mrope.cu, test-gpu e2e_mrope_*) has not run, so images with a
      * CUDA device are refused by vision.h's VISION_QWENVL_ON_CUDA */

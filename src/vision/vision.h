@@ -48,7 +48,9 @@ struct vision_counters {
  * e2e_mrope_*) have passed on a GPU: while it is 0 a CUDA device refuses these images at
  * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
  * switch for images; the text models' text rows (plain rope) run on CUDA devices. */
+#ifndef VISION_QWENVL_ON_CUDA
 #define VISION_QWENVL_ON_CUDA 0
+#endif
 
 struct vision_lifecycle {
     struct vision_options o;
