@@ -112,16 +112,12 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
                  rc == TIDE_ERANGE ? "a device allocation (weights, KV cache or workspace) failed" : tide_strerror(rc));
         goto fail_mem;
     }
-    /* Prefix rows copied between slots (prefix_share.h): on with CPU devices; with a CUDA device
-     * off until its device copy (test-gpu gather_copy_d2d) and the shared-prompt runs have run on
-     * a GPU. TIDE_KV_SHARE=1 turns it on there, 0 off anywhere. */
+    /* Prefix rows copied between slots (prefix_share.h): on by default (the CUDA device copy,
+     * test-gpu gather_copy_d2d, passed on an H200); TIDE_KV_SHARE=0 turns it off. */
     const char *share = getenv("TIDE_KV_SHARE");
-    bool cuda = false;
-    for (int i = 0; i < e->mem.n_dev; i++)
-        cuda |= e->mem.dev[i].kind == DEVICE_KIND_CUDA;
-    e->kv_share = share && share[0] ? share[0] == '1' : !cuda;
-    if (cuda && e->kv_share)
-        tide_log("prefix sharing between KV slots on: TIDE_KV_SHARE=1");
+    e->kv_share = share && share[0] ? share[0] == '1' : true;
+    if (!e->kv_share)
+        tide_log("prefix sharing between KV slots off: TIDE_KV_SHARE=0");
     e->img_open = tokenizer_find(e->tok, "<|vision_start|>");
     e->img_close = tokenizer_find(e->tok, "<|vision_end|>");
     if (e->img_open < 0 || e->img_close < 0) e->img_open = e->img_close = -1;

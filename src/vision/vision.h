@@ -49,7 +49,7 @@ struct vision_counters {
  * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
  * switch for images; the text models' text rows (plain rope) run on CUDA devices. */
 #ifndef VISION_QWENVL_ON_CUDA
-#define VISION_QWENVL_ON_CUDA 0
+#define VISION_QWENVL_ON_CUDA 1 /* qwenvl_*, e2e_mrope_* passed on an H200, 2026-12-05 */
 #endif
 
 struct vision_lifecycle {

@@ -255,9 +255,10 @@ Test(server, seed_text_same_with_logprobs)
     }
 }
 
-/* With TIDE_DEVICE_SAMPLE_EXTRAS=1 the penalties, logit_bias, logprobs and the end-of-generation
- * ban of ignore_eos / min_tokens are applied by the backend's draw (backend_i.sample's edits; here the CPU backend's slot) instead of the host
- * sampler: the replies, logprobs included, must be the host sampler's, byte for byte. */
+/* With TIDE_DEVICE_SAMPLE_EXTRAS on (the default) the penalties, logit_bias, logprobs and the
+ * end-of-generation ban of ignore_eos / min_tokens are applied by the backend's draw
+ * (backend_i.sample's edits; here the CPU backend's slot); with it 0, by the host sampler. The
+ * replies, logprobs included, must be the same byte for byte. */
 Test(server, penalties_bias_logprobs_same_when_the_backend_draws, .timeout = 180)
 {
     static const char *bodies[] = {
@@ -272,6 +273,9 @@ Test(server, penalties_bias_logprobs_same_when_the_backend_draws, .timeout = 180
     };
     enum { NB = 5 };
     char *host[NB];
+    stop();
+    setenv("TIDE_DEVICE_SAMPLE_EXTRAS", "0", 1);
+    start(NULL, NULL, NULL);
     for (int i = 0; i < NB; i++) {
         char *b;
         cr_assert_eq(chat(bodies[i], &b), 200, "%s", b);
