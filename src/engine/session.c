@@ -27,12 +27,14 @@ static int engine_init_template(struct engine *e, const char *jinja)
 
 /* Whether a CUDA device runs architecture a. One whose CUDA ops exist but have not yet passed
  * their test-gpu tests on a GPU stays refused at start-up: each is one line here, and lifting
- * its refusal is turning that line's false into true (or -DCUDA_RUNS_GPTOSS=true at build time). */
+ * its refusal is turning that line's false into true (or -DCUDA_RUNS_GPTOSS=false at build time).
+ * gpt-oss and deepseek2 passed e2e_gptoss, e2e_gptoss_mxfp4 and e2e_deepseek2 (one sequence) on
+ * an H200 on 2026-12-05. */
 #ifndef CUDA_RUNS_GPTOSS
-#define CUDA_RUNS_GPTOSS false
+#define CUDA_RUNS_GPTOSS true
 #endif
 #ifndef CUDA_RUNS_DEEPSEEK2
-#define CUDA_RUNS_DEEPSEEK2 false
+#define CUDA_RUNS_DEEPSEEK2 true
 #endif
 static bool cuda_runs_arch(enum model_arch a)
 {
@@ -45,6 +47,17 @@ static bool cuda_runs_arch(enum model_arch a)
     case ARCH_QWEN3VLMOE: case ARCH_QWEN2VL: return true;
     default: return true;
     }
+}
+
+/* Whether a CUDA device runs several sequences of architecture a in one step. gpt-oss and
+ * deepseek2 always step op by op, and on an H200 their batched steps (test-gpu batch_gptoss,
+ * batch_deepseek2: three sequences, prompts and decodes in one step) gave logits 2.5e-3 and
+ * 3.3e-2 from the CPU's, where one sequence alone is within 4e-6: not the tensor-core attention,
+ * the grouped MoE or the recorded graphs (each turned off, the same numbers). Until that is found
+ * they run one sequence at a time there (engine.one_seq). */
+static bool cuda_batches_arch(enum model_arch a)
+{
+    return a != ARCH_GPTOSS && a != ARCH_DEEPSEEK2;
 }
 
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen)
@@ -98,6 +111,11 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
             rc = TIDE_EINVAL;
             goto fail_mem;
         }
+        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && !cuda_batches_arch(a) && !e->one_seq) {
+            e->one_seq = true;
+            tide_log("%s on a CUDA device: one sequence at a time (its batched steps do not yet match the "
+                     "CPU's there); requests wait in the queue", model_arch_name(a));
+        }
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "
@@ -111,6 +129,13 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         snprintf(err, errlen, "forward state for %d tokens: %s", e->n_ctx,
                  rc == TIDE_ERANGE ? "a device allocation (weights, KV cache or workspace) failed" : tide_strerror(rc));
         goto fail_mem;
+    }
+    /* TIDE_ONE_SEQUENCE=1: one sequence at a time on any device (what the CUDA case above does;
+     * the e2e test checks the admission with it on a CPU device) */
+    const char *one = getenv("TIDE_ONE_SEQUENCE");
+    if (one && one[0] == '1' && !e->one_seq) {
+        e->one_seq = true;
+        tide_log("one sequence at a time: TIDE_ONE_SEQUENCE=1");
     }
     /* Prefix rows copied between slots (prefix_share.h): on by default (the CUDA device copy,
      * test-gpu gather_copy_d2d, passed on an H200); TIDE_KV_SHARE=0 turns it off. */

@@ -18,7 +18,9 @@ what a client sees when requests run together:
     ask, a follow-up turn), with the same text, and never for another image of the same size;
  6. vision under load: an image request arrives while 8 text streams run on a CPU device with a
     memory budget (64 MiB: 38 free, the encoder's reserve 41): the caches hand slots back to the encoder at a step boundary and regrow to the
-    same count after idle_s; the 8 streams' texts are unchanged, and none errs.
+    same count after idle_s; the 8 streams' texts are unchanged, and none errs;
+ 7. one sequence at a time (TIDE_ONE_SEQUENCE=1, what gpt-oss and deepseek2 get on a CUDA device):
+    3 concurrent streams with 4 slots run one after another, each with the text it gets alone.
 Usage: tests/e2e/test_batching.py   (env: TIDE_BIN). Prints "N passed, N failed".
 """
 import base64
@@ -175,6 +177,27 @@ def overlap(d):
     end = min(r[2] for r in res)
     started = sum(1 for r in res if r[1] is not None and r[1] < end)
     check("overlap: 4 streams each started before the first finished", started == 4, "%d/4" % started)
+
+
+def one_sequence():
+    asks = ["Tell me about rivers.", "Describe a city at night.", "List some colours."]
+    # every token at least 5 ms (a fault hook), so a stream lasts 0.3 s and overlaps show plainly
+    d = Daemon({"parallel": 4}, env={"TIDE_ONE_SEQUENCE": "1", "TIDE_FAULT_SLOW_TOKEN_MS": "5"})
+    try:
+        alone = [reply_texts(d, "/v1/chat/completions", chat_body(a, max_tokens=60, stream=True)) for a in asks]
+        res = run_threads([lambda a=a: d.stream("/v1/chat/completions", chat_body(a, max_tokens=60, stream=True))
+                           for a in asks])
+        bad = [r for r in res if isinstance(r, Exception) or r[4] is not None]
+        if bad:
+            return check("one sequence at a time", False, repr(bad[0]))
+        spans = sorted((r[1], r[2]) for r in res)
+        # each stream's first token comes after the one before it ended (50 ms for the client's clock)
+        serial = all(spans[i + 1][0] >= spans[i][1] - 0.05 for i in range(len(spans) - 1))
+        check("one sequence at a time: 3 streams with 4 slots ran one after another", serial, repr(spans))
+        same = [[r[0].get(0, "")] for r in res] == alone
+        check("one sequence at a time: each text is its text alone", same)
+    finally:
+        check("daemon exits 0 on SIGTERM", d.stop() == 0)
 
 
 def mixed(d):
@@ -385,6 +408,7 @@ def main():
         mixed(d)
     finally:
         check("daemon exits 0 on SIGTERM", d.stop() == 0)
+    one_sequence()
     parking()
     image_prefix()
     vision_under_load()
