@@ -16,6 +16,7 @@
 #   c) about half the experts on the GPU: tide's expert cache cut to half by POST /v1/vram
 #      (decode tok/s, hit rate from /v1/vram), llama-bench --n-cpu-moe LAYERS/2;
 #   d) decode as a share of the HBM roofline: active bytes per token / measured d2d bandwidth.
+# The model file stays where it was written (tmpfs); KEEP_MODEL=1 reuses it on the next run.
 # BACKEND=cpu LAYERS=1 MKMODEL_ARGS="--embd 256 --heads 2 --kv-heads 1 --experts 8 --experts-used 2"
 # runs the tide part on a CPU device with a small model (to check the script without a GPU).
 set -u -o pipefail
@@ -75,8 +76,12 @@ device)
     # MIX=Q4_K_M (or another tide-mkmodel --mix) writes that k-quant mix instead of q8_0
     M=$dir/qwen3-30b-a3b-L$LAYERS-${MIX:-q8_0}.gguf
     t0=$(date +%s.%N)
-    timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" ${MIX:+--mix "$MIX"} ${MKMODEL_ARGS:-} --out "$M" | tee -a "$S" || { log "FAIL model write"; exit 1; }
-    log "model: $M written in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s ($dir)"
+    if [ -n "${KEEP_MODEL:-}" ] && [ -s "$M" ]; then # KEEP_MODEL=1: a file a run before left is reused
+        log "model: $M from a run before ($(du -h "$M" | cut -f1))"
+    else
+        timeout 300 "$C/tide-mkmodel" --preset qwen3-30b-a3b --layers "$LAYERS" ${MIX:+--mix "$MIX"} ${MKMODEL_ARGS:-} --out "$M" | tee -a "$S" || { log "FAIL model write"; exit 1; }
+        log "model: $M written in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s ($dir)"
+    fi
     # a) + c) tide
     port=18557
     dev="{\"backend\":\"$BACKEND\",\"index\":0}"
