@@ -400,7 +400,7 @@ size_t model_expert_bytes(const struct model *m, uint32_t l)
 /* Whether a CUDA device takes weights of type t. A type whose CUDA kernels exist but have not
  * yet passed their test-gpu tests on a GPU stays refused at start-up: each is one line here,
  * and lifting its refusal is turning that line's false into true. The switches can also be set
- * at build time (-DCUDA_RUNS_QBLOCK=true), for a device run of the refused paths. */
+ * at build time (-DCUDA_RUNS_QBLOCK=false refuses those types again). */
 #ifndef CUDA_RUNS_QBLOCK
 #define CUDA_RUNS_QBLOCK true /* passed on an H200, 2026-12-05 */
 #endif

@@ -128,8 +128,8 @@ static bool wants_logits(const struct sampling_params *sp)
 /* The switch for draws on the device that need more than the plain draw (presence, frequency and
  * repetition penalties, logit_bias, logprobs, greedy with any of those): the host sampler's
  * changes go to backend_i.sample as a sparse list of edits (sampler_edits) and the logprobs come
- * back as top-N pairs. Off by default until test-gpu's `sample_extras` has passed on a GPU;
- * TIDE_DEVICE_SAMPLE_EXTRAS=1 (or 0) overrides it. Turning it on by default is this line: */
+ * back as top-N pairs. On by default since test-gpu's `sample_extras` passed on an H200;
+ * TIDE_DEVICE_SAMPLE_EXTRAS=0 (or 1) overrides it. The default is this line: */
 #define DEVICE_SAMPLE_EXTRAS_DEFAULT true /* sample_extras passed on an H200, 2026-12-05 */
 
 static bool device_sample_extras(void)

@@ -27,7 +27,8 @@ static int engine_init_template(struct engine *e, const char *jinja)
 
 /* Whether a CUDA device runs architecture a. One whose CUDA ops exist but have not yet passed
  * their test-gpu tests on a GPU stays refused at start-up: each is one line here, and lifting
- * its refusal is turning that line's false into true (or -DCUDA_RUNS_GPTOSS=false at build time).
+ * its refusal is turning that line's false into true (-DCUDA_RUNS_GPTOSS=false at build time
+ * refuses it again).
  * gpt-oss and deepseek2 passed e2e_gptoss, e2e_gptoss_mxfp4 and e2e_deepseek2 (one sequence) on
  * an H200 on 2026-12-05. */
 #ifndef CUDA_RUNS_GPTOSS
@@ -41,9 +42,8 @@ static bool cuda_runs_arch(enum model_arch a)
     switch (a) {
     case ARCH_GPTOSS: return CUDA_RUNS_GPTOSS;    /* cuda/oai_ops.cu; test-gpu attention_sinks, rope_freqs, swiglu_oai, e2e_gptoss */
     case ARCH_DEEPSEEK2: return CUDA_RUNS_DEEPSEEK2; /* forward_mla.c runs op by op on any backend with rope_freqs (cuda/oai_ops.cu) */
-    /* text rows take the plain rope (qwen3moe's and qwen2moe's ops, which have run on a GPU);
-     * image rows' M-RoPE (cuda/mrope.cu, test-gpu e2e_mrope_*) has not run, so images with a
-     * CUDA device are refused by vision.h's VISION_QWENVL_ON_CUDA */
+    /* text rows take the plain rope (qwen3moe's and qwen2moe's ops); image rows' M-RoPE is
+     * cuda/mrope.cu (test-gpu e2e_mrope_*), behind vision.h's VISION_QWENVL_ON_CUDA */
     case ARCH_QWEN3VLMOE: case ARCH_QWEN2VL: return true;
     default: return true;
     }

@@ -292,8 +292,8 @@ static struct app app;
 
 /* The text model and the tower must be a pair: qwen3vlmoe's images need its own tower
  * (qwen3vl_merger: M-RoPE grids and deepstack features, as many as the text model adds),
- * qwen2vl's a qwen2vl_merger or qwen2.5vl_merger tower, and CPU devices unless
- * VISION_QWENVL_ON_CUDA (vision.h: M-RoPE's CUDA op not yet run on a GPU); those towers feed
+ * qwen2vl's a qwen2vl_merger or qwen2.5vl_merger tower, and CPU devices when built without
+ * VISION_QWENVL_ON_CUDA (vision.h); those towers feed
  * only their text models. */
 static int vision_pair_check(const struct model_config *c, struct vision_lifecycle *v, const struct memory_plan *mp,
                              char *err, size_t errlen)
@@ -323,8 +323,8 @@ static int vision_pair_check(const struct model_config *c, struct vision_lifecyc
     }
     for (int i = 0; !rc && v->is_qwen3vl && !VISION_QWENVL_ON_CUDA && i < mp->n_dev; i++)
         if (mp->dev[i].kind != DEVICE_KIND_CPU) {
-            snprintf(err, errlen, "Qwen-VL images run on cpu devices only so far (device %d is not one: the "
-                     "tower's and M-RoPE's CUDA forms have not run on a GPU yet)", i);
+            snprintf(err, errlen, "Qwen-VL images run on cpu devices only in this build (device %d is not one: "
+                     "built without VISION_QWENVL_ON_CUDA)", i);
             rc = TIDE_EUNSUPPORTED;
         }
     if (rc)

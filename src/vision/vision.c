@@ -169,8 +169,8 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
     const char *cpu_env = getenv("TIDE_VISION_CPU");
     bool gpu = dev->kind != DEVICE_KIND_CPU, cpu_encoder = gpu && cpu_env && cpu_env[0] && strcmp(cpu_env, "0");
     if (gpu && !VISION_QWENVL_ON_CUDA) {
-        snprintf(err, errlen, "mmproj %s: the Qwen-VL towers run on cpu devices only so far (vision.device %d "
-                 "is not one)", o->mmproj, o->device);
+        snprintf(err, errlen, "mmproj %s: the Qwen-VL towers run on cpu devices only in this build (vision.device "
+                 "%d is not one)", o->mmproj, o->device);
         return TIDE_EUNSUPPORTED;
     }
     v->is_qwen3vl = true;

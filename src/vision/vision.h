@@ -44,10 +44,10 @@ struct vision_counters {
 };
 
 /* Qwen-VL images on CUDA devices: the towers on the GPU encoder (qwen3vl_upload) and the text
- * models' M-RoPE rows (backend_i.rope_multi). Off until their test-gpu tests (qwenvl_*,
- * e2e_mrope_*) have passed on a GPU: while it is 0 a CUDA device refuses these images at
+ * models' M-RoPE rows (backend_i.rope_multi). On since their test-gpu tests (qwenvl_*,
+ * e2e_mrope_*) passed on an H200; built with it 0, a CUDA device refuses these images at
  * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
- * switch for images; the text models' text rows (plain rope) run on CUDA devices. */
+ * switch for images; the text models' text rows (plain rope) run on CUDA devices either way. */
 #ifndef VISION_QWENVL_ON_CUDA
 #define VISION_QWENVL_ON_CUDA 1 /* qwenvl_*, e2e_mrope_* passed on an H200, 2026-12-05 */
 #endif
