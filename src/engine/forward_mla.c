@@ -18,8 +18,7 @@
  *
  * Everything is made of backend ops, token by token and head by head for the per-head
  * products: correct, not fast. Both backends have them (CUDA: rope_freqs and the wide rows'
- * attention in cuda/oai_ops.cu); on a CUDA device deepseek2 runs one sequence at a time
- * (session.c cuda_batches_arch: its batched steps there do not yet match the CPU's). */
+ * attention in cuda/oai_ops.cu; test-gpu e2e_deepseek2, batch_deepseek2). */
 #include "forward.h"
 #include "forward_internal.h"
 

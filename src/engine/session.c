@@ -49,17 +49,6 @@ static bool cuda_runs_arch(enum model_arch a)
     }
 }
 
-/* Whether a CUDA device runs several sequences of architecture a in one step. gpt-oss and
- * deepseek2 always step op by op, and on an H200 their batched steps (test-gpu batch_gptoss,
- * batch_deepseek2: three sequences, prompts and decodes in one step) gave logits 2.5e-3 and
- * 3.3e-2 from the CPU's, where one sequence alone is within 4e-6: not the tensor-core attention,
- * the grouped MoE or the recorded graphs (each turned off, the same numbers). Until that is found
- * they run one sequence at a time there (engine.one_seq). */
-static bool cuda_batches_arch(enum model_arch a)
-{
-    return a != ARCH_GPTOSS && a != ARCH_DEEPSEEK2;
-}
-
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen)
 {
     memset(e, 0, sizeof *e);
@@ -111,11 +100,6 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
             rc = TIDE_EINVAL;
             goto fail_mem;
         }
-        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && !cuda_batches_arch(a) && !e->one_seq) {
-            e->one_seq = true;
-            tide_log("%s on a CUDA device: one sequence at a time (its batched steps do not yet match the "
-                     "CPU's there); requests wait in the queue", model_arch_name(a));
-        }
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "
@@ -130,8 +114,8 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
                  rc == TIDE_ERANGE ? "a device allocation (weights, KV cache or workspace) failed" : tide_strerror(rc));
         goto fail_mem;
     }
-    /* TIDE_ONE_SEQUENCE=1: one sequence at a time on any device (what the CUDA case above does;
-     * the e2e test checks the admission with it on a CPU device) */
+    /* TIDE_ONE_SEQUENCE=1: one sequence at a time whatever the slots (a diagnostic: a reply under
+     * load against the same request alone; tests/e2e/test_batching.py) */
     const char *one = getenv("TIDE_ONE_SEQUENCE");
     if (one && one[0] == '1' && !e->one_seq) {
         e->one_seq = true;

@@ -55,8 +55,7 @@ struct engine {
     bool kv_share;            /* prompts take prefix rows from other slots (prefix_share.h); off:
                                  only their own slot's and parked ones */
     bool one_seq;             /* one sequence runs at a time (engine_can_admit), whatever the slots:
-                                 an architecture whose batched steps have not matched the CPU's on
-                                 its device (session.c cuda_batches_arch), or TIDE_ONE_SEQUENCE=1 */
+                                 TIDE_ONE_SEQUENCE=1 */
     int prefix_wait_tokens;   /* a new prompt waits for a prefilling sequence's rows when they bring at
                                  least this many rows more than it can copy now (prefix_share.h); 0: never */
     /* counters (engine thread writes, the snapshot reads) */

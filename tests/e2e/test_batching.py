@@ -19,7 +19,7 @@ what a client sees when requests run together:
  6. vision under load: an image request arrives while 8 text streams run on a CPU device with a
     memory budget (64 MiB: 38 free, the encoder's reserve 41): the caches hand slots back to the encoder at a step boundary and regrow to the
     same count after idle_s; the 8 streams' texts are unchanged, and none errs;
- 7. one sequence at a time (TIDE_ONE_SEQUENCE=1, what gpt-oss and deepseek2 get on a CUDA device):
+ 7. one sequence at a time (TIDE_ONE_SEQUENCE=1, a diagnostic):
     3 concurrent streams with 4 slots run one after another, each with the text it gets alone.
 Usage: tests/e2e/test_batching.py   (env: TIDE_BIN). Prints "N passed, N failed".
 """

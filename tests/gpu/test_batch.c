@@ -183,9 +183,15 @@ void test_batch(const char *only)
         {"batch_kv_f16_moe", "moe", -1, 1e-3, KV_F16},
         {"batch_kv_f16_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F16},
         /* op by op (no rows' ops, no recorded step): gpt-oss's sinks, windows and yarn, and
-         * deepseek2's MLA, several sequences' runs in one step (both keep an f32 cache) */
-        {"batch_gptoss", "gpt-oss", -1, 1e-3, KV_F32},
-        {"batch_deepseek2", "deepseek2", -1, 1e-3, KV_F32},
+         * deepseek2's MLA, several sequences' runs in one step (both keep an f32 cache). Steps
+         * of more than 8 rows take f16 weights through the wmma GEMM, which rounds x to f16
+         * (matmul.cu), where the CPU keeps x in f32: on an H200 (2026-12-05) that gave 2.5e-3
+         * (gpt-oss) and 3.3e-2 (deepseek2, whose random MLA model is the most sensitive), and
+         * scripts/emulate-f16x.c, this schedule on the CPU with only that rounding added, gives
+         * the same rows off: 2.5e-3 and 1.2e-1. The limits are that class, as the q8_0 rows'
+         * are the int8 x's. */
+        {"batch_gptoss", "gpt-oss", -1, 1e-2, KV_F32},
+        {"batch_deepseek2", "deepseek2", -1, 0.5, KV_F32},
         /* wider and deeper, 16 experts: a 1e-6 difference in a router logit can flip an expert
          * choice, and a flipped choice moves that row by ~0.3 (measured 0.29 on the H200, 0.048
          * with TIDE_ATTN_MMA=0; the same flips as e2e_big_q8_0): here the rows only catch garbage */
