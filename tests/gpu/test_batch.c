@@ -203,12 +203,17 @@ void test_batch(const char *only)
 }
 
 /* A decode step of B sequences (each at position 512 of its slot) on the 'big' preset, q8_0,
- * every expert resident: ms a step and tokens/s, B = 1, 8, 32. */
+ * every expert resident: ms a step and tokens/s, B = 1, 8, 32. For a profiler on the served
+ * shape: TIDE_BENCH_BATCH_PRESET=qwen3-30b-a3b TIDE_BENCH_BATCH_LAYERS=4 (a few of its layers,
+ * written in seconds), TIDE_BENCH_BATCH_B=32 (one size only). */
 void bench_batch(void)
 {
     char path[96], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-batchbench-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "big", .out = path, .seed = 7, .type = GGML_TYPE_Q8_0};
+    const char *pre = getenv("TIDE_BENCH_BATCH_PRESET"), *lay = getenv("TIDE_BENCH_BATCH_LAYERS");
+    const char *only_b = getenv("TIDE_BENCH_BATCH_B");
+    struct modelgen_options o = {.preset = pre && pre[0] ? pre : "big", .out = path, .seed = 7, .type = GGML_TYPE_Q8_0,
+                                 .n_layer = lay ? (uint32_t)atoi(lay) : 0};
     struct model m;
     if (modelgen_write(&o, NULL, err, sizeof err) || model_load(&m, path, err, sizeof err)) {
         printf("FAIL bench_batch (model: %s)\n", err);
@@ -229,6 +234,8 @@ void bench_batch(void)
     const int Bs[] = {1, 8, 32};
     for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
         int B = Bs[bi];
+        if (only_b && only_b[0] && atoi(only_b) != B)
+            continue;
         struct forward_seq q[32];
         double t0 = 0;
         for (int it = -3; it < 20; it++) {
@@ -243,7 +250,8 @@ void bench_batch(void)
         }
         gpu.i->sync(gpu.ctx);
         double ms = (now_s() - t0) * 1e3 / 20;
-        printf("  bench_batch: B=%2d  %.3f ms a step, %.0f tok/s\n", B, ms, B * 1e3 / ms);
+        printf("  bench_batch: %s x%u layers, B=%2d  %.3f ms a step, %.0f tok/s\n", o.preset, m.cfg.n_layer, B, ms,
+               B * 1e3 / ms);
     }
     verdict("bench_batch", true, "%g sizes", (double)(sizeof Bs / sizeof Bs[0]));
     side_free(&G);
