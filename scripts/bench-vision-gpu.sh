@@ -15,8 +15,7 @@
 #     27 blocks of 1152, deepstack after 8/16/24), tide on the GPU with a lazy encoder, then a
 #     1024x768 image: ROUNDS cold requests (hand-back, encoder load, encode, prefill, first
 #     token), one warm, one cached; the table in $OUT/summary.txt and $OUT/table-qwen3vl.md.
-#     Needs VISION_QWENVL_ON_CUDA (src/vision/vision.h) on: until then tide refuses the
-#     images on a CUDA device. BACKEND=cpu runs it here on a CPU device with the small pair (presets
+#     BACKEND=cpu runs it here on a CPU device with the small pair (presets
 #     qwen3vlmoe and mmproj-qwen3vl, IMAGE=256x192 unless set) to check the script; MODEL_DIR
 #     (default /dev/shm when it has room, else $OUT) holds the pair, ROUNDS (3) the cold rounds.
 set -u -o pipefail

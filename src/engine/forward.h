@@ -29,13 +29,9 @@ struct device;
 struct expert_cache;
 
 /* The KV cache's element type (config key kv_type, docs/CONFIG.md). KV_F32 is 0, so a zeroed
- * spec keeps an f32 cache. KV_AUTO is the config's default, resolved by the memory plan: f16,
- * except on a CUDA device while KV_F16_CUDA_DEFAULT is false (and where an architecture has no
- * f16 form: forward.c). */
+ * spec keeps an f32 cache. KV_AUTO is the config's default, resolved by the memory plan: f16 on
+ * every backend, except where an architecture has no f16 form (forward.c). */
 enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_AUTO = 2 };
-/* Whether kv_type auto is f16 on a CUDA device: on since the CUDA f16 cache's tests
- * (tests/gpu/test_kv_f16.c, batch_kv_f16_*) passed on an H200 (2026-12-05). */
-#define KV_F16_CUDA_DEFAULT true
 
 struct forward_stage_spec {
     struct device *dev;          /* NULL: allocate with be directly, weights used in place */

@@ -397,26 +397,17 @@ size_t model_expert_bytes(const struct model *m, uint32_t l)
            ggml_row_size(L->down_exps->type, L->down_exps->ne[0]) * L->down_exps->ne[1];
 }
 
-/* Whether a CUDA device takes weights of type t. A type whose CUDA kernels exist but have not
- * yet passed their test-gpu tests on a GPU stays refused at start-up: each is one line here,
- * and lifting its refusal is turning that line's false into true. The switches can also be set
- * at build time (-DCUDA_RUNS_QBLOCK=false refuses those types again). */
-#ifndef CUDA_RUNS_QBLOCK
-#define CUDA_RUNS_QBLOCK true /* passed on an H200, 2026-12-05 */
-#endif
-#ifndef CUDA_RUNS_MXFP4
-#define CUDA_RUNS_MXFP4 true /* passed on an H200, 2026-12-05 */
-#endif
+/* Whether a CUDA device takes weights of type t: the types with CUDA kernels that have passed
+ * their test-gpu runs on a GPU (q5_0, q5_1, iq4_xs and MXFP4: cuda/qblock.cu, matmul_q5_0,
+ * matmul_q5_1, matmul_iq4_xs, matmul_mxfp4, get_rows_qb and the e2e runs, H200, 2026-12-05). A
+ * new type's kernels stay refused at start-up until theirs have: one line here. */
 static bool cuda_runs_type(uint32_t t)
 {
     switch (t) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: /* k-quants: cuda/kquant.cu */
+    case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_IQ4_XS: case GGML_TYPE_MXFP4: /* cuda/qblock.cu */
         return true;
-    case GGML_TYPE_Q5_0: return CUDA_RUNS_QBLOCK;   /* cuda/qblock.cu; test-gpu matmul_q5_0, get_rows_qb */
-    case GGML_TYPE_Q5_1: return CUDA_RUNS_QBLOCK;   /* cuda/qblock.cu; test-gpu matmul_q5_1, get_rows_qb */
-    case GGML_TYPE_IQ4_XS: return CUDA_RUNS_QBLOCK; /* cuda/qblock.cu; test-gpu matmul_iq4_xs, get_rows_qb */
-    case GGML_TYPE_MXFP4: return CUDA_RUNS_MXFP4; /* cuda/qblock.cu; test-gpu matmul_mxfp4, e2e_gptoss_mxfp4 */
     default: return false;
     }
 }

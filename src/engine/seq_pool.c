@@ -141,7 +141,8 @@ void seq_pool_resume(struct engine *e, struct engine_seq *const *seqs, int n)
 
 bool engine_can_admit(const struct engine *e)
 {
-    if (engine_free_slots(e) == 0 || (e->one_seq && engine_free_slots(e) < e->n_slots))
+    int free_slots = engine_free_slots(e);
+    if (free_slots == 0 || (e->one_seq && free_slots < e->n_slots))
         return false;
     for (int i = 0; paged(e) && i < e->n_slots; i++)
         if (e->slots[i].busy && e->slots[i].seq && e->slots[i].seq->paused && !e->slots[i].seq->done)

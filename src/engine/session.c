@@ -25,30 +25,6 @@ static int engine_init_template(struct engine *e, const char *jinja)
     return rc;
 }
 
-/* Whether a CUDA device runs architecture a. One whose CUDA ops exist but have not yet passed
- * their test-gpu tests on a GPU stays refused at start-up: each is one line here, and lifting
- * its refusal is turning that line's false into true (-DCUDA_RUNS_GPTOSS=false at build time
- * refuses it again).
- * gpt-oss and deepseek2 passed e2e_gptoss, e2e_gptoss_mxfp4 and e2e_deepseek2 (one sequence) on
- * an H200 on 2026-12-05. */
-#ifndef CUDA_RUNS_GPTOSS
-#define CUDA_RUNS_GPTOSS true
-#endif
-#ifndef CUDA_RUNS_DEEPSEEK2
-#define CUDA_RUNS_DEEPSEEK2 true
-#endif
-static bool cuda_runs_arch(enum model_arch a)
-{
-    switch (a) {
-    case ARCH_GPTOSS: return CUDA_RUNS_GPTOSS;    /* cuda/oai_ops.cu; test-gpu attention_sinks, rope_freqs, swiglu_oai, e2e_gptoss */
-    case ARCH_DEEPSEEK2: return CUDA_RUNS_DEEPSEEK2; /* forward_mla.c runs op by op on any backend with rope_freqs (cuda/oai_ops.cu) */
-    /* text rows take the plain rope (qwen3moe's and qwen2moe's ops); image rows' M-RoPE is
-     * cuda/mrope.cu (test-gpu e2e_mrope_*), behind vision.h's VISION_QWENVL_ON_CUDA */
-    case ARCH_QWEN3VLMOE: case ARCH_QWEN2VL: return true;
-    default: return true;
-    }
-}
-
 int engine_init(struct engine *e, const struct engine_options *o, char *err, size_t errlen)
 {
     memset(e, 0, sizeof *e);
@@ -90,16 +66,9 @@ int engine_init(struct engine *e, const struct engine_options *o, char *err, siz
         e->fail_step = atol(step);
         tide_log("fault injection armed: forward step #%ld fails", e->fail_step);
     }
-    /* what a CUDA device does not run yet: the architectures below, the types model.c's
-     * cuda_runs_type refuses */
+    /* what a CUDA device does not run: the types model.c's cuda_runs_type refuses (every
+     * architecture's ops run on both backends) */
     for (int i = 0; i < e->mem.n_dev; i++) {
-        enum model_arch a = e->model.cfg.arch;
-        if (e->mem.dev[i].kind == DEVICE_KIND_CUDA && !cuda_runs_arch(a)) {
-            snprintf(err, errlen, "device %d is cuda, but %s models run on cpu devices only yet (set \"devices\" "
-                     "to cpu)", i, model_arch_name(a));
-            rc = TIDE_EINVAL;
-            goto fail_mem;
-        }
         uint32_t t = e->mem.dev[i].kind == DEVICE_KIND_CUDA ? model_first_cpu_only_type(&e->model) : UINT32_MAX;
         if (t != UINT32_MAX) {
             snprintf(err, errlen, "device %d is cuda, but the model has %s tensors, which only cpu devices run yet "

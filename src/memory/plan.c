@@ -195,13 +195,12 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
         p->dev[i].reserve = p->dev[i].reserve_startup = (size_t)(d->reserve_mib > 0 ? d->reserve_mib : 0) * MIB;
         budgets[i] = budget;
     }
-    /* The KV cache's type: f16 unless asked for f32 (auto: f32 on CUDA until KV_F16_CUDA_DEFAULT),
-     * or the model or a device cannot take it; counted at that size from here on (so an f16
-     * cache fits twice the slots). */
+    /* The KV cache's type: f16 unless asked for f32, or the model or a device cannot take it;
+     * counted at that size from here on (so an f16 cache fits twice the slots). */
     struct backend bes[PLAN_MAX_DEVICES];
     for (int i = 0; i < n; i++)
         bes[i] = p->dev[i].be;
-    enum kv_type want = o->kv_type == KV_AUTO ? (cuda_stage && !KV_F16_CUDA_DEFAULT ? KV_F32 : KV_F16) : o->kv_type;
+    enum kv_type want = o->kv_type == KV_AUTO ? KV_F16 : o->kv_type;
     const char *why = want == KV_F16 ? forward_kv_f16_why(m, bes, n) : NULL;
     p->kv_type = why ? KV_F32 : want;
     /* Paged KV (kv_blocks.h) where the model and every backend can read blocks: the pool is
@@ -270,7 +269,7 @@ int memory_plan_init(struct memory_plan *p, const struct plan_options *o, struct
     tide_log("KV cache: %s, %d slots of %d positions, %.1f MiB in all%s%s%s", p->kv_type == KV_F16 ? "f16" : "f32",
              p->n_seq, o->n_ctx, (double)kv_all / MIB,
              why ? " (" : "", why ? why : "",
-             why ? ")" : o->kv_type == KV_AUTO && cuda_stage && !KV_F16_CUDA_DEFAULT ? " (auto: f32 on a CUDA device for now)" : "");
+             why ? ")" : "");
     fault_hook(p);
     bool any_cuda = false;
     for (int i = 0; i < n; i++)

@@ -57,8 +57,8 @@ struct config {
     int kv_block_size;     /* positions a KV block (a power of two, 16..4096); 0: one block of context a
                               sequence (not paged) */
     long kv_pool_tokens;   /* positions the paged KV pool holds; 0 = null: parallel contexts' worth */
-    int kv_type;           /* the KV cache's elements: 16 (f16), 32 (f32), 0 = null: f16, but f32 on a
-                              CUDA device for now (engine/forward.h KV_F16_CUDA_DEFAULT) */
+    int kv_type;           /* the KV cache's elements: 16 (f16), 32 (f32), 0 = null: f16 (f32 where the
+                              model has no f16 form) */
     int queue_timeout_s;   /* a job still queued after this gets 503; 0 = no bound */
     int request_timeout_s; /* a job not done this long after it was queued gets 503; 0 = no bound */
     long request_memory_mib; /* bodies, parse trees, images, decodes of requests in flight; 0 = no bound */

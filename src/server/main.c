@@ -292,11 +292,9 @@ static struct app app;
 
 /* The text model and the tower must be a pair: qwen3vlmoe's images need its own tower
  * (qwen3vl_merger: M-RoPE grids and deepstack features, as many as the text model adds),
- * qwen2vl's a qwen2vl_merger or qwen2.5vl_merger tower, and CPU devices when built without
- * VISION_QWENVL_ON_CUDA (vision.h); those towers feed
- * only their text models. */
-static int vision_pair_check(const struct model_config *c, struct vision_lifecycle *v, const struct memory_plan *mp,
-                             char *err, size_t errlen)
+ * qwen2vl's a qwen2vl_merger or qwen2.5vl_merger tower; those towers feed only their text
+ * models. */
+static int vision_pair_check(const struct model_config *c, struct vision_lifecycle *v, char *err, size_t errlen)
 {
     int rc = 0;
     bool q3 = v->is_qwen3vl && v->qwenvl_kind == QWENVL_3, q2 = v->is_qwen3vl && v->qwenvl_kind != QWENVL_3;
@@ -321,12 +319,6 @@ static int vision_pair_check(const struct model_config *c, struct vision_lifecyc
                  c->n_deepstack);
         rc = TIDE_EFORMAT;
     }
-    for (int i = 0; !rc && v->is_qwen3vl && !VISION_QWENVL_ON_CUDA && i < mp->n_dev; i++)
-        if (mp->dev[i].kind != DEVICE_KIND_CPU) {
-            snprintf(err, errlen, "Qwen-VL images run on cpu devices only in this build (device %d is not one: "
-                     "built without VISION_QWENVL_ON_CUDA)", i);
-            rc = TIDE_EUNSUPPORTED;
-        }
     if (rc)
         vision_free(v);
     return rc;
@@ -407,7 +399,7 @@ int main(int argc, char **argv)
             .embed_cache_bytes = (size_t)a->cfg.vision.embed_cache_mib << 20};
         rc = vision_init(&a->vis, &vo, mp, (int)rt->eng.model.cfg.n_embd, err, sizeof err);
         if (rc == 0)
-            rc = vision_pair_check(&rt->eng.model.cfg, &a->vis, mp, err, sizeof err);
+            rc = vision_pair_check(&rt->eng.model.cfg, &a->vis, err, sizeof err);
         a->vis.notify = runtime_vision_event;
         if (rc) {
             /* Text still serves; image requests will say why vision is unavailable. */

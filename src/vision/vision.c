@@ -144,7 +144,7 @@ static bool projector_is(const char *path, const char *type)
 }
 
 /* A Qwen-VL tower: on a CPU device (or a GPU's with TIDE_VISION_CPU=1) the CPU computes it
- * from host memory charged to the device; on a GPU (VISION_QWENVL_ON_CUDA) it is uploaded from
+ * from host memory charged to the device; on a GPU it is uploaded from
  * a host copy of its f32 weights taken now (pinned), so a cold image pays an upload, not a
  * file read. The reserve is the f32 weights and the workspace of the largest image the
  * budget allows, from the header (on a GPU in whole 2 MiB pages). */
@@ -168,11 +168,6 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
     struct device *dev = &v->mem->dev[o->device];
     const char *cpu_env = getenv("TIDE_VISION_CPU");
     bool gpu = dev->kind != DEVICE_KIND_CPU, cpu_encoder = gpu && cpu_env && cpu_env[0] && strcmp(cpu_env, "0");
-    if (gpu && !VISION_QWENVL_ON_CUDA) {
-        snprintf(err, errlen, "mmproj %s: the Qwen-VL towers run on cpu devices only in this build (vision.device "
-                 "%d is not one)", o->mmproj, o->device);
-        return TIDE_EUNSUPPORTED;
-    }
     v->is_qwen3vl = true;
     v->qwenvl_kind = (int)hp.kind;
     v->n_deepstack = hp.n_deepstack;

@@ -43,15 +43,6 @@ struct vision_counters {
     double last_regrow_s;         /* seconds of the last regrow (t_handback, t_load, t_encode below) */
 };
 
-/* Qwen-VL images on CUDA devices: the towers on the GPU encoder (qwen3vl_upload) and the text
- * models' M-RoPE rows (backend_i.rope_multi). On since their test-gpu tests (qwenvl_*,
- * e2e_mrope_*) passed on an H200; built with it 0, a CUDA device refuses these images at
- * start-up with the reason (main.c vision_pair_check, vision.c init_qwen3vl). This is the one
- * switch for images; the text models' text rows (plain rope) run on CUDA devices either way. */
-#ifndef VISION_QWENVL_ON_CUDA
-#define VISION_QWENVL_ON_CUDA 1 /* qwenvl_*, e2e_mrope_* passed on an H200, 2026-12-05 */
-#endif
-
 struct vision_lifecycle {
     struct vision_options o;
     enum vision_state state;
@@ -65,7 +56,7 @@ struct vision_lifecycle {
     struct clip_model *host;      /* GPU encoder: the weights' host copy (pinned), from init on */
     /* a Qwen-VL tower (mmproj projector qwen3vl_merger, qwen2vl_merger or qwen2.5vl_merger,
      * qwen3vl.h): on a CPU device (or TIDE_VISION_CPU=1) loaded into host memory charged to the
-     * device's ledger as vision; on a GPU (VISION_QWENVL_ON_CUDA) uploaded from q3v_host, the
+     * device's ledger as vision; on a GPU uploaded from q3v_host, the
      * f32 weights' host copy taken at init. NULL unless loaded. clip is then unused. */
     bool is_qwen3vl;
     int qwenvl_kind;              /* enum qwenvl_kind when is_qwen3vl */

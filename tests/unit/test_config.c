@@ -299,7 +299,7 @@ Test(config, http_limits)
     expect_err("{\"http\":[]}", "config: http: expected an object");
 }
 
-/* kv_type: null (the default: f16, f32 on a CUDA device for now), "f16", "f32", and --kv-type. */
+/* kv_type: null (the default: f16), "f16", "f32", and --kv-type. */
 Test(config, kv_type)
 {
     struct config c;
