@@ -157,7 +157,7 @@ void engine_kv_stats(const struct engine *e, struct engine_kv_stats *out)
     out->paged = !kb->fixed;
     out->block_rows = kb->block_rows;
     out->blocks = kb->n_blocks;
-    out->free = kb->n_free;
+    out->free = kb->n_free - kb->n_cached; /* cached blocks are free to take, but hold reusable rows */
     out->shared = kv_blocks_shared(kb);
     int used = kv_blocks_used(kb);
     if (kb->fixed) { /* a slot's block: running while a sequence holds it, cached while it keeps rows */
@@ -184,5 +184,5 @@ void engine_kv_stats(const struct engine *e, struct engine_kv_stats *out)
     }
     free(mark);
     out->running = running;
-    out->cached = used - running;
+    out->cached = used - running + kb->n_cached;
 }

@@ -336,6 +336,7 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
             tide_log("kv park: slot %d's %d rows not parked: %s", q->slot, s->n_tokens, tide_strerror(rc));
     }
     forward_kv_trim(&e->fw, q->slot, keep); /* blocks past the kept rows go back to the pool */
+    keep = prefix_cache_adopt(e, q, keep);  /* whole blocks of the prompt some earlier request computed */
     struct prompt_rows qr = seq_rows(q);
     int plen = 0, pi = kv_park_find(&e->park, &qr, n - 1, &plen);
     if (pi >= 0 && plen > keep) {
@@ -740,6 +741,7 @@ int engine_step(struct engine *e, struct engine_seq *const *seqs, int n, int max
             s->tokens[q->pos] = q->next; /* (a resumed generation's rows hold their tokens already) */
         q->pos += fs[i].n;
         s->n_tokens = q->pos;
+        prefix_cache_key_slot(e, q->slot);
         if (!fs[i].want_logits)
             continue;
         float *logits = (float *)fs[i].logits;

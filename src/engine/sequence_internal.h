@@ -67,6 +67,14 @@ static inline struct prompt_rows seq_rows(const struct engine_seq *q)
     return (struct prompt_rows){q->ids, q->n_prompt, q->rimg, q->job->n_images};
 }
 
+/* ---- prefix_cache.c: the KV blocks' prefix index ---- */
+/* Slot's full blocks of computed rows (its n_tokens) not keyed yet enter the index: after a step. */
+void prefix_cache_key_slot(struct engine *e, int slot);
+/* At admission: q's slot, holding rows 0..keep-1 of q's prompt, takes the longest run of whole
+ * blocks of the prompt that the index holds when it is longer (mapped in place, shared); returns
+ * the rows it holds now. */
+int prefix_cache_adopt(struct engine *e, struct engine_seq *q, int keep);
+
 /* ---- seq_pool.c: the paged KV pool under pressure ---- */
 /* The blocks of the runs fs[0..n) (in[i]'s), taken before a step: where the pool runs out, idle
  * slots give theirs back first (least recently used first, parked when parking is on), then the

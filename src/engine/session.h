@@ -60,6 +60,7 @@ struct engine {
                                  least this many rows more than it can copy now (prefix_share.h); 0: never */
     /* counters (engine thread writes, the snapshot reads) */
     uint64_t shared_tokens;   /* prompt rows copied from another slot instead of computed */
+    uint64_t block_cache_tokens; /* prompt rows found in the KV blocks' prefix index (prefix_cache.c) */
     uint64_t prefix_waits;    /* sequences that waited for another's prefix rows */
     uint64_t kv_pauses;       /* sequences paused because the paged KV pool ran out (seq_pool.c) */
     uint64_t kv_resumes;      /* ... and resumed */

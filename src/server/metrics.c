@@ -99,7 +99,7 @@ static atomic_llong cached_tokens;
 static atomic_int kv_parked;
 static atomic_llong kv_parked_bytes, kv_parked_budget, kv_parked_total, kv_restored_total, kv_restored_tokens,
     kv_park_evicted;
-static atomic_llong kv_shared_tokens, kv_prefix_waits;
+static atomic_llong kv_shared_tokens, kv_prefix_waits, kv_block_cache_tokens, kv_block_cache_evictions;
 static double start_unix;
 /* Set once at start-up, before the first scrape (metrics_set_instance). */
 static char instance_name[256];
@@ -163,10 +163,12 @@ void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint
     atomic_store(&kv_restored_tokens, (long long)tokens);
     atomic_store(&kv_park_evicted, (long long)evicted);
 }
-void metrics_kv_shared(uint64_t tokens, uint64_t waits)
+void metrics_kv_shared(uint64_t tokens, uint64_t waits, uint64_t block_tokens, uint64_t block_evictions)
 {
     atomic_store(&kv_shared_tokens, (long long)tokens);
     atomic_store(&kv_prefix_waits, (long long)waits);
+    atomic_store(&kv_block_cache_tokens, (long long)block_tokens);
+    atomic_store(&kv_block_cache_evictions, (long long)block_evictions);
 }
 void metrics_cached_tokens(long n)
 {
@@ -460,7 +462,7 @@ void metrics_init(void)
     metrics_kv_slots(0, 0, 0, 0);
     atomic_store(&cached_tokens, 0);
     metrics_kv_parked(0, 0, 0, 0, 0, 0, 0);
-    metrics_kv_shared(0, 0);
+    metrics_kv_shared(0, 0, 0, 0);
     for (int h = 0; h < METRICS_HIST_COUNT; h++) {
         pthread_mutex_lock(&hists[h].mu);
         memset(hists[h].n, 0, sizeof hists[h].n);
@@ -577,6 +579,13 @@ char *metrics_render(void)
     family(&b, "tide_kv_prefix_waits_total", "counter",
            "Prompts that waited for another sequence to compute their shared prefix (prefix_wait_tokens).");
     sb_printf(&b, "tide_kv_prefix_waits_total %lld\n", atomic_load(&kv_prefix_waits));
+    family(&b, "tide_kv_block_cache_tokens_total", "counter",
+           "Prompt tokens whose KV rows were found in the pool's prefix index (whole blocks an earlier request "
+           "computed, mapped in place) instead of being computed.");
+    sb_printf(&b, "tide_kv_block_cache_tokens_total %lld\n", atomic_load(&kv_block_cache_tokens));
+    family(&b, "tide_kv_block_cache_evictions_total", "counter",
+           "Cached KV blocks (reusable rows no sequence holds) taken for other rows, least recently cached first.");
+    sb_printf(&b, "tide_kv_block_cache_evictions_total %lld\n", atomic_load(&kv_block_cache_evictions));
 
     for (int h = 0; h < METRICS_HIST_COUNT; h++) render_hist(&b, (enum metrics_hist)h);
     render_devices(&b);

@@ -30,8 +30,10 @@ void metrics_kv_blocks(const struct engine_kv_stats *kv, uint64_t pauses_total);
  * tide_kv_parked_budget_bytes, tide_kv_parked_total, tide_kv_restored_total,
  * tide_kv_restored_tokens_total, tide_kv_park_evicted_total (the engine's counts, published). */
 /* Prefix rows shared between KV slots (engine/prefix_share.h): tide_kv_shared_tokens_total,
- * tide_kv_prefix_waits_total (the engine's counts, published). */
-void metrics_kv_shared(uint64_t tokens, uint64_t waits);
+ * tide_kv_prefix_waits_total; and found in the KV blocks' prefix index (engine/prefix_cache.c):
+ * tide_kv_block_cache_tokens_total, tide_kv_block_cache_evictions_total (the engine's counts,
+ * published). */
+void metrics_kv_shared(uint64_t tokens, uint64_t waits, uint64_t block_tokens, uint64_t block_evictions);
 void metrics_kv_parked(int n, size_t bytes, size_t budget, uint64_t parked, uint64_t restored, uint64_t tokens,
                        uint64_t evicted);
 /* Prompt tokens served from the prefix cache: tide_prompt_tokens_cached_total. */

@@ -46,6 +46,7 @@ struct vram_snapshot {
     size_t parked_bytes, parked_budget;
     uint64_t parked_total, restored_total, restored_tokens_total, park_evicted_total;
     uint64_t shared_tokens_total, prefix_waits_total; /* prefix rows copied between slots, waits for them */
+    uint64_t block_cache_tokens_total, block_cache_evictions_total; /* the KV blocks' prefix index */
     bool backend_failed;        /* a device's backend failed (sticky): the daemon is unhealthy */
     char backend_err[256];
 };

@@ -107,6 +107,8 @@ void runtime_publish(struct runtime *rt)
     s.park_evicted_total = kp->n_evicted;
     s.shared_tokens_total = rt->eng.shared_tokens;
     s.prefix_waits_total = rt->eng.prefix_waits;
+    s.block_cache_tokens_total = rt->eng.block_cache_tokens;
+    s.block_cache_evictions_total = rt->eng.fw.kv.evicted;
     s.backend_failed = rt->eng.fw.backend_failed;
     snprintf(s.backend_err, sizeof s.backend_err, "%s", rt->eng.fw.backend_err);
     pthread_mutex_lock(&rt->snap_mu);
@@ -120,7 +122,8 @@ void runtime_publish(struct runtime *rt)
     metrics_kv_slots(s.seq_running, s.seq_slots, s.kv_cached_slots, s.kv_cached_rows);
     metrics_kv_parked(s.parked, s.parked_bytes, s.parked_budget, s.parked_total, s.restored_total,
                       s.restored_tokens_total, s.park_evicted_total);
-    metrics_kv_shared(s.shared_tokens_total, s.prefix_waits_total);
+    metrics_kv_shared(s.shared_tokens_total, s.prefix_waits_total, s.block_cache_tokens_total,
+                      s.block_cache_evictions_total);
     metrics_kv_blocks(&s.kv, s.kv_pauses_total);
 }
 

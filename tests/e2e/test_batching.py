@@ -264,7 +264,9 @@ def parking():
     a = chat_body(story + "What colour are the boats?", max_tokens=12)
     other = chat_body("Count some shapes for me, please. " * 6, max_tokens=4)
     for budget in (64, 0):
-        d = Daemon({"parallel": 1, "kv_host_mib": budget})
+        # parking off: the prefix index is off too (TIDE_KV_SHARE=0), else the story's whole blocks
+        # would still be found in the pool (tests/e2e/test_kv_blocks.py checks that)
+        d = Daemon({"parallel": 1, "kv_host_mib": budget}, env=None if budget else {"TIDE_KV_SHARE": "0"})
         try:
             first = d.post("/v1/chat/completions", a)
             d.post("/v1/chat/completions", other)  # takes the only slot: the story is parked (or lost)

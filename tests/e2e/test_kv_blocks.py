@@ -14,7 +14,10 @@ when the blocks run out and resume it later (engine/seq_pool.c). What a client s
     left paused or holding blocks;
  4. /v1/vram reports the pool (paged, block_rows, blocks and their states) and blocks shared in
     place by two prompts with one long prefix; a pool smaller than one context stops start-up
-    with a clear error.
+    with a clear error;
+ 5. the prefix index (engine/prefix_cache.c): with 2 slots and parking off, a conversation whose
+    slot another prompt took comes back with its whole blocks found in the pool (cached_tokens,
+    tide_kv_block_cache_tokens_total) and the same reply; with TIDE_KV_SHARE=0 they are computed.
 Usage: tests/e2e/test_kv_blocks.py   (env: TIDE_BIN). Prints "N passed, N failed".
 """
 import os
@@ -96,6 +99,41 @@ def pool_report(d):
     check("prefix: the second prompt reuses the first's rows", cached >= 32, "cached_tokens %d" % cached)
 
 
+def block_index(share):
+    """A, then B (which takes A's slot: it shares more of A's rows than the empty slot does), then A
+    again: A's rows are no slot's any more, and parking is off, so only the index can bring them."""
+    d = Daemon({"parallel": 2, "context": 512, "kv_block_size": 16, "kv_host_mib": 0},
+               env=None if share else {"TIDE_KV_SHARE": "0"})
+    name = "prefix index" if share else "prefix index off"
+    try:
+        sysmsg = "Rivers carry the rain from the hills down to the sea, past farms and towns. " * 5
+        a = {"messages": [{"role": "system", "content": sysmsg}, {"role": "user", "content": "Why?"}],
+             "max_tokens": 24, "temperature": 0}
+        b = {"messages": [{"role": "user", "content": "List some colours of the evening sky, please."}],
+             "max_tokens": 24, "temperature": 0}
+        first = d.post("/v1/chat/completions", a)
+        d.post("/v1/chat/completions", b)
+        sq = d.vram()["sequences"]
+        n_prompt = first["usage"]["prompt_tokens"]
+        before = metric(d, "tide_kv_block_cache_tokens_total")
+        again = d.post("/v1/chat/completions", a)
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        found = metric(d, "tide_kv_block_cache_tokens_total") - before
+        same = again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+        if share:
+            check(name + ": A's blocks stay cached in the pool after B took its slot", sq["blocks_cached"] >= 8,
+                  str({k: sq[k] for k in ("blocks", "blocks_running", "blocks_cached", "blocks_free")}))
+            check(name + ": A again finds its whole blocks (cached_tokens, /metrics)",
+                  cached >= (n_prompt - 1) // 16 * 16 and found >= cached - 16,
+                  "cached_tokens %d of %d, index %d" % (cached, n_prompt, found))
+        else:
+            check(name + ": A again computes its rows", cached < 16 and found == 0,
+                  "cached_tokens %d of %d, index %d" % (cached, n_prompt, found))
+        check(name + ": the same reply", same)
+    finally:
+        d.stop()
+
+
 def main():
     d = Daemon(dict(POOL, kv_host_mib=64))
     try:
@@ -112,6 +150,8 @@ def main():
         paused_then_equal(d, "recomputed")
     finally:
         d.stop()
+    block_index(True)
+    block_index(False)
     try:
         Daemon(dict(POOL, kv_pool_tokens=128)).stop()
         check("a pool below one context is refused", False, "the daemon started")

@@ -54,8 +54,9 @@ def send(d, path, body):
 
 
 def alone(reqs):
-    """each request with nothing reused: one slot, no parking, no waits, another prompt in between"""
-    d = Daemon({"parallel": 1, "kv_host_mib": 0, "prefix_wait_tokens": 0, "context": 4096})
+    """each request with nothing reused: one slot, no parking, no waits, no prefix index
+    (TIDE_KV_SHARE=0), another prompt in between"""
+    d = Daemon({"parallel": 1, "kv_host_mib": 0, "prefix_wait_tokens": 0, "context": 4096}, env={"TIDE_KV_SHARE": "0"})
     out = []
     try:
         for path, body in reqs:
@@ -89,9 +90,10 @@ def shared_system_prompt():
     try:
         total = together(d, [("/v1/chat/completions", chat(a, i)) for i, a in enumerate(ASKS)], "chat")
         shared, waits = metric(d, "tide_kv_shared_tokens_total"), metric(d, "tide_kv_prefix_waits_total")
-        check("chat: /metrics counts the copied rows and the waits",
-              shared == total and waits >= 1 and metric(d, "tide_prompt_tokens_cached_total") >= total,
-              "shared %s, waits %s, cached %d" % (shared, waits, total))
+        indexed = metric(d, "tide_kv_block_cache_tokens_total")
+        check("chat: /metrics counts the copied rows, the rows found in the prefix index and the waits",
+              shared + indexed == total and waits >= 1 and metric(d, "tide_prompt_tokens_cached_total") >= total,
+              "shared %s, indexed %s, waits %s, cached %d" % (shared, indexed, waits, total))
         comp = [("/v1/completions", {"prompt": SYSTEM + " Question %d:" % i, "max_tokens": 10, "temperature": 0,
                                       "stream": i == 1, "stream_options": {"include_usage": True}} if i == 1 else
                  {"prompt": SYSTEM + " Question %d:" % i, "max_tokens": 10, "temperature": 0})

@@ -2,6 +2,7 @@
  * rows grow and given back as they shrink, full blocks shared in place between slots, a shared
  * block copied before a slot writes into it, and the pool running out without changing anything. */
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include "common.h"
 #include "engine/kv_blocks.h"
@@ -117,4 +118,113 @@ Test(kv_blocks, the_fixed_form_is_one_block_a_slot)
     kv_blocks_free(&kb);
     cr_assert_eq(kv_blocks_init(&kb, 2, 100, 24, 20), TIDE_EINVAL, "not a power of two");
     cr_assert_eq(kv_blocks_init(&kb, 2, 100, 16, 6), TIDE_EINVAL, "less than one context");
+}
+
+/* ---- the prefix index: keyed blocks outlive their tables ---- */
+
+static void fill_vals(uint64_t *v, int n, int start)
+{
+    for (int i = 0; i < n; i++)
+        v[i] = kv_blocks_token_value(start + i);
+}
+
+Test(kv_blocks, keyed_blocks_stay_cached_and_a_later_prompt_maps_them)
+{
+    struct kv_blocks kb;
+    cr_assert_eq(kv_blocks_init(&kb, 2, 128, 16, 16), 0);
+    struct kv_block_copy cp[2];
+    int n_cp;
+    uint64_t v[48];
+    fill_vals(v, 48, 100);
+    cr_assert_eq(kv_blocks_reserve(&kb, 0, 0, 40, cp, &n_cp), 0);
+    int32_t first = kv_blocks_table(&kb, 0)[0], second = kv_blocks_table(&kb, 0)[1];
+    kv_blocks_key(&kb, 0, v);
+    kv_blocks_key(&kb, 0, v + 16);
+    cr_assert_eq(kv_blocks_keyed(&kb, 0), 2);
+    kv_blocks_trim(&kb, 0, 0); /* the request ended and its slot was taken */
+    cr_assert_eq(kb.n_cached, 2, "its two full blocks are cached, not freed");
+    cr_assert_eq(kb.n_free, 16, "cached blocks still count as free");
+    check_counts(&kb);
+    int32_t found[3];
+    cr_assert_eq(kv_blocks_match(&kb, v, 3, found), 2, "the third block was never full");
+    cr_assert(found[0] == first && found[1] == second);
+    kv_blocks_adopt(&kb, 1, found, 2);
+    cr_assert_eq(kv_blocks_held(&kb, 1), 2);
+    cr_assert_eq(kv_blocks_keyed(&kb, 1), 2);
+    cr_assert_eq(kb.n_cached, 0);
+    check_counts(&kb);
+    /* the chain: a prompt that differs in its first block shares none of the second */
+    uint64_t w[32];
+    memcpy(w, v, sizeof w);
+    w[3] = kv_blocks_token_value(7);
+    cr_assert_eq(kv_blocks_match(&kb, w, 2, found), 0);
+    memcpy(w, v, sizeof w);
+    w[31] = kv_blocks_token_value(7);
+    cr_assert_eq(kv_blocks_match(&kb, w, 2, found), 1, "the same first block, another second");
+    /* a match is checked against the stored rows: a block whose rows are not the prompt's (as a
+     * hash collision would give) is never mapped */
+    kb.vals[(size_t)first * 16 + 5] ^= 1;
+    cr_assert_eq(kv_blocks_match(&kb, v, 2, found), 0);
+    kb.vals[(size_t)first * 16 + 5] ^= 1;
+    kv_blocks_free(&kb);
+}
+
+Test(kv_blocks, a_keyed_block_is_copied_before_its_slot_writes_into_it)
+{
+    struct kv_blocks kb;
+    cr_assert_eq(kv_blocks_init(&kb, 2, 128, 16, 16), 0);
+    struct kv_block_copy cp[2];
+    int n_cp;
+    uint64_t v[32];
+    fill_vals(v, 32, 0);
+    cr_assert_eq(kv_blocks_reserve(&kb, 0, 0, 32, cp, &n_cp), 0);
+    int32_t second = kv_blocks_table(&kb, 0)[1];
+    kv_blocks_key(&kb, 0, v);
+    kv_blocks_key(&kb, 0, v + 16);
+    kv_blocks_trim(&kb, 0, 20); /* another prompt shares 20 rows: block 1 is kept, rows 20.. are its own */
+    cr_assert_eq(kv_blocks_keyed(&kb, 0), 1);
+    cr_assert_eq(kv_blocks_need(&kb, 0, 20, 21), 1, "a copy of the keyed block");
+    cr_assert_eq(kv_blocks_reserve(&kb, 0, 20, 21, cp, &n_cp), 0);
+    cr_assert_eq(n_cp, 1, "rows 16..19 copied into the slot's new block");
+    cr_assert(cp[0].src == second && cp[0].dst == kv_blocks_table(&kb, 0)[1]);
+    cr_assert_eq(kb.n_cached, 1, "the keyed block is cached, its rows unchanged");
+    int32_t found[2];
+    cr_assert_eq(kv_blocks_match(&kb, v, 2, found), 2, "the first prompt's rows are all still found");
+    cr_assert_eq(found[1], second);
+    /* the same for a block another table maps from the index: slot 1 keeps its rows and key */
+    kv_blocks_adopt(&kb, 1, found, 1);
+    cr_assert_eq(kv_blocks_reserve(&kb, 0, 10, 11, cp, &n_cp), 0);
+    cr_assert_eq(n_cp, 1, "slot 0 writes into a copy, rows 0..9 copied");
+    cr_assert_eq(kv_blocks_match(&kb, v, 1, found), 1);
+    cr_assert_eq(found[0], kv_blocks_table(&kb, 1)[0]);
+    check_counts(&kb);
+    kv_blocks_free(&kb);
+}
+
+Test(kv_blocks, cached_blocks_are_evicted_least_recently_cached_first)
+{
+    struct kv_blocks kb;
+    cr_assert_eq(kv_blocks_init(&kb, 3, 64, 16, 4), 0);
+    struct kv_block_copy cp[2];
+    int n_cp;
+    uint64_t a[16], b[16];
+    fill_vals(a, 16, 0);
+    fill_vals(b, 16, 500);
+    cr_assert_eq(kv_blocks_reserve(&kb, 0, 0, 16, cp, &n_cp), 0);
+    kv_blocks_key(&kb, 0, a);
+    cr_assert_eq(kv_blocks_reserve(&kb, 1, 0, 16, cp, &n_cp), 0);
+    kv_blocks_key(&kb, 1, b);
+    kv_blocks_trim(&kb, 0, 0); /* a cached first, then b */
+    kv_blocks_trim(&kb, 1, 0);
+    cr_assert_eq(kb.n_cached, 2);
+    cr_assert_eq(kv_blocks_reserve(&kb, 2, 0, 48, cp, &n_cp), 0, "2 free blocks and 1 cached one taken");
+    cr_assert_eq(kb.evicted, 1);
+    int32_t found[1];
+    cr_assert_eq(kv_blocks_match(&kb, a, 1, found), 0, "the older one went");
+    cr_assert_eq(kv_blocks_match(&kb, b, 1, found), 1);
+    cr_assert_eq(kv_blocks_reserve(&kb, 2, 48, 64, cp, &n_cp), 0, "the last one goes too");
+    cr_assert_eq(kv_blocks_match(&kb, b, 1, found), 0);
+    cr_assert_eq(kb.n_free, 0);
+    check_counts(&kb);
+    kv_blocks_free(&kb);
 }
