@@ -3,11 +3,15 @@
  * The input is a program of operations on a small pool (4 slots of 128 positions in blocks of 16,
  * 8..39 blocks): take blocks and write rows (kv_blocks_reserve, then the copies it asks for and
  * the rows written), keep fewer rows (kv_blocks_trim), and take another slot's rows
- * (kv_blocks_share). Every block holds a tag per row, and a shadow says which tag each slot's
+ * (kv_blocks_share), key a slot's next full block (kv_blocks_key, the rows' tags as their values),
+ * and take the longest run of another slot's rows that the prefix index holds (kv_blocks_match,
+ * kv_blocks_adopt). Every block holds a tag per row, and a shadow says which tag each slot's
  * row must read. After every operation: each slot reads its own rows' tags through its table
- * (so no write ever reached a block another slot reads: copy on write), every block's count is
- * the number of tables that hold it, the free list holds exactly the blocks no table holds, and
- * a refused reserve changed nothing. */
+ * (so no write ever reached a block another slot reads: copy on write, and an adopted block
+ * holds the rows it was matched for), every block's count is the number of tables that hold it,
+ * the free list and the cached list hold exactly the blocks no table holds (the cached ones keyed),
+ * a keyed block's rows are the ones it was keyed with (never written since), and a refused
+ * reserve changed nothing. */
 #include "common.h"
 #include "engine/kv_blocks.h"
 
@@ -19,7 +23,8 @@
 #define CTX 128
 #define BR 16
 
-static void check(const struct kv_blocks *kb, const int32_t *tags, int shadow[SLOTS][CTX], const int *valid)
+static void check(const struct kv_blocks *kb, const int32_t *tags, int shadow[SLOTS][CTX], const int *valid,
+                  const int32_t *keyed_tags)
 {
     int refs[64] = {0};
     for (int s = 0; s < SLOTS; s++) {
@@ -49,9 +54,18 @@ static void check(const struct kv_blocks *kb, const int32_t *tags, int shadow[SL
     }
     if (free_ != kb->n_free)
         abort();
-    for (int i = 0; i < kb->n_free; i++)
-        if (kb->refs[kb->free_list[i]] != 0)
+    for (int i = 0; i < kb->n_free - kb->n_cached; i++)
+        if (kb->refs[kb->free_list[i]] != 0 || kb->key[kb->free_list[i]])
             abort();
+    int n_lru = 0;
+    for (int32_t b = kb->lru_head; b >= 0; b = kb->lru_next[b], n_lru++)
+        if (kb->refs[b] != 0 || !kb->key[b] || n_lru > kb->n_blocks)
+            abort();
+    if (n_lru != kb->n_cached)
+        abort();
+    for (int b = 0; b < kb->n_blocks; b++)
+        if (kb->key[b] && memcmp(tags + b * BR, keyed_tags + b * BR, sizeof(int32_t) * BR))
+            abort(); /* a keyed block was written */
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -64,12 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     int32_t *tags = calloc((size_t)n_blocks * BR, sizeof(int32_t));
     int32_t *before = malloc(sizeof(int32_t) * SLOTS * kb.per_slot);
+    int32_t *keyed_tags = calloc((size_t)n_blocks * BR, sizeof(int32_t)); /* each block's tags when keyed */
     static int shadow[SLOTS][CTX];
     int valid[SLOTS] = {0}, next_tag = 1;
-    if (!tags || !before)
+    if (!tags || !before || !keyed_tags)
         abort();
     for (size_t i = 1; i + 3 < size; i += 4) {
-        int op = data[i] % 3, s = data[i + 1] % SLOTS, a = data[i + 2] % (CTX + 1), b = data[i + 3] % (CTX + 1);
+        int op = data[i] % 5, s = data[i + 1] % SLOTS, a = data[i + 2] % (CTX + 1), b = data[i + 3] % (CTX + 1);
         struct kv_block_copy cp[2];
         int n_cp = 0;
         if (op == 0) { /* write rows from..to, from within what the slot holds */
@@ -96,6 +111,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             int rows = valid[s] ? a % (valid[s] + 1) : 0;
             kv_blocks_trim(&kb, s, rows);
             valid[s] = rows;
+        } else if (op == 3) { /* slot s keys its next full block of rows */
+            int j = kv_blocks_keyed(&kb, s);
+            if ((j + 1) * BR <= valid[s]) {
+                uint64_t v[BR];
+                for (int r = 0; r < BR; r++)
+                    v[r] = kv_blocks_token_value(shadow[s][j * BR + r]);
+                kv_blocks_key(&kb, s, v);
+                int32_t blk = kv_blocks_table(&kb, s)[j];
+                if (kv_blocks_keyed(&kb, s) != j + 1)
+                    abort();
+                if (kb.key[blk])
+                    memcpy(keyed_tags + blk * BR, tags + blk * BR, sizeof(int32_t) * BR);
+            }
+        } else if (op == 4) { /* slot s takes the rows of slot d's prompt that the index holds */
+            int d = (s + 1 + b % (SLOTS - 1)) % SLOTS, nb = valid[d] / BR;
+            uint64_t v[CTX];
+            int32_t found[CTX / BR];
+            for (int r = 0; r < nb * BR; r++)
+                v[r] = kv_blocks_token_value(shadow[d][r]);
+            int m = kv_blocks_match(&kb, v, nb, found);
+            if (m < 0 || m > nb)
+                abort();
+            if (m > 0 && a % 2) {
+                kv_blocks_adopt(&kb, s, found, m);
+                memcpy(shadow[s], shadow[d], sizeof(int) * (size_t)(m * BR));
+                valid[s] = m * BR;
+                if (kv_blocks_keyed(&kb, s) != m || kb.held[s] != m)
+                    abort();
+            }
         } else { /* slot s takes slot d's first rows */
             int d = (s + 1 + b % (SLOTS - 1)) % SLOTS, n = valid[d] ? a % (valid[d] + 1) : 0;
             int got = kv_blocks_share(&kb, d, s, n, cp, &n_cp);
@@ -106,10 +150,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             memcpy(shadow[s], shadow[d], sizeof(int) * (size_t)got);
             valid[s] = got;
         }
-        check(&kb, tags, shadow, valid);
+        check(&kb, tags, shadow, valid, keyed_tags);
     }
     free(tags);
     free(before);
+    free(keyed_tags);
     kv_blocks_free(&kb);
     return 0;
 }
