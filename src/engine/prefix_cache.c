@@ -59,26 +59,25 @@ void prefix_cache_key_slot(struct engine *e, int slot)
     }
 }
 
-int prefix_cache_adopt(struct engine *e, struct engine_seq *q, int keep)
+int prefix_cache_adopt(struct engine *e, int slot, const struct prompt_rows *r, int limit, int keep)
 {
     struct kv_blocks *kb = &e->fw.kv;
     if (!indexed(e))
         return keep;
-    int br = kb->block_rows, limit = q->n_prompt - 1; /* the last prompt token is computed for its logits */
-    int n_blocks = limit / br;
+    int br = kb->block_rows, n_blocks = (limit < r->n ? limit : r->n) / br;
     if (n_blocks * br <= keep)
         return keep;
     uint64_t *vals = malloc(sizeof(uint64_t) * (size_t)n_blocks * br);
     int32_t *found = malloc(sizeof(int32_t) * (size_t)n_blocks);
     int m = 0;
     if (vals && found) {
-        struct prompt_rows r = seq_rows(q);
-        n_blocks = row_values(&r, 0, n_blocks * br, vals) / br;
+        n_blocks = row_values(r, 0, n_blocks * br, vals) / br;
         m = kv_blocks_match(kb, vals, n_blocks, found);
     }
     if (m * br > keep) {
-        kv_blocks_adopt(kb, q->slot, found, m);
-        memcpy(e->slots[q->slot].tokens, q->ids, sizeof(int) * (size_t)(m * br));
+        kv_blocks_adopt(kb, slot, found, m);
+        if (e->slots[slot].tokens != r->ids)
+            memcpy(e->slots[slot].tokens, r->ids, sizeof(int) * (size_t)(m * br));
         e->block_cache_tokens += (uint64_t)(m * br - keep);
         keep = m * br;
     }

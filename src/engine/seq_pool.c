@@ -8,6 +8,7 @@
  *   2. the newest running sequence pauses: its rows are parked the same way, its blocks go back,
  *      and it leaves the step. It keeps its slot, its sampler and the text it has sent.
  * A paused sequence resumes, oldest first, once the pool holds its rows and the next one: its
+ * whole blocks still cached in the pool's prefix index are mapped back (prefix_cache.c), its
  * parked rows are copied back, and what is not there (parking off or evicted) is computed again
  * from its prompt and the tokens it had generated (their ids are in its slot's tokens), with no
  * logits asked on the way. On the CPU those rows are the same bits as before, and no sampler
@@ -124,8 +125,10 @@ void seq_pool_resume(struct engine *e, struct engine_seq *const *seqs, int n)
         struct prompt_rows r = q->filled > q->n_prompt ? (struct prompt_rows){s->tokens, q->filled, s->img, s->n_img}
                                                        : seq_rows(q);
         int limit = q->filled > q->n_prompt ? q->filled : q->n_prompt - 1, plen = 0;
+        /* its whole blocks may still be cached in the pool (prefix_cache.c): mapped back, no copy */
+        q->pos = prefix_cache_adopt(e, q->slot, &r, limit, 0);
         int pi = kv_park_find(&e->park, &r, limit, &plen);
-        if (pi >= 0 && plen > 0) {
+        if (pi >= 0 && plen > q->pos) {
             int rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);
             if (rc == 0) {
                 if (q->filled == q->n_prompt) /* the prompt's rows: the slot's tokens record them */

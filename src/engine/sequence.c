@@ -336,8 +336,8 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
             tide_log("kv park: slot %d's %d rows not parked: %s", q->slot, s->n_tokens, tide_strerror(rc));
     }
     forward_kv_trim(&e->fw, q->slot, keep); /* blocks past the kept rows go back to the pool */
-    keep = prefix_cache_adopt(e, q, keep);  /* whole blocks of the prompt some earlier request computed */
     struct prompt_rows qr = seq_rows(q);
+    keep = prefix_cache_adopt(e, q->slot, &qr, n - 1, keep); /* whole blocks an earlier request computed */
     int plen = 0, pi = kv_park_find(&e->park, &qr, n - 1, &plen);
     if (pi >= 0 && plen > keep) {
         rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);

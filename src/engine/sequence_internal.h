@@ -70,10 +70,10 @@ static inline struct prompt_rows seq_rows(const struct engine_seq *q)
 /* ---- prefix_cache.c: the KV blocks' prefix index ---- */
 /* Slot's full blocks of computed rows (its n_tokens) not keyed yet enter the index: after a step. */
 void prefix_cache_key_slot(struct engine *e, int slot);
-/* At admission: q's slot, holding rows 0..keep-1 of q's prompt, takes the longest run of whole
- * blocks of the prompt that the index holds when it is longer (mapped in place, shared); returns
- * the rows it holds now. */
-int prefix_cache_adopt(struct engine *e, struct engine_seq *q, int keep);
+/* slot, holding rows 0..keep-1 of the run r (a prompt at admission; a paused sequence's rows when
+ * it resumes), takes the longest run of r's whole blocks, at most limit rows, that the index
+ * holds when it is longer (mapped in place, shared); returns the rows it holds now. */
+int prefix_cache_adopt(struct engine *e, int slot, const struct prompt_rows *r, int limit, int keep);
 
 /* ---- seq_pool.c: the paged KV pool under pressure ---- */
 /* The blocks of the runs fs[0..n) (in[i]'s), taken before a step: where the pool runs out, idle

@@ -580,8 +580,8 @@ char *metrics_render(void)
            "Prompts that waited for another sequence to compute their shared prefix (prefix_wait_tokens).");
     sb_printf(&b, "tide_kv_prefix_waits_total %lld\n", atomic_load(&kv_prefix_waits));
     family(&b, "tide_kv_block_cache_tokens_total", "counter",
-           "Prompt tokens whose KV rows were found in the pool's prefix index (whole blocks an earlier request "
-           "computed, mapped in place) instead of being computed.");
+           "KV rows found in the pool's prefix index (whole blocks an earlier request computed, or a paused "
+           "request its own, mapped in place) instead of being computed.");
     sb_printf(&b, "tide_kv_block_cache_tokens_total %lld\n", atomic_load(&kv_block_cache_tokens));
     family(&b, "tide_kv_block_cache_evictions_total", "counter",
            "Cached KV blocks (reusable rows no sequence holds) taken for other rows, least recently cached first.");
