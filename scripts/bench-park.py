@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""bench-park.py - conversation parking (kv_host_mib) against recomputing the prompt.
+"""bench-park.py - a conversation whose KV slot another prompt took: its rows found in the pool's
+prefix index, restored from host RAM (parking, kv_host_mib), or computed again.
 
-Starts $TIDE_BIN (default build/tide) twice on MODEL (default models/tide-moe.gguf) with one KV
-slot: once with kv_host_mib 256, once with 0. Each time: a long conversation A (WORDS words), then
+Starts $TIDE_BIN (default build/tide) three times on MODEL (default models/tide-moe.gguf) with one
+KV slot: the prefix index alone (kv_host_mib 0), parking alone (kv_host_mib 256, TIDE_KV_SHARE=0)
+and neither (kv_host_mib 0, TIDE_KV_SHARE=0). Each time: a long conversation A (WORDS words), then
 an unrelated prompt B that takes the slot, then A again, REPS times; A's second reply is timed
 (max_tokens 1: the time is the prompt's). Prints the median seconds and the cached tokens of
 each. Usage: scripts/bench-park.py [--model M] [--words N] [--reps N] [--context N]
@@ -35,14 +37,14 @@ def post(port, body):
         return json.loads(f.read())
 
 
-def run(binary, model, budget, words, reps, context):
+def run(binary, model, budget, words, reps, context, env):
     port = free_port()
     d = tempfile.mkdtemp(prefix="tide-park-")
     cfg = os.path.join(d, "cfg.json")
     json.dump({"model": model, "mmproj": None, "context": context, "port": port, "parallel": 1,
                "kv_host_mib": budget}, open(cfg, "w"))
     log = open(os.path.join(d, "log"), "w")
-    p = subprocess.Popen([binary, "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen([binary, "--config", cfg], stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
     try:
         for _ in range(1200):
             try:
@@ -77,9 +79,11 @@ def main():
     ap.add_argument("--context", type=int, default=4096)
     o = ap.parse_args()
     binary = os.environ.get("TIDE_BIN", os.path.join(ROOT, "build", "tide"))
-    for label, budget in (("restore (kv_host_mib 256)", 256), ("recompute (kv_host_mib 0)", 0)):
-        med, lo, hi, pt, ca = run(binary, o.model, budget, o.words, o.reps, o.context)
-        print("%-26s prompt %d tokens, cached %d: median %.3f s (%.3f-%.3f), %.0f prompt tok/s" %
+    off = {"TIDE_KV_SHARE": "0"}
+    for label, budget, env in (("prefix index (kv_host_mib 0)", 0, {}), ("restore (kv_host_mib 256)", 256, off),
+                               ("recompute (kv_host_mib 0)", 0, off)):
+        med, lo, hi, pt, ca = run(binary, o.model, budget, o.words, o.reps, o.context, env)
+        print("%-28s prompt %d tokens, cached %d: median %.3f s (%.3f-%.3f), %.0f prompt tok/s" %
               (label, pt, ca, med, lo, hi, pt / med))
 
 
