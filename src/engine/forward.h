@@ -214,12 +214,17 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
 int forward_step_rows(const struct forward_state *s);
 /* Bytes of KV one token position holds over every layer (K and V, in the cache's type). */
 size_t forward_kv_row_bytes(const struct forward_state *s);
-/* Slot `slot`'s KV rows 0..n-1, every layer, to host memory (save) or back from it: host holds
+/* Slot `slot`'s KV rows from..n-1, every layer, to host memory (save) or back from it: host holds
  * host_n >= n positions (host_n * forward_kv_row_bytes bytes), layer by layer, each layer's K
  * rows (host_n, kvd) then its V rows, in the cache's type (the bytes the device holds); rows
- * 0..n-1 of each are copied. A save returns with the
- * bytes on the host; a restore is ordered before the next step's ops. */
-int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save);
+ * from..n-1 of each are copied (a restore keeps the slot's rows before from). A save returns
+ * with the bytes on the host; a restore is ordered before the next step's ops. */
+int forward_kv_copy_rows(struct forward_state *s, int slot, int from, int n, void *host, int host_n, bool save);
+/* forward_kv_copy_rows of rows 0..n-1 */
+static inline int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save)
+{
+    return forward_kv_copy_rows(s, slot, 0, n, host, host_n, save);
+}
 /* Slot src's KV rows 0..n-1, every layer, K and V, become slot dst's rows 0..n-1: one sequence's
  * computed prefix reused by another. Paged, src's full blocks are shared in place (read-only) and
  * a last partial one is copied; else the rows are copied on the device (backend_i.copy; through

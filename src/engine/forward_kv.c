@@ -59,12 +59,12 @@ int forward_kv_reserve(struct forward_state *s, int slot, int from, int to)
 
 void forward_kv_trim(struct forward_state *s, int slot, int rows) { kv_blocks_trim(&s->kv, slot, rows); }
 
-int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int host_n, bool save)
+int forward_kv_copy_rows(struct forward_state *s, int slot, int from, int n, void *host, int host_n, bool save)
 {
-    if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n)
+    if (slot < 0 || slot >= s->n_seq || n < 0 || n > s->n_ctx || host_n < n || from < 0 || from > n)
         return TIDE_EINVAL;
     if (!save) { /* the rows restored must be the slot's own blocks */
-        int rc = forward_kv_reserve(s, slot, 0, n);
+        int rc = forward_kv_reserve(s, slot, from, n);
         if (rc < 0)
             return rc;
     } else if (kv_blocks_for(&s->kv, n) > kv_blocks_held(&s->kv, slot)) {
@@ -78,7 +78,7 @@ int forward_kv_copy(struct forward_state *s, int slot, int n, void *host, int ho
             for (size_t p = 0; p < parts; p++) {
                 void *cache = p ? st->v_cache : st->k_cache;
                 uint8_t *h = (uint8_t *)host + ((size_t)l * parts + p) * hpart;
-                for (int r = 0, k; r < n; r += k) {
+                for (int r = from, k; r < n; r += k) {
                     k = kv_run(s, r, n - r);
                     void *dev = kv_row(s, st, cache, l, slot, r);
                     if (save)

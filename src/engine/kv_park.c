@@ -116,16 +116,16 @@ int kv_park_find(const struct kv_park *p, const struct prompt_rows *q, int limit
     return best;
 }
 
-int kv_park_restore(struct kv_park *p, struct forward_state *fw, int i, int slot, int len)
+int kv_park_restore(struct kv_park *p, struct forward_state *fw, int i, int slot, int from, int len)
 {
-    if (i < 0 || i >= p->n || len < 0 || len > p->e[i].n)
+    if (i < 0 || i >= p->n || len < 0 || len > p->e[i].n || from < 0 || from > len)
         return TIDE_EINVAL;
     struct kv_park_entry *en = &p->e[i];
-    int rc = forward_kv_copy(fw, slot, len, en->rows, en->n, false);
+    int rc = forward_kv_copy_rows(fw, slot, from, len, en->rows, en->n, false);
     if (rc < 0)
         return rc;
     en->last_use = ++p->clock;
     p->n_restored++;
-    p->tokens_restored += (uint64_t)len;
+    p->tokens_restored += (uint64_t)(len - from);
     return 0;
 }

@@ -52,7 +52,8 @@ int kv_park_save(struct kv_park *p, struct forward_state *fw, int slot, const st
 int kv_park_find(const struct kv_park *p, const struct prompt_rows *q, int limit, int *len);
 /* Entry i's rows as prompt_rows */
 struct prompt_rows kv_park_rows(const struct kv_park *p, int i);
-/* Copy entry i's rows 0..len-1 into slot; the entry becomes the most recent. */
-int kv_park_restore(struct kv_park *p, struct forward_state *fw, int i, int slot, int len);
+/* Copy entry i's rows from..len-1 into slot, whose rows 0..from-1 are the entry's already (the
+ * prefix index's, or its own); the entry becomes the most recent. */
+int kv_park_restore(struct kv_park *p, struct forward_state *fw, int i, int slot, int from, int len);
 
 #endif

@@ -129,7 +129,7 @@ void seq_pool_resume(struct engine *e, struct engine_seq *const *seqs, int n)
         q->pos = prefix_cache_adopt(e, q->slot, &r, limit, 0);
         int pi = kv_park_find(&e->park, &r, limit, &plen);
         if (pi >= 0 && plen > q->pos) {
-            int rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);
+            int rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, q->pos, plen);
             if (rc == 0) {
                 if (q->filled == q->n_prompt) /* the prompt's rows: the slot's tokens record them */
                     memcpy(s->tokens, q->ids, sizeof(int) * (size_t)plen);

@@ -340,7 +340,7 @@ int engine_seq_start(struct engine *e, struct gen_job *job, struct engine_seq **
     keep = prefix_cache_adopt(e, q->slot, &qr, n - 1, keep); /* whole blocks an earlier request computed */
     int plen = 0, pi = kv_park_find(&e->park, &qr, n - 1, &plen);
     if (pi >= 0 && plen > keep) {
-        rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, plen);
+        rc = kv_park_restore(&e->park, &e->fw, pi, q->slot, keep, plen);
         if (rc == 0) {
             memcpy(s->tokens, q->ids, sizeof(int) * (size_t)plen);
             keep = plen;

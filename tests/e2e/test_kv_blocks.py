@@ -17,7 +17,8 @@ when the blocks run out and resume it later (engine/seq_pool.c). What a client s
     with a clear error;
  5. the prefix index (engine/prefix_cache.c): with 2 slots and parking off, a conversation whose
     slot another prompt took comes back with its whole blocks found in the pool (cached_tokens,
-    tide_kv_block_cache_tokens_total) and the same reply; with TIDE_KV_SHARE=0 they are computed.
+    tide_kv_block_cache_tokens_total) and the same reply; with TIDE_KV_SHARE=0 they are computed;
+    with parking on too, host RAM brings back only the rows past the index's blocks.
 Usage: tests/e2e/test_kv_blocks.py   (env: TIDE_BIN). Prints "N passed, N failed".
 """
 import os
@@ -99,12 +100,13 @@ def pool_report(d):
     check("prefix: the second prompt reuses the first's rows", cached >= 32, "cached_tokens %d" % cached)
 
 
-def block_index(share):
+def block_index(share, park=False):
     """A, then B (which takes A's slot: it shares more of A's rows than the empty slot does), then A
-    again: A's rows are no slot's any more, and parking is off, so only the index can bring them."""
-    d = Daemon({"parallel": 2, "context": 512, "kv_block_size": 16, "kv_host_mib": 0},
+    again: A's rows are no slot's any more, and parking is off, so only the index can bring them.
+    With parking on too (park), the index brings A's whole blocks and host RAM only the rest."""
+    d = Daemon({"parallel": 2, "context": 512, "kv_block_size": 16, "kv_host_mib": 64 if park else 0},
                env=None if share else {"TIDE_KV_SHARE": "0"})
-    name = "prefix index" if share else "prefix index off"
+    name = "prefix index and parking" if park else "prefix index" if share else "prefix index off"
     try:
         sysmsg = "Rivers carry the rain from the hills down to the sea, past farms and towns. " * 5
         a = {"messages": [{"role": "system", "content": sysmsg}, {"role": "user", "content": "Why?"}],
@@ -116,11 +118,17 @@ def block_index(share):
         sq = d.vram()["sequences"]
         n_prompt = first["usage"]["prompt_tokens"]
         before = metric(d, "tide_kv_block_cache_tokens_total")
+        restored = metric(d, "tide_kv_restored_tokens_total")
         again = d.post("/v1/chat/completions", a)
         cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
         found = metric(d, "tide_kv_block_cache_tokens_total") - before
         same = again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-        if share:
+        restored = metric(d, "tide_kv_restored_tokens_total") - restored
+        if park:
+            check(name + ": A again: its whole blocks from the index, the rest from host RAM",
+                  cached == n_prompt - 1 and found >= cached - 16 and 0 <= cached - found - restored < 16,
+                  "cached_tokens %d of %d, index %d, restored %d" % (cached, n_prompt, found, restored))
+        elif share:
             check(name + ": A's blocks stay cached in the pool after B took its slot", sq["blocks_cached"] >= 8,
                   str({k: sq[k] for k in ("blocks", "blocks_running", "blocks_cached", "blocks_free")}))
             check(name + ": A again finds its whole blocks (cached_tokens, /metrics)",
@@ -152,6 +160,7 @@ def main():
         d.stop()
     block_index(True)
     block_index(False)
+    block_index(True, park=True)
     try:
         Daemon(dict(POOL, kv_pool_tokens=128)).stop()
         check("a pool below one context is refused", False, "the daemon started")

@@ -91,11 +91,11 @@ static void check_restored_rows(void)
     int len, i = find(&p, a, 39, &len);
     cr_assert(i == 0 && len == 39, "found %d, %d rows", i, len);
     /* all 40 rows into slot 1: the same bytes */
-    cr_assert_eq(kv_park_restore(&p, &f, 0, 1, 40), 0);
+    cr_assert_eq(kv_park_restore(&p, &f, 0, 1, 0, 40), 0);
     cr_assert_eq(forward_kv_copy(&f, 1, 40, got, 40, true), 0);
     cr_assert_eq(memcmp(want, got, 40 * rb), 0);
     /* a prefix of 25 into slot 2: its rows are the first 25 of each layer's K and V */
-    cr_assert_eq(kv_park_restore(&p, &f, 0, 2, 25), 0);
+    cr_assert_eq(kv_park_restore(&p, &f, 0, 2, 0, 25), 0);
     cr_assert_eq(forward_kv_copy(&f, 2, 25, got, 40, true), 0);
     size_t row = rb / 2 / m.cfg.n_layer; /* one position's K (or V) row of a layer, in bytes */
     for (uint32_t l = 0; l < m.cfg.n_layer; l++)
@@ -134,7 +134,7 @@ Test(kv_park, budget_lru_extension_and_limits)
     cr_assert_eq(p.n, 2);
     int len;
     find(&p, a, 59, &len); /* a is now the more recent: c evicts b */
-    cr_assert_eq(kv_park_restore(&p, &f, 0, 2, len), 0);
+    cr_assert_eq(kv_park_restore(&p, &f, 0, 2, 0, len), 0);
     fill(1, c, 40);
     cr_assert_eq(save(&p, 1, c, 40), 0);
     cr_assert_eq(p.n, 2);
