@@ -128,18 +128,25 @@ static void fill_vals(uint64_t *v, int n, int start)
         v[i] = kv_blocks_token_value(start + i);
 }
 
+/* A pool of 16 blocks for 2 slots of 128 rows; slot 0 holds `rows` rows whose values are v
+ * (token ids from start), its first two blocks keyed. */
+static void two_keyed_blocks(struct kv_blocks *kb, uint64_t *v, int rows, int start)
+{
+    struct kv_block_copy cp[2];
+    int n_cp;
+    cr_assert_eq(kv_blocks_init(kb, 2, 128, 16, 16), 0);
+    fill_vals(v, rows, start);
+    cr_assert_eq(kv_blocks_reserve(kb, 0, 0, rows, cp, &n_cp), 0);
+    kv_blocks_key(kb, 0, v);
+    kv_blocks_key(kb, 0, v + 16);
+}
+
 Test(kv_blocks, keyed_blocks_stay_cached_and_a_later_prompt_maps_them)
 {
     struct kv_blocks kb;
-    cr_assert_eq(kv_blocks_init(&kb, 2, 128, 16, 16), 0);
-    struct kv_block_copy cp[2];
-    int n_cp;
     uint64_t v[48];
-    fill_vals(v, 48, 100);
-    cr_assert_eq(kv_blocks_reserve(&kb, 0, 0, 40, cp, &n_cp), 0);
+    two_keyed_blocks(&kb, v, 40, 100);
     int32_t first = kv_blocks_table(&kb, 0)[0], second = kv_blocks_table(&kb, 0)[1];
-    kv_blocks_key(&kb, 0, v);
-    kv_blocks_key(&kb, 0, v + 16);
     cr_assert_eq(kv_blocks_keyed(&kb, 0), 2);
     kv_blocks_trim(&kb, 0, 0); /* the request ended and its slot was taken */
     cr_assert_eq(kb.n_cached, 2, "its two full blocks are cached, not freed");
@@ -172,15 +179,11 @@ Test(kv_blocks, keyed_blocks_stay_cached_and_a_later_prompt_maps_them)
 Test(kv_blocks, a_keyed_block_is_copied_before_its_slot_writes_into_it)
 {
     struct kv_blocks kb;
-    cr_assert_eq(kv_blocks_init(&kb, 2, 128, 16, 16), 0);
     struct kv_block_copy cp[2];
     int n_cp;
     uint64_t v[32];
-    fill_vals(v, 32, 0);
-    cr_assert_eq(kv_blocks_reserve(&kb, 0, 0, 32, cp, &n_cp), 0);
+    two_keyed_blocks(&kb, v, 32, 0);
     int32_t second = kv_blocks_table(&kb, 0)[1];
-    kv_blocks_key(&kb, 0, v);
-    kv_blocks_key(&kb, 0, v + 16);
     kv_blocks_trim(&kb, 0, 20); /* another prompt shares 20 rows: block 1 is kept, rows 20.. are its own */
     cr_assert_eq(kv_blocks_keyed(&kb, 0), 1);
     cr_assert_eq(kv_blocks_need(&kb, 0, 20, 21), 1, "a copy of the keyed block");
