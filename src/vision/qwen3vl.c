@@ -607,6 +607,8 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     const struct qwen3vl_tower *src = t->host ? t->host : t; /* the host copy of the position table */
     if (t->be)
         be = t->be; /* an uploaded tower computes on its own backend */
+    if (t->tc && !be) /* the plain loops read f32 weights only */
+        return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: a tensor-core layout tower needs a backend");
     int p = hp->patch, a = p * hp->merge, K = 3 * p * p;
     if (w <= 0 || h <= 0 || w % a || h % a)
         return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);

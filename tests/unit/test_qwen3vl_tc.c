@@ -91,6 +91,11 @@ Test(qwen3vl_tc, layout_keeps_q8_0)
     cr_assert_eq(t->patch.type, GGML_TYPE_F16);
     cr_assert_eq(t->patch.ne[0], 3 * 8 * 8);
     cr_assert_eq(((uintptr_t)L->up.data - (uintptr_t)t->block) % 256, 0, "256-byte aligned");
+    /* the plain loops read f32 weights: without a backend this layout is refused, not misread */
+    static uint8_t rgb[32 * 32 * 3];
+    static float out[4 * 96 * 3];
+    cr_assert_eq(qwen3vl_encode(t, NULL, rgb, 32, 32, out, err, sizeof err), TIDE_EINVAL);
+    cr_assert(strstr(err, "backend"), "%s", err);
     qwen3vl_free(t);
     unlink(p);
 }
