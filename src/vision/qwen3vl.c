@@ -1,7 +1,8 @@
 /* qwen3vl.c - the Qwen-VL vision towers (see qwen3vl.h for the computation): the header and
  * the walk over the weights (into one block: f32 copies whatever the file stores, or the
  * tensor-core layout of qwen3vl_weights.c, which also uploads the block), then the steps of
- * llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there) through a backend's ops, or as plain loops (the tests' reference). */
+ * llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there) through a backend's
+ * ops, or as plain loops (the tests' reference). */
 #include "qwen3vl.h"
 
 #include <math.h>
