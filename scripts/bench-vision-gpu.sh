@@ -18,6 +18,7 @@
 #     BACKEND=cpu runs it here on a CPU device with the small pair (presets
 #     qwen3vlmoe and mmproj-qwen3vl, IMAGE=256x192 unless set) to check the script; MODEL_DIR
 #     (default /dev/shm when it has room, else $OUT) holds the pair, ROUNDS (3) the cold rounds.
+#     TIDE_VISION_TC=1 (or =f16) in the environment: the encoder on the tensor cores (docs/VISION.md).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tide-vision-gpu}

@@ -44,6 +44,11 @@ int cuda_set_moe_grouped(int on);
  * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.
  * TIDE_ATTN_MMA=0 in the environment sets 0 at start. */
 int cuda_set_attn_mma(int on);
+/* Whether the vision encoder's attention_full takes the f16 tensor-core kernel (1) or the f32
+ * one (0, the default); -1 only reads it. Returns the previous value. TIDE_VISION_TC=1 in the
+ * environment sets 1 at start (docs/CONFIG.md; the Qwen-VL towers' weights follow the same
+ * switch, qwen3vl_tc.h). */
+int cuda_set_vision_tc(int on);
 
 #ifdef __cplusplus
 }

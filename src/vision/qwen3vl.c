@@ -1,7 +1,8 @@
 /* qwen3vl.c - the Qwen-VL vision towers (see qwen3vl.h for the computation): the header and
- * weights (f32 copies in one block, whatever the file stores; qwen3vl_upload puts that block
- * on a GPU), then the steps of llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and
- * qwen2vl.cpp there) through a backend's ops, or as plain loops (the tests' reference). */
+ * the walk over the weights (into one block: f32 copies whatever the file stores, or the
+ * tensor-core layout of qwen3vl_weights.c, which also uploads the block), then the steps of
+ * llama.cpp's graphs (tools/mtmd/models/qwen3vl.cpp and qwen2vl.cpp there) through a backend's
+ * ops, or as plain loops (the tests' reference). */
 #include "qwen3vl.h"
 
 #include <math.h>
@@ -15,34 +16,8 @@
 #include "../engine/backend.h"
 #include "../engine/gguf.h"
 #include "../engine/mrope.h"
+#include "qwen3vl_internal.h"
 
-
-struct q3v_layer {
-    float *ln1_w, *ln1_b, *o_w, *o_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w, *down_b;
-    float *q_w, *k_w, *v_w, *q_b, *k_b, *v_b; /* qwen3vl: views of its fused attn_qkv */
-    float *gate_w, *gate_b;                   /* qwen25vl's gated MLP; NULL elsewhere */
-    int deepstack; /* index of its deepstack merger, or -1 */
-};
-
-struct q3v_merger { float *norm_w, *norm_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b; };
-
-struct qwen3vl_tower {
-    struct qwen3vl_hparams hp;
-    float *patch_w;     /* the temporal pair's two kernels summed: [D][3][p][p] */
-    float *patch_b, *pos, *post_w, *post_b;
-    struct q3v_layer *layers;
-    struct q3v_merger deepstack[QWEN3VL_MAX_DEEPSTACK];
-    struct q3v_merger main; /* norm: none (post_ln is per patch); fc1 = mm.0, fc2 = mm.2 */
-    float *block;       /* every weight, hp.weight_floats, carved in file order */
-    size_t used;        /* floats of block carved so far (while loading) */
-    struct clip_alloc a; /* where block (and ws) came from; free NULL: malloc */
-    /* an uploaded tower (qwen3vl_upload): its backend, its workspace for up to ws_patches
-     * patches, and the host tower it came from (the position table is interpolated there) */
-    const struct backend *be;
-    float *ws;
-    long ws_patches;
-    const struct qwen3vl_tower *host;
-};
 
 static int need_u32(const struct gguf_file *g, const char *key, int *out, char *err, size_t errlen)
 {
@@ -176,6 +151,7 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
     char n[96];
     hp->n_deepstack = 0;
     hp->weight_floats = 0;
+    hp->tc_bytes = 0;
     for (int l = 0; l < hp->n_layer && q3; l++) {
         snprintf(n, sizeof n, "v.deepstack.%d.fc1.weight", l);
         if (!gguf_find_tensor(g, n))
@@ -184,25 +160,23 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
             return tide_fail(TIDE_EUNSUPPORTED, err, errlen, "mmproj: more than %d deepstack layers", QWEN3VL_MAX_DEEPSTACK);
         hp->deepstack_layer[hp->n_deepstack++] = l;
     }
-    /* each tensor as f32 into the tower's block (its size is the first walk's count) */
+    /* each tensor into the tower's block (its size is the first walk's count): vectors as f32,
+     * products as f32 or in the device layout (qwen3vl_weights.c) */
 #define TENSOR(dst, name, a, b, c, d)                                                        \
     do {                                                                                     \
         const struct gguf_tensor *x_ = shape(g, name, a, b, c, d, &rc, err, errlen);         \
-        size_t n_ = (size_t)((a) * (b) * (c) * (d));                                         \
-        if (x_)                                                                              \
-            hp->weight_floats += n_;                                                         \
-        if (x_ && t) {                                                                       \
-            ggml_dequantize(x_->type, x_->data, t->block + t->used, n_);                     \
-            (dst) = t->block + t->used;                                                      \
-            t->used += n_;                                                                   \
-        }                                                                                    \
+        float *p_ = x_ ? q3v_take_f32(hp, t, x_, (size_t)((a) * (b) * (c) * (d))) : NULL;    \
+        if (p_)                                                                              \
+            (dst) = p_;                                                                      \
     } while (0)
     /* a product's weight and bias: STEM.weight (in -> out) and STEM.bias */
 #define LINEAR(w, b, stem, in, out)                                                          \
     do {                                                                                     \
         char s_[128];                                                                        \
         snprintf(s_, sizeof s_, "%s.weight", stem);                                          \
-        TENSOR(w, s_, in, out, 1, 1);                                                        \
+        const struct gguf_tensor *w_ = shape(g, s_, in, out, 1, 1, &rc, err, errlen);        \
+        if (w_)                                                                              \
+            q3v_take_matrix(hp, t, w_, in, out, &(w));                                       \
         snprintf(s_, sizeof s_, "%s.bias", stem);                                            \
         TENSOR(b, s_, out, 1, 1, 1);                                                         \
     } while (0)
@@ -225,7 +199,7 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
         if (w0 && w1) { /* a still image is one frame twice: the two kernels act as one */
             for (uint64_t i = 0; i < p * p * 3 * D; i++)
                 w0[i] += w1[i];
-            t->patch_w = w0;
+            t->patch = q3v_patch_tensor(t, w0, p * p * 3, D);
         }
     }
     for (int l = 0; l < hp->n_layer && !rc; l++) {
@@ -235,25 +209,29 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
         if (!q25)
             TENSOR(L->ln1_b, B("ln1.bias"), D, 1, 1, 1);
         if (q3) { /* attn_qkv's rows: q, then k, then v */
-            float *qkv_w = NULL, *qkv_b = NULL;
-            LINEAR(qkv_w, qkv_b, B("attn_qkv"), D, 3 * D);
-            if (qkv_w && qkv_b) {
-                L->q_w = qkv_w, L->k_w = qkv_w + D * D, L->v_w = qkv_w + 2 * D * D;
+            struct tensor qkv = {0};
+            float *qkv_b = NULL;
+            LINEAR(qkv, qkv_b, B("attn_qkv"), D, 3 * D);
+            if (qkv.data && qkv_b) { /* D rows each, in the file's (or the device's) type */
+                L->q = L->k = L->v = qkv;
+                L->q.ne[1] = L->k.ne[1] = L->v.ne[1] = D;
+                L->k.data = (const uint8_t *)qkv.data + D * qkv.row_bytes;
+                L->v.data = (const uint8_t *)qkv.data + 2 * D * qkv.row_bytes;
                 L->q_b = qkv_b, L->k_b = qkv_b + D, L->v_b = qkv_b + 2 * D;
             }
         } else { /* the converter splits the checkpoint's qkv */
-            LINEAR(L->q_w, L->q_b, B("attn_q"), D, D);
-            LINEAR(L->k_w, L->k_b, B("attn_k"), D, D);
-            LINEAR(L->v_w, L->v_b, B("attn_v"), D, D);
+            LINEAR(L->q, L->q_b, B("attn_q"), D, D);
+            LINEAR(L->k, L->k_b, B("attn_k"), D, D);
+            LINEAR(L->v, L->v_b, B("attn_v"), D, D);
         }
-        LINEAR(L->o_w, L->o_b, B("attn_out"), D, D);
+        LINEAR(L->o, L->o_b, B("attn_out"), D, D);
         TENSOR(L->ln2_w, B("ln2.weight"), D, 1, 1, 1);
         if (!q25)
             TENSOR(L->ln2_b, B("ln2.bias"), D, 1, 1, 1);
         if (q25)
-            LINEAR(L->gate_w, L->gate_b, B("ffn_gate"), D, F);
-        LINEAR(L->up_w, L->up_b, B("ffn_up"), D, F);
-        LINEAR(L->down_w, L->down_b, B("ffn_down"), F, D);
+            LINEAR(L->gate, L->gate_b, B("ffn_gate"), D, F);
+        LINEAR(L->up, L->up_b, B("ffn_up"), D, F);
+        LINEAR(L->down, L->down_b, B("ffn_down"), F, D);
 #undef B
         L->deepstack = -1;
         for (int k = 0; k < hp->n_deepstack; k++)
@@ -265,13 +243,13 @@ static int walk(const struct gguf_file *g, struct qwen3vl_hparams *hp, struct qw
 #define B(s) (snprintf(n, sizeof n, "v.deepstack.%d.%s", hp->deepstack_layer[k], s), n)
         TENSOR(m->norm_w, B("norm.weight"), M, 1, 1, 1);
         TENSOR(m->norm_b, B("norm.bias"), M, 1, 1, 1);
-        LINEAR(m->fc1_w, m->fc1_b, B("fc1"), M, M);
-        LINEAR(m->fc2_w, m->fc2_b, B("fc2"), M, T);
+        LINEAR(m->fc1, m->fc1_b, B("fc1"), M, M);
+        LINEAR(m->fc2, m->fc2_b, B("fc2"), M, T);
 #undef B
     }
     struct q3v_merger dummy, *mm = t ? &t->main : &dummy;
-    LINEAR(mm->fc1_w, mm->fc1_b, "mm.0", M, M);
-    LINEAR(mm->fc2_w, mm->fc2_b, "mm.2", M, T);
+    LINEAR(mm->fc1, mm->fc1_b, "mm.0", M, M);
+    LINEAR(mm->fc2, mm->fc2_b, "mm.2", M, T);
 #undef LINEAR
 #undef TENSOR
     if (!rc && gguf_find_tensor(g, "v.pre_ln.weight"))
@@ -290,8 +268,10 @@ int qwen3vl_read_hparams(const char *path, struct qwen3vl_hparams *hp, char *err
     return rc;
 }
 
-int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
-                      size_t errlen)
+/* The tower of path with its weights' block from a (NULL: malloc): all f32, or with tc the
+ * device layout (qwen3vl_load_tc). */
+static int load(const char *path, const struct clip_alloc *a, bool tc, struct qwen3vl_tower **out, char *err,
+                size_t errlen)
 {
     *out = NULL;
     struct gguf_file g;
@@ -307,9 +287,11 @@ int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3
     if (t) {
         if (a)
             t->a = *a;
+        t->tc = tc;
         t->layers = calloc((size_t)hp.n_layer, sizeof *t->layers);
-        size_t bytes = sizeof(float) * (hp.weight_floats ? hp.weight_floats : 1);
-        t->block = a ? a->alloc(a->ud, bytes) : malloc(bytes);
+        size_t bytes = tc ? qwen3vl_weight_bytes_tc(&hp) : qwen3vl_weight_bytes(&hp);
+        t->block_bytes = bytes;
+        t->block = a ? a->alloc(a->ud, bytes ? bytes : 1) : malloc(bytes ? bytes : 1);
     }
     if (!t || !t->layers || !t->block)
         rc = TIDE_ENOMEM;
@@ -324,72 +306,21 @@ int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3
     return 0;
 }
 
+int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
+                      size_t errlen)
+{
+    return load(path, a, false, out, err, errlen);
+}
+
+int qwen3vl_load_tc(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
+                    size_t errlen)
+{
+    return load(path, a, true, out, err, errlen);
+}
+
 int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t errlen)
 {
     return qwen3vl_load_with(path, NULL, out, err, errlen);
-}
-
-static void block_free(const struct qwen3vl_tower *t, void *p)
-{
-    if (p && t->a.free)
-        t->a.free(t->a.ud, p);
-    else
-        free(p);
-}
-
-void qwen3vl_free(struct qwen3vl_tower *t)
-{
-    if (!t)
-        return;
-    block_free(t, t->block);
-    block_free(t, t->ws);
-    free(t->layers);
-    free(t);
-}
-
-int qwen3vl_upload(struct qwen3vl_tower **out, const struct qwen3vl_tower *host, const struct clip_alloc *a,
-                   const struct backend *be, long max_patches, char *err, size_t errlen)
-{
-    *out = NULL;
-    const struct qwen3vl_hparams *hp = &host->hp;
-    struct qwen3vl_tower *t = calloc(1, sizeof *t);
-    if (!t)
-        return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: out of memory");
-    *t = *host;
-    t->a = *a;
-    t->block = NULL;
-    t->be = be;
-    t->host = host;
-    t->ws_patches = max_patches;
-    t->layers = calloc((size_t)hp->n_layer, sizeof *t->layers);
-    size_t wb = sizeof(float) * hp->weight_floats, wsb = qwen3vl_workspace_bytes(hp, max_patches);
-    if (t->layers) {
-        t->block = a->alloc(a->ud, wb ? wb : 1);
-        t->ws = t->block ? a->alloc(a->ud, wsb) : NULL;
-    }
-    if (!t->layers || !t->block || !t->ws) {
-        qwen3vl_free(t);
-        return tide_fail(TIDE_ENOMEM, err, errlen, "qwen3vl: no room for the encoder (%.1f MiB of weights, %.1f MiB of "
-                         "workspace)", (double)wb / (1 << 20), (double)wsb / (1 << 20));
-    }
-    be->i->upload(be->ctx, t->block, host->block, wb);
-    /* every weight pointer at the same offset in the device block as in the host one */
-#define RB(p) ((p) = (p) ? t->block + ((p) - host->block) : NULL)
-    RB(t->patch_w), RB(t->patch_b), RB(t->pos), RB(t->post_w), RB(t->post_b);
-    for (int l = 0; l < hp->n_layer; l++) {
-        struct q3v_layer *L = &t->layers[l];
-        *L = host->layers[l];
-        RB(L->ln1_w), RB(L->ln1_b), RB(L->o_w), RB(L->o_b), RB(L->ln2_w), RB(L->ln2_b), RB(L->up_w), RB(L->up_b);
-        RB(L->down_w), RB(L->down_b), RB(L->q_w), RB(L->k_w), RB(L->v_w), RB(L->q_b), RB(L->k_b), RB(L->v_b);
-        RB(L->gate_w), RB(L->gate_b);
-    }
-    for (int k = 0; k <= hp->n_deepstack; k++) {
-        struct q3v_merger *m = k < hp->n_deepstack ? &t->deepstack[k] : &t->main;
-        RB(m->norm_w), RB(m->norm_b), RB(m->fc1_w), RB(m->fc1_b), RB(m->fc2_w), RB(m->fc2_b);
-    }
-#undef RB
-    *out = t;
-    return 0;
 }
 
 const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t) { return &t->hp; }
@@ -397,11 +328,6 @@ const struct qwen3vl_hparams *qwen3vl_hparams_of(const struct qwen3vl_tower *t) 
 struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_tokens)
 {
     return (struct dynres_rules){hp->patch, hp->merge, hp->min_pixels, hp->max_pixels, max_tokens};
-}
-
-size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp)
-{
-    return hp->weight_floats * sizeof(float);
 }
 
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches)
@@ -439,14 +365,13 @@ int qwen3vl_estimate(const char *path, int max_tokens, size_t *weights, size_t *
 /* Each step through the backend's op when be is set (the CPU backend: threaded products, the
  * encoder ops clip.c uses), else as plain loops (the reference the unit test holds the ops to). */
 
-/* y[t] = W x[t] + b for n rows (W: out rows of in) */
-static void linear(const struct backend *be, const float *W, const float *b, const float *x, float *y, int n, int in,
-                   int out)
+/* y[t] = W x[t] + b for n rows (W: in -> out; f32 for the plain loops, which only a tower from
+ * qwen3vl_load runs) */
+static void linear(const struct backend *be, const struct tensor *W, const float *b, const float *x, float *y, int n)
 {
+    int in = (int)W->ne[0], out = (int)W->ne[1];
     if (be) {
-        struct tensor w = {.type = GGML_TYPE_F32, .ne = {(uint64_t)in, (uint64_t)out}, .data = W,
-                           .row_bytes = sizeof(float) * (size_t)in};
-        be->i->matmul(be->ctx, &w, x, y, n);
+        be->i->matmul(be->ctx, W, x, y, n);
         if (b)
             be->i->add_bias(be->ctx, y, b, n, out);
         return;
@@ -455,7 +380,7 @@ static void linear(const struct backend *be, const float *W, const float *b, con
         const float *xt = x + (size_t)t * in;
         float *yt = y + (size_t)t * out;
         for (int r = 0; r < out; r++) {
-            const float *w = W + (size_t)r * in;
+            const float *w = (const float *)W->data + (size_t)r * in;
             float s = 0;
             for (int c = 0; c < in; c++)
                 s += w[c] * xt[c];
@@ -648,9 +573,9 @@ static void merge_project(const struct backend *be, const struct q3v_merger *m, 
     int M = 4 * D;
     if (m->norm_w)
         layernorm(be, x, hid, m->norm_w, m->norm_b, n_tok, M, eps);
-    linear(be, m->fc1_w, m->fc1_b, m->norm_w ? hid : x, hid2, n_tok, M, M);
+    linear(be, &m->fc1, m->fc1_b, m->norm_w ? hid : x, hid2, n_tok);
     gelu(be, hid2, (size_t)n_tok * M);
-    linear(be, m->fc2_w, m->fc2_b, hid2, proj, n_tok, M, T);
+    linear(be, &m->fc2, m->fc2_b, hid2, proj, n_tok);
     if (be) {
         be->i->download(be->ctx, hproj, proj, sizeof(float) * (size_t)n_tok * T);
         proj = hproj;
@@ -683,6 +608,8 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     const struct qwen3vl_tower *src = t->host ? t->host : t; /* the host copy of the position table */
     if (t->be)
         be = t->be; /* an uploaded tower computes on its own backend */
+    if (t->tc && !be) /* the plain loops read f32 weights only */
+        return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: a tensor-core layout tower needs a backend");
     int p = hp->patch, a = p * hp->merge, K = 3 * p * p;
     if (w <= 0 || h <= 0 || w % a || h % a)
         return tide_fail(TIDE_EINVAL, err, errlen, "qwen3vl: image %dx%d is not a multiple of %d a side", w, h, a);
@@ -733,7 +660,7 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     }
     /* patch embedding: the conv of both temporal kernels as one product, + bias + positions */
     put(be, pix, hpix, (size_t)n * K);
-    linear(be, t->patch_w, t->patch_b, pix, x, n, K, D);
+    linear(be, &t->patch, t->patch_b, pix, x, n);
     if (hpos) {
         put(be, xn, hpos, nD);
         residual(be, x, xn, nD);
@@ -741,9 +668,9 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
     for (int l = 0; l < hp->n_layer; l++) {
         const struct q3v_layer *L = &t->layers[l];
         block_norm(be, hp, x, xn, L->ln1_w, L->ln1_b, n, D);
-        linear(be, L->q_w, L->q_b, xn, q, n, D, D);
-        linear(be, L->k_w, L->k_b, xn, k, n, D, D);
-        linear(be, L->v_w, L->v_b, xn, v, n, D, D);
+        linear(be, &L->q, L->q_b, xn, q, n);
+        linear(be, &L->k, L->k_b, xn, k, n);
+        linear(be, &L->v, L->v_b, xn, v, n);
         rope(be, q, n, H, hd, pos);
         rope(be, k, n, H, hd, pos);
         bool full = hp->kind != QWENVL_25 || (l + 1) % hp->n_wa_pattern == 0;
@@ -754,19 +681,19 @@ int qwen3vl_encode(const struct qwen3vl_tower *t, const struct backend *be, cons
                 size_t o = (size_t)s0 * 4 * D;
                 attention(be, q + o, k + o, v + o, ao + o, (win_end[wi] - s0) * 4, H, hd, att);
             }
-        linear(be, L->o_w, L->o_b, ao, xn, n, D, D);
+        linear(be, &L->o, L->o_b, ao, xn, n);
         residual(be, x, xn, nD);
         block_norm(be, hp, x, xn, L->ln2_w, L->ln2_b, n, D);
-        linear(be, L->up_w, L->up_b, xn, ff, n, D, F);
+        linear(be, &L->up, L->up_b, xn, ff, n);
         float *act = ff;
-        if (L->gate_w) { /* silu(gate x) * up x */
-            linear(be, L->gate_w, L->gate_b, xn, ff2, n, D, F);
+        if (L->gate.data) { /* silu(gate x) * up x */
+            linear(be, &L->gate, L->gate_b, xn, ff2, n);
             swiglu(be, ff2, ff, (size_t)n * F);
             act = ff2;
         } else {
             activate(be, hp->act, ff, (size_t)n * F);
         }
-        linear(be, L->down_w, L->down_b, act, xn, n, F, D);
+        linear(be, &L->down, L->down_b, act, xn, n);
         residual(be, x, xn, nD);
         if (L->deepstack >= 0) /* this block's output, merged, is deepstack feature k */
             merge_project(be, &t->deepstack[L->deepstack], x, n_tok, D, T, hp->eps, hid, hid2, proj, hproj, out,

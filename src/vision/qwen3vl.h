@@ -1,5 +1,6 @@
 /* qwen3vl.h - the Qwen-VL vision towers, over f32 copies of the weights (on the CPU, or uploaded
- * to a GPU: qwen3vl_upload): Qwen3-VL's
+ * to a GPU: qwen3vl_upload), or on a GPU with TIDE_VISION_TC=1 over the tensor-core layout
+ * (qwen3vl_load_tc: products in the file's type or f16): Qwen3-VL's
  * (mmproj projector `qwen3vl_merger`, described here), and Qwen2-VL's and Qwen2.5-VL's
  * (`qwen2vl_merger`, `qwen2.5vl_merger`: see enum qwenvl_kind), in the layout llama.cpp's
  * converter writes.
@@ -39,6 +40,8 @@ struct qwen3vl_hparams {
     int n_wa_pattern;       /* qwen25vl: blocks l with (l + 1) % n_wa_pattern == 0 attend fully */
     int window;             /* qwen25vl: a window's side in merged tokens */
     size_t weight_floats;   /* every tensor's elements (what qwen3vl_load keeps, as f32) */
+    size_t tc_bytes;        /* the block qwen3vl_load_tc keeps (the tensor-core layout, in the
+                             * qwen3vl_set_tc mode of the read) */
     int n_embd, n_ff, n_head, n_layer;
     int patch, merge;
     int pos_side;           /* the position table is pos_side x pos_side */
@@ -59,12 +62,33 @@ int qwen3vl_load(const char *path, struct qwen3vl_tower **out, char *err, size_t
  * a GPU's uploads), freed through it. */
 int qwen3vl_load_with(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
                       size_t errlen);
-/* A tower on be (a GPU) from a host tower: the weights' block and the workspace of an image of
- * up to max_patches patches from a (be's memory: qwen3vl_weight_bytes and
- * qwen3vl_workspace_bytes exactly), the weights uploaded in one copy. Its qwen3vl_encode runs
+/* The host copy for a GPU in the tensor-core layout (TIDE_VISION_TC=1): every product's weight
+ * (the patch kernel, q/k/v, out, the MLP, the mergers' fc1 / fc2) in a type the CUDA backend's
+ * products run on the tensor cores - the file's own where it is f16, bf16, or q8_0 / q4_0 with
+ * rows of a multiple of 128 (the int8 mma path), else f16 (qwen3vl_tc_type) - each tensor
+ * 256-byte aligned; vectors and the position table f32. hp.tc_bytes from a, freed through it.
+ * Only qwen3vl_upload takes it (the plain loops and the CPU backend run f32 towers). */
+int qwen3vl_load_tc(const char *path, const struct clip_alloc *a, struct qwen3vl_tower **out, char *err,
+                    size_t errlen);
+/* TIDE_VISION_TC (read once): whether the GPU encoder takes the tensor-core layout - unset or
+ * "0": no (0); "1": yes (1); "f16": yes, with q8_0 / q4_0 products widened to f16 too (2: more
+ * accurate, twice the bytes). qwen3vl_set_tc(0 / 1 / 2) sets it (tests), -1 reads it; returns
+ * the previous value. The CUDA backend's attention_full reads the same variable
+ * (cuda_set_vision_tc). */
+int qwen3vl_set_tc(int on);
+/* A product's weight type in the tensor-core layout, from its type in the file and its row
+ * length (in), under the current qwen3vl_set_tc mode (hp.tc_bytes is counted under it too). */
+uint32_t qwen3vl_tc_type(uint32_t file_type, uint64_t in);
+/* The most scratch be's products of the tower take from be's own pool (matmul_scratch: the
+ * quantised input of a q8_0 / q4_0 product) for an image of up to max_patches patches. */
+struct backend;
+size_t qwen3vl_tc_scratch(const struct qwen3vl_tower *t, const struct backend *be, long max_patches);
+/* A tower on be (a GPU) from a host tower (either layout): the weights' block and the workspace
+ * of an image of up to max_patches patches from a (be's memory: qwen3vl_weight_bytes, or
+ * qwen3vl_weight_bytes_tc for a tc tower, and qwen3vl_workspace_bytes exactly), the weights
+ * uploaded in one copy. Its qwen3vl_encode runs
  * on be whatever backend it is given; host must outlive it (the position table is
  * interpolated from the host copy). */
-struct backend;
 int qwen3vl_upload(struct qwen3vl_tower **out, const struct qwen3vl_tower *host, const struct clip_alloc *a,
                    const struct backend *be, long max_patches, char *err, size_t errlen);
 void qwen3vl_free(struct qwen3vl_tower *t);
@@ -74,6 +98,7 @@ struct dynres_rules qwen3vl_rules(const struct qwen3vl_hparams *hp, int max_toke
 /* Bytes of the f32 weights qwen3vl_load keeps, and of the activations of an image of
  * n_patches patches, from the header alone. */
 size_t qwen3vl_weight_bytes(const struct qwen3vl_hparams *hp);
+size_t qwen3vl_weight_bytes_tc(const struct qwen3vl_hparams *hp); /* qwen3vl_load_tc's block */
 size_t qwen3vl_workspace_bytes(const struct qwen3vl_hparams *hp, long n_patches);
 /* Patches of the largest image the budget (max_tokens merged tokens, 0: none) and the tower's
  * max_pixels allow. */

@@ -144,10 +144,12 @@ static bool projector_is(const char *path, const char *type)
 }
 
 /* A Qwen-VL tower: on a CPU device (or a GPU's with TIDE_VISION_CPU=1) the CPU computes it
- * from host memory charged to the device; on a GPU it is uploaded from
- * a host copy of its f32 weights taken now (pinned), so a cold image pays an upload, not a
- * file read. The reserve is the f32 weights and the workspace of the largest image the
- * budget allows, from the header (on a GPU in whole 2 MiB pages). */
+ * from host memory charged to the device; on a GPU it is uploaded from a host copy taken now
+ * (pinned), so a cold image pays an upload, not a file read: of its f32 weights, or with
+ * TIDE_VISION_TC=1 of the tensor-core layout (qwen3vl_load_tc: the products in q8_0 / f16).
+ * The reserve is the weights as uploaded and the workspace of the largest image the budget
+ * allows, from the header (on a GPU in whole 2 MiB pages), plus the scratch the tc layout's
+ * quantised products take from the backend's pool. */
 static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options *o, int n_embd_text, char *err,
                         size_t errlen)
 {
@@ -183,14 +185,24 @@ static int init_qwen3vl(struct vision_lifecycle *v, const struct vision_options 
         host_ctx.be = v->be;
         struct clip_alloc ha = {h_alloc, h_free, &host_ctx};
         double t0 = tide_now();
-        if ((rc = qwen3vl_load_with(o->mmproj, &ha, &v->q3v_host, e2, sizeof e2)) < 0) {
+        bool tc = qwen3vl_set_tc(-1);
+        rc = tc ? qwen3vl_load_tc(o->mmproj, &ha, &v->q3v_host, e2, sizeof e2)
+                : qwen3vl_load_with(o->mmproj, &ha, &v->q3v_host, e2, sizeof e2);
+        if (rc < 0) {
             snprintf(err, errlen, "mmproj %s: %s", o->mmproj, e2[0] ? e2 : tide_strerror(rc));
             return rc;
         }
-        need = gpu_pages(v->weights_bytes) + gpu_pages(v->workspace_bytes);
-        tide_log("vision: the Qwen-VL tower runs on device %d (%s); host copy of its f32 weights %.1f MiB (%s) in "
-                 "%.1f ms", o->device, v->be->i->name, (double)v->weights_bytes / (1 << 20),
-                 host_ctx.pinned ? "pinned" : "pageable", (tide_now() - t0) * 1e3);
+        size_t scratch = 0;
+        if (tc) {
+            v->weights_bytes = qwen3vl_weight_bytes_tc(&hp);
+            scratch = qwen3vl_tc_scratch(v->q3v_host, v->be, v->q3v_patches);
+            v->workspace_bytes += scratch;
+        }
+        need = gpu_pages(v->weights_bytes) + gpu_pages(v->workspace_bytes - scratch) +
+               (scratch ? gpu_pages(scratch) : 0);
+        tide_log("vision: the Qwen-VL tower runs on device %d (%s); host copy of its %s weights %.1f MiB (%s) in "
+                 "%.1f ms", o->device, v->be->i->name, tc ? "tensor-core layout (TIDE_VISION_TC)" : "f32",
+                 (double)v->weights_bytes / (1 << 20), host_ctx.pinned ? "pinned" : "pageable", (tide_now() - t0) * 1e3);
     } else if (cpu_encoder) {
         if ((rc = backend_cpu_init(&v->cpu_be, o->n_threads)) < 0) {
             snprintf(err, errlen, "vision: cpu backend: %s", tide_strerror(rc));

@@ -40,7 +40,7 @@ static const char *tests[] = {
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
     "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
-    "qwenvl_encode", "bench_qwenvl",
+    "qwenvl_encode", "qwenvl_encode_tc", "vision_attention_tc", "bench_qwenvl",
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -560,7 +560,7 @@ int main(int argc, char **argv)
     if (want(only, "moe_prefill")) test_moe_prefill();
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
     if (want(only, "batch_") || (only && strstr(only, "batch_"))) test_batch(only);
-    test_qwenvl(only, bench); /* its own names: qwenvl_*, e2e_mrope_*, bench_qwenvl (with --bench) */
+    test_qwenvl(only, bench); /* its own names: qwenvl_*, e2e_mrope_*, vision_attention_tc, bench_qwenvl (--bench) */
 #ifdef TIDE_CUDA
     if (want(only, "vmm")) test_vmm();
     if (want(only, "vision_ops")) test_vision_ops();

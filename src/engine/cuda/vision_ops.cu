@@ -6,6 +6,10 @@
 #include "engine/cuda/vision_ops.cuh"
 #include "engine/cuda/mmq.cuh"
 
+extern "C" {
+#include "engine/backend_cuda.h"
+}
+
 /* The CTA's maximum of each thread's v (block_sum's pattern, common.cuh): every thread calls
  * it and gets the result; red (32 shared floats) is free again when it returns. */
 __device__ __forceinline__ float block_max(float v, float *red)
@@ -149,6 +153,9 @@ void cu_attention_full(void *ctx, const float *q, const float *k, const float *v
     (void)ws; /* the scores live in shared memory */
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || P <= 0 || n_head <= 0 || d <= 0)
+        return;
+    /* TIDE_VISION_TC=1: the tensor-core kernel where it takes the head width */
+    if (cuda_set_vision_tc(-1) && cuda_attention_full_mma(c, q, k, v, out, P, n_head, d))
         return;
     size_t smem = sizeof(float) * ((size_t)d + P);
     if (smem > 48 * 1024 || n_head > 65535) {

@@ -11,5 +11,9 @@ void cu_activate(void *ctx, float *x, size_t n, enum act_kind act);
 void cu_attention_full(void *ctx, const float *q, const float *k, const float *v, float *out, int P, int n_head,
                        int head_dim, float *ws);
 size_t cu_matmul_scratch(void *ctx, const struct tensor *w, int n);
+/* attention_full on the f16 tensor cores (attention_full_mma.cu): false, nothing queued, where it
+ * does not take the shape (head_dim other than 64, 72, 80; unaligned buffers). */
+bool cuda_attention_full_mma(struct cuda_ctx *c, const float *q, const float *k, const float *v, float *out, int P,
+                             int n_head, int head_dim);
 
 #endif
