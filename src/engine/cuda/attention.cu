@@ -33,6 +33,11 @@
  * widened into its buffer after it: the same one round trip in flight as the f32 form. (f16
  * tiles in shared memory would halve its traffic too - not done yet.)
  *
+ * A paged cache (attention_paged, attention_at_paged): the same kernels with PAGED set, each key
+ * row's address found through the sequence's block table (attention.cuh) as a tile is loaded; the
+ * chunks, tiles and sums are the contiguous op's, so the results are its bits over the same rows.
+ * A 32-key tile may span two 16-row blocks: rows are addressed one by one, never as a run.
+ *
  * Memory per call: only the partials, n_head * n_chunks * (head_dim + 2) floats, from the
  * backend's stream-ordered scratch. The (n_head, n_ctx) att buffer of the interface is not
  * needed here and is left untouched. */
