@@ -426,6 +426,10 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->iota = malloc(B * sizeof(int));
     for (size_t i = 0; s->iota && i < B; i++)
         s->iota[i] = (int)i;
+    size_t n_ent = s->kv.fixed ? 0 : (size_t)n_seq * s->kv.per_slot;
+    s->kv_sent = n_ent ? malloc(n_ent * sizeof(int32_t)) : NULL;
+    for (size_t i = 0; s->kv_sent && i < n_ent; i++)
+        s->kv_sent[i] = -2; /* no table entry is -2: the first step sends every slot's */
     /* downloaded every token: page-locked when the last stage's backend offers it */
     struct backend lb = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be : sp[n_stage - 1].be; /* as stage_init */
     size_t lbytes = (size_t)n_seq * d.V * sizeof(float);
@@ -436,7 +440,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     if (!s->logits)
         s->logits = malloc(lbytes);
     if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
-        !s->logits || !s->iota) {
+        !s->logits || !s->iota || (n_ent && !s->kv_sent)) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -474,6 +478,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_tokw);
     free(s->moe_off);
     free(s->iota);
+    free(s->kv_sent);
     kv_blocks_free(&s->kv);
     if (s->logits_free)
         s->logits_free(s->logits_ctx, s->logits);

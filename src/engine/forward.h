@@ -106,8 +106,9 @@ struct forward_stage {
      * uploaded before the step, read by qk_norm_rope_at / attention_at for all rows at once. */
     int32_t *rows_at;            /* (2, n_seq): positions, then slots */
     /* Paged: the block tables (kv.table, (n_seq, kv.per_slot)) in this stage's memory, where
-     * attention_paged and the rows' _paged ops read them; each step uploads its slots' tables
-     * before its ops (forward_eval_batch), so a recorded step replays with the current ones. */
+     * attention_paged and the rows' _paged ops read them; each step uploads those of its slots'
+     * tables that changed before its ops (forward_eval_batch), so a recorded step replays with
+     * the current ones. */
     int32_t *kv_tables;
     bool rows;                   /* this step runs that way */
     void *graph;                 /* the recording, or NULL */
@@ -135,6 +136,8 @@ struct forward_state {
     int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
     float *logits;       /* (n_seq, n_vocab) the logits a step asked for, one row a sequence */
     int *iota;           /* (max_batch) 0, 1, 2, ...: row lists for gather_rows */
+    int32_t *kv_sent;    /* paged: (n_seq, kv.per_slot) the table entries every stage's kv_tables
+                            holds (-2: not sent), so a step uploads only a table that changed */
     void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
     void *logits_ctx;
     uint64_t n_expert_calls;

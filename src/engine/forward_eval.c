@@ -574,15 +574,22 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
         total += q->n;
     }
     /* Paged: the step's slots' block tables (as reserved, shared or copied since the last step)
-     * into every stage's memory, where its attention reads them; an upload is ordered before
-     * the ops queued after it and after those before it (which may still read the old ones). */
+     * into every stage's memory, where its attention reads them: the entries this step reads,
+     * for a slot whose entries changed since they were last sent (a new block every block_rows
+     * decode steps, a new prompt), not every slot every step. An upload is ordered before the
+     * ops queued after it and after those before it (which may still read the old entries). */
     for (int i = 0; i < n_seq && !s->kv.fixed; i++) {
         const struct forward_seq *q = &seqs[i];
         size_t entries = (size_t)kv_blocks_for(&s->kv, q->pos + q->n), at = (size_t)q->slot * s->kv.per_slot;
+        size_t bytes = entries * sizeof(int32_t);
+        const int32_t *tab = kv_blocks_table(&s->kv, q->slot);
+        if (!memcmp(s->kv_sent + at, tab, bytes))
+            continue;
         for (int k = 0; k < s->n_stage; k++) {
             struct forward_stage *st = &s->stage[k];
-            st->be.i->upload(st->be.ctx, st->kv_tables + at, s->kv.table + at, entries * sizeof(int32_t));
+            st->be.i->upload(st->be.ctx, st->kv_tables + at, tab, bytes);
         }
+        memcpy(s->kv_sent + at, tab, bytes);
     }
     size_t E = s->m->cfg.n_embd;
     int done[FORWARD_MAX_SEQ] = {0};
