@@ -105,7 +105,7 @@ __host__ __device__ inline int att_smem_floats(int hd, int tk)
  * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). T:
  * the cache's elements, float or __half (slot_floats then counts halves). PAGED: kc, vc are a
  * layer's block pools and key p's row is found through the sequence's block table (pg.tables,
- * or with at and slot, slot[r]'s table pg.stride entries on; common.cuh's kv_pages): only the
+ * or with at and slot, slot[r]'s table pg.stride entries on; attention.cuh's kv_pages): only the
  * address of each row changes, so the contiguous form (PAGED false) is compiled as before. */
 template <int HDB, typename T, bool PAGED>
 __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_CTAS)
@@ -156,12 +156,19 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     /* the chunk's first K and V rows (PAGED: the head's column in the pool; rows by roff) */
     const T *kb = kc + (PAGED ? 0 : (size_t)t0 * kvd) + (size_t)kvh * hd;
     const T *vb = vc + (PAGED ? 0 : (size_t)t0 * kvd) + (size_t)kvh * hd;
-    /* key t0 + r's row from kb / vb, in elements; K and V rows share the layout */
-    auto roff = [&](int r) -> size_t {
+    /* a tile's rows: key t0 + r0 + r is at tile_base(kb or vb, r0) + roff(r0, r) elements (K and V
+     * rows share the layout); contiguous, the expressions the kernel had before paging */
+    auto tile_base = [&](const T *b, int r0) -> const T * {
         if constexpr (PAGED)
-            return kv_page_row(tab, pg.shift, t0 + r) * kvd;
+            return b;
         else
-            return (size_t)r * kvd;
+            return b + (size_t)r0 * kvd;
+    };
+    auto roff = [&](int r0, int r) -> size_t {
+        if constexpr (PAGED)
+            return kv_page_row(tab, pg.shift, t0 + r0 + r) * kvd;
+        else
+            return r * kvd;
     };
 
     /* hd % 4 != 0: the pad columns of the q and K rows (contiguous, same stride) read as
@@ -174,37 +181,38 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     auto load_tile = [&](int tile, int stage) {
         int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK;
         float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
+        const T *kg = tile_base(kb, r0), *vg = tile_base(vb, r0);
         if constexpr (sizeof(T) == 2) { /* f16: widened on the way (plain loads, see the top) */
             if (vec) {
                 int n4 = hd >> 2;
                 for (int i = tid; i < tl * n4; i += ATT_THREADS) {
                     int r = i / n4, c = (i - r * n4) * 4;
-                    size_t o = roff(r0 + r) + c;
-                    *(float4 *)(kd + r * ks + c) = kv_load4(kb + o);
-                    *(float4 *)(vd + r * hd4 + c) = kv_load4(vb + o);
+                    size_t o = roff(r0, r) + c;
+                    *(float4 *)(kd + r * ks + c) = kv_load4(kg + o);
+                    *(float4 *)(vd + r * hd4 + c) = kv_load4(vg + o);
                 }
             } else {
                 for (int i = tid; i < tl * hd; i += ATT_THREADS) {
                     int r = i / hd, c = i - r * hd;
-                    size_t o = roff(r0 + r) + c;
-                    kd[r * ks + c] = kv_load(kb + o);
-                    vd[r * hd4 + c] = kv_load(vb + o);
+                    size_t o = roff(r0, r) + c;
+                    kd[r * ks + c] = kv_load(kg + o);
+                    vd[r * hd4 + c] = kv_load(vg + o);
                 }
             }
         } else if (vec) {
             int n4 = hd >> 2;
             for (int i = tid; i < tl * n4; i += ATT_THREADS) {
                 int r = i / n4, c = (i - r * n4) * 4;
-                size_t o = roff(r0 + r) + c;
-                cp_async16(kd + r * ks + c, kb + o, 16);
-                cp_async16(vd + r * hd4 + c, vb + o, 16);
+                size_t o = roff(r0, r) + c;
+                cp_async16(kd + r * ks + c, kg + o, 16);
+                cp_async16(vd + r * hd4 + c, vg + o, 16);
             }
         } else {
             for (int i = tid; i < tl * hd; i += ATT_THREADS) {
                 int r = i / hd, c = i - r * hd;
-                size_t o = roff(r0 + r) + c;
-                cp_async4(kd + r * ks + c, kb + o, 4);
-                cp_async4(vd + r * hd4 + c, vb + o, 4);
+                size_t o = roff(r0, r) + c;
+                cp_async4(kd + r * ks + c, kg + o, 4);
+                cp_async4(vd + r * hd4 + c, vg + o, 4);
             }
         }
     };
@@ -216,13 +224,14 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     auto fetch = [&](int tile) {
         if constexpr (sizeof(T) == 2) {
             int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
+            const T *kg = tile_base(kb, r0), *vg = tile_base(vb, r0);
 #pragma unroll
             for (int p = 0; p < PF; p++) {
                 int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
                 if (i < tl * n4) {
-                    size_t o = roff(r0 + r) + c;
-                    pk[p] = __ldg((const uint2 *)(kb + o));
-                    pv[p] = __ldg((const uint2 *)(vb + o));
+                    size_t o = roff(r0, r) + c;
+                    pk[p] = __ldg((const uint2 *)(kg + o));
+                    pv[p] = __ldg((const uint2 *)(vg + o));
                 }
             }
         }
