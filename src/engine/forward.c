@@ -56,7 +56,7 @@ const char *forward_kv_paged_why(const struct model *m, const struct backend *be
         if (!be[i].i->attention_paged)
             return "a device's backend has no paged attention";
         /* compiled and tested against the CPU in test-gpu (paged_*), but not yet run on a GPU */
-        if (!strcmp(be[i].i->name, "cuda") && !forward_set_cuda_paged(-1))
+        if (be[i].i->name && !strcmp(be[i].i->name, "cuda") && !forward_set_cuda_paged(-1))
             return "the CUDA paged attention kernels have not run on a GPU yet (TIDE_CUDA_PAGED=1 turns them on)";
     }
     return NULL;

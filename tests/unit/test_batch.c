@@ -363,3 +363,26 @@ Test(batch, backend_draws_are_the_rows_own)
 Test(batch, gptoss_f16_batched_equals_alone) { check_preset("gpt-oss", -1); }
 Test(batch, gptoss_paged_keeps_one_block_a_slot) { check_preset_paged("gpt-oss", -1, KV_F32, 16); }
 Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }
+
+/* A CUDA device pages its KV cache only with TIDE_CUDA_PAGED=1 (forward_set_cuda_paged): its
+ * paged kernels have not run on a GPU yet, and the reason says so and names the switch. */
+Test(batch, cuda_pages_only_with_the_switch)
+{
+    struct model m;
+    memset(&m, 0, sizeof m); /* llama, no layers: nothing in the model keeps it from paging */
+    struct backend cpu;
+    cr_assert_eq(backend_cpu_init(&cpu, 1), 0);
+    struct backend_i cuda_like = *cpu.i; /* a backend named "cuda" with attention_paged */
+    cuda_like.name = "cuda";
+    struct backend be[2] = {cpu, {&cuda_like, cpu.ctx}};
+    int old = forward_set_cuda_paged(0);
+    cr_assert_null(forward_kv_paged_why(&m, be, 1), "the CPU pages");
+    const char *why = forward_kv_paged_why(&m, be, 2);
+    cr_assert(why && strstr(why, "not run on a GPU") && strstr(why, "TIDE_CUDA_PAGED=1"), "%s", why ? why : "(null)");
+    forward_set_cuda_paged(1);
+    cr_assert_null(forward_kv_paged_why(&m, be, 2), "with the switch on CUDA pages too");
+    cuda_like.attention_paged = NULL;
+    cr_assert_not_null(forward_kv_paged_why(&m, be, 2), "not without the op");
+    forward_set_cuda_paged(old);
+    backend_cpu_free(&cpu);
+}
