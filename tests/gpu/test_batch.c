@@ -241,9 +241,14 @@ void bench_batch(void)
         return;
     }
     struct side G;
-    /* TIDE_BENCH_KV_F16=1: the same steps over an f16 KV cache */
-    const char *kvf = getenv("TIDE_BENCH_KV_F16");
-    if (side_init(&G, &m, gpu, true, 32, 1024, kvf && kvf[0] == '1' ? KV_F16 : KV_F32, 0)) {
+    /* TIDE_BENCH_KV_F16=1: the same steps over an f16 KV cache; TIDE_BENCH_KV_PAGED=1: over a
+     * paged one (blocks of 16, as TIDE_CUDA_PAGED=1 serves), to compare with the one-block form */
+    const char *kvf = getenv("TIDE_BENCH_KV_F16"), *kvp = getenv("TIDE_BENCH_KV_PAGED");
+    bool paged = kvp && kvp[0] == '1';
+    int old = forward_set_cuda_paged(paged);
+    int rc = side_init(&G, &m, gpu, true, 32, 1024, kvf && kvf[0] == '1' ? KV_F16 : KV_F32, paged ? 16 : 0);
+    forward_set_cuda_paged(old);
+    if (rc || G.f.kv.fixed == paged) {
         printf("FAIL bench_batch (init)\n");
         n_fail++;
         return;
@@ -270,8 +275,8 @@ void bench_batch(void)
         }
         gpu.i->sync(gpu.ctx);
         double ms = (now_s() - t0) * 1e3 / 20;
-        printf("  bench_batch: %s x%u layers, B=%2d  %.3f ms a step, %.0f tok/s\n", o.preset, m.cfg.n_layer, B, ms,
-               B * 1e3 / ms);
+        printf("  bench_batch: %s x%u layers, B=%2d%s  %.3f ms a step, %.0f tok/s\n", o.preset, m.cfg.n_layer, B,
+               paged ? " (paged KV)" : "", ms, B * 1e3 / ms);
     }
     verdict("bench_batch", true, "%g sizes", (double)(sizeof Bs / sizeof Bs[0]));
     side_free(&G);
