@@ -31,7 +31,8 @@ device)
     timeout 300 "$BIN" --bench --only bench 2>&1 | tee "$OUT/bench.log" || rc=1
     if command -v compute-sanitizer >/dev/null; then
         echo "== compute-sanitizer memcheck (short run)"
-        for t in matmul_q8_0 matmul_f16 matmul_mmq matmul_q4_K matmul_q6_K _kq moe_prefill attention attention_chunk e2e_qwen3moe vision_encode; do
+        # (attention also runs paged_attention: --only matches names that contain it)
+        for t in matmul_q8_0 matmul_f16 matmul_mmq matmul_q4_K matmul_q6_K _kq moe_prefill attention attention_chunk paged_rows batch_paged_moe e2e_qwen3moe vision_encode; do
             TIDE_TEST_QUICK=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN" --only "$t" 2>&1 |
                 grep -E "PASS|FAIL|ERROR SUMMARY|Invalid|error" | tee -a "$OUT/sanitizer.log"
             [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -228,7 +228,8 @@ struct backend_i {
      * position at[r], the rotated k rows stored to their slots' k_cache rows at[r] and v_new's
      * rows to v_cache. attention_at: attention of row r's query over its slot's k/v rows
      * 0..at[r] into out (n, n_head*head_dim); n_ctx bounds at[r]. get_row_at: get_row of row
-     * *at. NULL where positions are plain arguments only (the CPU). */
+     * *at. NULL where positions are plain arguments only (the CPU). A paged KV cache has its own
+     * forms of the first two (qk_norm_rope_at_paged, attention_at_paged below). */
     void (*qk_norm_rope_at)(void *ctx, float *q, const float *k_new, const float *v_new, float *k_cache,
                             float *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
                             const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
@@ -258,6 +259,27 @@ struct backend_i {
     void (*attention_paged)(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
                             const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,
                             int n_head, int n_head_kv, int head_dim);
+    /* The decode rows' ops (qk_norm_rope_at, attention_at and their _f16 forms: positions from
+     * at[], one launch for n sequences, recordable) over a paged KV cache: k_pool / v_pool are one
+     * layer's blocks as attention_paged has them (f16: uint16_t elements, else float), and row r's
+     * KV row p is row p % block_rows of block tables[slot[r] * table_stride + p / block_rows]
+     * (slot NULL: every row reads the table at tables, a recorded one-sequence step's form).
+     * tables (all slots' block tables, table_stride entries apart), at and slot are in backend
+     * memory and read when the ops run, never when they are queued: a recorded step replays
+     * with the tables as they are then (a sequence that has grown a block since included).
+     * qk_norm_rope_at_paged stores row r's rotated k and its v into its row at[r] (which the
+     * table must already map); attention_at_paged reads rows 0..at[r]. Otherwise as the
+     * contiguous ops, and the same arithmetic (on a GPU: the same kernels and summation order
+     * as over contiguous rows). NULL where the backend has none (the CPU: its paged steps run
+     * attention_paged a sequence at a time). */
+    void (*qk_norm_rope_at_paged)(void *ctx, float *q, const float *k_new, const float *v_new, void *k_pool,
+                                  void *v_pool, bool f16, int n, const int32_t *at, const int32_t *slot,
+                                  const int32_t *tables, int table_stride, int block_rows,
+                                  const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
+                                  int head_dim, float theta, enum rope_kind kind, float eps);
+    void (*attention_at_paged)(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                               float *out, int n, const int32_t *at, const int32_t *slot, const int32_t *tables,
+                               int table_stride, int block_rows, int n_ctx, int n_head, int n_head_kv, int head_dim);
     /* slot_elems: elements (f16) from one slot's cache to the next */
     void (*qk_norm_rope_at_f16)(void *ctx, float *q, const float *k_new, const float *v_new, uint16_t *k_cache,
                                 uint16_t *v_cache, int n, const int32_t *at, const int32_t *slot, size_t slot_elems,

@@ -32,15 +32,33 @@ static bool has_sink_attention(const struct model *m)
     return sinks;
 }
 
+static int cuda_paged = -1; /* -1: TIDE_CUDA_PAGED not read yet */
+
+int forward_set_cuda_paged(int on)
+{
+    if (cuda_paged < 0) {
+        const char *e = getenv("TIDE_CUDA_PAGED");
+        cuda_paged = e && !strcmp(e, "1");
+    }
+    int old = cuda_paged;
+    if (on >= 0)
+        cuda_paged = on != 0;
+    return old;
+}
+
 const char *forward_kv_paged_why(const struct model *m, const struct backend *be, int n)
 {
     if (m->cfg.kv_lora_rank)
         return "deepseek2's MLA attention (forward_mla.c) reads a slot's rows in one piece";
     if (has_sink_attention(m))
         return "the sink and sliding-window attention (gpt-oss) reads a slot's rows in one piece";
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (!be[i].i->attention_paged)
-            return "a device's backend has no paged attention (CUDA for now)";
+            return "a device's backend has no paged attention";
+        /* compiled and tested against the CPU in test-gpu (paged_*), but not yet run on a GPU */
+        if (be[i].i->name && !strcmp(be[i].i->name, "cuda") && !forward_set_cuda_paged(-1))
+            return "the CUDA paged attention kernels have not run on a GPU yet (TIDE_CUDA_PAGED=1 turns them on)";
+    }
     return NULL;
 }
 
@@ -117,6 +135,10 @@ static size_t step_bytes(const struct model *m, int n_seq)
     return 2 * sizeof(float) * m->cfg.n_head_kv * m->cfg.head_dim + (2 + 2 * (size_t)n_seq) * sizeof(int32_t);
 }
 
+/* A paged stage's copy of the block tables: n_seq tables of per_slot entries; counted by
+ * forward_stage_size (which does not know the block size) at the smallest block, 16 rows. */
+static size_t kv_tables_bytes(int n_seq, int per_slot) { return (size_t)n_seq * per_slot * sizeof(int32_t); }
+
 /* Batch buffers for B tokens, in the order of struct stage_bufs. */
 static void batch_sizes(const struct model *m, int n_ctx, int B, size_t *sizes)
 {
@@ -171,6 +193,7 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
     size_t head_out = (d.V + 1) * sizeof(float) + sizeof(struct sample_logprob); /* logits, pick, logprobs a row */
     out->workspace += d.att * sizeof(float) + (last ? (size_t)n_seq * head_out : 0);
     out->workspace += route_bytes(m, max_batch, n_seq, l1 - l0) + step_bytes(m, n_seq);
+    out->workspace += kv_tables_bytes(n_seq, (n_ctx + 15) / 16);
     batch_sizes(m, n_ctx, max_batch, sizes);
     for (int i = 0; i < FORWARD_N_BATCH_BUFS; i++)
         out->prefill += sizes[i];
@@ -297,9 +320,15 @@ static int stage_init(struct forward_state *s, struct forward_stage *st, const s
     st->kv_new = (float *)sb; /* first: as aligned as the block */
     st->step_at = (int32_t *)(sb + kvb);
     st->rows_at = st->step_at + 2;
+    if (!s->kv.fixed && !(st->kv_tables = stage_alloc(st, MEM_WORKSPACE, kv_tables_bytes(s->n_seq, s->kv.per_slot))))
+        return TIDE_ERANGE;
     const struct backend_i *B = st->be.i;
-    st->graph_off = !s->kv.fixed || !B->graph_begin || !B->qk_norm_rope_at || !B->attention_at || (st->first && !B->get_row_at) ||
-                    (s->kv_f16 && (!B->qk_norm_rope_at_f16 || !B->attention_at_f16)) || getenv("TIDE_NO_GRAPHS");
+    /* a recording reads positions, slots and (paged) block tables from device memory: the
+     * rows' ops of the cache's layout and type must be there */
+    bool at_ops = s->kv.fixed ? B->qk_norm_rope_at && B->attention_at &&
+                                    (!s->kv_f16 || (B->qk_norm_rope_at_f16 && B->attention_at_f16))
+                              : B->qk_norm_rope_at_paged && B->attention_at_paged;
+    st->graph_off = !at_ops || !B->graph_begin || (st->first && !B->get_row_at) || getenv("TIDE_NO_GRAPHS");
     /* Can a decode step take its experts from a device table? Asked once per layer with the
      * host views (the same types and shapes as the cached copies). */
     st->table_ok = m->cfg.n_expert && st->cache && st->be.i->moe_ffn_table &&
@@ -397,6 +426,10 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     s->iota = malloc(B * sizeof(int));
     for (size_t i = 0; s->iota && i < B; i++)
         s->iota[i] = (int)i;
+    size_t n_ent = s->kv.fixed ? 0 : (size_t)n_seq * s->kv.per_slot;
+    s->kv_sent = n_ent ? malloc(n_ent * sizeof(int32_t)) : NULL;
+    for (size_t i = 0; s->kv_sent && i < n_ent; i++)
+        s->kv_sent[i] = -2; /* no table entry is -2: the first step sends every slot's */
     /* downloaded every token: page-locked when the last stage's backend offers it */
     struct backend lb = sp[n_stage - 1].dev ? sp[n_stage - 1].dev->be : sp[n_stage - 1].be; /* as stage_init */
     size_t lbytes = (size_t)n_seq * d.V * sizeof(float);
@@ -407,7 +440,7 @@ int forward_init_stages(struct forward_state *s, const struct model *m, int n_ct
     if (!s->logits)
         s->logits = malloc(lbytes);
     if (!s->host_x || !s->host_route || !s->moe_sel || !s->moe_w || !s->moe_tok || !s->moe_tokw || !s->moe_off ||
-        !s->logits || !s->iota) {
+        !s->logits || !s->iota || (n_ent && !s->kv_sent)) {
         forward_free(s);
         return TIDE_ENOMEM;
     }
@@ -445,6 +478,7 @@ void forward_free(struct forward_state *s)
     free(s->moe_tokw);
     free(s->moe_off);
     free(s->iota);
+    free(s->kv_sent);
     kv_blocks_free(&s->kv);
     if (s->logits_free)
         s->logits_free(s->logits_ctx, s->logits);

@@ -105,6 +105,11 @@ struct forward_stage {
     /* A decode step of several sequences (one token each): row r's position, then its slot,
      * uploaded before the step, read by qk_norm_rope_at / attention_at for all rows at once. */
     int32_t *rows_at;            /* (2, n_seq): positions, then slots */
+    /* Paged: the block tables (kv.table, (n_seq, kv.per_slot)) in this stage's memory, where
+     * attention_paged and the rows' _paged ops read them; each step uploads those of its slots'
+     * tables that changed before its ops (forward_eval_batch), so a recorded step replays with
+     * the current ones. */
+    int32_t *kv_tables;
     bool rows;                   /* this step runs that way */
     void *graph;                 /* the recording, or NULL */
     int graph_slot;              /* the KV slot it was recorded for */
@@ -131,6 +136,8 @@ struct forward_state {
     int *moe_off;        /* (n_expert + 1) where each expert's tokens start in moe_tok */
     float *logits;       /* (n_seq, n_vocab) the logits a step asked for, one row a sequence */
     int *iota;           /* (max_batch) 0, 1, 2, ...: row lists for gather_rows */
+    int32_t *kv_sent;    /* paged: (n_seq, kv.per_slot) the table entries every stage's kv_tables
+                            holds (-2: not sent), so a step uploads only a table that changed */
     void (*logits_free)(void *ctx, void *p); /* set when logits came from a backend's host_alloc */
     void *logits_ctx;
     uint64_t n_expert_calls;
@@ -153,8 +160,13 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
                         bool first, bool last, enum kv_type kv, struct forward_stage_bytes *out);
 /* NULL when model m's KV cache can be paged on backends be[0..n) (each has attention_paged, and the
  * model's attention reads the rows through it); else why each slot keeps one block of n_ctx:
- * deepseek2's MLA latent, gpt-oss's sink attention, a backend without the op (CUDA for now). */
+ * deepseek2's MLA latent, gpt-oss's sink attention, a backend without the op, a CUDA device
+ * while TIDE_CUDA_PAGED is not 1 (its paged kernels have not run on a GPU yet). */
 const char *forward_kv_paged_why(const struct model *m, const struct backend *be, int n);
+/* Whether CUDA devices take the paged KV cache (TIDE_CUDA_PAGED=1 in the environment, read once;
+ * off by default until the paged kernels have passed test-gpu on a GPU). on: 1 or 0 sets it
+ * (tests), -1 only reads it. Returns the previous value. */
+int forward_set_cuda_paged(int on);
 /* Bytes of a pool of `rows` positions over layers [l0, l1). */
 size_t forward_kv_pool_bytes(const struct model *m, uint32_t l0, uint32_t l1, size_t rows, enum kv_type kv);
 /* NULL when model m's KV cache can be f16 on backends be[0..n) (n 0: any that has the f16

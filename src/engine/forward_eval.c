@@ -145,17 +145,27 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const int32_t *pos_at = at ? at : st->rows_at, *slots = at ? NULL : st->rows_at + s->n_seq;
             size_t stride = at ? 0 : slot_floats;
             float *kn_new = at ? st->kv_new : st->k_new, *vn_new = at ? st->kv_new + kvd : st->v_new;
-            void *kc = slot_rows(s, st, st->k_cache, l, slot0), *vc = slot_rows(s, st, st->v_cache, l, slot0);
-            if (f16) {
-                B->qk_norm_rope_at_f16(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
-                                       (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
-                B->attention_at_f16(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx,
-                                    (int)c->n_head, (int)c->n_head_kv, hd);
+            if (!s->kv.fixed) { /* paged: each row's slot's block table, read from device memory as the ops run */
+                const int32_t *tabs = st->kv_tables + (size_t)slot0 * s->kv.per_slot;
+                void *kp = kv_layer(s, st, st->k_cache, l), *vp = kv_layer(s, st, st->v_cache, l);
+                B->qk_norm_rope_at_paged(bc, st->q, kn_new, vn_new, kp, vp, f16, nrow, pos_at, slots, tabs,
+                                         s->kv.per_slot, s->kv.block_rows, qn, kn, (int)c->n_head, (int)c->n_head_kv,
+                                         hd, c->rope_theta, c->rope, c->rms_eps);
+                B->attention_at_paged(bc, st->q, kp, vp, f16, st->att_out, nrow, pos_at, slots, tabs, s->kv.per_slot,
+                                      s->kv.block_rows, s->n_ctx, (int)c->n_head, (int)c->n_head_kv, hd);
             } else {
-                B->qk_norm_rope_at(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
-                                   (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
-                B->attention_at(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx, (int)c->n_head,
-                                (int)c->n_head_kv, hd);
+                void *kc = slot_rows(s, st, st->k_cache, l, slot0), *vc = slot_rows(s, st, st->v_cache, l, slot0);
+                if (f16) {
+                    B->qk_norm_rope_at_f16(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
+                                           (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+                    B->attention_at_f16(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx,
+                                        (int)c->n_head, (int)c->n_head_kv, hd);
+                } else {
+                    B->qk_norm_rope_at(bc, st->q, kn_new, vn_new, kc, vc, nrow, pos_at, slots, stride, qn, kn,
+                                       (int)c->n_head, (int)c->n_head_kv, hd, c->rope_theta, c->rope, c->rms_eps);
+                    B->attention_at(bc, st->q, kc, vc, st->att_out, nrow, pos_at, slots, stride, s->n_ctx,
+                                    (int)c->n_head, (int)c->n_head_kv, hd);
+                }
             }
         }
         for (int r = 0; r < nr && !at && !rows; r++) {
@@ -193,8 +203,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             float *out = st->att_out + (size_t)R->t0 * qd;
             if (!s->kv.fixed) { /* paged: the attention reads the rows through the slot's block table */
                 B->attention_paged(bc, q, kv_layer(s, st, st->k_cache, l), kv_layer(s, st, st->v_cache, l), f16,
-                                   kv_blocks_table(&s->kv, R->slot), s->kv.block_rows, out, st->att, R->n, R->pos,
-                                   (int)c->n_head, (int)c->n_head_kv, hd);
+                                   st->kv_tables + (size_t)R->slot * s->kv.per_slot, s->kv.block_rows, out, st->att,
+                                   R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
                 continue;
             }
             void *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
@@ -430,7 +440,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     bool decode1 = nr == 1 && n == 1 && !mrope;
     /* one token of each of several sequences: the rows' ops (qk_norm_rope_at, attention_at,
      * moe_ffn_table_route of n tokens) run all of them at once (unless TIDE_DECODE_ROWS=0) */
-    bool rows = nr > 1 && n == nr && s->decode_rows && !mrope && s->kv.fixed; /* the _at ops take a slot's one block */
+    bool rows = nr > 1 && n == nr && s->decode_rows && !mrope;
     int32_t rows_at[2 * FORWARD_MAX_SEQ] = {0};
     if (rows) {
         for (int r = 0; r < nr; r++) {
@@ -441,8 +451,10 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
     for (int i = 0; i < s->n_stage; i++) {
         st = &s->stage[i];
         st->from_table = false;
-        st->rows = rows && st->be.i->qk_norm_rope_at && st->be.i->attention_at &&
-                   (!s->kv_f16 || (st->be.i->qk_norm_rope_at_f16 && st->be.i->attention_at_f16));
+        const struct backend_i *B = st->be.i; /* the rows' ops of the cache's layout and type */
+        st->rows = rows && (s->kv.fixed ? B->qk_norm_rope_at && B->attention_at &&
+                                              (!s->kv_f16 || (B->qk_norm_rope_at_f16 && B->attention_at_f16))
+                                        : B->qk_norm_rope_at_paged && B->attention_at_paged);
         if (st->rows)
             st->be.i->upload(st->be.ctx, st->rows_at, rows_at, sizeof(int32_t) * 2 * (size_t)s->n_seq);
         if ((decode1 || (st->rows && st->be.i->moe_ffn_table_route)) && st->table_ok &&
@@ -560,6 +572,24 @@ int forward_eval_batch(struct forward_state *s, struct forward_seq *seqs, int n_
         q->logits = NULL;
         q->pick = -1;
         total += q->n;
+    }
+    /* Paged: the step's slots' block tables (as reserved, shared or copied since the last step)
+     * into every stage's memory, where its attention reads them: the entries this step reads,
+     * for a slot whose entries changed since they were last sent (a new block every block_rows
+     * decode steps, a new prompt), not every slot every step. An upload is ordered before the
+     * ops queued after it and after those before it (which may still read the old entries). */
+    for (int i = 0; i < n_seq && !s->kv.fixed; i++) {
+        const struct forward_seq *q = &seqs[i];
+        size_t entries = (size_t)kv_blocks_for(&s->kv, q->pos + q->n), at = (size_t)q->slot * s->kv.per_slot;
+        size_t bytes = entries * sizeof(int32_t);
+        const int32_t *tab = kv_blocks_table(&s->kv, q->slot);
+        if (!memcmp(s->kv_sent + at, tab, bytes))
+            continue;
+        for (int k = 0; k < s->n_stage; k++) {
+            struct forward_stage *st = &s->stage[k];
+            st->be.i->upload(st->be.ctx, st->kv_tables + at, tab, bytes);
+        }
+        memcpy(s->kv_sent + at, tab, bytes);
     }
     size_t E = s->m->cfg.n_embd;
     int done[FORWARD_MAX_SEQ] = {0};

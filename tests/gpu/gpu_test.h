@@ -99,6 +99,10 @@ void test_sample(void); /* test_sample.c: backend_i.sample on the GPU vs its hos
 void test_kv_f16_store(void);
 void test_kv_f16_attention(void);
 void test_kv_f16_rows(void);
+/* test_paged.c: the paged KV cache's ops on the GPU vs the CPU's attention_paged and the GPU's
+ * contiguous ops */
+void test_paged_attention(void);
+void test_paged_rows(void);
 void test_sample_extras(void); /* test_sample_extras.c: its edits and logprobs vs the host sampler */
 void test_batch(const char *only); /* only: a name filter or NULL */         /* test_batch.c: batched steps of several sequences vs the CPU */
 void bench_batch(void);

@@ -8,7 +8,12 @@
  * a decode step of B = 1, 8 and 32 sequences on the 'big' preset (--bench). The batch_kv_f16_*
  * cases run both sides with an f16 KV cache (the CPU's rows are then what an f16 sequence gets
  * alone): store_f16, attention_f16 in prompt chunks, qk_norm_rope_at_f16 / attention_at_f16 in
- * the decode steps of several rows and in the recorded one-sequence steps. */
+ * the decode steps of several rows and in the recorded one-sequence steps. The batch_paged_*
+ * cases run both sides with a paged KV cache of 16-row blocks (the GPU's turned on by
+ * forward_set_cuda_paged, as TIDE_CUDA_PAGED=1 does), so the three sequences' tables interleave
+ * the pool's blocks: attention_paged in the prompt chunks, qk_norm_rope_at_paged /
+ * attention_at_paged in the decode steps of several rows and in the recorded one-sequence steps,
+ * which run on past a block boundary (the replayed recording must read the grown table). */
 #include "gpu_test.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -24,7 +29,9 @@
 #include <unistd.h>
 
 #define NSEQ 3
-#define NDEC 8
+#define NDEC 8 /* decode steps a sequence (NDEC_PAGED in the paged cases: seq 0's lone steps,
+                  positions 70.., cross the block boundary at 80) */
+#define NDEC_PAGED 14
 
 struct side {
     struct forward_state f;
@@ -33,12 +40,15 @@ struct side {
     bool have_cache;
 };
 
+/* block_rows 0: one block of n_ctx a slot; else paged, blocks of block_rows (a CUDA device's only
+ * while forward_set_cuda_paged is on) */
 static int side_init(struct side *S, struct model *m, struct backend be, bool on_gpu, int n_seq, int n_ctx,
-                     enum kv_type kv)
+                     enum kv_type kv, int block_rows)
 {
     memset(S, 0, sizeof *S);
     if (!on_gpu) {
-        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer, .kv_type = kv};
+        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m->cfg.n_layer, .kv_type = kv,
+                                        .kv_block_rows = block_rows};
         int rc = forward_init_stages(&S->f, m, n_ctx, n_seq, FORWARD_DEFAULT_BATCH, &sp, 1);
         return rc ? rc : forward_setup_prefill(&S->f, 0, PREFILL_OWN);
     }
@@ -53,7 +63,8 @@ static int side_init(struct side *S, struct model *m, struct backend be, bool on
         S->have_cache = true;
     }
     struct forward_stage_spec sp = {.dev = &S->dev, .l0 = 0, .l1 = m->cfg.n_layer,
-                                    .cache = S->have_cache ? &S->cache : NULL, .kv_type = kv};
+                                    .cache = S->have_cache ? &S->cache : NULL, .kv_type = kv,
+                                    .kv_block_rows = block_rows};
     int rc = forward_init_stages(&S->f, m, n_ctx, n_seq, FORWARD_DEFAULT_BATCH, &sp, 1);
     return rc ? rc : forward_setup_prefill(&S->f, 0, PREFILL_OWN);
 }
@@ -65,8 +76,9 @@ static void side_free(struct side *S)
         expert_cache_free(&S->cache);
 }
 
-static void batch_case(const char *name, const char *preset, int type, double lim, enum kv_type kv)
+static void batch_case(const char *name, const char *preset, int type, double lim, enum kv_type kv, int block_rows)
 {
+    const int ndec = block_rows ? NDEC_PAGED : NDEC;
     char path[96], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-batch-%d-%s.gguf", (int)getpid(), name);
     struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type};
@@ -78,11 +90,16 @@ static void batch_case(const char *name, const char *preset, int type, double li
     }
     int V = (int)m.cfg.n_vocab;
     struct side C, G;
-    int rc = side_init(&C, &m, cpu, false, 4, 256, kv);
-    if (!rc)
-        rc = side_init(&G, &m, gpu, true, 4, 256, kv);
+    int rc = side_init(&C, &m, cpu, false, 4, 256, kv, block_rows);
+    if (!rc) {
+        int old = forward_set_cuda_paged(block_rows > 0);
+        rc = side_init(&G, &m, gpu, true, 4, 256, kv, block_rows);
+        forward_set_cuda_paged(old);
+    }
     if (!rc && (C.f.kv_f16 != (kv == KV_F16) || G.f.kv_f16 != (kv == KV_F16)))
         rc = TIDE_EINTERNAL; /* the cache type asked for was not taken */
+    if (!rc && (C.f.kv.fixed != !block_rows || G.f.kv.fixed != !block_rows))
+        rc = TIDE_EINTERNAL; /* the layout asked for was not taken */
     if (rc) {
         printf("FAIL %s (init: %s)\n", name, tide_strerror(rc));
         n_fail++;
@@ -106,7 +123,7 @@ static void batch_case(const char *name, const char *preset, int type, double li
                     k = plen[s] - pos[s];
                 qc[nq] = (struct forward_seq){.slot = slot[s], .pos = pos[s], .n = k, .tokens = ids[s] + pos[s],
                                               .want_logits = pos[s] + k == plen[s]};
-            } else if (dec[s] < NDEC) {
+            } else if (dec[s] < ndec) {
                 qc[nq] = (struct forward_seq){.slot = slot[s], .pos = pos[s], .n = 1, .tokens = &next[s],
                                               .want_logits = true};
             } else {
@@ -160,7 +177,7 @@ static void batch_case(const char *name, const char *preset, int type, double li
     }
     char cerr[300] = "";
     int crc = backend_cuda_error(&gpu, cerr, sizeof cerr);
-    bool ok = !crc && worst < lim && picks_ok == picks && rows + picks == NSEQ * (NDEC + 1);
+    bool ok = !crc && worst < lim && picks_ok == picks && rows + picks == NSEQ * (ndec + 1);
     printf("%s %s (%d logits rows, worst rel err %.3g vs the CPU's (= alone), limit %.0e; %d/%d device picks; %s)\n",
            ok ? "PASS" : "FAIL", name, rows, worst, lim, picks_ok, picks, crc ? cerr : "no CUDA error");
     if (!ok)
@@ -175,13 +192,16 @@ out:
 
 void test_batch(const char *only)
 {
-    static const struct { const char *name, *preset; int type; double lim; enum kv_type kv; } c[] = {
-        {"batch_moe", "moe", -1, 1e-3, KV_F32},
-        {"batch_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F32},
+    static const struct { const char *name, *preset; int type; double lim; enum kv_type kv; int block_rows; } c[] = {
+        {"batch_moe", "moe", -1, 1e-3, KV_F32, 0},
+        {"batch_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F32, 0},
         /* the f16 cache on both sides: the same limits (the rows the caches hold are the same
          * f16 values up to the products' rounding before the store) */
-        {"batch_kv_f16_moe", "moe", -1, 1e-3, KV_F16},
-        {"batch_kv_f16_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F16},
+        {"batch_kv_f16_moe", "moe", -1, 1e-3, KV_F16, 0},
+        {"batch_kv_f16_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F16, 0},
+        /* a paged pool on both sides: the same limits (the same rows, read through tables) */
+        {"batch_paged_moe", "moe", -1, 1e-3, KV_F32, 16},
+        {"batch_paged_kv_f16_qwen3moe_q8_0", "qwen3moe", GGML_TYPE_Q8_0, 3e-2, KV_F16, 16},
         /* op by op (no rows' ops, no recorded step): gpt-oss's sinks, windows and yarn, and
          * deepseek2's MLA, several sequences' runs in one step (both keep an f32 cache). Steps
          * of more than 8 rows take f16 weights through the wmma GEMM, which rounds x to f16
@@ -190,16 +210,16 @@ void test_batch(const char *only)
          * scripts/emulate-f16x.c, this schedule on the CPU with only that rounding added, gives
          * the same rows off: 2.5e-3 and 1.2e-1. The limits are that class, as the q8_0 rows'
          * are the int8 x's. */
-        {"batch_gptoss", "gpt-oss", -1, 1e-2, KV_F32},
-        {"batch_deepseek2", "deepseek2", -1, 0.5, KV_F32},
+        {"batch_gptoss", "gpt-oss", -1, 1e-2, KV_F32, 0},
+        {"batch_deepseek2", "deepseek2", -1, 0.5, KV_F32, 0},
         /* wider and deeper, 16 experts: a 1e-6 difference in a router logit can flip an expert
          * choice, and a flipped choice moves that row by ~0.3 (measured 0.29 on the H200, 0.048
          * with TIDE_ATTN_MMA=0; the same flips as e2e_big_q8_0): here the rows only catch garbage */
-        {"batch_big_q8_0", "big", GGML_TYPE_Q8_0, 0.5, KV_F32},
+        {"batch_big_q8_0", "big", GGML_TYPE_Q8_0, 0.5, KV_F32, 0},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
         if (!only || strstr(c[i].name, only) || strstr(only, c[i].name))
-            batch_case(c[i].name, c[i].preset, c[i].type, c[i].lim, c[i].kv);
+            batch_case(c[i].name, c[i].preset, c[i].type, c[i].lim, c[i].kv, c[i].block_rows);
 }
 
 /* A decode step of B sequences (each at position 512 of its slot) on the 'big' preset, q8_0,
@@ -221,9 +241,14 @@ void bench_batch(void)
         return;
     }
     struct side G;
-    /* TIDE_BENCH_KV_F16=1: the same steps over an f16 KV cache */
-    const char *kvf = getenv("TIDE_BENCH_KV_F16");
-    if (side_init(&G, &m, gpu, true, 32, 1024, kvf && kvf[0] == '1' ? KV_F16 : KV_F32)) {
+    /* TIDE_BENCH_KV_F16=1: the same steps over an f16 KV cache; TIDE_BENCH_KV_PAGED=1: over a
+     * paged one (blocks of 16, as TIDE_CUDA_PAGED=1 serves), to compare with the one-block form */
+    const char *kvf = getenv("TIDE_BENCH_KV_F16"), *kvp = getenv("TIDE_BENCH_KV_PAGED");
+    bool paged = kvp && kvp[0] == '1';
+    int old = forward_set_cuda_paged(paged);
+    int rc = side_init(&G, &m, gpu, true, 32, 1024, kvf && kvf[0] == '1' ? KV_F16 : KV_F32, paged ? 16 : 0);
+    forward_set_cuda_paged(old);
+    if (rc || G.f.kv.fixed == paged) {
         printf("FAIL bench_batch (init)\n");
         n_fail++;
         return;
@@ -250,8 +275,8 @@ void bench_batch(void)
         }
         gpu.i->sync(gpu.ctx);
         double ms = (now_s() - t0) * 1e3 / 20;
-        printf("  bench_batch: %s x%u layers, B=%2d  %.3f ms a step, %.0f tok/s\n", o.preset, m.cfg.n_layer, B, ms,
-               B * 1e3 / ms);
+        printf("  bench_batch: %s x%u layers, B=%2d%s  %.3f ms a step, %.0f tok/s\n", o.preset, m.cfg.n_layer, B,
+               paged ? " (paged KV)" : "", ms, B * 1e3 / ms);
     }
     verdict("bench_batch", true, "%g sizes", (double)(sizeof Bs / sizeof Bs[0]));
     side_free(&G);

@@ -36,6 +36,7 @@ static const char *tests[] = {
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_kv_f16_moe", "batch_kv_f16_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0",
     "kv_f16_store", "kv_f16_attention", "kv_f16_rows", "bench_batch", "bench_moe_rows",
+    "paged_attention", "paged_rows", "batch_paged_moe", "batch_paged_kv_f16_qwen3moe_q8_0",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
@@ -546,6 +547,8 @@ int main(int argc, char **argv)
     if (want(only, "kv_f16_store")) test_kv_f16_store();
     if (want(only, "kv_f16_attention")) test_kv_f16_attention();
     if (want(only, "kv_f16_rows")) test_kv_f16_rows();
+    if (want(only, "paged_attention")) test_paged_attention();
+    if (want(only, "paged_rows")) test_paged_rows();
     if (want(only, "swiglu")) test_elementwise();
     if (want(only, "scatter_axpy")) test_scatter();
     if (want(only, "axpy_sigmoid")) test_axpy_sigmoid();

@@ -8,7 +8,11 @@
  * a reply under load identical to the same request alone. Rows whose draw the backend makes
  * (forward_seq.draw, backend_i.sample) get the draw of their own logits, whatever shares the step.
  * With an f16 KV cache (the *_kv_f16 tests) the same holds: rows are rounded as they are stored,
- * whatever shares the step, and the attention reads them the same way in both. */
+ * whatever shares the step, and the attention reads them the same way in both. The *_paged_rows
+ * tests give the paged state a CPU form of the decode rows' paged ops (which the CPU backend does
+ * not have; CUDA does), so that the forward's way to them - each stage's copy of the block
+ * tables, the rows' slots and positions - is checked here, bit for bit, as the GPU's kernels are
+ * against it in test-gpu. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +29,56 @@
 static const int plen[NSEQ] = {9, 23, 5};
 
 static int prompt_tok(int s, int i, uint32_t V) { return (int)((7u * (unsigned)s + 13u * (unsigned)i + 3u) % V); }
+
+/* The paged decode rows' ops (backend.h) made of the CPU's own ops a row at a time, so their bits
+ * are what the forward's per-sequence path computes: qk_norm_rope, the rows stored as store_run
+ * stores them (f16: store_f16), attention_paged over the row's slot's table. All arrays are host
+ * memory here (the CPU's backend memory). */
+static const struct backend_i *twin_base; /* the CPU's table */
+static int twin_rows;                     /* rows the twin ops have run */
+
+static void twin_qk_norm_rope_at_paged(void *ctx, float *q, const float *k_new, const float *v_new, void *k_pool,
+                                       void *v_pool, bool f16, int n, const int32_t *at, const int32_t *slot,
+                                       const int32_t *tables, int table_stride, int block_rows,
+                                       const struct tensor *q_norm, const struct tensor *k_norm, int n_head,
+                                       int n_head_kv, int head_dim, float theta, enum rope_kind kind, float eps)
+{
+    size_t kvd = (size_t)n_head_kv * head_dim, qd = (size_t)n_head * head_dim, es = f16 ? 2 : 4;
+    float *k = malloc(kvd * sizeof(float));
+    for (int r = 0; r < n; r++) {
+        const int32_t *tab = tables + (size_t)(slot ? slot[r] : 0) * table_stride;
+        int p = at[r];
+        memcpy(k, k_new + r * kvd, kvd * sizeof(float));
+        twin_base->qk_norm_rope(ctx, q + r * qd, k, q_norm, k_norm, 1, n_head, n_head_kv, head_dim, p, theta, kind,
+                                eps);
+        size_t off = ((size_t)tab[p / block_rows] * block_rows + (size_t)(p % block_rows)) * kvd * es;
+        if (f16) {
+            twin_base->store_f16(ctx, (uint16_t *)((uint8_t *)k_pool + off), k, kvd);
+            twin_base->store_f16(ctx, (uint16_t *)((uint8_t *)v_pool + off), v_new + r * kvd, kvd);
+        } else {
+            memcpy((uint8_t *)k_pool + off, k, kvd * sizeof(float));
+            memcpy((uint8_t *)v_pool + off, v_new + r * kvd, kvd * sizeof(float));
+        }
+    }
+    free(k);
+}
+
+static void twin_attention_at_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                                    float *out, int n, const int32_t *at, const int32_t *slot, const int32_t *tables,
+                                    int table_stride, int block_rows, int n_ctx, int n_head, int n_head_kv,
+                                    int head_dim)
+{
+    size_t qd = (size_t)n_head * head_dim;
+    float *att = malloc(sizeof(float) * n_head * n_ctx);
+    for (int r = 0; r < n; r++)
+        twin_base->attention_paged(ctx, q + r * qd, k_pool, v_pool, f16,
+                                   tables + (size_t)(slot ? slot[r] : 0) * table_stride, block_rows, out + r * qd, att,
+                                   1, at[r], n_head, n_head_kv, head_dim);
+    free(att);
+    twin_rows += n;
+}
+
+static bool rows_twin; /* check_preset_paged: the batched state's backend has the twin ops */
 
 /* block_rows > 0: the batched state's KV cache is paged in blocks of that many rows (kv_blocks.h),
  * where the model can page; the lone runs keep one block a slot. */
@@ -66,7 +120,16 @@ static void check_preset_paged(const char *preset, int type, enum kv_type kv, in
 
     /* together: 4 slots (one unused), steps of at most 16 rows from the prefill buffers */
     struct forward_state f;
-    struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv, .kv_block_rows = block_rows};
+    struct backend_i twin = *be.i;
+    struct backend bb = be;
+    if (rows_twin) {
+        twin_base = be.i;
+        twin_rows = 0;
+        twin.qk_norm_rope_at_paged = twin_qk_norm_rope_at_paged;
+        twin.attention_at_paged = twin_attention_at_paged;
+        bb.i = &twin;
+    }
+    struct forward_stage_spec sp = {.be = bb, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv, .kv_block_rows = block_rows};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 4, 16, &sp, 1), 0);
     bool can_page = !m.cfg.kv_lora_rank && strcmp(preset, "gpt-oss") != 0;
     cr_assert_eq(!f.kv.fixed, block_rows > 0 && can_page, "%s: paged %d", preset, !f.kv.fixed);
@@ -123,6 +186,9 @@ static void check_preset_paged(const char *preset, int type, enum kv_type kv, in
         }
     }
     cr_assert_eq(checked, NSEQ * (NDEC + 1), "every row compared");
+    /* the steps of all three decode rows went through the rows' ops: 3 rows a layer a step */
+    if (rows_twin)
+        cr_assert_gt(twin_rows, 0, "the paged rows' ops ran");
     forward_free(&f);
     free(alone);
     backend_cpu_free(&be);
@@ -140,6 +206,17 @@ Test(batch, qwen3moe_f16_kv_f16_paged_batched_equals_alone) { check_preset_paged
 Test(batch, qwen2moe_q8_0_kv_f16_paged_batched_equals_alone) { check_preset_paged("qwen2moe", GGML_TYPE_Q8_0, KV_F16, 16); }
 Test(batch, dense_f32_paged_batched_equals_alone) { check_preset_paged("dense", GGML_TYPE_F32, KV_F32, 32); }
 Test(batch, deepseek2_paged_keeps_one_block_a_slot) { check_preset_paged("deepseek2", -1, KV_F32, 16); }
+/* the decode steps of several sequences through qk_norm_rope_at_paged / attention_at_paged */
+Test(batch, moe_f16_paged_rows_batched_equals_alone)
+{
+    rows_twin = true;
+    check_preset_paged("moe", -1, KV_F32, 16);
+}
+Test(batch, qwen3moe_f16_kv_f16_paged_rows_batched_equals_alone)
+{
+    rows_twin = true;
+    check_preset_paged("qwen3moe", -1, KV_F16, 16);
+}
 
 Test(batch, moe_f16_batched_equals_alone) { check_preset("moe", -1); }
 Test(batch, moe_f16_kv_f16_batched_equals_alone) { check_preset_kv("moe", -1, KV_F16); }
@@ -286,3 +363,26 @@ Test(batch, backend_draws_are_the_rows_own)
 Test(batch, gptoss_f16_batched_equals_alone) { check_preset("gpt-oss", -1); }
 Test(batch, gptoss_paged_keeps_one_block_a_slot) { check_preset_paged("gpt-oss", -1, KV_F32, 16); }
 Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }
+
+/* A CUDA device pages its KV cache only with TIDE_CUDA_PAGED=1 (forward_set_cuda_paged): its
+ * paged kernels have not run on a GPU yet, and the reason says so and names the switch. */
+Test(batch, cuda_pages_only_with_the_switch)
+{
+    struct model m;
+    memset(&m, 0, sizeof m); /* llama, no layers: nothing in the model keeps it from paging */
+    struct backend cpu;
+    cr_assert_eq(backend_cpu_init(&cpu, 1), 0);
+    struct backend_i cuda_like = *cpu.i; /* a backend named "cuda" with attention_paged */
+    cuda_like.name = "cuda";
+    struct backend be[2] = {cpu, {&cuda_like, cpu.ctx}};
+    int old = forward_set_cuda_paged(0);
+    cr_assert_null(forward_kv_paged_why(&m, be, 1), "the CPU pages");
+    const char *why = forward_kv_paged_why(&m, be, 2);
+    cr_assert(why && strstr(why, "not run on a GPU") && strstr(why, "TIDE_CUDA_PAGED=1"), "%s", why ? why : "(null)");
+    forward_set_cuda_paged(1);
+    cr_assert_null(forward_kv_paged_why(&m, be, 2), "with the switch on CUDA pages too");
+    cuda_like.attention_paged = NULL;
+    cr_assert_not_null(forward_kv_paged_why(&m, be, 2), "not without the op");
+    forward_set_cuda_paged(old);
+    backend_cpu_free(&cpu);
+}

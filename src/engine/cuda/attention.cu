@@ -33,10 +33,15 @@
  * widened into its buffer after it: the same one round trip in flight as the f32 form. (f16
  * tiles in shared memory would halve its traffic too - not done yet.)
  *
+ * A paged cache (attention_paged, attention_at_paged): the same kernels with PAGED set, each key
+ * row's address found through the sequence's block table (attention.cuh) as a tile is loaded; the
+ * chunks, tiles and sums are the contiguous op's, so the results are its bits over the same rows.
+ * A 32-key tile may span two 16-row blocks: rows are addressed one by one, never as a run.
+ *
  * Memory per call: only the partials, n_head * n_chunks * (head_dim + 2) floats, from the
  * backend's stream-ordered scratch. The (n_head, n_ctx) att buffer of the interface is not
  * needed here and is left untouched. */
-#include "engine/cuda/common.cuh"
+#include "engine/cuda/attention.cuh"
 #include "engine/cuda/mma_q.cuh" /* cp.async helpers */
 
 extern "C" {
@@ -98,16 +103,21 @@ __host__ __device__ inline int att_smem_floats(int hd, int tk)
  * at position at[r], over the caches of slot slot[r] (slot_floats apart; slot NULL: slot 0),
  * its partials in its own part_o / part_ml rows (sized for the grid's chunks). vec: hd % 4 == 0
  * and q, kc, vc 16-byte aligned, so rows are copied in 16-byte pieces (else 4-byte ones). T:
- * the cache's elements, float or __half (slot_floats then counts halves). */
-template <int HDB, typename T>
+ * the cache's elements, float or __half (slot_floats then counts halves). PAGED: kc, vc are a
+ * layer's block pools and key p's row is found through the sequence's block table (pg.tables,
+ * or with at and slot, slot[r]'s table pg.stride entries on; attention.cuh's kv_pages): only the
+ * address of each row changes, so the contiguous form (PAGED false) is compiled as before. */
+template <int HDB, typename T, bool PAGED>
 __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_CTAS)
 attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                   float *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml,
                   int n_keys, int n_head_kv, int group, int hd, int chunk, int n_chunks, float scale,
-                  const int32_t *at, int want, bool vec, int zgroups, const int32_t *slot, size_t slot_floats)
+                  const int32_t *at, int want, bool vec, int zgroups, const int32_t *slot, size_t slot_floats,
+                  kv_pages pg)
 {
     constexpr int TK = att_tile(HDB);
     int zg = blockIdx.z;
+    const int32_t *tab = pg.tables; /* PAGED: this query's sequence's block table */
     if (at) {
         int row = (int)blockIdx.z / zgroups;
         zg -= row * zgroups;
@@ -116,7 +126,9 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
         out += row * qd;
         part_o += row * pr * hd;
         part_ml += row * pr * 2;
-        if (slot) {
+        if (slot && PAGED) {
+            tab += (size_t)slot[row] * pg.stride;
+        } else if (slot) {
             kc += (size_t)slot[row] * slot_floats;
             vc += (size_t)slot[row] * slot_floats;
         }
@@ -141,8 +153,23 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     const int t0 = ci * chunk, len = t0 + chunk < n_keys ? chunk : n_keys - t0;
     const int n_tiles = (len + TK - 1) / TK;
     const int tid = threadIdx.x;
-    const T *kb = kc + (size_t)t0 * kvd + (size_t)kvh * hd; /* the chunk's first K row */
-    const T *vb = vc + (size_t)t0 * kvd + (size_t)kvh * hd;
+    /* the chunk's first K and V rows (PAGED: the head's column in the pool; rows by roff) */
+    const T *kb = kc + (PAGED ? 0 : (size_t)t0 * kvd) + (size_t)kvh * hd;
+    const T *vb = vc + (PAGED ? 0 : (size_t)t0 * kvd) + (size_t)kvh * hd;
+    /* a tile's rows: key t0 + r0 + r is at tile_base(kb or vb, r0) + roff(r0, r) elements (K and V
+     * rows share the layout); contiguous, the expressions the kernel had before paging */
+    auto tile_base = [&](const T *b, int r0) -> const T * {
+        if constexpr (PAGED)
+            return b;
+        else
+            return b + (size_t)r0 * kvd;
+    };
+    auto roff = [&](int r0, int r) -> size_t {
+        if constexpr (PAGED)
+            return kv_page_row(tab, pg.shift, t0 + r0 + r) * kvd;
+        else
+            return r * kvd;
+    };
 
     /* hd % 4 != 0: the pad columns of the q and K rows (contiguous, same stride) read as
      * zeros by the float4 dots; written once, the copies never touch them */
@@ -154,34 +181,38 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     auto load_tile = [&](int tile, int stage) {
         int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK;
         float *kd = kt + stage * TK * ks, *vd = vt + stage * TK * hd4;
-        const T *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+        const T *kg = tile_base(kb, r0), *vg = tile_base(vb, r0);
         if constexpr (sizeof(T) == 2) { /* f16: widened on the way (plain loads, see the top) */
             if (vec) {
                 int n4 = hd >> 2;
                 for (int i = tid; i < tl * n4; i += ATT_THREADS) {
                     int r = i / n4, c = (i - r * n4) * 4;
-                    *(float4 *)(kd + r * ks + c) = kv_load4(kg + r * kvd + c);
-                    *(float4 *)(vd + r * hd4 + c) = kv_load4(vg + r * kvd + c);
+                    size_t o = roff(r0, r) + c;
+                    *(float4 *)(kd + r * ks + c) = kv_load4(kg + o);
+                    *(float4 *)(vd + r * hd4 + c) = kv_load4(vg + o);
                 }
             } else {
                 for (int i = tid; i < tl * hd; i += ATT_THREADS) {
                     int r = i / hd, c = i - r * hd;
-                    kd[r * ks + c] = kv_load(kg + r * kvd + c);
-                    vd[r * hd4 + c] = kv_load(vg + r * kvd + c);
+                    size_t o = roff(r0, r) + c;
+                    kd[r * ks + c] = kv_load(kg + o);
+                    vd[r * hd4 + c] = kv_load(vg + o);
                 }
             }
         } else if (vec) {
             int n4 = hd >> 2;
             for (int i = tid; i < tl * n4; i += ATT_THREADS) {
                 int r = i / n4, c = (i - r * n4) * 4;
-                cp_async16(kd + r * ks + c, kg + r * kvd + c, 16);
-                cp_async16(vd + r * hd4 + c, vg + r * kvd + c, 16);
+                size_t o = roff(r0, r) + c;
+                cp_async16(kd + r * ks + c, kg + o, 16);
+                cp_async16(vd + r * hd4 + c, vg + o, 16);
             }
         } else {
             for (int i = tid; i < tl * hd; i += ATT_THREADS) {
                 int r = i / hd, c = i - r * hd;
-                cp_async4(kd + r * ks + c, kg + r * kvd + c, 4);
-                cp_async4(vd + r * hd4 + c, vg + r * kvd + c, 4);
+                size_t o = roff(r0, r) + c;
+                cp_async4(kd + r * ks + c, kg + o, 4);
+                cp_async4(vd + r * hd4 + c, vg + o, 4);
             }
         }
     };
@@ -193,13 +224,14 @@ attn_chunk_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T
     auto fetch = [&](int tile) {
         if constexpr (sizeof(T) == 2) {
             int r0 = tile * TK, tl = len - r0 < TK ? len - r0 : TK, n4 = hd >> 2;
-            const T *kg = kb + (size_t)r0 * kvd, *vg = vb + (size_t)r0 * kvd;
+            const T *kg = tile_base(kb, r0), *vg = tile_base(vb, r0);
 #pragma unroll
             for (int p = 0; p < PF; p++) {
                 int i = tid + p * ATT_THREADS, r = i / n4, c = (i - r * n4) * 4;
                 if (i < tl * n4) {
-                    pk[p] = __ldg((const uint2 *)(kg + r * kvd + c));
-                    pv[p] = __ldg((const uint2 *)(vg + r * kvd + c));
+                    size_t o = roff(r0, r) + c;
+                    pk[p] = __ldg((const uint2 *)(kg + o));
+                    pv[p] = __ldg((const uint2 *)(vg + o));
                 }
             }
         }
@@ -460,7 +492,8 @@ attn_merge_kernel(const float *__restrict__ part_o, const float *__restrict__ pa
  * shape check. */
 static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                           float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at = NULL,
-                          int n_ctx = 0, int rows = 1, const int32_t *slot = NULL, size_t slot_floats = 0)
+                          int n_ctx = 0, int rows = 1, const int32_t *slot = NULL, size_t slot_floats = 0,
+                          kv_pages pg = kv_pages{})
 {
     if (c->err)
         return;
@@ -507,15 +540,22 @@ static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cach
     bool vec = head_dim % 4 == 0 && (((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
     float scale = 1.0f / sqrtf((float)head_dim);
     dim3 grid((unsigned)n_head_kv, (unsigned)n_chunks, (unsigned)(zgroups * rows));
-#define ATT_LAUNCH_T(D, T)                                                                               \
+#define ATT_LAUNCH_P(D, T, P)                                                                            \
     do {                                                                                                 \
         if (smem > 48 * 1024 &&                                                                          \
-            !CU(c, cudaFuncSetAttribute(attn_chunk_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+            !CU(c, cudaFuncSetAttribute(attn_chunk_kernel<D, T, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                         (int)smem)))                                                     \
             return;                                                                                      \
-        attn_chunk_kernel<D, T><<<grid, ATT_THREADS, smem, c->st>>>(                                     \
+        attn_chunk_kernel<D, T, P><<<grid, ATT_THREADS, smem, c->st>>>(                                  \
             q, (const T *)k_cache, (const T *)v_cache, out, part_o, part_ml, n_keys, n_head_kv, group, head_dim, \
-            chunk, n_chunks, scale, at, want, vec, zgroups, slot, slot_floats);                          \
+            chunk, n_chunks, scale, at, want, vec, zgroups, slot, slot_floats, pg);                      \
+    } while (0)
+#define ATT_LAUNCH_T(D, T)                \
+    do {                                  \
+        if (pg.tables)                    \
+            ATT_LAUNCH_P(D, T, true);     \
+        else                              \
+            ATT_LAUNCH_P(D, T, false);    \
     } while (0)
 #define ATT_LAUNCH(D)                     \
     do {                                  \
@@ -532,6 +572,7 @@ static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cach
     }
 #undef ATT_LAUNCH
 #undef ATT_LAUNCH_T
+#undef ATT_LAUNCH_P
     if (!CU_LAUNCH(c, "attn_chunk_kernel") || (n_chunks == 1 && !at))
         return;
     if (head_dim % 4 == 0) /* part_o rows then start 16-byte aligned (the scratch is) */
@@ -547,9 +588,17 @@ void cuda_attention_at(struct cuda_ctx *c, const float *q, const void *k_cache, 
                        float *out, int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx,
                        int n_head, int n_head_kv, int head_dim)
 {
+    cuda_attention_at_pg(c, q, k_cache, v_cache, f16, out, n, at, slot, slot_floats, n_ctx, n_head, n_head_kv, head_dim,
+                         kv_pages{});
+}
+
+void cuda_attention_at_pg(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                          float *out, int n, const int32_t *at, const int32_t *slot, size_t slot_floats, int n_ctx,
+                          int n_head, int n_head_kv, int head_dim, kv_pages pg)
+{
     if (!c->err && n_ctx > 0 && n > 0)
         attention_one(c, q, k_cache, v_cache, f16, out, n_ctx - 1, n_head, n_head_kv, head_dim, at, n_ctx, n, slot,
-                      slot_floats);
+                      slot_floats, pg);
 }
 
 /* A chunk of n tokens: the tiled kernel (attention_prefill.cu, one launch) or the split-K
@@ -562,6 +611,12 @@ void cuda_attention_at(struct cuda_ctx *c, const float *q, const void *k_cache, 
 void cuda_attention(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                     float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
+    cuda_attention_pg(c, q, k_cache, v_cache, f16, out, n, pos, n_head, n_head_kv, head_dim, kv_pages{});
+}
+
+void cuda_attention_pg(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                       float *out, int n, int pos, int n_head, int n_head_kv, int head_dim, kv_pages pg)
+{
     if (c->err || n <= 0)
         return;
     if (n > 1 && n_head_kv > 0 && n_head >= n_head_kv) {
@@ -573,10 +628,53 @@ void cuda_attention(struct cuda_ctx *c, const float *q, const void *k_cache, con
         double t_tiled = (waves < 1.0 ? 1.0 : waves) * (tc ? ceil((pos + n) / 64.0) * 6.5 : ceil((pos + n) / 32.0) * 7.0);
         double t_token = n * (8.2 + 0.00176 * (pos + n / 2.0));
         if (t_tiled <= t_token &&
-            cuda_attention_prefill(c, q, k_cache, v_cache, f16, out, n, pos, n_head, n_head_kv, head_dim))
+            cuda_attention_prefill_pg(c, q, k_cache, v_cache, f16, out, n, pos, n_head, n_head_kv, head_dim, pg))
             return;
     }
     size_t qd = (size_t)n_head * head_dim;
     for (int t = 0; t < n && !c->err; t++)
-        attention_one(c, q + t * qd, k_cache, v_cache, f16, out + t * qd, pos + t, n_head, n_head_kv, head_dim);
+        attention_one(c, q + t * qd, k_cache, v_cache, f16, out + t * qd, pos + t, n_head, n_head_kv, head_dim, NULL, 0,
+                      1, NULL, 0, pg);
+}
+
+int cuda_block_shift(struct cuda_ctx *c, int block_rows)
+{
+    int shift = 4;
+    while (shift < 30 && (1 << shift) < block_rows)
+        shift++;
+    if (block_rows < 16 || (1 << shift) != block_rows) {
+        cuda_fail(c, cudaErrorInvalidValue, "paged attention (block_rows must be a power of two >= 16)", __FILE__,
+                  __LINE__);
+        return -1;
+    }
+    return shift;
+}
+
+/* The paged forms: the same launches as attention / attention_at with each key row found through
+ * a block table (kv_pages), so they cut the keys and the chunk the same way and agree with the
+ * contiguous ops over the same rows up to nothing (the same kernels and summation order). */
+void cu_attention_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                        const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                        int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)att;
+    if (!cuda_enter(c) || n <= 0)
+        return;
+    int shift = cuda_block_shift(c, block_rows);
+    if (shift > 0)
+        cuda_attention_pg(c, q, k_pool, v_pool, f16, out, n, pos, n_head, n_head_kv, head_dim, kv_pages{blocks, 0, shift});
+}
+
+void cu_attention_at_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16, float *out,
+                           int n, const int32_t *at, const int32_t *slot, const int32_t *tables, int table_stride,
+                           int block_rows, int n_ctx, int n_head, int n_head_kv, int head_dim)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!cuda_enter(c))
+        return;
+    int shift = cuda_block_shift(c, block_rows);
+    if (shift > 0)
+        cuda_attention_at_pg(c, q, k_pool, v_pool, f16, out, n, at, slot, 0, n_ctx, n_head, n_head_kv, head_dim,
+                             kv_pages{tables, table_stride, shift});
 }

@@ -24,13 +24,24 @@
  *
  * An f16 KV cache (backend_i.attention_f16): both kernels with T = __half, the rows widened as
  * they are read (exact), the rest as with f32 rows; the tensor-core form rounds them to f16
- * anyway, so there the cache's type changes nothing but the bytes read. */
-#include "engine/cuda/common.cuh"
+ * anyway, so there the cache's type changes nothing but the bytes read.
+ *
+ * A paged cache (backend_i.attention_paged): kc, vc are a layer's block pools and tab the
+ * sequence's block table (common.cuh's kv_pages); a key row's address goes through the table
+ * as the tile is loaded, and nothing else changes. tab NULL: the rows are contiguous. A flag, not
+ * a template: the lookup is one cached load a row next to a tile's worth of products. */
+#include "engine/cuda/attention.cuh"
 
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Element offset of key p's row in the cache (contiguous) or pool (paged). */
+__device__ __forceinline__ size_t key_row(const int32_t *tab, int shift, int p, size_t kvd)
+{
+    return (tab ? kv_page_row(tab, shift, p) : (size_t)p) * kvd;
+}
 
 #define FA_ROWS 64     /* query rows per CTA */
 #define FA_BK 32       /* keys per tile */
@@ -41,7 +52,7 @@ template <int NI, typename T>
 __global__ void __launch_bounds__(FA_THREADS)
 attn_prefill_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                     float *__restrict__ out, int n, int pos, int n_head_kv, int group, int gz, int bt, int hd,
-                    float scale)
+                    float scale, const int32_t *tab, int shift)
 {
     extern __shared__ float sm[];
     const int ld = hd + 1;          /* padded row stride: the rows a warp reads fall in distinct banks */
@@ -81,8 +92,8 @@ attn_prefill_kernel(const float *__restrict__ q, const T *__restrict__ kc, const
             int j = i / hd, d = i - j * hd;
             /* keys past the chunk's last are zero, not whatever the cache holds there (a NaN
              * there times p = 0 would still be NaN) */
-            bool ok = k0 + j < n_keys;
-            size_t off = (size_t)(k0 + j) * kvd + (size_t)kvh * hd + d;
+            bool ok = k0 + j < n_keys; /* (and a table has no entry past them) */
+            size_t off = ok ? key_row(tab, shift, k0 + j, kvd) + (size_t)kvh * hd + d : 0;
             ks[j * ld + d] = ok ? kv_load(kc + off) : 0.0f;
             vs[j * ld + d] = ok ? kv_load(vc + off) : 0.0f;
         }
@@ -228,7 +239,7 @@ template <int HD, typename T>
 __global__ void __launch_bounds__(TA_THREADS)
 attn_prefill_mma_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                         float *__restrict__ out, int n, int pos, int n_head_kv, int group, int gz, int bt,
-                        float scale2)
+                        float scale2, const int32_t *tab, int shift)
 {
     constexpr int KS = HD / 16;     /* k steps of Q K^T */
     constexpr int DT = HD / 8;      /* 8-wide output column tiles */
@@ -275,11 +286,11 @@ attn_prefill_mma_kernel(const float *__restrict__ q, const T *__restrict__ kc, c
          * are zero, not whatever the cache holds (NaN times p = 0 is NaN). */
         for (int i = tid; i < TA_BK * HD / 4; i += TA_THREADS) {
             int j = i / (HD / 4), d4 = (i % (HD / 4)) * 4;
-            float4 kv = k0 + j < n_keys ? kv_load4(kc + (size_t)(k0 + j) * kvd + (size_t)kvh * HD + d4)
+            float4 kv = k0 + j < n_keys ? kv_load4(kc + key_row(tab, shift, k0 + j, kvd) + (size_t)kvh * HD + d4)
                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             *(uint2 *)&ks[j * KLD + d4] = make_uint2(pack_half2(kv.x, kv.y), pack_half2(kv.z, kv.w));
             int jv = i % TA_BK, dv = (i / TA_BK) * 4;
-            float4 vv = k0 + jv < n_keys ? kv_load4(vc + (size_t)(k0 + jv) * kvd + (size_t)kvh * HD + dv)
+            float4 vv = k0 + jv < n_keys ? kv_load4(vc + key_row(tab, shift, k0 + jv, kvd) + (size_t)kvh * HD + dv)
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             vt[(dv + 0) * VLD + jv] = __float2half_rn(vv.x);
             vt[(dv + 1) * VLD + jv] = __float2half_rn(vv.y);
@@ -359,6 +370,13 @@ attn_prefill_mma_kernel(const float *__restrict__ q, const T *__restrict__ kc, c
 bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                             float *out, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
+    return cuda_attention_prefill_pg(c, q, k_cache, v_cache, f16, out, n, pos, n_head, n_head_kv, head_dim, kv_pages{});
+}
+
+bool cuda_attention_prefill_pg(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache,
+                               bool f16, float *out, int n, int pos, int n_head, int n_head_kv, int head_dim,
+                               kv_pages pg)
+{
     if (c->err || n <= 0 || pos < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
         head_dim > 256)
         return false;
@@ -376,16 +394,20 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_ca
         const float *kf = (const float *)k_cache, *vf = (const float *)v_cache;
         if (head_dim == 128 && f16)
             attn_prefill_mma_kernel<128, __half>
-                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2);
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2, pg.tables,
+                                                  pg.shift);
         else if (head_dim == 128)
             attn_prefill_mma_kernel<128, float>
-                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2);
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2, pg.tables,
+                                                  pg.shift);
         else if (f16)
             attn_prefill_mma_kernel<64, __half>
-                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2);
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kh, vh, out, n, pos, n_head_kv, group, gz, bt, scale2, pg.tables,
+                                                  pg.shift);
         else
             attn_prefill_mma_kernel<64, float>
-                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2);
+                <<<grid, TA_THREADS, 0, c->st>>>(q, kf, vf, out, n, pos, n_head_kv, group, gz, bt, scale2, pg.tables,
+                                                  pg.shift);
         CU_LAUNCH(c, "attn_prefill_mma_kernel");
         return true;
     }
@@ -401,7 +423,8 @@ bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_ca
                                         (int)smem)))                                                           \
             return true; /* the error is kept in c */                                                        \
         attn_prefill_kernel<NI, T><<<grid, FA_THREADS, smem, c->st>>>(                                         \
-            q, (const T *)k_cache, (const T *)v_cache, out, n, pos, n_head_kv, group, gz, bt, head_dim, scale);  \
+            q, (const T *)k_cache, (const T *)v_cache, out, n, pos, n_head_kv, group, gz, bt, head_dim, scale,   \
+            pg.tables, pg.shift);                                                                              \
     } while (0)
 #define FA_LAUNCH(NI)                  \
     do {                               \

@@ -6,6 +6,7 @@
  * recording of decode steps. */
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/small_ops.cuh"
+#include "engine/cuda/attention.cuh"
 #include "engine/cuda/vision_ops.cuh"
 #include "engine/cuda/mrope.cuh"
 
@@ -351,6 +352,9 @@ static const struct backend_i cuda_iface = {
     .get_row_at = cu_get_row_at,
     .store_f16 = cu_store_f16, /* the f16 KV cache (attention.cu, attention_prefill.cu) */
     .attention_f16 = cu_attention_f16,
+    .attention_paged = cu_attention_paged, /* the paged KV cache (attention.cu, small_ops.cu) */
+    .qk_norm_rope_at_paged = cu_qk_norm_rope_at_paged,
+    .attention_at_paged = cu_attention_at_paged,
     .qk_norm_rope_at_f16 = cu_qk_norm_rope_at_f16,
     .attention_at_f16 = cu_attention_at_f16,
     .norm_matmul = cu_norm_matmul,

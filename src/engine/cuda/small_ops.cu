@@ -1,11 +1,12 @@
 /* small_ops.cu - the CUDA backend's small ops, a launch or a few each: rmsnorm, rope,
- * qk_norm_rope(_at, _f16), swiglu, axpy, axpy_sigmoid, scatter_axpy, get_row(s), get_row_at,
+ * qk_norm_rope(_at, _f16, _at_paged), swiglu, axpy, axpy_sigmoid, scatter_axpy, get_row(s), get_row_at,
  * gather_rows and store_f16 (the f16 KV cache's stores). backend_cuda.cu puts them in its
  * table (small_ops.cuh); the big kernels live in matmul.cu, moe.cu, attention*.cu.
  *
  * Semantics follow backend_cpu.c op for op. Where the CPU computes in double (rope angles)
  * so does this, so that positions in the tens of thousands rotate identically. */
 #include "engine/cuda/small_ops.cuh"
+#include "engine/cuda/attention.cuh" /* the paged cache's addressing */
 
 #include <string.h>
 
@@ -94,13 +95,14 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, uint32_t qtype, const ui
  * its caches slot[r] * slot_floats on (slot NULL: slot 0). A k head's CTA reads the new row
  * from k_new, writes it rotated to the cache row and copies the v head from v_new beside it.
  * T: the cache's elements (qk_norm_rope_at_f16: __half, rounded as stored; slot_floats counts
- * them). */
+ * them). pg.tables set (qk_norm_rope_at_paged): kc, vc are a layer's block pools and the row
+ * goes where its slot's block table (read now, common.cuh's kv_pages) puts position at[r]. */
 template <typename T>
 __global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float *v_new, T *kc, T *vc,
                                        const int32_t *slot, size_t slot_floats, uint32_t qtype,
                                        const uint8_t *__restrict__ qw, uint32_t ktype, const uint8_t *__restrict__ kw,
                                        int n_head, int n_head_kv, int head_dim, const int32_t *at, float theta,
-                                       int neox, float eps)
+                                       int neox, float eps, kv_pages pg)
 {
     int h = blockIdx.x, r = blockIdx.y, pos = at[r];
     size_t kvd = (size_t)n_head_kv * head_dim;
@@ -109,11 +111,14 @@ __global__ void qk_norm_rope_at_kernel(float *q, const float *k_new, const float
         head_norm_rope(v, v, qtype, qw, head_dim, pos, theta, neox, eps);
         return;
     }
-    size_t o = (size_t)(h - n_head) * head_dim, so = slot ? (size_t)slot[r] * slot_floats : 0;
+    size_t o = (size_t)(h - n_head) * head_dim, so;
+    if (pg.tables) /* the pool row of position pos of the slot's sequence */
+        so = kv_page_row(pg.tables + (slot ? (size_t)slot[r] * pg.stride : 0), pg.shift, pos) * kvd;
+    else
+        so = (slot ? (size_t)slot[r] * slot_floats : 0) + (size_t)pos * kvd;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        kv_store(vc + so + (size_t)pos * kvd + o + i, v_new[(size_t)r * kvd + o + i]);
-    head_norm_rope(k_new + (size_t)r * kvd + o, kc + so + (size_t)pos * kvd + o, ktype, kw, head_dim, pos, theta, neox,
-                   eps);
+        kv_store(vc + so + o + i, v_new[(size_t)r * kvd + o + i]);
+    head_norm_rope(k_new + (size_t)r * kvd + o, kc + so + o, ktype, kw, head_dim, pos, theta, neox, eps);
 }
 
 __global__ void swiglu_kernel(float *gate, const float *__restrict__ up, size_t n)
@@ -245,7 +250,7 @@ template <typename T>
 static void qk_norm_rope_at_t(void *ctx, float *q, const float *k_new, const float *v_new, T *k_cache, T *v_cache,
                               int n, const int32_t *at, const int32_t *slot, size_t slot_floats,
                               const struct tensor *q_norm, const struct tensor *k_norm, int n_head, int n_head_kv,
-                              int head_dim, float theta, enum rope_kind kind, float eps)
+                              int head_dim, float theta, enum rope_kind kind, float eps, kv_pages pg = kv_pages{})
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || head_dim <= 0 || n_head <= 0 || n_head_kv <= 0 || n <= 0)
@@ -258,7 +263,8 @@ static void qk_norm_rope_at_t(void *ctx, float *q, const float *k_new, const flo
     qk_norm_rope_at_kernel<T><<<grid, norm_block(head_dim), sizeof(float) * (size_t)head_dim, c->st>>>(
         q, k_new, v_new, k_cache, v_cache, slot, slot_floats, q_norm ? q_norm->type : 0,
         q_norm ? (const uint8_t *)q_norm->data : NULL, k_norm ? k_norm->type : 0,
-        k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at, theta, kind == ROPE_NEOX, eps);
+        k_norm ? (const uint8_t *)k_norm->data : NULL, n_head, n_head_kv, head_dim, at, theta, kind == ROPE_NEOX, eps,
+        pg);
     CU_LAUNCH(c, "qk_norm_rope_at_kernel");
 }
 
@@ -278,6 +284,27 @@ void cu_qk_norm_rope_at_f16(void *ctx, float *q, const float *k_new, const float
 {
     qk_norm_rope_at_t(ctx, q, k_new, v_new, (__half *)k_cache, (__half *)v_cache, n, at, slot, slot_elems, q_norm,
                       k_norm, n_head, n_head_kv, head_dim, theta, kind, eps);
+}
+
+void cu_qk_norm_rope_at_paged(void *ctx, float *q, const float *k_new, const float *v_new, void *k_pool,
+                              void *v_pool, bool f16, int n, const int32_t *at, const int32_t *slot,
+                              const int32_t *tables, int table_stride, int block_rows, const struct tensor *q_norm,
+                              const struct tensor *k_norm, int n_head, int n_head_kv, int head_dim, float theta,
+                              enum rope_kind kind, float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!cuda_enter(c))
+        return;
+    int shift = cuda_block_shift(c, block_rows);
+    if (shift <= 0)
+        return;
+    kv_pages pg = {tables, table_stride, shift};
+    if (f16)
+        qk_norm_rope_at_t(ctx, q, k_new, v_new, (__half *)k_pool, (__half *)v_pool, n, at, slot, 0, q_norm, k_norm,
+                          n_head, n_head_kv, head_dim, theta, kind, eps, pg);
+    else
+        qk_norm_rope_at_t(ctx, q, k_new, v_new, (float *)k_pool, (float *)v_pool, n, at, slot, 0, q_norm, k_norm,
+                          n_head, n_head_kv, head_dim, theta, kind, eps, pg);
 }
 
 /* backend_i.store_f16: a step's new K/V rows into an f16 cache */
