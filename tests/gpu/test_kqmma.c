@@ -6,8 +6,11 @@
  * weights as the CPU backend's get_row decodes them, dotted in double with x as the tiles see
  * it (kq_product: kq_ref_product on kq_view_as), only float summation differs: < 1e-3, the
  * class of the other k-quant products (test_kquant.c). Against the CPU backend's own product
- * (its x in q8_K blocks of 256, another rounding of x) the two int8 roundings differ by about
- * the q8_0 class (1e-2), so that one is held to 3e-2 and reported. Shapes: the Qwen3-30B-A3B
+ * (its x in q8_K blocks of 256, another rounding of x) the q8_0 tiles' class, 1e-2: with
+ * rand_vec's normal inputs the CPU backend's product and that reference differ by 8.0-8.1e-3
+ * for each type (measured on the CPU for widths 768, 2048 and 4096; q8_0, whose CPU product
+ * sees x as the tiles do, 1e-7), the tight 1e-3 check is the one that catches a kernel error
+ * (a wrong scale on one sub-block in eight is ~1e-1). Shapes: the Qwen3-30B-A3B
  * products at prefill sizes (n 16, 64, 512; K 2048, 4096 and 768, where q6_K rows are 630
  * bytes, only 2-byte aligned), row and token tails, the residual add (also through split-K's
  * reduction), every forced tile width, no split-K, and a q6_K W at an odd 2-byte offset. */
@@ -64,7 +67,7 @@ void test_matmul_kqmma(const char *only)
             double e = kq_product(&th, x, n, shapes[s][3], (size_t)off, &ecpu);
             cuda_set_mmq_tile(otile);
             cuda_set_mmq_split(osplit);
-            if (!(e < 1e-3) || !(ecpu < 3e-2)) {
+            if (!(e < 1e-3) || !(ecpu < 1e-2)) {
                 ok = false;
                 printf("  %s cols %d rows %d n %d%s offset %d tile %d%s: rel err %.3g (%.3g against the CPU backend)\n",
                        name, cols, rows, n, shapes[s][3] ? " add" : "", off, shapes[s][5],
