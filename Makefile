@@ -38,7 +38,7 @@ GPU_SRC  := $(wildcard tests/gpu/*.c)
 DEFAULT_MODEL := models/tide-moe.gguf
 DEFAULT_MMPROJ := models/tide-mmproj.gguf
 
-.PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs
+.PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs kq-tile-emu
 # `make` alone builds everything (issue 27: print-gpu-ldlibs, first below, used to be the goal)
 .DEFAULT_GOAL := all
 # what a program linked against libtide.a alone needs besides it (scripts/bench-cpu.sh)
@@ -71,6 +71,15 @@ $(BUILD)/test-unit: $(UNIT_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
 $(BUILD)/test-gpu: $(GPU_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(GPU_LDLIBS)
+
+# The k-quant tensor-core tiles (src/engine/cuda/mma_kq_tile.cuh) run on the CPU by g++ against
+# host shims (tests/gpu/emu/kq_tile_emu.cpp): their arithmetic checked without a GPU.
+$(BUILD)/kq-tile-emu: tests/gpu/emu/kq_tile_emu.cpp $(wildcard tests/gpu/emu/engine/cuda/*.cuh) src/engine/cuda/mma_kq_tile.cuh $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -Itests/gpu/emu -Isrc -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+kq-tile-emu: $(BUILD)/kq-tile-emu
+	$(Q)$(BUILD)/kq-tile-emu
 
 # GPU tests: op parity CUDA vs CPU, VMM; prints SKIPPED per test without a device.
 gpu-tests: $(BUILD)/test-gpu
@@ -125,6 +134,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
 	$(Q)$(MAKE) --no-print-directory nocuda
 	$(Q)$(BUILD)/test-unit
+	$(Q)$(MAKE) --no-print-directory kq-tile-emu # the k-quant tensor-core tiles' arithmetic on the CPU
 	$(Q)/usr/bin/python3 tests/docs/check_docs.py # every config key, flag, metric family and TIDE_* switch has its docs row
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason

@@ -36,6 +36,14 @@ void cuda_host_free(void *p);
 int cuda_set_mmq_min_n(int n);
 int cuda_set_mmq_tile(int bn);
 int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
+/* The int8 tensor-core path for q4_K / q5_K / q6_K products at prefill sizes, dense and in
+ * moe_ffn_batch's grouped experts (mmq_kquant.cu): 1 on, 0 off (the default: it has not run
+ * on a GPU yet), -1 only reads. TIDE_KQ_MMA=1 in the environment sets 1 at start. Returns the
+ * previous value. */
+int cuda_set_kq_mma(int on);
+/* Whether a product of this type, width (cols) and n tokens takes that path (rows aligned as
+ * the loader allocates them): 1 or 0. Tests use it to know how the kernels see x. */
+int cuda_kq_mma_takes(uint32_t type, int cols, int n);
 /* Whether moe_ffn_batch runs (1, the default) or answers TIDE_EUNSUPPORTED, sending the forward
  * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
  * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */

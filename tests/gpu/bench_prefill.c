@@ -16,7 +16,10 @@
  * the current kernels, so calls are a lower bound on launches) and the logits' difference to
  * the per-token run; then the last way once more with a sync around every op, for the time
  * each kind of op takes (launch gaps included; the sum is above the plain run's).
- * TIDE_BENCH_PREFILL_WAY=0..3 runs one way alone (for a profiler). */
+ * TIDE_BENCH_PREFILL_WAY=0..3 runs one way alone (for a profiler). TIDE_BENCH_PREFILL_TYPE=q4_K
+ * (or q5_K, q6_K, q4_0) makes every matrix that type instead of q8_0: with TIDE_KQ_MMA=1 the
+ * k-quants' prefill runs the int8 tensor-core tiles (mmq_kquant.cu), dense and grouped; without
+ * it, W widened to f16 and the experts op by op (the grouped way then equals the one before). */
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/forward.h"
@@ -122,13 +125,21 @@ static int w_moe_batch(void *c, const struct moe_batch *b, const float *x, float
     return rc;
 }
 
-#define ALIGN 4352 /* lcm(34, 256): q8_0 blocks of the fill pattern stay whole, tensors 256-aligned */
-
 void bench_prefill(void)
 {
     const int L = 48, E = 2048, H = 32, KV = 4, HD = 128, NE = 128, K = 8, F = 768, V = 151936;
     const int QD = H * HD, KVD = KV * HD, N = 512, NCTX = 1024;
-    const uint32_t T = GGML_TYPE_Q8_0;
+    uint32_t T = GGML_TYPE_Q8_0;
+    const char *tenv = getenv("TIDE_BENCH_PREFILL_TYPE");
+    static const uint32_t alt[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q4_0};
+    for (int i = 0; tenv && i < 4; i++)
+        if (!strcmp(tenv, ggml_type_name(alt[i])))
+            T = alt[i];
+    /* tensors start at multiples of lcm(block bytes, 256): the fill pattern's blocks stay whole
+     * in every tensor (4352 for q8_0's 34-byte blocks), and every tensor is 256-byte aligned */
+    size_t bb = ggml_row_size(T, ggml_block_size(T)), ALIGN = 256;
+    while (ALIGN % bb)
+        ALIGN += 256;
     size_t rb_e = ggml_row_size(T, E), rb_q = ggml_row_size(T, QD), rb_f = ggml_row_size(T, F);
     /* the q8_0 tensors in one buffer: per layer wq wk wv wo, gate/up/down of all experts; then
      * tok_embd and output */
@@ -208,7 +219,8 @@ void bench_prefill(void)
     float *ref = malloc((size_t)V * sizeof(float));
     double t_first = 0, t_last = 0, t_experts = 0; /* the last: chunk-512 with the per-expert ops */
     bool ok = true;
-    printf("  prefill of %d tokens at pos 0, Qwen3-30B-A3B shape, q8_0, all resident (%.1f GB):\n", N, total / 1e9);
+    printf("  prefill of %d tokens at pos 0, Qwen3-30B-A3B shape, %s, all resident (%.1f GB)%s:\n", N, ggml_type_name(T),
+           total / 1e9, cuda_set_kq_mma(-1) ? ", k-quant tiles on (TIDE_KQ_MMA)" : "");
     /* TIDE_BENCH_PREFILL_WAY=i runs way i alone, without the timed pass (a profiler's run) */
     const char *only_env = getenv("TIDE_BENCH_PREFILL_WAY");
     int only = only_env ? atoi(only_env) : -1;

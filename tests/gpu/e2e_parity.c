@@ -49,6 +49,7 @@ static int argmax(const float *v, int n)
 }
 
 int gpu_e2e_type_down; /* > 0: the model's ffn_down and output in this type (modelgen's type_down) */
+int gpu_e2e_mix;       /* > 0: a llama-quantize recipe over the model's matrices (modelgen's mix) */
 static int full_fused; /* moe_ffn_table calls that computed in decode steps (the probe passes x NULL) */
 static int full_replays; /* recorded decode steps replayed (gpu_e2e_full) */
 static float *keep_logits; /* when set: every CUDA step's logits, (1 + n_gen) * n_vocab */
@@ -97,7 +98,8 @@ static int e2e_run(struct backend cpu, struct backend gpu, const char *name, con
 {
     char path[64], err[256] = "";
     snprintf(path, sizeof path, "/tmp/tide-gpu-%d-%s.gguf", (int)getpid(), name);
-    struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type, .type_down = gpu_e2e_type_down};
+    struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type, .type_down = gpu_e2e_type_down,
+                                 .mix = gpu_e2e_mix};
     struct model m;
     if (modelgen_write(&o, NULL, err, sizeof err) || model_load(&m, path, err, sizeof err)) {
         printf("FAIL %s (model: %s)\n", name, err);
@@ -354,8 +356,8 @@ static float *sh_view(const struct tensor *w, const float *xh, int n)
 {
     size_t len = (size_t)n * w->ne[0];
     float *v = malloc(sizeof(float) * len);
-    if (sh_kq(w))
-        kq_view_of_x(xh, v, n, (int)w->ne[0]);
+    if (sh_kq(w)) /* int8 blocks also where the k-quant tensor-core tiles (TIDE_KQ_MMA) take it */
+        kq_view_as(xh, v, n, (int)w->ne[0], n <= 8 || cuda_kq_mma_takes(w->type, (int)w->ne[0], n));
     else
         memcpy(v, xh, sizeof(float) * len);
     return v;

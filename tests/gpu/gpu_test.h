@@ -60,6 +60,10 @@ void test_matmul_kq(void);
 void test_get_rows_kq(void);
 void test_moe_kq(void);
 void bench_kquant(void);
+/* test_kqmma.c: the k-quant int8 tensor-core products (mmq_kquant.cu, TIDE_KQ_MMA) vs the CPU,
+ * and their timings against the widen + f16 GEMM path */
+void test_matmul_kqmma(const char *only);
+void bench_kqmma(void);
 /* y = W x (add: y0 + W x) on the GPU from a device copy of th at byte offset off, against
  * kq_ref_product on x as the kernels see it: the rel err; *e_f32 the one against the CPU's product */
 double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32);
@@ -69,12 +73,16 @@ void test_qblock(const char *only);
 void test_oai(const char *only);
 /* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */
 void kq_view_of_x(const float *x, float *out, int n, int cols);
+/* the same, int8 blocks at any n when int8 is set (the k-quant tensor-core tiles, TIDE_KQ_MMA) */
+void kq_view_as(const float *x, float *out, int n, int cols, bool int8);
 /* y (+)= W xv: k-quant W decoded by be's get_row and dotted in double; other types be's matmul */
 void kq_ref_product(struct backend be, const struct tensor *w, const float *xv, float *y, int n, bool add);
 /* the fused MoE op's arithmetic for k-quant experts on backend be (x and h as the kernels see them) */
 void kq_moe_ref(struct backend be, const struct expert_weights *eh, const float *w, int k, const float *x, float *y);
 void bench_prefill(void);
-void test_moe_prefill(void); /* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops */
+/* test_moe_prefill.c: the grouped prefill MoE op vs the per-expert ops (moe_prefill: q8_0 / q4_0;
+ * moe_prefill_kq: k-quants on the tensor-core tiles); only: a name filter or NULL */
+void test_moe_prefill(const char *only);
 /* an encoder's device allocations, counted (the daemon's allocator charges the ledger; at most 8
  * live blocks): dev_count_alloc / dev_count_free with ud a struct dev_count; pinned_alloc /
  * pinned_free: page-locked host memory (test_vision.c) */

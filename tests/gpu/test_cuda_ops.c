@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/gguf.h"
+#include "engine/quant_mix.h"
 #include "memory/vmm.h"
 #include "gpu_test.h"
 
@@ -38,6 +39,8 @@ static const char *tests[] = {
     "kv_f16_store", "kv_f16_attention", "kv_f16_rows", "bench_batch", "bench_moe_rows",
     "paged_attention", "paged_rows", "batch_paged_moe", "batch_paged_kv_f16_qwen3moe_q8_0",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
+    "matmul_kqmma_q4_K", "matmul_kqmma_q5_K", "matmul_kqmma_q6_K", "moe_prefill_kq", "e2e_kqmma_big_q4_K_M",
+    "e2e_shadow_kqmma_big_q4_K_M", "bench_kqmma",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
     "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
@@ -402,7 +405,7 @@ static void test_vmm(void)
 int gpu_e2e(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
             double lim);
 
-extern int gpu_e2e_type_down;
+extern int gpu_e2e_type_down, gpu_e2e_mix;
 int gpu_e2e_shadow(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type);
 int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
                  double lim);
@@ -494,6 +497,21 @@ static void test_e2e(const char *only)
         !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_big_q4_K_M", "big", GGML_TYPE_Q4_K))
         n_fail++;
     gpu_e2e_type_down = 0;
+    /* llama-quantize's Q4_K_M recipe (quant_mix.c: q4_K, with attn_v, ffn_down_exps and output
+     * in q6_K on its "more bits" layers) with the k-quant tensor-core tiles on (TIDE_KQ_MMA): the
+     * prefill's dense products and grouped experts through mmq_kquant.cu. The logits have the
+     * limit of e2e_big_q4_K_M for its reason (x's int8 rounding, not the kernels, moves them);
+     * the shadow run checks each product, now with x as the tiles see it (int8 blocks at every
+     * n), and test_moe_prefill.c's moe_prefill_kq the grouped experts against those products. */
+    int old_kq = cuda_set_kq_mma(1);
+    gpu_e2e_mix = QUANT_MIX_Q4_K_M;
+    if (want(only, "e2e_kqmma_big_q4_K_M") && !gpu_e2e(cpu, gpu, "e2e_kqmma_big_q4_K_M", "big", -1, 1.0))
+        n_fail++;
+    if (want(only, "e2e_shadow_kqmma_big_q4_K_M") &&
+        !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_kqmma_big_q4_K_M", "big", -1))
+        n_fail++;
+    gpu_e2e_mix = 0;
+    cuda_set_kq_mma(old_kq);
     fflush(stdout);
 }
 
@@ -531,6 +549,7 @@ int main(int argc, char **argv)
     if (want(only, "get_rows_kq")) test_get_rows_kq();
     if (want(only, "moe_ffn_kq")) test_moe_kq();
     if (want(only, "matmul_mmq")) test_mmq();
+    test_matmul_kqmma(only); /* matmul_kqmma_*: test_kqmma.c */
     test_qblock(only); /* q5_0, q5_1, iq4_xs, MXFP4: test_qblock.c */
 #endif
     test_oai(only); /* gpt-oss's ops: test_oai.c */
@@ -560,7 +579,7 @@ int main(int argc, char **argv)
     if (want(only, "sample")) test_sample();
     if (want(only, "sample_extras")) test_sample_extras();
     if (want(only, "moe_ffn_table")) test_moe_ffn_table();
-    if (want(only, "moe_prefill")) test_moe_prefill();
+    if (want(only, "moe_prefill") || want(only, "moe_prefill_kq")) test_moe_prefill(only);
     if (want(only, "e2e") || strstr(only, "e2e")) test_e2e(only);
     if (want(only, "batch_") || (only && strstr(only, "batch_"))) test_batch(only);
     test_qwenvl(only, bench); /* its own names: qwenvl_*, e2e_mrope_*, vision_attention_tc, bench_qwenvl (--bench) */
@@ -583,6 +602,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_decode_graph")) bench_decode(d2d, 5);
         if (want(only, "bench_prefill")) bench_prefill();
         if (want(only, "bench_kquant")) bench_kquant();
+        if (want(only, "bench_kqmma")) bench_kqmma();
         if (want(only, "bench_vision")) bench_vision();
         if (want(only, "bench_batch")) bench_batch();
         if (want(only, "bench_moe_rows")) bench_moe_rows(d2d);

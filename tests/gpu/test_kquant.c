@@ -20,14 +20,15 @@
 #include <string.h>
 
 /* x (n, cols) as kquant.cu's products see it: quantize_q8_kernel's int8 blocks of 32 (scale
- * amax / 127 rounded to f16, values rounded to nearest even) for n <= 8, f16 beyond. */
-void kq_view_of_x(const float *x, float *out, int n, int cols)
+ * amax / 127 rounded to f16, values rounded to nearest even) for n <= 8, f16 beyond; int8
+ * forces the blocks (the k-quant tensor-core path, mmq_kquant.cu, quantises x at any n). */
+void kq_view_as(const float *x, float *out, int n, int cols, bool int8)
 {
     size_t len = (size_t)n * cols;
     for (size_t b = 0; b < len / 32; b++) {
         const float *v = x + b * 32;
         float *o = out + b * 32;
-        if (n > 8) {
+        if (!int8) {
             for (int l = 0; l < 32; l++)
                 o[l] = tide_f16_to_f32(tide_f32_to_f16(v[l]));
             continue;
@@ -39,6 +40,11 @@ void kq_view_of_x(const float *x, float *out, int n, int cols)
         for (int l = 0; l < 32; l++)
             o[l] = (float)(int)rintf(v[l] * id) * ds;
     }
+}
+
+void kq_view_of_x(const float *x, float *out, int n, int cols)
+{
+    kq_view_as(x, out, n, cols, n <= 8);
 }
 
 /* y (n, rows) (+)= W xv for a host tensor: for a k-quant W, the rows as be's get_row decodes them
@@ -115,9 +121,11 @@ double kq_product(const struct tensor *th, const float *x, int n, bool add, size
     uint32_t T = th->type; /* the row alignment the word-loading kernels need */
     size_t align = T == GGML_TYPE_Q6_K || T == GGML_TYPE_Q5_0 ? 2 : T == GGML_TYPE_MXFP4 ? 1 : 4;
     bool fast = off % align == 0;
+    /* the k-quant tensor-core tiles (when on) take q4_K / q5_K rows 8-byte aligned, q6_K 2 */
+    bool tiles = cuda_kq_mma_takes(T, cols, n) && off % (T == GGML_TYPE_Q6_K ? 2 : 8) == 0;
     float *xv = malloc((size_t)n * cols * sizeof(float));
     if (fast)
-        kq_view_of_x(x, xv, n, cols);
+        kq_view_as(x, xv, n, cols, n <= 8 || tiles);
     else
         memcpy(xv, x, (size_t)n * cols * sizeof(float));
     cpu.i->matmul(cpu.ctx, th, x, yf, n);

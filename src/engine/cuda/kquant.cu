@@ -9,10 +9,13 @@
  *   - prefill (n > MM_NT): W widened to f16 into the scratch (one pass, 0.5-0.6x the bytes of
  *     the product's own reads of x), then the f16 tensor-core GEMM of matmul.cu. The int8
  *     tensor-core kernel (mmq_mma.cu) takes q8_0/q4_0 blocks only, and a k-quant block's
- *     per-16/32 scales and mins do not fit its one-scale-a-block tiles.
+ *     per-16/32 scales and mins do not fit its one-scale-a-block tiles;
+ *   - with TIDE_KQ_MMA=1 (off by default: not run on a GPU yet), n >= cuda_mmq_min_n() goes
+ *     to mmq_kquant.cu's int8 tensor-core tiles instead, which read the super-blocks as they are.
  * Rows need 4-byte alignment for q4_K/q5_K (every row is a multiple of 16 bytes), 2 for q6_K;
  * anything else returns false and matmul.cu's element-wise kernel runs. */
 #include "engine/cuda/kquant.cuh"
+#include "engine/cuda/mmq_kquant.cuh"
 
 #define KQ_WARPS 8                          /* rows a CTA (one a warp) */
 #define KQ_F16_MAX ((size_t)512 << 20)      /* largest widened W (bytes of f16) */
@@ -130,6 +133,10 @@ bool cuda_matmul_kq(struct cuda_ctx *c, const struct tensor *w, const float *x, 
         return cuda_matmul_qb(c, w, x, y, n, add);
     if (cols % QK_K || !kq_aligned(type, W, w->row_bytes))
         return false;
+    if (cuda_kq_mma_wants(type, W, w->row_bytes, cols, n)) {
+        cuda_kq_mma_matmul(c, type, W, w->row_bytes, rows, cols, x, n, y, add);
+        return true;
+    }
     int nb = cols / QK;
     size_t wide = (size_t)rows * cols * sizeof(__half);
     if (n > MM_NT && wide <= KQ_F16_MAX) {

@@ -50,6 +50,10 @@ extern "C" int cuda_set_mmq_split(int max_splits)
     return old;
 }
 
+/* the knobs above as mmq_kquant.cu's plan reads them (mmq_kquant.cuh) */
+int cuda_mmq_forced_tile(void) { return mmq_bn; }
+int cuda_mmq_max_split(void) { return mmq_split; }
+
 /* TIDE_MMQ_MIN_N=N in the environment moves the tensor-core threshold (diagnostics: a large N
  * keeps every product on the dp4a kernels). */
 int cuda_mmq_min_n(void)

@@ -24,8 +24,16 @@
  * use dp4a for small groups, which sums in another order (f32 rounding differences only).
  * Since a tile's arithmetic does not depend on the tile width or on which other groups share
  * the launch, the output does not depend on how the forward splits a layer's groups into
- * calls (the cache size). */
-#include "engine/cuda/mma_tile.cuh"
+ * calls (the cache size).
+ *
+ * k-quant experts (q4_K / q5_K / q6_K; down may differ from gate and up, as in Q4_K_M) are
+ * grouped too when TIDE_KQ_MMA=1 (mmq_kquant.cu, off by default: not run on a GPU yet): the
+ * same kernels with mma_kq_tile.cuh's kqt_mainloop, which also needs each x block's
+ * dx * sum(codes) for the mins (cuda_kq_xsum after each quantisation); they are bit for bit
+ * the dense k-quant kernel without split-K, as above. */
+#include "engine/cuda/mmq_kquant.cuh"
+
+#include <type_traits>
 
 extern "C" {
 #include "engine/backend_cuda.h"
@@ -51,14 +59,19 @@ struct mp_group {
  * n_embd, K = n_ff, column c reads quantised h row p0 + c, and out = (pairs, rows).
  * Consecutive CTAs are consecutive tiles: a group's tiles (which share its weight tile) run
  * together, so each weight tile comes from DRAM about once. */
+/* QT: 8 (q8_0), 2 (q4_0) or a k-quant type (KQ_Q4_K ..: the k-quant tiles, xs their x block
+ * sums); the shared memory of either kind of tile */
+template <int QT, int BN>
+using mp_smem = std::conditional_t<kq_type(QT), kqt_smem<QT, BN>, tile_smem<QT, BN>>;
+
 template <int QT, int BN, bool GATED>
 __global__ void __launch_bounds__(TILE_THREADS, 2)
 moe_mma_kernel(const mp_tile *__restrict__ tiles, const mp_group *__restrict__ groups, size_t row_bytes, int rows,
                int nb, const int *__restrict__ tok, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-               float *__restrict__ out)
+               const float *__restrict__ xs, float *__restrict__ out)
 {
     extern __shared__ __align__(16) uint8_t smem_raw[];
-    tile_smem<QT, BN> &sm = *(tile_smem<QT, BN> *)smem_raw;
+    mp_smem<QT, BN> &sm = *(mp_smem<QT, BN> *)smem_raw;
     const mp_tile tl = tiles[blockIdx.x];
     int m0 = blockIdx.y * (GATED ? TILE_BM / 2 : TILE_BM); /* first feature / output row */
     for (int rr = threadIdx.x; rr < TILE_BM; rr += TILE_THREADS) {
@@ -70,7 +83,10 @@ moe_mma_kernel(const mp_tile *__restrict__ tiles, const mp_group *__restrict__ g
         sm.xrow[c] = c < tl.cnt ? (GATED ? tok[tl.p0 + c] : tl.p0 + c) : -1;
     __syncthreads();
     tile_acc<BN> acc;
-    tile_mainloop<QT, BN>(sm, nb, xq, xd, 0, nb / TILE_KB, acc);
+    if constexpr (kq_type(QT))
+        kqt_mainloop<QT, BN>(sm, nb, xq, xd, xs, 0, nb / KQT_KB, acc);
+    else
+        tile_mainloop<QT, BN>(sm, nb, xq, xd, 0, nb / TILE_KB, acc);
 
 #pragma unroll
     for (int i = 0; i < tile_acc<BN>::MI; i++)
@@ -127,16 +143,23 @@ bool grouped(void)
 }
 
 /* The shapes and types the kernels take: q8_0 / q4_0 gate, up (E -> F) and down (F -> E), all
- * one type, whole blocks, K of both products whole tile stages (tile_shape_ok). */
+ * one type, whole blocks, K of both products whole tile stages (tile_shape_ok); or, with the
+ * k-quant tiles on, k-quant gate and up of one type and a k-quant down, whole super-blocks
+ * (kqt_shape_ok). */
 bool shape_ok(const struct expert_weights *e)
 {
-    uint32_t T = e->gate.type;
-    if ((T != GGML_TYPE_Q8_0 && T != GGML_TYPE_Q4_0) || e->up.type != T || e->down.type != T)
+    uint32_t T = e->gate.type, TD = e->down.type;
+    bool kq = cuda_kq_mma_on() && kq_type(T) && kq_type(TD);
+    if ((!kq && ((T != GGML_TYPE_Q8_0 && T != GGML_TYPE_Q4_0) || TD != T)) || e->up.type != T)
         return false;
     int64_t E = e->gate.ne[0], F = e->gate.ne[1];
     if (E <= 0 || F <= 0 || E % QK || F % QK || e->up.ne[0] != E || e->up.ne[1] != F || e->down.ne[0] != F ||
         e->down.ne[1] != E)
         return false;
+    if (kq)
+        return kqt_shape_ok((int)T, e->gate.data, e->gate.row_bytes, (int)(E / QK)) &&
+               kqt_shape_ok((int)T, e->up.data, e->up.row_bytes, (int)(E / QK)) &&
+               kqt_shape_ok((int)TD, e->down.data, e->down.row_bytes, (int)(F / QK));
     size_t blk = T == GGML_TYPE_Q8_0 ? 34 : 18;
     return e->gate.row_bytes == (size_t)(E / QK) * blk && e->up.row_bytes == e->gate.row_bytes &&
            e->down.row_bytes == (size_t)(F / QK) * blk && tile_shape_ok(e->gate.data, e->gate.row_bytes, (int)(E / QK)) &&
@@ -160,7 +183,7 @@ size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
  * n, k, n_group and the shape): quantised input, swiglu rows, their quantised form, the
  * per-pair down rows, then the host-built arguments. */
 struct mp_layout {
-    size_t xq, xd, h, hq, hd, yrow, tok, tpos, tw, groups, tiles, total;
+    size_t xq, xd, xs, h, hq, hd, hs, yrow, tok, tpos, tw, groups, tiles, total;
     int max_tiles;
 };
 
@@ -171,9 +194,11 @@ mp_layout layout(int n, int k, int n_group, int E, int F)
     L.max_tiles = (int)(P / 16) + n_group; /* the narrowest tiles (16) of every group */
     L.xq = o; o += al256((size_t)n * E);
     L.xd = o; o += al256((size_t)n * (E / QK) * sizeof(float));
+    L.xs = o; o += al256((size_t)n * (E / QK) * sizeof(float)); /* k-quant tiles: x's block sums */
     L.h = o; o += al256(P * F * sizeof(float));
     L.hq = o; o += al256(P * F);
     L.hd = o; o += al256(P * (F / QK) * sizeof(float));
+    L.hs = o; o += al256(P * (F / QK) * sizeof(float));
     L.yrow = o; o += al256(P * E * sizeof(float));
     L.tok = o; o += al256(P * sizeof(int));
     L.tpos = o; o += al256(P * sizeof(int));
@@ -186,10 +211,11 @@ mp_layout layout(int n, int k, int n_group, int E, int F)
 
 template <int QT, int BN, bool GATED>
 bool launch(struct cuda_ctx *c, int n_tiles, int row_tiles, const mp_tile *tiles, const mp_group *groups,
-            size_t row_bytes, int rows, int nb, const int *tok, const int8_t *xq, const float *xd, float *out)
+            size_t row_bytes, int rows, int nb, const int *tok, const int8_t *xq, const float *xd, const float *xs,
+            float *out)
 {
     static uint64_t opted; /* bit dev: the > 48 KB shared memory opt-in done (engine thread only) */
-    size_t smem = sizeof(tile_smem<QT, BN>);
+    size_t smem = sizeof(mp_smem<QT, BN>);
     if (c->dev < 64 && !(opted >> c->dev & 1)) {
         if (!CU(c, cudaFuncSetAttribute(moe_mma_kernel<QT, BN, GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem)))
@@ -198,20 +224,26 @@ bool launch(struct cuda_ctx *c, int n_tiles, int row_tiles, const mp_tile *tiles
     }
     dim3 grid((unsigned)n_tiles, (unsigned)row_tiles);
     moe_mma_kernel<QT, BN, GATED><<<grid, TILE_THREADS, smem, c->st>>>(tiles, groups, row_bytes, rows, nb, tok, xq, xd,
-                                                                       out);
+                                                                       xs, out);
     return CU_LAUNCH(c, "moe_mma_kernel");
 }
 
 template <bool GATED>
 bool product(struct cuda_ctx *c, uint32_t type, int bn, int n_tiles, int row_tiles, const mp_tile *tiles,
              const mp_group *groups, size_t row_bytes, int rows, int nb, const int *tok, const int8_t *xq,
-             const float *xd, float *out)
+             const float *xd, const float *xs, float *out)
 {
 #define MP_LAUNCH(QT, BN) \
-    launch<QT, BN, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, out)
-    if (type == GGML_TYPE_Q8_0)
-        return bn == 64 ? MP_LAUNCH(8, 64) : bn == 32 ? MP_LAUNCH(8, 32) : MP_LAUNCH(8, 16);
-    return bn == 64 ? MP_LAUNCH(2, 64) : bn == 32 ? MP_LAUNCH(2, 32) : MP_LAUNCH(2, 16);
+    launch<QT, BN, GATED>(c, n_tiles, row_tiles, tiles, groups, row_bytes, rows, nb, tok, xq, xd, xs, out)
+#define MP_TYPE(QT) return bn == 64 ? MP_LAUNCH(QT, 64) : bn == 32 ? MP_LAUNCH(QT, 32) : MP_LAUNCH(QT, 16)
+    switch (type) {
+    case GGML_TYPE_Q8_0: MP_TYPE(8);
+    case GGML_TYPE_Q4_K: MP_TYPE(KQ_Q4_K);
+    case GGML_TYPE_Q5_K: MP_TYPE(KQ_Q5_K);
+    case GGML_TYPE_Q6_K: MP_TYPE(KQ_Q6_K);
+    default: MP_TYPE(2);
+    }
+#undef MP_TYPE
 #undef MP_LAUNCH
 }
 
@@ -251,7 +283,10 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
         if (!same_layout(e0, &b->ex[g]) || b->off[g + 1] <= b->off[g])
             return g == g0 && b->off[g + 1] > b->off[g] ? TIDE_EUNSUPPORTED : TIDE_EINVAL;
     int E = (int)e0->gate.ne[0], F = (int)e0->gate.ne[1];
-    uint32_t type = e0->gate.type;
+    uint32_t type = e0->gate.type, type_d = e0->down.type;
+    /* q4_K / q5_K tiles also read x's block sums (their mins) */
+    bool sums = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+    bool sums_d = type_d == GGML_TYPE_Q4_K || type_d == GGML_TYPE_Q5_K;
     mp_layout L = layout(n, k, ng, E, F);
     uint8_t *ws = (uint8_t *)cuda_scratch(c, L.total);
     if (!ws)
@@ -313,18 +348,20 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
 
     int8_t *xq = (int8_t *)(ws + L.xq), *hq = (int8_t *)(ws + L.hq);
     float *xd = (float *)(ws + L.xd), *h = (float *)(ws + L.h), *hd = (float *)(ws + L.hd);
+    float *xs = (float *)(ws + L.xs), *hs = (float *)(ws + L.hs);
     float *yrow = (float *)(ws + L.yrow);
     const mp_tile *tiles = (const mp_tile *)(ws + L.tiles);
     const mp_group *groups = (const mp_group *)(ws + L.groups);
     const int *tokd = (const int *)(ws + L.tok);
     int nbE = E / QK, nbF = F / QK;
     size_t p0 = (size_t)b->off[g0];
-    ok = (!first || quantize(c, x, n * nbE, xq, xd)) &&
+    ok = (!first || (quantize(c, x, n * nbE, xq, xd) && (!sums || cuda_kq_xsum(c, xq, xd, n * nbE, xs)))) &&
          product<true>(c, type, bn, n_tiles, (F + TILE_BM / 2 - 1) / (TILE_BM / 2), tiles, groups, e0->gate.row_bytes, F,
-                       nbE, tokd, xq, xd, h) &&
+                       nbE, tokd, xq, xd, xs, h) &&
          quantize(c, h + p0 * F, pairs * nbF, hq + p0 * F, hd + p0 * nbF) &&
-         product<false>(c, type, bn, n_tiles, (E + TILE_BM - 1) / TILE_BM, tiles, groups, e0->down.row_bytes, E, nbF,
-                        tokd, hq, hd, yrow);
+         (!sums_d || cuda_kq_xsum(c, hq + p0 * F, hd + p0 * nbF, pairs * nbF, hs + p0 * nbF)) &&
+         product<false>(c, type_d, bn, n_tiles, (E + TILE_BM - 1) / TILE_BM, tiles, groups, e0->down.row_bytes, E, nbF,
+                        tokd, hq, hd, hs, yrow);
     if (ok && g1 == ng) {
         mp_combine_kernel<<<(unsigned)n, 256, 0, c->st>>>(yrow, (const int *)(ws + L.tpos), (const float *)(ws + L.tw),
                                                           k, E, y, add);

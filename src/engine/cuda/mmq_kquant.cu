@@ -1,0 +1,204 @@
+/* mmq_kquant.cu - prefill-size q4_K / q5_K / q6_K products on the int8 tensor cores.
+ *
+ * Without it, kquant.cu widens a k-quant W to f16 in the scratch for every product with
+ * n > 8 and runs the f16 WMMA GEMM (a full write and read of 2 bytes a weight, and the f16
+ * tensor cores at half the int8 rate); the grouped MoE prefill took no k-quants at all, so a
+ * Q4_K_M MoE ran its experts one by one. Here, as mmq_mma.cu does for q8_0 / q4_0, x is
+ * quantised once to int8 blocks of 32 (quantize_q8_kernel<true>, the same values) plus each
+ * block's dx * sum(codes) for the q4_K / q5_K mins (kq_xsum_kernel), and a CTA owns a
+ * 128-row x BN-token tile of y, walking K one super-block a stage with mma_kq_tile.cuh's
+ * kqt_mainloop (which moe_prefill.cu's grouped kernels share). Split-K (grid z) when the
+ * tiles leave SMs idle, with the slices added in a fixed order, as mmq_mma.cu's plan does.
+ *
+ * Off by default (TIDE_KQ_MMA=1 or cuda_set_kq_mma turns it on): it has not run on a GPU yet.
+ * Rows kqt_shape_ok refuses (W not 8-byte aligned for q4_K / q5_K) stay on kquant.cu's paths. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/mmq_kquant.cuh"
+
+extern "C" {
+#include "engine/backend_cuda.h"
+}
+
+#define KQM_MAX_SPLIT 8
+
+/* -1: not read yet; then TIDE_KQ_MMA=1 in the environment, or cuda_set_kq_mma */
+static int kq_mma = -1;
+
+bool cuda_kq_mma_on(void)
+{
+    if (kq_mma < 0) {
+        const char *e = getenv("TIDE_KQ_MMA");
+        kq_mma = e && !strcmp(e, "1");
+    }
+    return kq_mma != 0;
+}
+
+extern "C" int cuda_set_kq_mma(int on)
+{
+    int old = cuda_kq_mma_on();
+    if (on >= 0)
+        kq_mma = on != 0;
+    return old;
+}
+
+extern "C" int cuda_kq_mma_takes(uint32_t type, int cols, int n)
+{
+    return cuda_kq_mma_on() && kq_type(type) && cols > 0 && cols % QK_K == 0 && n > 2 && n >= cuda_mmq_min_n();
+}
+
+bool cuda_kq_mma_wants(uint32_t type, const void *W, size_t row_bytes, int cols, int n)
+{
+    return cuda_kq_mma_takes(type, cols, n) && kqt_shape_ok((int)type, W, row_bytes, cols / QK);
+}
+
+__global__ void __launch_bounds__(256) kq_xsum_kernel(const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                                      int nblocks, float *__restrict__ xs)
+{
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    const int4 *p = (const int4 *)(xq + (size_t)b * QK);
+    xs[b] = xd[b] * (float)dp4a_sum32(p[0], p[1]);
+}
+
+bool cuda_kq_xsum(struct cuda_ctx *c, const int8_t *xq, const float *xd, int nblocks, float *xs)
+{
+    if (nblocks <= 0)
+        return true;
+    kq_xsum_kernel<<<(unsigned)((nblocks + 255) / 256), 256, 0, c->st>>>(xq, xd, nblocks, xs);
+    return CU_LAUNCH(c, "kq_xsum_kernel");
+}
+
+/* grid (token tiles, row tiles, K slices of kps super-blocks), as mmq_mma_kernel: consecutive
+ * CTAs share a weight tile. out is y (add: y += the tile), or with several slices the
+ * partials (slice, n, rows). BN = 16, 32 or 64 tokens. */
+template <int T, int BN>
+__global__ void __launch_bounds__(TILE_THREADS, 2)
+kq_mma_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int nb, const int8_t *__restrict__ xq,
+              const float *__restrict__ xd, const float *__restrict__ xs, int n, int kps, float *__restrict__ out,
+              bool add)
+{
+    extern __shared__ __align__(16) uint8_t smem_raw[];
+    kqt_smem<T, BN> &sm = *(kqt_smem<T, BN> *)smem_raw;
+    int n0 = blockIdx.x * BN, m0 = blockIdx.y * TILE_BM;
+    for (int rr = threadIdx.x; rr < TILE_BM; rr += TILE_THREADS)
+        sm.wrow[rr] = m0 + rr < rows ? W + (size_t)(m0 + rr) * row_bytes : nullptr;
+    for (int c = threadIdx.x; c < BN; c += TILE_THREADS)
+        sm.xrow[c] = n0 + c < n ? n0 + c : -1;
+    __syncthreads();
+    int kt0 = blockIdx.z * kps;
+    tile_acc<BN> acc;
+    kqt_mainloop<T, BN>(sm, nb, xq, xd, xs, kt0, min(kps, nb / KQT_KB - kt0), acc);
+
+    float *y = out + (size_t)blockIdx.z * n * rows;
+#pragma unroll
+    for (int i = 0; i < tile_acc<BN>::MI; i++)
+#pragma unroll
+        for (int j = 0; j < tile_acc<BN>::NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + tile_row(i, e), tk = n0 + tile_col<BN>(j, e);
+                if (r < rows && tk < n)
+                    mm_put(y + (size_t)tk * rows + r, acc.v[i][j][e], add);
+            }
+}
+
+/* y[i] (=, or += with add) the sum over the slices of part[slice][i], slices in order */
+__global__ void kq_reduce_kernel(const float *__restrict__ part, int splits, size_t total, float *__restrict__ y,
+                                 bool add)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    float s = part[i];
+    for (int z = 1; z < splits; z++)
+        s += part[(size_t)z * total + i];
+    mm_put(y + i, s, add);
+}
+
+struct kq_plan {
+    int bn, splits, kps;
+};
+
+/* mmq_mma.cu's plan in super-blocks: the narrowest tile that holds n (at most 64); K slices
+ * when the tiles alone leave SMs idle, up to ~2 CTAs an SM, at least 2 stages a slice. */
+static kq_plan plan(struct cuda_ctx *c, int rows, int nb, int n)
+{
+    kq_plan p;
+    int forced = cuda_mmq_forced_tile();
+    p.bn = forced ? forced : n > 32 ? 64 : n > 16 ? 32 : 16;
+    int nkt = nb / KQT_KB > 0 ? nb / KQT_KB : 1;
+    long ctas = (long)((rows + TILE_BM - 1) / TILE_BM) * ((n + p.bn - 1) / p.bn);
+    long want = 2L * c->sm_count;
+    int s = ctas >= c->sm_count ? 1 : (int)((want + ctas - 1) / ctas);
+    int smax = nkt / 2 > 1 ? nkt / 2 : 1;
+    s = s < smax ? s : smax;
+    int lim = cuda_mmq_max_split();
+    lim = lim < KQM_MAX_SPLIT ? lim : KQM_MAX_SPLIT;
+    s = s < lim ? s : lim;
+    p.kps = (nkt + s - 1) / s;
+    p.splits = (nkt + p.kps - 1) / p.kps;
+    return p;
+}
+
+template <int T, int BN>
+static bool launch(struct cuda_ctx *c, const kq_plan &p, const uint8_t *W, size_t row_bytes, int rows, int nb,
+                   const int8_t *xq, const float *xd, const float *xs, int n, float *out, bool add)
+{
+    static uint64_t opted; /* bit dev: the > 48 KB shared memory opt-in done (engine thread only) */
+    size_t smem = sizeof(kqt_smem<T, BN>);
+    if (c->dev < 64 && !(opted >> c->dev & 1)) {
+        if (!CU(c, cudaFuncSetAttribute(kq_mma_kernel<T, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem)))
+            return false;
+        opted |= 1ull << c->dev;
+    }
+    dim3 grid((unsigned)((n + BN - 1) / BN), (unsigned)((rows + TILE_BM - 1) / TILE_BM), (unsigned)p.splits);
+    kq_mma_kernel<T, BN><<<grid, TILE_THREADS, smem, c->st>>>(W, row_bytes, rows, nb, xq, xd, xs, n, p.kps, out,
+                                                              add);
+    return CU_LAUNCH(c, "kq_mma_kernel");
+}
+
+template <int T>
+static bool launch_type(struct cuda_ctx *c, const kq_plan &p, const uint8_t *W, size_t row_bytes, int rows, int nb,
+                        const int8_t *xq, const float *xd, const float *xs, int n, float *out, bool add)
+{
+    return p.bn == 64   ? launch<T, 64>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, add)
+           : p.bn == 32 ? launch<T, 32>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, add)
+                        : launch<T, 16>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, add);
+}
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+void cuda_kq_mma_matmul(struct cuda_ctx *c, uint32_t type, const uint8_t *W, size_t row_bytes, int rows, int cols,
+                        const float *x, int n, float *y, bool add)
+{
+    int nb = cols / QK, nblocks = n * nb;
+    kq_plan p = plan(c, rows, nb, n);
+    /* scratch: xq (n, cols) int8, xd and xs (n, nb) f32, then the split-K partials */
+    size_t qbytes = al256((size_t)n * cols), dbytes = al256((size_t)nblocks * sizeof(float));
+    size_t pbytes = p.splits > 1 ? (size_t)p.splits * n * rows * sizeof(float) : 0;
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + 2 * dbytes + pbytes);
+    if (!ws)
+        return; /* the error is kept in c */
+    int8_t *xq = (int8_t *)ws;
+    float *xd = (float *)(ws + qbytes), *xs = (float *)(ws + qbytes + dbytes);
+    float *part = (float *)(ws + qbytes + 2 * dbytes);
+    quantize_q8_kernel<true><<<(nblocks + 7) / 8, 256, 0, c->st>>>(x, nblocks, xq, xd);
+    if (!CU_LAUNCH(c, "quantize_q8_kernel"))
+        return;
+    if (type != GGML_TYPE_Q6_K && !cuda_kq_xsum(c, xq, xd, nblocks, xs))
+        return;
+    float *out = p.splits > 1 ? part : y;
+    bool tile_add = add && p.splits == 1;
+    bool ok = type == GGML_TYPE_Q4_K   ? launch_type<KQ_Q4_K>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, tile_add)
+              : type == GGML_TYPE_Q5_K ? launch_type<KQ_Q5_K>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, tile_add)
+                                       : launch_type<KQ_Q6_K>(c, p, W, row_bytes, rows, nb, xq, xd, xs, n, out, tile_add);
+    if (!ok || p.splits == 1)
+        return;
+    size_t total = (size_t)n * rows;
+    kq_reduce_kernel<<<(unsigned)((total + 255) / 256), 256, 0, c->st>>>(part, p.splits, total, y, add);
+    CU_LAUNCH(c, "kq_reduce_kernel");
+}
