@@ -23,8 +23,8 @@
  * what it keeps) gets a copy, as for a shared block, and the keyed one stays cached.
  *
  * Fixed form (block_rows == n_ctx): one block per slot, block s is slot s's and never moves; this
- * is the layout where a backend has no paged attention (CUDA today): reserve, share and trim
- * then do nothing. Only the engine thread uses it. */
+ * is the layout where a backend has no paged attention (CUDA without TIDE_CUDA_PAGED=1):
+ * reserve, share and trim then do nothing, and there is no index. Only the engine thread uses it. */
 #ifndef TIDE_KV_BLOCKS_H
 #define TIDE_KV_BLOCKS_H
 
