@@ -45,6 +45,7 @@ int cuda_set_mmq_min_n(int n) { (void)n; return 0; }
 int cuda_set_mmq_tile(int bn) { (void)bn; return 0; }
 int cuda_set_mmq_split(int max_splits) { (void)max_splits; return 0; }
 int cuda_set_moe_grouped(int on) { (void)on; return 0; }
+int cuda_set_moe_rows_mma(int on) { (void)on; return 0; }
 int cuda_set_attn_mma(int on) { (void)on; return 0; }
 int cuda_set_vision_tc(int on) { (void)on; return 0; }
 int cuda_set_kq_mma(int on) { (void)on; return 0; }

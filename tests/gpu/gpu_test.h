@@ -49,6 +49,7 @@ void test_matmul_add(void);
 void test_matmul3(void);
 void test_step_at(void);      /* the position-from-device ops of a recorded decode step */
 void test_rows(void);         /* test_rows.c: a decode step's rows in one op vs one row at a time */
+void test_moe_rows_mma(void); /* test_rows.c: the same MoE on the tensor-core tiles (TIDE_MOE_ROWS_MMA) */
 void bench_moe_rows(double d2d); /* test_rows.c: the MoE of n tokens on one layer, us and GB/s */
 void test_norm_matmul(void);  /* the FFN rmsnorm + router product in one op */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */

@@ -3,6 +3,7 @@
  * row at a time: the rotated K/V rows and the routing bit for bit, attention and the MoE up to
  * summation order (they split the work differently). */
 #include "gpu_test.h"
+#include "engine/backend_cuda.h"
 #include "engine/quants.h"
 
 #include <math.h>
@@ -105,7 +106,16 @@ static void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int 
     experts_make_at(x, T, TD, E, F, NE, 0);
 }
 
+/* lim: the n-token op against n one-token calls (2e-4: the grouped CUDA-core kernels; with
+ * TIDE_MOE_ROWS_MMA the tensor-core tiles sum in another order, and an h value on a rounding
+ * edge of its int8 quantisation may land on the other side) */
+static bool moe_rows_case_lim(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n, double lim);
 static bool moe_rows_case(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n)
+{
+    return moe_rows_case_lim(T, TD, E, F, k, NE, n, 2e-4);
+}
+
+static bool moe_rows_case_lim(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n, double lim)
 {
     struct experts x;
     experts_make(&x, T, TD, E, F, NE);
@@ -128,9 +138,10 @@ static bool moe_rows_case(uint32_t T, uint32_t TD, int E, int F, int k, int NE, 
         h_yb[i] -= y0[i];
     }
     double e = relerr(h_yb, h_ya, (size_t)n * E);
-    bool ok = rc == 0 && rc2 == 0 && same_route && e <= 2e-4;
-    printf("  moe rows %s/%s E %d F %d k %d of %d, %d tokens: rc %d/%d, routing %s, rel err %.3g\n", ggml_type_name(T),
-           ggml_type_name(TD), E, F, k, NE, n, rc, rc2, same_route ? "same" : "DIFFERS", e);
+    bool ok = rc == 0 && rc2 == 0 && same_route && e <= lim;
+    printf("  moe rows %s/%s E %d F %d k %d of %d, %d tokens%s: rc %d/%d, routing %s, rel err %.3g (limit %.0e)\n",
+           ggml_type_name(T), ggml_type_name(TD), E, F, k, NE, n, cuda_set_moe_rows_mma(-1) ? " (tensor-core tiles)" : "",
+           rc, rc2, same_route ? "same" : "DIFFERS", e, lim);
     void *dv[] = {ld, xd, ya, yb, ra, rb, x.mem, x.tab_d};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         gpu.i->free(gpu.ctx, dv[i]);
@@ -158,6 +169,27 @@ void test_rows(void)
                                cfg[c][6]) && ok;
     }
     verdict("rows", ok, "a decode step's rows in one op each = one row at a time (%.0f cases)", n_cases);
+}
+
+/* --only moe_rows_mma: the same MoE cases with TIDE_MOE_ROWS_MMA's path (cuda_set_moe_rows_mma:
+ * the step's routing grouped on the device, the products on moe_ffn_batch's tensor-core tiles)
+ * against one token a call; shapes the tiles do not take (q4_0 with F 96, k-quants without
+ * TIDE_KQ_MMA) fall back to the CUDA-core kernels and must still pass. Not run on a GPU yet. */
+void test_moe_rows_mma(void)
+{
+    bool ok = gpu.i->moe_ffn_table_route != NULL;
+    int n_cases = 0, was = cuda_set_moe_rows_mma(1);
+    static const int cfg[][7] = {
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 2048, 768, 8, 128, 32}, {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 2048, 768, 8, 128, 8},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 2048, 768, 8, 128, 2},  {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 2048, 768, 8, 128, 64},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 256, 128, 4, 8, 40},    {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 256, 256, 4, 16, 17},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 256, 96, 4, 16, 9},
+    };
+    for (size_t c = 0; ok && c < sizeof cfg / sizeof cfg[0]; c++, n_cases++)
+        ok = moe_rows_case_lim((uint32_t)cfg[c][0], (uint32_t)cfg[c][1], cfg[c][2], cfg[c][3], cfg[c][4], cfg[c][5],
+                               cfg[c][6], 1e-3) && ok;
+    cuda_set_moe_rows_mma(was);
+    verdict("moe_rows_mma", ok, "a decode step's MoE on the tensor-core tiles = one token at a time (%.0f cases)", n_cases);
 }
 
 /* --bench --only bench_moe_rows: moe_ffn_table_route of n tokens on Qwen3-30B-A3B's expert shape
@@ -190,12 +222,13 @@ static void bench_moe_rows_at(double d2d, size_t stride, bool all_cfgs)
     float *yd = dev_put(xs, sizeof(float) * 64 * E);
     int32_t *rd = dev_put(NULL, sizeof(int32_t) * 2 * k * 64);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        for (int cfg = 0; cfg <= 4; cfg++) {
+        for (int cfg = 0; cfg <= 5; cfg++) { /* 5: cfg 3 with TIDE_MOE_ROWS_MMA's tiles */
             int n = ns[i];
-            if ((n == 1 || !all_cfgs) && cfg != 3)
+            if ((n == 1 && cfg != 3) || (!all_cfgs && cfg != 3 && cfg != 5))
                 continue;
+            cuda_set_moe_rows_mma(cfg == 5);
             char cs[8];
-            snprintf(cs, sizeof cs, "%d", cfg);
+            snprintf(cs, sizeof cs, "%d", cfg == 5 ? 3 : cfg);
             setenv("TIDE_MOE_ROWS_CFG", cs, 1);
             double t0 = 0;
             int rc = 0;
@@ -217,11 +250,13 @@ static void bench_moe_rows_at(double d2d, size_t stride, bool all_cfgs)
                         used[r[t * 2 * k + j]] = true, distinct++;
             free(r);
             double gbs = distinct * (double)ebytes / (us * 1e-6) / 1e9;
-            printf("  bench_moe_rows: %s n=%2d cfg %d rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n",
-                   stride ? "spread" : "packed", n, cfg, rc, us, distinct, gbs, d2d > 0 ? 100.0 * gbs / d2d : 0.0);
+            printf("  bench_moe_rows: %s n=%2d cfg %s rc %d  %7.1f us a layer, %3d experts, %6.0f GB/s (%.0f%% of d2d)\n",
+                   stride ? "spread" : "packed", n, cfg == 5 ? "mma" : cs, rc, us, distinct, gbs,
+                   d2d > 0 ? 100.0 * gbs / d2d : 0.0);
         }
     }
     unsetenv("TIDE_MOE_ROWS_CFG");
+    cuda_set_moe_rows_mma(0);
     void *dv[] = {ld, xd, yd, rd, x.mem, x.tab_d};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         gpu.i->free(gpu.ctx, dv[i]);

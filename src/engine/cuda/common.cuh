@@ -159,6 +159,11 @@ void cuda_sgemm(struct cuda_ctx *c, const float *W, size_t ldw, int rows, int co
                 bool add);
 /* moe_prefill.cu: backend_i.moe_ffn_batch (q8_0 / q4_0; TIDE_EUNSUPPORTED for anything else) */
 int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const float *x, float *y, bool add);
+/* A decode step's MoE (moe_ffn_table_route of n > 1 tokens, routed already on the device) on
+ * the grouped prefill tiles (moe_prefill.cu): TIDE_EUNSUPPORTED unless TIDE_MOE_ROWS_MMA=1 and
+ * the shape is one moe_ffn_batch takes (x NULL: only that probe). */
+int cuda_moe_rows_grouped(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                          const int32_t *routed, int n, int k, int n_expert, const float *x, float *y, bool add);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v)

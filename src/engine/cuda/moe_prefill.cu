@@ -73,6 +73,8 @@ moe_mma_kernel(const mp_tile *__restrict__ tiles, const mp_group *__restrict__ g
     extern __shared__ __align__(16) uint8_t smem_raw[];
     mp_smem<QT, BN> &sm = *(mp_smem<QT, BN> *)smem_raw;
     const mp_tile tl = tiles[blockIdx.x];
+    if (tl.cnt <= 0) /* a decode step's tile list (cuda_moe_rows_grouped) has a tile per expert, used or not */
+        return;
     int m0 = blockIdx.y * (GATED ? TILE_BM / 2 : TILE_BM); /* first feature / output row */
     for (int rr = threadIdx.x; rr < TILE_BM; rr += TILE_THREADS) {
         int r = GATED ? m0 + (rr >> 4) * 8 + (rr & 7) : m0 + rr;
@@ -365,6 +367,142 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
     if (ok && g1 == ng) {
         mp_combine_kernel<<<(unsigned)n, 256, 0, c->st>>>(yrow, (const int *)(ws + L.tpos), (const float *)(ws + L.tw),
                                                           k, E, y, add);
+        ok = CU_LAUNCH(c, "mp_combine_kernel");
+    }
+    return ok ? 0 : c->err;
+}
+
+/* ---- a decode step's MoE on the same tiles, grouped on the device (TIDE_MOE_ROWS_MMA=1) ----
+ *
+ * moe_rows.cu's kernels dot each expert row with a step's few tokens on the CUDA cores, at ~1.5
+ * TB/s on one H200 (bench_moe_rows: 170 / 372 us a layer at 8 / 32 tokens). Here the step's
+ * routing (already on the device) is turned into moe_ffn_batch's arguments by one small kernel,
+ * and the prefill's grouped tensor-core products stream each chosen expert's weights through
+ * cp.async stages as they do for a prompt: no wait for the host, the same launches whatever the
+ * routing. The tile list has ceil(n / 16) tiles of 16 pairs for every expert; those of experts
+ * nobody chose (and the tails past an expert's pairs) have no pairs and return at once.
+ * A token's pairs are combined in ascending expert order, as moe_ffn_batch's and the CPU's.
+ * Not run on a GPU yet: off unless TIDE_MOE_ROWS_MMA=1 (or cuda_set_moe_rows_mma). */
+
+namespace {
+
+int rows_mma_on = -1;
+
+bool rows_mma(void)
+{
+    if (rows_mma_on < 0) {
+        const char *e = getenv("TIDE_MOE_ROWS_MMA");
+        rows_mma_on = e && e[0] == '1';
+    }
+    return rows_mma_on != 0;
+}
+
+#define MR_BN 16 /* pairs a tile: an expert has at most n pairs (a token picks it once) */
+
+/* One CTA: the (token, choice) pairs of routed (n, 2k: k expert ids, then k weights' bits)
+ * grouped by expert, tokens ascending within an expert: tok (P) each pair's token; tpos / tw
+ * (n, k) each token's pairs' places in that order and weights, by ascending expert id; groups
+ * (n_expert) the table's weights; tiles (n_expert, T) of MR_BN pairs. cnt / off: dynamic
+ * shared memory of 2 * (n_expert + 1) ints. */
+__global__ void mr_group_kernel(const int32_t *__restrict__ routed, int n, int k, int n_expert,
+                                const void *const *__restrict__ table, int T, int *__restrict__ tok,
+                                int *__restrict__ tpos, float *__restrict__ tw, mp_group *__restrict__ groups,
+                                mp_tile *__restrict__ tiles)
+{
+    extern __shared__ int mr_sm[];
+    int *cnt = mr_sm, *off = mr_sm + n_expert + 1;
+    const int P = n * k;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        int c = 0;
+        for (int p = 0; p < P; p++)
+            c += routed[(size_t)(p / k) * 2 * k + p % k] == e;
+        cnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* n_expert <= 1024: a serial scan is a few microseconds at most */
+        int o = 0;
+        for (int e = 0; e < n_expert; e++) {
+            off[e] = o;
+            o += cnt[e];
+        }
+        off[n_expert] = o;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        int o = off[e];
+        for (int p = 0; p < P; p++) {
+            int t = p / k, j = p % k;
+            const int32_t *row = routed + (size_t)t * 2 * k;
+            if (row[j] != e)
+                continue;
+            int rank = 0; /* this pair's place among the token's pairs by expert id */
+            for (int i = 0; i < k; i++)
+                rank += row[i] < e;
+            tok[o] = t;
+            tpos[(size_t)t * k + rank] = o;
+            tw[(size_t)t * k + rank] = __int_as_float(row[k + j]);
+            o++;
+        }
+        groups[e] = mp_group{{(const uint8_t *)table[3 * e], (const uint8_t *)table[3 * e + 1],
+                              (const uint8_t *)table[3 * e + 2]}};
+        for (int i = 0; i < T; i++) {
+            int rem = cnt[e] - i * MR_BN;
+            tiles[(size_t)e * T + i] = mp_tile{e, off[e] + i * MR_BN, rem <= 0 ? 0 : rem < MR_BN ? rem : MR_BN};
+        }
+    }
+}
+
+} // namespace
+
+extern "C" int cuda_set_moe_rows_mma(int on)
+{
+    int old = rows_mma();
+    if (on >= 0)
+        rows_mma_on = on != 0;
+    return old;
+}
+
+int cuda_moe_rows_grouped(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
+                          const int32_t *routed, int n, int k, int n_expert, const float *x, float *y, bool add)
+{
+    /* the weights are the table's (expert cache slots, 256-byte aligned), not the shape's view's */
+    struct expert_weights sh = *shape;
+    sh.gate.data = sh.up.data = sh.down.data = NULL;
+    if (!rows_mma() || !shape_ok(&sh) || n < 1 || k < 1 || n_expert < 1 || n_expert > 1024)
+        return TIDE_EUNSUPPORTED;
+    if (!x)
+        return 0;
+    if (c->err)
+        return c->err;
+    int E = (int)shape->gate.ne[0], F = (int)shape->gate.ne[1], T = (n + MR_BN - 1) / MR_BN;
+    uint32_t type = shape->gate.type, type_d = shape->down.type;
+    bool sums = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+    bool sums_d = type_d == GGML_TYPE_Q4_K || type_d == GGML_TYPE_Q5_K;
+    /* moe_ffn_batch's layout with a group per expert, then this tile list in place of its own */
+    mp_layout L = layout(n, k, n_expert, E, F);
+    size_t tiles_at = L.total, total = tiles_at + al256((size_t)n_expert * T * sizeof(mp_tile));
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, total);
+    if (!ws)
+        return c->err ? c->err : TIDE_ENOMEM;
+    int8_t *xq = (int8_t *)(ws + L.xq), *hq = (int8_t *)(ws + L.hq);
+    float *xd = (float *)(ws + L.xd), *h = (float *)(ws + L.h), *hd = (float *)(ws + L.hd);
+    float *xs = (float *)(ws + L.xs), *hs = (float *)(ws + L.hs), *yrow = (float *)(ws + L.yrow);
+    int *tok = (int *)(ws + L.tok), *tpos = (int *)(ws + L.tpos);
+    float *tw = (float *)(ws + L.tw);
+    mp_group *groups = (mp_group *)(ws + L.groups);
+    mp_tile *tiles = (mp_tile *)(ws + tiles_at);
+    int P = n * k, nbE = E / QK, nbF = F / QK, n_tiles = n_expert * T;
+    mr_group_kernel<<<1, 256, sizeof(int) * 2 * (size_t)(n_expert + 1), c->st>>>(routed, n, k, n_expert, table, T, tok,
+                                                                                 tpos, tw, groups, tiles);
+    bool ok = CU_LAUNCH(c, "mr_group_kernel") && quantize(c, x, n * nbE, xq, xd) &&
+              (!sums || cuda_kq_xsum(c, xq, xd, n * nbE, xs)) &&
+              product<true>(c, type, MR_BN, n_tiles, (F + TILE_BM / 2 - 1) / (TILE_BM / 2), tiles, groups,
+                            shape->gate.row_bytes, F, nbE, tok, xq, xd, xs, h) &&
+              quantize(c, h, P * nbF, hq, hd) && (!sums_d || cuda_kq_xsum(c, hq, hd, P * nbF, hs)) &&
+              product<false>(c, type_d, MR_BN, n_tiles, (E + TILE_BM - 1) / TILE_BM, tiles, groups,
+                             shape->down.row_bytes, E, nbF, tok, hq, hd, hs, yrow);
+    if (ok) {
+        mp_combine_kernel<<<(unsigned)n, 256, 0, c->st>>>(yrow, tpos, tw, k, E, y, add);
         ok = CU_LAUNCH(c, "mp_combine_kernel");
     }
     return ok ? 0 : c->err;

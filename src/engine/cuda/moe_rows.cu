@@ -233,6 +233,13 @@ int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *sha
         return TIDE_EUNSUPPORTED;
     if (!x)
         return 0; /* a probe */
+    /* TIDE_MOE_ROWS_MMA=1: the same routing, the products on the grouped tensor-core tiles */
+    if (cuda_moe_rows_grouped(c, shape, table, routed, n, k, n_expert, NULL, NULL, add) == 0) {
+        route_rows_kernel<<<n, 32, 0, c->st>>>(logits, n_expert, k, norm ? 1 : 0, routed);
+        if (!CU_LAUNCH(c, "route_rows_kernel"))
+            return c->err;
+        return cuda_moe_rows_grouped(c, shape, table, routed, n, k, n_expert, x, y, add);
+    }
     /* the table's addresses are cache slots, 256-byte aligned: pairs of blocks load as words */
     a.pairs_gu = !kq_type(T) && (a.E / QK) % 2 == 0 && (a.rb_gu & 3) == 0;
     a.pairs_d = !kq_type(TD) && (a.F / QK) % 2 == 0 && (a.rb_d & 3) == 0;
