@@ -47,6 +47,8 @@ int cuda_set_mmq_split(int max_splits) { (void)max_splits; return 0; }
 int cuda_set_moe_grouped(int on) { (void)on; return 0; }
 int cuda_set_attn_mma(int on) { (void)on; return 0; }
 int cuda_set_vision_tc(int on) { (void)on; return 0; }
+int cuda_set_f16_mma(int on) { (void)on; return 0; }
+int cuda_set_f16_mma_tile(int bn, int max_splits) { (void)bn; (void)max_splits; return 0; }
 
 int vmm_available(int dev, char *why, size_t whylen)
 {
