@@ -311,10 +311,15 @@ static bool fm_run(struct cuda_ctx *c, const fm_plan &p, const uint16_t *W, size
 
 /* Whether cuda_f16_mma takes this product, and the workspace it then takes from the sum buffer. */
 static bool fm_takes(struct cuda_ctx *c, uint32_t type, const void *W, size_t ldw, int rows, int cols, int n,
-                     size_t *xbytes, size_t *need)
+                     const float *x, const float *y, size_t *xbytes, size_t *need)
 {
     if (!cuda_set_f16_mma(-1) || (type != GGML_TYPE_F16 && type != GGML_TYPE_BF16) || n < FM_MIN_N || rows <= 0 ||
         cols <= 0 || cols % 8 || ldw % 8 || ((uintptr_t)W & 15))
+        return false;
+    /* the sum buffer is the workspace: an x or y inside it (matmul_add_via_buf's product) declines */
+    const uint8_t *sb = (const uint8_t *)c->sum;
+    if (sb && (((const uint8_t *)x >= sb && (const uint8_t *)x < sb + c->sum_n) ||
+               ((const uint8_t *)y >= sb && (const uint8_t *)y < sb + c->sum_n)))
         return false;
     fm_plan p = fm_plan_for(c->sm_count, rows, cols, n);
     *xbytes = ((size_t)n * cols * sizeof(uint16_t) + 255) & ~(size_t)255;
@@ -326,14 +331,14 @@ size_t cuda_f16_mma_workspace(struct cuda_ctx *c, uint32_t type, const void *W, 
                               int n)
 {
     size_t xbytes, need;
-    return fm_takes(c, type, W, ldw, rows, cols, n, &xbytes, &need) ? need : 0;
+    return fm_takes(c, type, W, ldw, rows, cols, n, nullptr, nullptr, &xbytes, &need) ? need : 0;
 }
 
 bool cuda_f16_mma(struct cuda_ctx *c, uint32_t type, const void *W, size_t ldw, int rows, int cols,
                   const float *x, int n, float *y, bool add)
 {
     size_t xbytes, need;
-    if (!fm_takes(c, type, W, ldw, rows, cols, n, &xbytes, &need))
+    if (!fm_takes(c, type, W, ldw, rows, cols, n, x, y, &xbytes, &need))
         return false;
     fm_plan p = fm_plan_for(c->sm_count, rows, cols, n);
     uint8_t *ws = (uint8_t *)cuda_sum_buf(c, need);
