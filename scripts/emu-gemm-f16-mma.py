@@ -31,7 +31,7 @@ def plan(sm_count, rows, cols, n, force_bn=0, split_limit=MAX_SPLIT):  # fm_plan
     bn = force_bn if force_bn else (128 if n > 64 and rt * ((n + 127) // 128) >= sm_count else 64)
     ctas = rt * ((n + bn - 1) // bn)
     nkt = (cols + BK - 1) // BK
-    s = 1 if ctas >= sm_count else (2 * sm_count + ctas - 1) // ctas
+    s = 1 if ctas >= sm_count else 2 * sm_count // ctas
     smax = nkt // STAGES if nkt // STAGES > 1 else 1
     s = min(s, smax, split_limit)
     kps = (nkt + s - 1) // s
@@ -190,6 +190,13 @@ def main():
     ]
     if quick:
         cases = cases[:2]
+    # the plans of test-gpu's bench_f16_mma shapes on an H100 / H200 (132 SMs), for reading its numbers
+    for cols, rows, n in [(1152, 1152, 3072), (1152, 3456, 3072), (1152, 4304, 3072), (4304, 1152, 3072),
+                          (1152, 4304, 777), (4304, 1152, 777), (2048, 4096, 64), (4096, 2048, 64),
+                          (2048, 4096, 512), (4096, 2048, 512)]:
+        bn, splits, kps = plan(132, rows, cols, n)
+        print(f"plan cols {cols} rows {rows} n {n}: tile 128 x {bn}, {((rows + BM - 1) // BM) * ((n + bn - 1) // bn)} "
+              f"CTAs x {splits} K slices of {kps} stages")
     rng = np.random.default_rng(7)
     bad = 0
     for cols, rows, n, pad, mis, sm, fbn, sl, ty, add, mode in cases:

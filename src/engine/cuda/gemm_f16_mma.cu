@@ -249,8 +249,8 @@ struct fm_plan {
 };
 
 /* Tile width: 128 tokens where that still gives every SM a CTA, else 64. Slices of K when
- * the tiles leave SMs idle, up to ~2 CTAs an SM, each slice at least FM_STAGES stages (the
- * ring's depth: shorter slices spend their time filling it). */
+ * the tiles leave SMs idle, as many as keep the CTAs within one wave of 2 an SM, each slice at
+ * least FM_STAGES stages (the ring's depth: shorter slices spend their time filling it). */
 static fm_plan fm_plan_for(int sm_count, int rows, int cols, int n)
 {
     fm_plan p;
@@ -258,7 +258,7 @@ static fm_plan fm_plan_for(int sm_count, int rows, int cols, int n)
     p.bn = fm_bn ? fm_bn : n > 64 && rt * ((n + 127) / 128) >= sm_count ? 128 : 64;
     long ctas = rt * ((n + p.bn - 1) / p.bn);
     int nkt = (cols + FM_BK - 1) / FM_BK;
-    int s = ctas >= sm_count ? 1 : (int)((2L * sm_count + ctas - 1) / ctas);
+    int s = ctas >= sm_count ? 1 : (int)(2L * sm_count / ctas); /* rounded down: no ragged second wave */
     int smax = nkt / FM_STAGES > 1 ? nkt / FM_STAGES : 1;
     s = s < smax ? s : smax;
     s = s < fm_split ? s : fm_split;
