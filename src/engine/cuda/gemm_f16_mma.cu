@@ -21,29 +21,16 @@
  *   - add is y = y + p with p the product's f32 value, the bits of the product then an add,
  *     as cuda_matmul promises, without the extra buffer matmul_add_via_buf takes.
  *
- * Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16", g = lane / 4, t = lane % 4): A
- * a0 = (row g, k 2t..2t+1), a1 = (row g+8, same k), a2 / a3 = the same at k + 8; B b0 = (k
- * 2t..2t+1, column g), b1 = at k + 8; C c0, c1 = (row g, columns 2t, 2t+1), c2, c3 = row g+8.
- * ldmatrix.x4 gives lane l, in register j, row l / 4 and elements 2(l % 4), +1 of the 8x8
- * matrix whose row addresses lanes 8j..8j+7 supplied. W's stage is [row][k] (A, row-major)
- * and x's is [token][k] (B, "col": a column of B is a row of the stage), so both are plain,
- * untransposed ldmatrix. scripts/emu-gemm-f16-mma.py emulates this index math in numpy. */
+ * The tile itself is gemm_f16_mma.cuh's fm_tile (shared with its host emulation, `make
+ * f16-tile-emu`); scripts/emu-gemm-f16-mma.py emulates the same index math in numpy. */
 #include <stdlib.h>
 #include <string.h>
-#include "engine/cuda/mma_q.cuh"
+#include "engine/cuda/gemm_f16_mma.cuh"
 
 extern "C" {
 #include "engine/backend_cuda.h"
 }
 
-#define FM_BM 128          /* weight rows per CTA: 4 warps x 32 */
-#define FM_BK 32           /* K per stage: two m16n8k16 steps */
-#define FM_LD (FM_BK + 8)  /* halves per row of a stage: 80 bytes, so the 8 rows an ldmatrix
-                              phase reads (16 bytes each) start 20 words apart: 32 banks */
-#define FM_STAGES 4        /* cp.async ring depth: 80 KB at BN 128, two CTAs an SM */
-#define FM_THREADS 256
-#define FM_WM 4            /* warps along the rows */
-#define FM_WN 2            /* warps along the tokens */
 #define FM_MAX_SPLIT 8
 #define FM_MIN_N 64        /* below this the wmma kernel stays (few token tiles to share W) */
 
@@ -69,45 +56,6 @@ extern "C" int cuda_set_f16_mma_tile(int bn, int max_splits)
     fm_bn = bn == 64 || bn == 128 ? bn : 0;
     fm_split = max_splits >= 1 && max_splits <= FM_MAX_SPLIT ? max_splits : FM_MAX_SPLIT;
     return old;
-}
-
-template <int BN>
-struct fm_smem {
-    uint16_t w[FM_STAGES][FM_BM * FM_LD]; /* [stage][row][k]: W's stage, f16 / bf16 bits */
-    uint16_t x[FM_STAGES][BN * FM_LD];    /* [stage][token][k]: x's stage, rounded */
-};
-
-/* four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8. volatile and
- * "memory": the reads must stay between the barriers that order them against cp.async. */
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
-}
-
-/* d += A(16x16) B(16x8), T in, f32 accumulate */
-template <typename T>
-__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint16_t fm_round(float v, __half *) { return __half_as_ushort(__float2half_rn(v)); }
@@ -141,95 +89,10 @@ __global__ void __launch_bounds__(FM_THREADS, 2)
 gemm_f16_mma_kernel(const uint16_t *__restrict__ W, size_t ldw, int rows, int cols,
                     const uint16_t *__restrict__ x16, int n, int kps, float *__restrict__ out, bool add)
 {
-    constexpr int MI = FM_BM / FM_WM / 16; /* 16-row MMA tiles a warp: 2 */
-    constexpr int NJ = BN / FM_WN / 8;     /* 8-token MMA tiles a warp: 4 or 8 */
-    constexpr int GR = FM_BK / 8;          /* 16-byte granules of a row's stage: 4 */
     extern __shared__ __align__(16) uint8_t fm_raw[];
-    fm_smem<BN> &sm = *(fm_smem<BN> *)fm_raw;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int wm = warp % FM_WM, wn = warp / FM_WM;
-    int n0 = blockIdx.x * BN, m0 = blockIdx.y * FM_BM;
     int nkt_all = (cols + FM_BK - 1) / FM_BK, kt0 = blockIdx.z * kps;
-    int nkt = min(kps, nkt_all - kt0);
-
-    auto issue = [&](int kt, int s) {
-        if (kt < nkt) {
-            int k0 = (kt0 + kt) * FM_BK;
-            for (int e = tid; e < FM_BM * GR; e += FM_THREADS) {
-                int r = e / GR, k = k0 + (e % GR) * 8;
-                bool ok = m0 + r < rows && k < cols;
-                cp_async16(&sm.w[s][r * FM_LD + (e % GR) * 8], ok ? W + (size_t)(m0 + r) * ldw + k : W, ok ? 16 : 0);
-            }
-            for (int e = tid; e < BN * GR; e += FM_THREADS) {
-                int c = e / GR, k = k0 + (e % GR) * 8;
-                bool ok = n0 + c < n && k < cols;
-                cp_async16(&sm.x[s][c * FM_LD + (e % GR) * 8], ok ? x16 + (size_t)(n0 + c) * cols + k : x16,
-                           ok ? 16 : 0);
-            }
-        }
-        cp_async_commit(); /* an empty group past the end keeps wait_group's count right */
-    };
-
-    float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[i][j][e] = 0.0f;
-
-    /* this lane's ldmatrix rows: A matrices (rows 0-7, 8-15) x (k 0-7, 8-15); B matrices
-     * (tokens 0-7: k 0-7, k 8-15), (tokens 8-15: k 0-7, k 8-15) */
-    int a_row = wm * (MI * 16) + (lane & 15), a_k = (lane >> 4) * 8;
-    int b_tok = wn * (NJ * 8) + (lane & 7) + (lane >> 4) * 8, b_k = ((lane >> 3) & 1) * 8;
-
-#pragma unroll
-    for (int s = 0; s < FM_STAGES - 1; s++)
-        issue(s, s);
-    for (int kt = 0; kt < nkt; kt++) {
-        int slot = kt % FM_STAGES;
-        cp_async_wait<FM_STAGES - 2>(); /* this thread's copies of stage kt have landed */
-        __syncthreads();                /* everyone's have; stage kt - 1 is fully consumed */
-        issue(kt + FM_STAGES - 1, (kt + FM_STAGES - 1) % FM_STAGES);
-        const uint16_t *ws = sm.w[slot], *xs = sm.x[slot];
-#pragma unroll
-        for (int ks = 0; ks < FM_BK / 16; ks++) {
-            uint32_t a[MI][4];
-#pragma unroll
-            for (int i = 0; i < MI; i++)
-                ldsm_x4(a[i], ws + (a_row + i * 16) * FM_LD + ks * 16 + a_k);
-#pragma unroll
-            for (int j = 0; j < NJ; j += 2) {
-                uint32_t b[4]; /* b0, b1 of token tile j; b0, b1 of tile j + 1 */
-                ldsm_x4(b, xs + (b_tok + j * 8) * FM_LD + ks * 16 + b_k);
-#pragma unroll
-                for (int i = 0; i < MI; i++) {
-                    mma_16816<T>(acc[i][j], a[i], b[0], b[1]);
-                    mma_16816<T>(acc[i][j + 1], a[i], b[2], b[3]);
-                }
-            }
-        }
-    }
-    cp_async_wait<0>(); /* nothing may land in shared memory after the CTA exits */
-
-    /* c0, c1: row g, tokens 2t, 2t+1; c2, c3: row g + 8. A warp's store of one (i, j, e)
-     * writes 8 consecutive rows of 4 tokens: four whole 32-byte sectors. */
-    float *y = out + (size_t)blockIdx.z * n * rows;
-    int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = m0 + wm * (MI * 16) + i * 16 + g + (e >> 1) * 8;
-                int tk = n0 + wn * (NJ * 8) + j * 8 + 2 * t + (e & 1);
-                if (r < rows && tk < n) {
-                    float *p = y + (size_t)tk * rows + r;
-                    *p = add ? *p + acc[i][j][e] : acc[i][j][e];
-                }
-            }
+    fm_tile<T, BN>(*(fm_smem<BN> *)fm_raw, W, ldw, rows, cols, x16, n, blockIdx.y * FM_BM, blockIdx.x * BN, kt0,
+                   min(kps, nkt_all - kt0), out + (size_t)blockIdx.z * n * rows, add);
 }
 
 /* y[i] (+)= the sum of part[slice][i] over the slices, in slice order */

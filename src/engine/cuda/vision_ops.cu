@@ -171,7 +171,8 @@ void cu_attention_full(void *ctx, const float *q, const float *k, const float *v
 
 /* What cuda_matmul (matmul.cu) takes from cuda_scratch for this product: the q8_0 / q4_0
  * paths quantise x there (and the tensor-core path keeps split-K partials), the float paths
- * take none, except f16 / bf16 under TIDE_F16_MMA (from the sum buffer, counted here too). cuda_scratch grows to 1.25x what is asked. Keep in step with cuda_matmul. */
+ * take none, except f16 / bf16 under TIDE_F16_MMA (from the sum buffer, counted here too).
+ * cuda_scratch grows to 1.25x what is asked. Keep in step with cuda_matmul. */
 size_t cu_matmul_scratch(void *ctx, const struct tensor *w, int n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
