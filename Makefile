@@ -255,3 +255,13 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# The f16 / bf16 tensor-core tile (src/engine/cuda/gemm_f16_mma.cuh) run on the CPU by g++ against
+# a host shim (tests/gpu/emu/f16_tile_emu.cpp): its index math checked without a GPU.
+.PHONY: f16-tile-emu
+$(BUILD)/f16-tile-emu: tests/gpu/emu/f16_tile_emu.cpp tests/gpu/emu/engine/cuda/mma_f16.cuh src/engine/cuda/gemm_f16_mma.cuh $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -Itests/gpu/emu -Isrc -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+f16-tile-emu: $(BUILD)/f16-tile-emu
+	$(Q)$(BUILD)/f16-tile-emu
