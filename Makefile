@@ -128,6 +128,7 @@ test: deps
 	$(Q)/usr/bin/python3 tests/docs/check_docs.py # every config key, flag, metric family and TIDE_* switch has its docs row
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
+	$(Q)$(MAKE) --no-print-directory f16-tile-emu # the f16 tensor-core tile's index math on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
