@@ -531,9 +531,9 @@ int main(int argc, char **argv)
     if (want(only, "moe_ffn_kq")) test_moe_kq();
     if (want(only, "matmul_mmq")) test_mmq();
     test_qblock(only); /* q5_0, q5_1, iq4_xs, MXFP4: test_qblock.c */
-    test_f16_mma(only); /* matmul_f16_mma, matmul_bf16_mma: test_f16_mma.c */
 #endif
     test_oai(only); /* gpt-oss's ops: test_oai.c */
+    test_f16_mma(only); /* matmul_f16_mma, matmul_bf16_mma: test_f16_mma.c */
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
     if (want(only, "qk_norm_rope")) test_qk_norm_rope();
