@@ -138,6 +138,7 @@ test: deps
 	$(Q)/usr/bin/python3 tests/docs/check_docs.py # every config key, flag, metric family and TIDE_* switch has its docs row
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
+	$(Q)$(MAKE) --no-print-directory f16-tile-emu # the f16 tensor-core tile's index math on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -265,3 +266,13 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# The f16 / bf16 tensor-core tile (src/engine/cuda/gemm_f16_mma.cuh) run on the CPU by g++ against
+# a host shim (tests/gpu/emu/f16_tile_emu.cpp): its index math checked without a GPU.
+.PHONY: f16-tile-emu
+$(BUILD)/f16-tile-emu: tests/gpu/emu/f16_tile_emu.cpp tests/gpu/emu/engine/cuda/mma_f16.cuh src/engine/cuda/gemm_f16_mma.cuh $(BUILD)/libtide.a
+	@echo "  LINK  $@"
+	$(Q)$(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -Itests/gpu/emu -Isrc -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+f16-tile-emu: $(BUILD)/f16-tile-emu
+	$(Q)$(BUILD)/f16-tile-emu

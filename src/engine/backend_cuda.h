@@ -62,6 +62,14 @@ int cuda_set_attn_mma(int on);
  * switch, qwen3vl_tc.h). */
 int cuda_set_vision_tc(int on);
 
+/* Whether prefill-size (n >= 64) f16 / bf16 products take the big-tile mma.sync kernel
+ * (cuda/gemm_f16_mma.cu, 1) or the wmma one (0, the default: not run on a GPU yet); -1 only
+ * reads it. Returns the previous value. TIDE_F16_MMA=1 in the environment sets 1 at start. */
+int cuda_set_f16_mma(int on);
+/* Its tile width in tokens (64 or 128; 0 = chosen per product) and most K slices (1 = no
+ * split-K, 8 by default), for benchmarks. Returns the previous tile width. */
+int cuda_set_f16_mma_tile(int bn, int max_splits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,6 +41,8 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen)
 
 void *cuda_host_alloc(size_t bytes) { (void)bytes; return NULL; }
 void cuda_host_free(void *p) { (void)p; }
+int cuda_set_f16_mma(int on) { (void)on; return 0; }
+int cuda_set_f16_mma_tile(int bn, int max_splits) { (void)bn; (void)max_splits; return 0; }
 int cuda_set_mmq_min_n(int n) { (void)n; return 0; }
 int cuda_set_mmq_tile(int bn) { (void)bn; return 0; }
 int cuda_set_mmq_split(int max_splits) { (void)max_splits; return 0; }

@@ -79,8 +79,9 @@ int qwen3vl_set_tc(int on);
 /* A product's weight type in the tensor-core layout, from its type in the file and its row
  * length (in), under the current qwen3vl_set_tc mode (hp.tc_bytes is counted under it too). */
 uint32_t qwen3vl_tc_type(uint32_t file_type, uint64_t in);
-/* The most scratch be's products of the tower take from be's own pool (matmul_scratch: the
- * quantised input of a q8_0 / q4_0 product) for an image of up to max_patches patches. */
+/* The most scratch be's products of the tower take from be's own pools (matmul_scratch: the
+ * quantised input of a q8_0 / q4_0 product; under TIDE_F16_MMA the rounded input of an f16 /
+ * bf16 one, from a second pool: the two maxima added) for an image of up to max_patches patches. */
 struct backend;
 size_t qwen3vl_tc_scratch(const struct qwen3vl_tower *t, const struct backend *be, long max_patches);
 /* A tower on be (a GPU) from a host tower (either layout): the weights' block and the workspace

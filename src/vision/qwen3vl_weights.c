@@ -123,12 +123,15 @@ size_t qwen3vl_tc_scratch(const struct qwen3vl_tower *t, const struct backend *b
     if (!be || !be->i->matmul_scratch || max_patches <= 0)
         return 0;
     const struct qwen3vl_hparams *hp = &t->hp;
-    size_t most = 0;
+    /* two pools: the CUDA backend's quantised products take its scratch, its f16 / bf16 ones
+     * (TIDE_F16_MMA) its sum buffer, and both stay allocated: the largest of each, added */
+    size_t most = 0, most16 = 0;
 #define S(w, n)                                                                                                  \
     do {                                                                                                         \
         if ((w).data) {                                                                                          \
             size_t b_ = be->i->matmul_scratch(be->ctx, &(w), (int)(n));                                         \
-            most = b_ > most ? b_ : most;                                                                        \
+            size_t *m_ = (w).type == GGML_TYPE_F16 || (w).type == GGML_TYPE_BF16 ? &most16 : &most;             \
+            *m_ = b_ > *m_ ? b_ : *m_;                                                                           \
         }                                                                                                        \
     } while (0)
     S(t->patch, max_patches);
@@ -148,7 +151,7 @@ size_t qwen3vl_tc_scratch(const struct qwen3vl_tower *t, const struct backend *b
         S(m->fc2, max_patches / 4);
     }
 #undef S
-    return most;
+    return most + most16;
 }
 
 static void block_free(const struct qwen3vl_tower *t, void *p)

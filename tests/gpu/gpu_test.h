@@ -70,6 +70,10 @@ void bench_kqmma(void);
 double kq_product(const struct tensor *th, const float *x, int n, bool add, size_t off, double *e_f32);
 /* test_qblock.c: q5_0 / q5_1 / iq4_xs / MXFP4 products and get_rows vs the CPU (only: a filter) */
 void test_qblock(const char *only);
+/* test_f16_mma.c: the big-tile f16 / bf16 GEMM (TIDE_F16_MMA) vs the CPU and the wmma kernel
+ * (only: a filter), and its timings against the wmma kernel */
+void test_f16_mma(const char *only);
+void bench_f16_mma(void);
 /* test_oai.c: gpt-oss's ops (attention_sinks, rope_freqs, swiglu_oai) vs the CPU */
 void test_oai(const char *only);
 /* x (n, cols) as the CUDA k-quant products see it: int8 blocks at n <= 8, f16 beyond */

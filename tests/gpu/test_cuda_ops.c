@@ -45,6 +45,7 @@ static const char *tests[] = {
     "vision_ops", "vision_encode", "bench_vision",
     "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
     "qwenvl_encode", "qwenvl_encode_tc", "vision_attention_tc", "bench_qwenvl",
+    "matmul_f16_mma", "matmul_bf16_mma", "bench_f16_mma", /* test_f16_mma.c */
 };
 #define N_TESTS (int)(sizeof(tests) / sizeof(tests[0]))
 
@@ -553,6 +554,7 @@ int main(int argc, char **argv)
     test_qblock(only); /* q5_0, q5_1, iq4_xs, MXFP4: test_qblock.c */
 #endif
     test_oai(only); /* gpt-oss's ops: test_oai.c */
+    test_f16_mma(only); /* matmul_f16_mma, matmul_bf16_mma: test_f16_mma.c */
     if (want(only, "rmsnorm")) test_rmsnorm();
     if (want(only, "rope")) test_rope();
     if (want(only, "qk_norm_rope")) test_qk_norm_rope();
@@ -607,6 +609,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_vision")) bench_vision();
         if (want(only, "bench_batch")) bench_batch();
         if (want(only, "bench_moe_rows")) bench_moe_rows(d2d);
+        if (want(only, "bench_f16_mma")) bench_f16_mma();
     } else {
         for (int i = 0; i < N_TESTS; i++)
             if (!strncmp(tests[i], "bench_", 6))

@@ -136,6 +136,14 @@ int cuda_mmq_min_n(void);
 bool cuda_mmq_ok(const void *W, size_t row_bytes, int nb);
 /* bytes of part (split-K partial sums) that cuda_mmq_mma needs for this product; 0 = none */
 size_t cuda_mmq_scratch(struct cuda_ctx *c, int rows, int nb, int n);
+/* gemm_f16_mma.cu: y (+)= W x for f16 / bf16 W (ldw elements a row) on the big-tile mma.sync
+ * kernel, when TIDE_F16_MMA=1 (cuda_set_f16_mma) and the shape qualifies (n >= 64, cols % 8 == 0,
+ * W and its rows 16-byte aligned); false: not taken, nothing queued. Takes the sum buffer
+ * (cuda_sum_buf) for x rounded to W's type and split-K partials: cuda_f16_mma_workspace bytes. */
+bool cuda_f16_mma(struct cuda_ctx *c, uint32_t type, const void *W, size_t ldw, int rows, int cols,
+                  const float *x, int n, float *y, bool add);
+size_t cuda_f16_mma_workspace(struct cuda_ctx *c, uint32_t type, const void *W, size_t ldw, int rows, int cols,
+                              int n);
 /* attention_prefill.cu: the tiled kernel for a chunk, one launch. false: not launched (shape
  * it does not take; nothing queued, c->err untouched) so the caller runs it token by token. */
 bool cuda_attention_prefill(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,

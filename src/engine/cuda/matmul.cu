@@ -641,6 +641,9 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     bool floaty = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
     size_t esz = type == GGML_TYPE_F32 ? 4 : 2;
     if (floaty && n > MM_NT && type != GGML_TYPE_F32 && w->row_bytes % esz == 0) {
+        /* TIDE_F16_MMA=1: the big-tile kernel (gemm_f16_mma.cu) from n = 64; it does the add */
+        if (cuda_f16_mma(c, type, W, w->row_bytes / esz, rows, cols, x, n, y, add))
+            return;
         if (add) {
             matmul_add_via_buf(c, w, x, y, n);
             return;

@@ -171,11 +171,18 @@ void cu_attention_full(void *ctx, const float *q, const float *k, const float *v
 
 /* What cuda_matmul (matmul.cu) takes from cuda_scratch for this product: the q8_0 / q4_0
  * paths quantise x there (and the tensor-core path keeps split-K partials), the float paths
- * take none. cuda_scratch grows to 1.25x what is asked. Keep in step with cuda_matmul. */
+ * take none, except f16 / bf16 under TIDE_F16_MMA (from the sum buffer, counted here too).
+ * cuda_scratch grows to 1.25x what is asked. Keep in step with cuda_matmul. */
 size_t cu_matmul_scratch(void *ctx, const struct tensor *w, int n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int cols = (int)w->ne[0], rows = (int)w->ne[1] ? (int)w->ne[1] : 1;
+    if (n > MM_NT && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) && w->row_bytes % 2 == 0) {
+        /* TIDE_F16_MMA's kernel: x rounded and split-K partials, in the sum buffer (grown as
+         * cuda_scratch grows) */
+        size_t b = cuda_f16_mma_workspace(c, w->type, w->data, w->row_bytes / 2, rows, cols, n);
+        return b + b / 4;
+    }
     if (n <= 0 || (w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_0) || cols % QK)
         return 0;
     int nb = cols / QK;
