@@ -1,0 +1,251 @@
+/* matmul_decode.cu - decode-size q8_0 / q4_0 products with x quantised once (issue 21; behind
+ * TIDE_DECODE_QONCE, off by default until measured).
+ *
+ * matmul.cu's decode kernels (mmvq_fused_kernel, mmvq_fused3_kernel) quantise x - and for
+ * matmul3 rmsnorm it - inside every CTA, which saved a launch when launches cost ~5 us. Inside a
+ * recorded step a launch costs ~1 us, and the 640 CTAs of matmul3 each redo the norm and the
+ * quantisation of 2048 values before their first weight load. Here:
+ *   1. qonce_quantize_kernel: one CTA a token norms (optionally) and quantises x into the
+ *      scratch: xq (n, cols) int8, xd (n, cols / 32) scales; with a norm it also writes the
+ *      normed x (the ops after read it);
+ *   2. mmvq_qonce_kernel: each warp takes R consecutive rows and issues all its weight loads
+ *      for QO_INFLIGHT pairs of blocks a lane (4 x 68 bytes for q8_0) before any arithmetic;
+ *      the quantised x is read from L2 once per block and dotted with the R rows. Up to three
+ *      matrices (wq, wk, wv) in one grid, as matmul3 does.
+ * Each row's lanes take the same pairs of blocks in the same order as row_dot_q (pair p by lane
+ * p % 32, ascending), with the same per-block formula and the same warp sum, and the
+ * quantisation is quantize_q8_elem's after rms_scale_held's scale: every output has the bits of
+ * today's cuda_matmul / cuda_matmul3 (test-gpu decode_qonce checks it). Shapes outside it (odd
+ * block counts, rows not 4-byte aligned, cols > 4096, k-quants) keep the old kernels. */
+#include "engine/cuda/mmq.cuh"
+
+extern "C" {
+#include "engine/backend_cuda.h"
+}
+
+#include <stdlib.h>
+
+#define QO_WARPS 4       /* warps a CTA of the product */
+#define QO_INFLIGHT 4    /* pairs of blocks a lane has in flight, over its R rows */
+#define QO_THREADS 256   /* the quantise kernel: rms_scale_held must reduce as rmsnorm_kernel */
+#define QO_PER_THREAD 16 /* cols <= 4096 */
+
+/* Token blockIdx.x of x (n, cols): normed when nw is set (x * scale * nw[e], rmsnorm_kernel's
+ * expression and reduction order, written to xn too), then quantised to int8 blocks of 32. */
+template <bool NORM>
+__global__ void __launch_bounds__(QO_THREADS)
+qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict__ xq, float *__restrict__ xd,
+                      uint32_t ntype, const uint8_t *__restrict__ nw, float eps, float *__restrict__ xn)
+{
+    int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5;
+    x += (size_t)t * cols;
+    xq += (size_t)t * cols;
+    xd += (size_t)t * (cols / QK);
+    float v[QO_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < QO_PER_THREAD; k++) { /* every load before any reduction */
+        int e = k * QO_THREADS + tid;
+        v[k] = e < cols ? __ldg(x + e) : 0.0f;
+    }
+    if (NORM) {
+        __shared__ float red[32];
+        float sc = rms_scale_held(v, cols, QO_THREADS, eps, red);
+#pragma unroll
+        for (int k = 0; k < QO_PER_THREAD; k++) {
+            int e = k * QO_THREADS + tid;
+            if (e < cols) {
+                v[k] = v[k] * sc * row_elem(ntype, nw, e);
+                xn[(size_t)t * cols + e] = v[k];
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < QO_PER_THREAD; k++) {
+        int e = k * QO_THREADS + tid;
+        if (k * QO_THREADS + warp * 32 < cols) /* warp-uniform: cols % 32 == 0 */
+            quantize_q8_elem(v[k], e, xq, xd);
+    }
+}
+
+/* Up to three products of one quantised x: CTAs start[m] .. start[m + 1) - 1 take matrix m. */
+struct qo_args {
+    const uint8_t *W[3];
+    size_t row_bytes[3];
+    float *y[3];
+    int rows[3];
+    int start[4];
+};
+
+/* The 8 int8x4 words and the scale of block h (0 or 1) of a pair held as NU u32 (q8_0: 17, the
+ * first block 2 bytes into the pair; q4_0: 9), as row_dot_q unpacks them. */
+template <int QT>
+__device__ __forceinline__ float qo_unpack(const uint32_t *u, int h, int wq[8])
+{
+    if constexpr (QT == 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            wq[i] = h ? (int)u[9 + i] : (int)__funnelshift_r(u[i], u[i + 1], 16);
+        return f16_bits_to_f32((uint16_t)(h ? u[8] >> 16 : u[0] & 0xFFFFu));
+    } else {
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = h ? u[5 + i] : __funnelshift_r(u[i], u[i + 1], 16);
+        unpack_q4(q, wq);
+        return f16_bits_to_f32((uint16_t)(h ? u[4] >> 16 : u[0] & 0xFFFFu));
+    }
+}
+
+/* Rows r0 .. r0 + R - 1 of matrix m a warp (r0 = (CTA in m * QO_WARPS + warp) * R). nb even,
+ * rows 4-byte aligned (the pairs layout). xq, xd: (nt, cols) and (nt, nb). */
+template <int QT, int R>
+__global__ void __launch_bounds__(QO_WARPS * 32)
+mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt,
+                  bool add)
+{
+    constexpr int BLK = QT == 8 ? 34 : 18;
+    constexpr int NU = BLK * 2 / 4;
+    constexpr int PU = QO_INFLIGHT / R > 0 ? QO_INFLIGHT / R : 1; /* pairs a lane loads a row per step */
+    int b = blockIdx.x, m = b >= a.start[2] ? 2 : b >= a.start[1] ? 1 : 0;
+    /* picked by selects: an index into the parameter arrays would copy them to local memory */
+#define PICK(f) (m == 0 ? a.f[0] : m == 1 ? a.f[1] : a.f[2])
+    const uint8_t *W = PICK(W);
+    size_t rb = PICK(row_bytes);
+    float *y = PICK(y);
+    int rows = PICK(rows), first = PICK(start);
+#undef PICK
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int r0 = ((b - first) * QO_WARPS + warp) * R;
+    if (r0 >= rows)
+        return;
+    int np = nb / 2;
+    float s[R][MM_NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        mm_sums_clear(s[r]);
+    for (int p0 = lane; p0 < np; p0 += 32 * PU) {
+        uint32_t u[R][PU][NU];
+#pragma unroll
+        for (int r = 0; r < R; r++) /* every load of the step first */
+#pragma unroll
+            for (int i = 0; i < PU; i++) {
+                int p = p0 + 32 * i;
+                if (p < np && r0 + r < rows) {
+                    const uint32_t *pp = (const uint32_t *)(W + (size_t)(r0 + r) * rb + (size_t)p * 2 * BLK);
+#pragma unroll
+                    for (int v = 0; v < NU; v++)
+                        u[r][i][v] = __ldg(pp + v);
+                }
+            }
+#pragma unroll
+        for (int i = 0; i < PU; i++) {
+            int p = p0 + 32 * i;
+            if (p >= np)
+                break;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int blk = 2 * p + h;
+#pragma unroll
+                for (int t = 0; t < MM_NT; t++) {
+                    if (t < nt) {
+                        const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + blk) * QK);
+                        int4 xa = __ldg(xp), xc = __ldg(xp + 1);
+                        float xs = __ldg(xd + (size_t)t * nb + blk);
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            if (r0 + r < rows) {
+                                int wq[8];
+                                float dw = qo_unpack<QT>(u[r][i], h, wq);
+                                int acc = dp4a_dot8(wq, xa, xc);
+                                s[r][t] += (dw * xs) * (float)acc; /* dot_block's formula */
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (r0 + r < rows)
+            mm_sums_store(s[r], nt, y, rows, r0 + r, add, lane);
+}
+
+/* Rows a warp: 2 for matmul3-sized and bigger products (fewer, fuller warps), 1 below 4096
+ * rows (wo: 2048 rows are only 512 warps already); TIDE_DECODE_QONCE_RPW=1|2|4 forces one for
+ * the benchmark. Any value gives the same bits. */
+static int qonce_rpw(int rows)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("TIDE_DECODE_QONCE_RPW");
+        int r = e ? atoi(e) : 0;
+        env = r == 1 || r == 2 || r == 4 ? r : 0;
+    }
+    return env ? env : rows >= 4096 ? 2 : 1;
+}
+
+bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w, const float *x, float *const *y,
+                       int n, bool add, const struct tensor *norm, float eps, float *xn)
+{
+    if (!cuda_set_decode_opt(CUDA_DECODE_QONCE, -1) || c->err || n < 1 || n > MM_NT || nm < 1 || nm > 3)
+        return false;
+    /* n >= the tensor-core threshold: cuda_matmul's mma kernel (other bits); keep it */
+    if (n > 2 && n >= cuda_mmq_min_n())
+        return false;
+    uint32_t type = w[0]->type;
+    int cols = (int)w[0]->ne[0], nb = cols / QK;
+    if ((type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) || cols % (2 * QK) || cols > QO_PER_THREAD * QO_THREADS)
+        return false;
+    /* the norm must reduce with 256 threads, as rmsnorm_kernel does at this width */
+    if (norm && (norm_block(cols) != QO_THREADS || !xn))
+        return false;
+    qo_args a;
+    a.start[0] = 0;
+    int total = 0;
+    for (int m = 0; m < nm; m++)
+        total += (int)w[m]->ne[1];
+    int R = qonce_rpw(total);
+    for (int m = 0; m < 3; m++) {
+        int mm = m < nm ? m : nm - 1; /* unused slots repeat the last matrix with no CTAs */
+        int rows = (int)w[mm]->ne[1];
+        if (w[mm]->type != type || (int)w[mm]->ne[0] != cols || rows <= 0 ||
+            (((uintptr_t)w[mm]->data | w[mm]->row_bytes) & 3))
+            return false;
+        a.W[m] = (const uint8_t *)w[mm]->data;
+        a.row_bytes[m] = w[mm]->row_bytes;
+        a.y[m] = y[mm];
+        a.rows[m] = rows;
+        a.start[m + 1] = a.start[m] + (m < nm ? (rows + QO_WARPS * R - 1) / (QO_WARPS * R) : 0);
+    }
+    size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
+    uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)n * nb * sizeof(float));
+    if (!ws)
+        return true; /* the error (or the failed recording) is kept in c */
+    int8_t *xq = (int8_t *)ws;      /* (n, cols) */
+    float *xd = (float *)(ws + qbytes); /* (n, nb) */
+    if (norm)
+        qonce_quantize_kernel<true><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, norm->type,
+                                                                 (const uint8_t *)norm->data, eps, xn);
+    else
+        qonce_quantize_kernel<false><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, 0, NULL, 0.0f, NULL);
+    if (!CU_LAUNCH(c, "qonce_quantize_kernel"))
+        return true;
+    unsigned grid = (unsigned)a.start[3];
+#define QO_LAUNCH(QT)                                                                                           \
+    do {                                                                                                       \
+        if (R == 4)                                                                                            \
+            mmvq_qonce_kernel<QT, 4><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
+        else if (R == 2)                                                                                       \
+            mmvq_qonce_kernel<QT, 2><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
+        else                                                                                                   \
+            mmvq_qonce_kernel<QT, 1><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
+    } while (0)
+    if (type == GGML_TYPE_Q8_0)
+        QO_LAUNCH(8);
+    else
+        QO_LAUNCH(2);
+#undef QO_LAUNCH
+    CU_LAUNCH(c, "mmvq_qonce_kernel");
+    return true;
+}
