@@ -9,9 +9,11 @@
  *      scratch: xq (n, cols) int8, xd (n, cols / 32) scales; with a norm it also writes the
  *      normed x (the ops after read it);
  *   2. mmvq_qonce_kernel: each warp takes R consecutive rows and issues all its weight loads
- *      for QO_INFLIGHT pairs of blocks a lane (4 x 68 bytes for q8_0) before any arithmetic;
+ *      for R x PU pairs of blocks a lane (4 x 68 bytes for q8_0 by default: R = 4 rows of one
+ *      pair a lane at 2048 columns, R = 2 rows of two pairs at 4096) before any arithmetic;
  *      the quantised x is read from L2 once per block and dotted with the R rows. Up to three
- *      matrices (wq, wk, wv) in one grid, as matmul3 does.
+ *      matrices (wq, wk, wv) in one grid, as matmul3 does. NT: 1 (decode) or MM_NT tokens of
+ *      sums in registers.
  * Each row's lanes take the same pairs of blocks in the same order as row_dot_q (pair p by lane
  * p % 32, ascending), with the same per-block formula and the same warp sum, and the
  * quantisation is quantize_q8_elem's after rms_scale_held's scale: every output has the bits of
@@ -26,7 +28,6 @@ extern "C" {
 #include <stdlib.h>
 
 #define QO_WARPS 4       /* warps a CTA of the product */
-#define QO_INFLIGHT 4    /* pairs of blocks a lane has in flight, over its R rows */
 #define QO_THREADS 256   /* the quantise kernel: rms_scale_held must reduce as rmsnorm_kernel */
 #define QO_PER_THREAD 16 /* cols <= 4096 */
 
@@ -96,16 +97,16 @@ __device__ __forceinline__ float qo_unpack(const uint32_t *u, int h, int wq[8])
     }
 }
 
-/* Rows r0 .. r0 + R - 1 of matrix m a warp (r0 = (CTA in m * QO_WARPS + warp) * R). nb even,
- * rows 4-byte aligned (the pairs layout). xq, xd: (nt, cols) and (nt, nb). */
-template <int QT, int R>
+/* Rows r0 .. r0 + R - 1 of matrix m a warp (r0 = (CTA in m * QO_WARPS + warp) * R), PU pairs of
+ * blocks a lane a row per step. nb even, rows 4-byte aligned (the pairs layout). xq, xd: (nt,
+ * cols) and (nt, nb); nt <= NT. */
+template <int QT, int R, int PU, int NT>
 __global__ void __launch_bounds__(QO_WARPS * 32)
 mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt,
                   bool add)
 {
     constexpr int BLK = QT == 8 ? 34 : 18;
     constexpr int NU = BLK * 2 / 4;
-    constexpr int PU = QO_INFLIGHT / R > 0 ? QO_INFLIGHT / R : 1; /* pairs a lane loads a row per step */
     int b = blockIdx.x, m = b >= a.start[2] ? 2 : b >= a.start[1] ? 1 : 0;
     /* picked by selects: an index into the parameter arrays would copy them to local memory */
 #define PICK(f) (m == 0 ? a.f[0] : m == 1 ? a.f[1] : a.f[2])
@@ -146,7 +147,7 @@ mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const 
             for (int h = 0; h < 2; h++) {
                 int blk = 2 * p + h;
 #pragma unroll
-                for (int t = 0; t < MM_NT; t++) {
+                for (int t = 0; t < NT; t++) {
                     if (t < nt) {
                         const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + blk) * QK);
                         int4 xa = __ldg(xp), xc = __ldg(xp + 1);
@@ -168,13 +169,14 @@ mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const 
 #pragma unroll
     for (int r = 0; r < R; r++)
         if (r0 + r < rows)
-            mm_sums_store(s[r], nt, y, rows, r0 + r, add, lane);
+            mm_sums_store<NT>(s[r], nt, y, rows, r0 + r, add, lane);
 }
 
-/* Rows a warp: 2 for matmul3-sized and bigger products (fewer, fuller warps), 1 below 4096
- * rows (wo: 2048 rows are only 512 warps already); TIDE_DECODE_QONCE_RPW=1|2|4 forces one for
- * the benchmark. Any value gives the same bits. */
-static int qonce_rpw(int rows)
+/* Rows a warp and pairs a lane a row: 4 x 68 bytes of q8_0 in flight a lane, as 4 rows of one
+ * pair at up to 2048 columns (matmul3: 1280 warps, 320 CTAs, one wave at 3 CTAs an SM) or 2 rows
+ * of two pairs above (wo at 4096 columns: 1024 warps). TIDE_DECODE_QONCE_RPW=1|2|4 forces the
+ * rows a warp for the benchmark (then 2 pairs a lane at 1 row). Any choice gives the same bits. */
+static void qonce_shape(int np, int *R, int *PU)
 {
     static int env = -1;
     if (env < 0) {
@@ -182,7 +184,26 @@ static int qonce_rpw(int rows)
         int r = e ? atoi(e) : 0;
         env = r == 1 || r == 2 || r == 4 ? r : 0;
     }
-    return env ? env : rows >= 4096 ? 2 : 1;
+    *PU = np > 32 ? 2 : 1;
+    *R = env ? env : 4 / *PU;
+    if (*R == 4)
+        *PU = 1;
+    else if (*R == 1)
+        *PU = 2;
+}
+
+template <int QT, int NT>
+static void qonce_launch(struct cuda_ctx *c, int R, int PU, unsigned grid, const qo_args &a, int nb,
+                         const int8_t *xq, const float *xd, int n, bool add)
+{
+    if (R == 4)
+        mmvq_qonce_kernel<QT, 4, 1, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+    else if (R == 2 && PU == 2)
+        mmvq_qonce_kernel<QT, 2, 2, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+    else if (R == 2)
+        mmvq_qonce_kernel<QT, 2, 1, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+    else
+        mmvq_qonce_kernel<QT, 1, 2, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
 }
 
 bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w, const float *x, float *const *y,
@@ -202,10 +223,8 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
         return false;
     qo_args a;
     a.start[0] = 0;
-    int total = 0;
-    for (int m = 0; m < nm; m++)
-        total += (int)w[m]->ne[1];
-    int R = qonce_rpw(total);
+    int R, PU;
+    qonce_shape(nb / 2, &R, &PU);
     for (int m = 0; m < 3; m++) {
         int mm = m < nm ? m : nm - 1; /* unused slots repeat the last matrix with no CTAs */
         int rows = (int)w[mm]->ne[1];
@@ -232,20 +251,14 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
     if (!CU_LAUNCH(c, "qonce_quantize_kernel"))
         return true;
     unsigned grid = (unsigned)a.start[3];
-#define QO_LAUNCH(QT)                                                                                           \
-    do {                                                                                                       \
-        if (R == 4)                                                                                            \
-            mmvq_qonce_kernel<QT, 4><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
-        else if (R == 2)                                                                                       \
-            mmvq_qonce_kernel<QT, 2><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
-        else                                                                                                   \
-            mmvq_qonce_kernel<QT, 1><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);                \
-    } while (0)
-    if (type == GGML_TYPE_Q8_0)
-        QO_LAUNCH(8);
+    if (type == GGML_TYPE_Q8_0 && n == 1)
+        qonce_launch<8, 1>(c, R, PU, grid, a, nb, xq, xd, n, add);
+    else if (type == GGML_TYPE_Q8_0)
+        qonce_launch<8, MM_NT>(c, R, PU, grid, a, nb, xq, xd, n, add);
+    else if (n == 1)
+        qonce_launch<2, 1>(c, R, PU, grid, a, nb, xq, xd, n, add);
     else
-        QO_LAUNCH(2);
-#undef QO_LAUNCH
+        qonce_launch<2, MM_NT>(c, R, PU, grid, a, nb, xq, xd, n, add);
     CU_LAUNCH(c, "mmvq_qonce_kernel");
     return true;
 }
