@@ -3,9 +3,10 @@
  *   decode_attn_split: the short-context split attention (attention_decode.cu), f32 and f16
  *     caches, the plain op and attention_at (one row: bit for bit the plain op with the switch
  *     on; B rows in their own slots: each row against the CPU);
- *   decode_qonce: quantise once + the weight-streaming products (matmul_decode.cu): matmul3 with
- *     and without its norm, matmul, matmul_add at decode sizes, n = 1 .. 8, bit for bit the
- *     switch-off op (normed x included) and within q8_0's limit of the CPU;
+ *   decode_qonce: the weight-streaming products (matmul_decode.cu), x quantised once (=1) or in
+ *     each CTA after its weight loads (=2): matmul3 with and without its norm, matmul, matmul_add
+ *     at decode sizes, n = 1 .. 8, bit for bit the switch-off op (normed x included) and within
+ *     q8_0's limit of the CPU;
  *   decode_route_once: the one-token MoE routed once (moe.cu): routing words and y bit for bit
  *     the fused form;
  *   e2e_decode_opts: the qwen3moe q8_0 model end to end (gpu_e2e_full: recorded steps, experts
@@ -26,16 +27,17 @@
 int gpu_e2e_full(struct backend cpu, struct backend gpu, const char *name, const char *preset, int type,
                  double lim);
 
+/* Sets the three switches (-1: leaves one as it is); returns the old ones packed for
+ * restore_opts: bit 0 the attention split, bits 1-2 TIDE_DECODE_QONCE (0..2), bit 3 route once. */
 static int set_opts(int attn, int qonce, int route)
 {
-    int old = cuda_set_decode_opt(CUDA_DECODE_ATTN_SPLIT, attn) | cuda_set_decode_opt(CUDA_DECODE_QONCE, qonce) << 1 |
-              cuda_set_decode_opt(CUDA_MOE_ROUTE_ONCE, route) << 2;
-    return old;
+    return cuda_set_decode_opt(CUDA_DECODE_ATTN_SPLIT, attn) | cuda_set_decode_opt(CUDA_DECODE_QONCE, qonce) << 1 |
+           cuda_set_decode_opt(CUDA_MOE_ROUTE_ONCE, route) << 3;
 }
 
 static void restore_opts(int old)
 {
-    set_opts(old & 1, old >> 1 & 1, old >> 2 & 1);
+    set_opts(old & 1, old >> 1 & 3, old >> 3 & 1);
 }
 
 static uint16_t *to_f16(const float *x, size_t n)
@@ -188,28 +190,33 @@ static void test_decode_attn_split(void)
 
 /* ---- quantise once ---- */
 
-/* The same op with the switch off and on; true when every output is bit for bit the same. */
+/* The same op with the switch off, at 1 (quantise once) and at 2 (in-CTA, loads first); true
+ * when every output is bit for bit the same. The outputs of the last run (2) stay in dev. */
 static bool qonce_same(const char *what, float *const *dev, const size_t *len, int nout,
                        void (*run)(void *arg), void *arg)
 {
-    float *off[4], *on[4];
-    for (int pass = 0; pass < 2; pass++) {
+    float *got[3][4];
+    for (int pass = 0; pass < 3; pass++) {
         for (int i = 0; i < nout; i++)
             dev_poison(dev[i], len[i] * 4);
         int old = set_opts(-1, pass, -1);
         run(arg);
         restore_opts(old);
         for (int i = 0; i < nout; i++)
-            (pass ? on : off)[i] = dev_get(dev[i], len[i]);
+            got[pass][i] = dev_get(dev[i], len[i]);
     }
     bool same = true;
-    for (int i = 0; i < nout; i++) {
-        same = same && !memcmp(off[i], on[i], len[i] * 4);
-        free(off[i]);
-        free(on[i]);
+    for (int pass = 1; pass < 3; pass++) {
+        bool s = true;
+        for (int i = 0; i < nout; i++)
+            s = s && !memcmp(got[0][i], got[pass][i], len[i] * 4);
+        if (!s)
+            printf("  decode_qonce %s: TIDE_DECODE_QONCE=%d changes the bits\n", what, pass);
+        same = same && s;
     }
-    if (!same)
-        printf("  decode_qonce %s: the switch changes the bits\n", what);
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i < nout; i++)
+            free(got[pass][i]);
     return same;
 }
 
@@ -265,7 +272,7 @@ static bool qonce_mm3(uint32_t T, int cols, const int rows[3], int n, bool norm,
              rows[1], rows[2], n, (int)norm);
     bool ok = qonce_same(what, yd, len, norm ? 4 : 3, mm3_go, &r);
     cpu.i->matmul3(cpu.ctx, wh, x, yh3, n, norm ? &nh : NULL, 1e-6f, xn_c);
-    for (int m = 0; m < 3; m++) { /* the switch-on outputs are still in yd */
+    for (int m = 0; m < 3; m++) { /* the last switch-on outputs are still in yd */
         float *g = dev_get(yd[m], len[m]);
         double e = relerr(g, yc[m], len[m]);
         if (e > *worst)
@@ -453,12 +460,15 @@ void test_decode_opts(const char *only)
         /* qwen3moe q8_0 with every expert cached: recorded steps through attention_at, matmul3,
          * matmul_add and moe_ffn_table_route, all three switches on (only the attention's
          * bits move; the limit is e2e_full_qwen3moe_q8_0's) */
-        int old = set_opts(1, 1, 1);
-        fflush(stdout);
-        if (!gpu_e2e_full(cpu, gpu, "e2e_decode_opts", "qwen3moe", GGML_TYPE_Q8_0, 3e-2))
-            n_fail++;
-        fflush(stdout);
-        restore_opts(old);
+        for (int q = 1; q <= 2; q++) { /* both forms of TIDE_DECODE_QONCE */
+            int old = set_opts(1, q, 1);
+            printf("  e2e_decode_opts: TIDE_DECODE_ATTN_SPLIT=1 TIDE_DECODE_QONCE=%d TIDE_MOE_ROUTE_ONCE=1\n", q);
+            fflush(stdout);
+            if (!gpu_e2e_full(cpu, gpu, "e2e_decode_opts", "qwen3moe", GGML_TYPE_Q8_0, 3e-2))
+                n_fail++;
+            fflush(stdout);
+            restore_opts(old);
+        }
     }
 }
 
@@ -469,8 +479,10 @@ void bench_decode_opts(double d2d)
         {"all switches off", 0, 0, 0},
         {"TIDE_DECODE_ATTN_SPLIT=1", 1, 0, 0},
         {"TIDE_DECODE_QONCE=1", 0, 1, 0},
+        {"TIDE_DECODE_QONCE=2", 0, 2, 0},
         {"TIDE_MOE_ROUTE_ONCE=1", 0, 0, 1},
-        {"all switches on", 1, 1, 1},
+        {"all switches on (QONCE=1)", 1, 1, 1},
+        {"all switches on (QONCE=2)", 1, 2, 1},
     };
     int old = set_opts(-1, -1, -1);
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
@@ -478,9 +490,10 @@ void bench_decode_opts(double d2d)
         set_opts(cfg[i].attn, cfg[i].qonce, cfg[i].route);
         bench_decode(d2d, 4);
     }
-    for (int on = 0; on < 2; on++) {
-        printf("bench_decode_opts: the replayed step, %s\n", on ? "all switches on" : "all switches off");
-        set_opts(on, on, on);
+    for (int on = 0; on < 3; on++) {
+        printf("bench_decode_opts: the replayed step, %s\n",
+               on == 2 ? "all switches on (QONCE=2)" : on ? "all switches on (QONCE=1)" : "all switches off");
+        set_opts(on > 0, on, on > 0);
         bench_decode(d2d, 5);
     }
     restore_opts(old);

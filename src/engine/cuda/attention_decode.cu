@@ -53,13 +53,16 @@ extern "C" int cuda_set_decode_opt(int which, int on)
                                                       "TIDE_MOE_ROUTE_ONCE"};
     if (which < 0 || which >= CUDA_DECODE_OPTS)
         return 0;
+    /* TIDE_DECODE_QONCE has two forms (1, 2: matmul_decode.cu); the others are on or off */
+    int top = which == CUDA_DECODE_QONCE ? 2 : 1;
     if (decode_opt[which] < 0) {
         const char *e = getenv(env[which]);
-        decode_opt[which] = e && !strcmp(e, "1");
+        int v = e && e[0] >= '1' && e[0] <= '9' && !e[1] ? e[0] - '0' : 0;
+        decode_opt[which] = v <= top ? v : 0;
     }
     int old = decode_opt[which];
     if (on >= 0)
-        decode_opt[which] = on != 0;
+        decode_opt[which] = on <= top ? on : top;
     return old;
 }
 

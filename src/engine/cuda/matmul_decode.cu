@@ -31,17 +31,16 @@ extern "C" {
 #define QO_THREADS 256   /* the quantise kernel: rms_scale_held must reduce as rmsnorm_kernel */
 #define QO_PER_THREAD 16 /* cols <= 4096 */
 
-/* Token blockIdx.x of x (n, cols): normed when nw is set (x * scale * nw[e], rmsnorm_kernel's
- * expression and reduction order, written to xn too), then quantised to int8 blocks of 32. */
-template <bool NORM>
-__global__ void __launch_bounds__(QO_THREADS)
-qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict__ xq, float *__restrict__ xd,
-                      uint32_t ntype, const uint8_t *__restrict__ nw, float eps, float *__restrict__ xn)
+/* One token of x (cols) by the CTA's QO_THREADS threads: normed when NORM (x * scale * nw[e],
+ * rmsnorm_kernel's expression and reduction order; written to xn too unless xn is NULL), then
+ * quantised to int8 blocks of 32 into xq (cols) and xd (cols / 32), global or shared memory.
+ * red: 32 shared floats. */
+template <bool NORM, bool F32W = false>
+__device__ __forceinline__ void qonce_token(const float *__restrict__ x, int cols, int8_t *xq, float *xd,
+                                            uint32_t ntype, const uint8_t *__restrict__ nw, float eps, float *xn,
+                                            float *red)
 {
-    int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5;
-    x += (size_t)t * cols;
-    xq += (size_t)t * cols;
-    xd += (size_t)t * (cols / QK);
+    int tid = threadIdx.x, warp = tid >> 5;
     float v[QO_PER_THREAD];
 #pragma unroll
     for (int k = 0; k < QO_PER_THREAD; k++) { /* every load before any reduction */
@@ -49,14 +48,16 @@ qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict_
         v[k] = e < cols ? __ldg(x + e) : 0.0f;
     }
     if (NORM) {
-        __shared__ float red[32];
         float sc = rms_scale_held(v, cols, QO_THREADS, eps, red);
 #pragma unroll
         for (int k = 0; k < QO_PER_THREAD; k++) {
             int e = k * QO_THREADS + tid;
             if (e < cols) {
-                v[k] = v[k] * sc * row_elem(ntype, nw, e);
-                xn[(size_t)t * cols + e] = v[k];
+                /* F32W: an f32 norm weight read directly (row_elem's F32 case, the same value):
+                 * row_elem's switch over every type would spill the prefetched weights */
+                v[k] = v[k] * sc * (F32W ? __ldg((const float *)nw + e) : row_elem(ntype, nw, e));
+                if (xn)
+                    xn[e] = v[k];
             }
         }
     }
@@ -66,6 +67,19 @@ qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict_
         if (k * QO_THREADS + warp * 32 < cols) /* warp-uniform: cols % 32 == 0 */
             quantize_q8_elem(v[k], e, xq, xd);
     }
+}
+
+/* Token blockIdx.x of x (n, cols) into xq (n, cols), xd (n, cols / 32), normed (and the normed
+ * x written to xn) when NORM. */
+template <bool NORM>
+__global__ void __launch_bounds__(QO_THREADS)
+qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict__ xq, float *__restrict__ xd,
+                      uint32_t ntype, const uint8_t *__restrict__ nw, float eps, float *__restrict__ xn)
+{
+    __shared__ float red[32];
+    size_t t = blockIdx.x;
+    qonce_token<NORM>(x + t * cols, cols, xq + t * cols, xd + t * (cols / QK), ntype, nw, eps,
+                      NORM ? xn + t * cols : NULL, red);
 }
 
 /* Up to three products of one quantised x: CTAs start[m] .. start[m + 1) - 1 take matrix m. */
@@ -97,16 +111,32 @@ __device__ __forceinline__ float qo_unpack(const uint32_t *u, int h, int wq[8])
     }
 }
 
-/* Rows r0 .. r0 + R - 1 of matrix m a warp (r0 = (CTA in m * QO_WARPS + warp) * R), PU pairs of
- * blocks a lane a row per step. nb even, rows 4-byte aligned (the pairs layout). xq, xd: (nt,
- * cols) and (nt, nb); nt <= NT. */
-template <int QT, int R, int PU, int NT>
-__global__ void __launch_bounds__(QO_WARPS * 32)
-mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const float *__restrict__ xd, int nt,
-                  bool add)
+/* The x a prefetching CTA quantises itself (MODE 1, 2): x (nt, cols), normed by nw (MODE 2). */
+struct qo_x {
+    const float *x;
+    int cols;
+    const uint8_t *nw;
+    uint32_t ntype;
+    float eps;
+    float *xn; /* the normed x (nt, cols), written by CTA 0 */
+};
+
+/* Rows r0 .. r0 + R - 1 of matrix m a warp (r0 = (CTA in m * warps + warp) * R), PU pairs of
+ * blocks a lane a row per step. nb even, rows 4-byte aligned (the pairs layout); nt <= NT.
+ * MODE 0 (TIDE_DECODE_QONCE=1): x already quantised by qonce_quantize_kernel, xq (nt, cols) and
+ * xd (nt, nb) read from global memory (L2); QO_WARPS warps a CTA.
+ * MODE 1, 2 (TIDE_DECODE_QONCE=2): no kernel before; the CTA (QO_THREADS threads, the norm's
+ * reduction width) issues its warps' first step of weight loads, then quantises x itself (MODE
+ * 2: norms it first) into shared memory while those loads are in flight: the prologue of
+ * matmul.cu's fused kernels without its wait, and no extra launch. */
+template <int QT, int R, int PU, int NT, int MODE>
+__global__ void __launch_bounds__(MODE ? QO_THREADS : QO_WARPS * 32, MODE ? 2 : 1)
+mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq_g, const float *__restrict__ xd_g, int nt,
+                  bool add, const qo_x px)
 {
     constexpr int BLK = QT == 8 ? 34 : 18;
     constexpr int NU = BLK * 2 / 4;
+    constexpr int WARPS = MODE ? QO_THREADS / 32 : QO_WARPS;
     int b = blockIdx.x, m = b >= a.start[2] ? 2 : b >= a.start[1] ? 1 : 0;
     /* picked by selects: an index into the parameter arrays would copy them to local memory */
 #define PICK(f) (m == 0 ? a.f[0] : m == 1 ? a.f[1] : a.f[2])
@@ -116,18 +146,15 @@ mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const 
     int rows = PICK(rows), first = PICK(start);
 #undef PICK
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int r0 = ((b - first) * QO_WARPS + warp) * R;
-    if (r0 >= rows)
+    int r0 = ((b - first) * WARPS + warp) * R;
+    bool live = r0 < rows; /* warp-uniform */
+    if (!MODE && !live)
         return;
     int np = nb / 2;
-    float s[R][MM_NT];
+    uint32_t u[R][PU][NU];
+    auto load_step = [&](int p0) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        mm_sums_clear(s[r]);
-    for (int p0 = lane; p0 < np; p0 += 32 * PU) {
-        uint32_t u[R][PU][NU];
-#pragma unroll
-        for (int r = 0; r < R; r++) /* every load of the step first */
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int i = 0; i < PU; i++) {
                 int p = p0 + 32 * i;
@@ -138,6 +165,39 @@ mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const 
                         u[r][i][v] = __ldg(pp + v);
                 }
             }
+    };
+    if (live)
+        load_step(lane); /* every load of the first step before anything else */
+    extern __shared__ __align__(16) uint8_t smq[];
+    const int8_t *xq = xq_g;
+    const float *xd = xd_g;
+    if (MODE) { /* CTA-uniform: every thread quantises, dead warps included */
+        __shared__ float red[32];
+        int8_t *sq = (int8_t *)smq;                                                  /* (nt, cols) */
+        float *sd = (float *)(smq + (((size_t)nt * px.cols + 15) & ~(size_t)15)); /* (nt, nb) */
+        for (int t = 0; t < nt; t++) {
+            const float *xt = px.x + (size_t)t * px.cols;
+            float *xn = px.xn && blockIdx.x == 0 ? px.xn + (size_t)t * px.cols : NULL;
+            if (MODE == 2)
+                qonce_token<true, true>(xt, px.cols, sq + (size_t)t * px.cols, sd + (size_t)t * nb, px.ntype, px.nw,
+                                  px.eps, xn, red);
+            else
+                qonce_token<false>(xt, px.cols, sq + (size_t)t * px.cols, sd + (size_t)t * nb, 0, NULL, 0.0f, NULL,
+                                   red);
+        }
+        __syncthreads();
+        xq = sq;
+        xd = sd;
+        if (!live)
+            return;
+    }
+    float s[R][MM_NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        mm_sums_clear(s[r]);
+    for (int p0 = lane; p0 < np; p0 += 32 * PU) {
+        if (p0 != lane)
+            load_step(p0);
 #pragma unroll
         for (int i = 0; i < PU; i++) {
             int p = p0 + 32 * i;
@@ -150,8 +210,8 @@ mmvq_qonce_kernel(const qo_args a, int nb, const int8_t *__restrict__ xq, const 
                 for (int t = 0; t < NT; t++) {
                     if (t < nt) {
                         const int4 *xp = (const int4 *)(xq + ((size_t)t * nb + blk) * QK);
-                        int4 xa = __ldg(xp), xc = __ldg(xp + 1);
-                        float xs = __ldg(xd + (size_t)t * nb + blk);
+                        int4 xa = MODE ? xp[0] : __ldg(xp), xc = MODE ? xp[1] : __ldg(xp + 1);
+                        float xs = MODE ? xd[(size_t)t * nb + blk] : __ldg(xd + (size_t)t * nb + blk);
 #pragma unroll
                         for (int r = 0; r < R; r++) {
                             if (r0 + r < rows) {
@@ -192,24 +252,36 @@ static void qonce_shape(int np, int *R, int *PU)
         *PU = 2;
 }
 
-template <int QT, int NT>
-static void qonce_launch(struct cuda_ctx *c, int R, int PU, unsigned grid, const qo_args &a, int nb,
-                         const int8_t *xq, const float *xd, int n, bool add)
+template <int QT, int NT, int MODE>
+static void qonce_launch(struct cuda_ctx *c, int R, int PU, unsigned grid, size_t smem, const qo_args &a, int nb,
+                         const int8_t *xq, const float *xd, int n, bool add, const qo_x &px)
 {
+    constexpr int T = MODE ? QO_THREADS : QO_WARPS * 32;
     if (R == 4)
-        mmvq_qonce_kernel<QT, 4, 1, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+        mmvq_qonce_kernel<QT, 4, 1, NT, MODE><<<grid, T, smem, c->st>>>(a, nb, xq, xd, n, add, px);
     else if (R == 2 && PU == 2)
-        mmvq_qonce_kernel<QT, 2, 2, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+        mmvq_qonce_kernel<QT, 2, 2, NT, MODE><<<grid, T, smem, c->st>>>(a, nb, xq, xd, n, add, px);
     else if (R == 2)
-        mmvq_qonce_kernel<QT, 2, 1, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+        mmvq_qonce_kernel<QT, 2, 1, NT, MODE><<<grid, T, smem, c->st>>>(a, nb, xq, xd, n, add, px);
     else
-        mmvq_qonce_kernel<QT, 1, 2, NT><<<grid, QO_WARPS * 32, 0, c->st>>>(a, nb, xq, xd, n, add);
+        mmvq_qonce_kernel<QT, 1, 2, NT, MODE><<<grid, T, smem, c->st>>>(a, nb, xq, xd, n, add, px);
+}
+
+template <int QT, int MODE>
+static void qonce_launch_n(struct cuda_ctx *c, int R, int PU, unsigned grid, size_t smem, const qo_args &a, int nb,
+                           const int8_t *xq, const float *xd, int n, bool add, const qo_x &px)
+{
+    if (n == 1)
+        qonce_launch<QT, 1, MODE>(c, R, PU, grid, smem, a, nb, xq, xd, n, add, px);
+    else
+        qonce_launch<QT, MM_NT, MODE>(c, R, PU, grid, smem, a, nb, xq, xd, n, add, px);
 }
 
 bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w, const float *x, float *const *y,
                        int n, bool add, const struct tensor *norm, float eps, float *xn)
 {
-    if (!cuda_set_decode_opt(CUDA_DECODE_QONCE, -1) || c->err || n < 1 || n > MM_NT || nm < 1 || nm > 3)
+    int mode = cuda_set_decode_opt(CUDA_DECODE_QONCE, -1); /* 1: quantise once, 2: in-CTA, loads first */
+    if (!mode || c->err || n < 1 || n > MM_NT || nm < 1 || nm > 3)
         return false;
     /* n >= the tensor-core threshold: cuda_matmul's mma kernel (other bits); keep it */
     if (n > 2 && n >= cuda_mmq_min_n())
@@ -225,6 +297,7 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
     a.start[0] = 0;
     int R, PU;
     qonce_shape(nb / 2, &R, &PU);
+    int warps = mode == 2 ? QO_THREADS / 32 : QO_WARPS;
     for (int m = 0; m < 3; m++) {
         int mm = m < nm ? m : nm - 1; /* unused slots repeat the last matrix with no CTAs */
         int rows = (int)w[mm]->ne[1];
@@ -235,13 +308,30 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
         a.row_bytes[m] = w[mm]->row_bytes;
         a.y[m] = y[mm];
         a.rows[m] = rows;
-        a.start[m + 1] = a.start[m] + (m < nm ? (rows + QO_WARPS * R - 1) / (QO_WARPS * R) : 0);
+        a.start[m + 1] = a.start[m] + (m < nm ? (rows + warps * R - 1) / (warps * R) : 0);
+    }
+    unsigned grid = (unsigned)a.start[3];
+    if (mode == 2 && norm && norm->type != GGML_TYPE_F32) /* its in-CTA norm reads f32 weights only */
+        mode = 1;
+    qo_x px = {x, cols, norm ? (const uint8_t *)norm->data : NULL, norm ? norm->type : 0, eps, norm ? xn : NULL};
+    if (mode == 2) { /* x (nt, cols) int8 and its scales in each CTA's shared memory: <= 36 KB */
+        size_t smem = (((size_t)n * cols + 15) & ~(size_t)15) + (size_t)n * nb * sizeof(float);
+        if (type == GGML_TYPE_Q8_0 && norm)
+            qonce_launch_n<8, 2>(c, R, PU, grid, smem, a, nb, NULL, NULL, n, add, px);
+        else if (type == GGML_TYPE_Q8_0)
+            qonce_launch_n<8, 1>(c, R, PU, grid, smem, a, nb, NULL, NULL, n, add, px);
+        else if (norm)
+            qonce_launch_n<2, 2>(c, R, PU, grid, smem, a, nb, NULL, NULL, n, add, px);
+        else
+            qonce_launch_n<2, 1>(c, R, PU, grid, smem, a, nb, NULL, NULL, n, add, px);
+        CU_LAUNCH(c, "mmvq_qonce_kernel (in-CTA x)");
+        return true;
     }
     size_t qbytes = ((size_t)n * cols + 255) & ~(size_t)255;
     uint8_t *ws = (uint8_t *)cuda_scratch(c, qbytes + (size_t)n * nb * sizeof(float));
     if (!ws)
         return true; /* the error (or the failed recording) is kept in c */
-    int8_t *xq = (int8_t *)ws;      /* (n, cols) */
+    int8_t *xq = (int8_t *)ws;          /* (n, cols) */
     float *xd = (float *)(ws + qbytes); /* (n, nb) */
     if (norm)
         qonce_quantize_kernel<true><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, norm->type,
@@ -250,15 +340,10 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
         qonce_quantize_kernel<false><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, 0, NULL, 0.0f, NULL);
     if (!CU_LAUNCH(c, "qonce_quantize_kernel"))
         return true;
-    unsigned grid = (unsigned)a.start[3];
-    if (type == GGML_TYPE_Q8_0 && n == 1)
-        qonce_launch<8, 1>(c, R, PU, grid, a, nb, xq, xd, n, add);
-    else if (type == GGML_TYPE_Q8_0)
-        qonce_launch<8, MM_NT>(c, R, PU, grid, a, nb, xq, xd, n, add);
-    else if (n == 1)
-        qonce_launch<2, 1>(c, R, PU, grid, a, nb, xq, xd, n, add);
+    if (type == GGML_TYPE_Q8_0)
+        qonce_launch_n<8, 0>(c, R, PU, grid, 0, a, nb, xq, xd, n, add, px);
     else
-        qonce_launch<2, MM_NT>(c, R, PU, grid, a, nb, xq, xd, n, add);
+        qonce_launch_n<2, 0>(c, R, PU, grid, 0, a, nb, xq, xd, n, add, px);
     CU_LAUNCH(c, "mmvq_qonce_kernel");
     return true;
 }
