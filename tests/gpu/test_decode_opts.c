@@ -11,8 +11,9 @@
  *     the fused form;
  *   e2e_decode_opts: the qwen3moe q8_0 model end to end (gpu_e2e_full: recorded steps, experts
  *     from the device table) with all three on.
- * bench_decode_opts (--bench): bench_decode_ops with each switch off, then on one at a time and
- * all on, then the replayed step (bench_decode_graph) all off and all on: one command,
+ * bench_decode_opts (--bench): the attention alone at 100-32768 keys with the split off and on,
+ * bench_decode_ops with each switch off, then on one at a time and all on, then the replayed
+ * step (bench_decode_graph) all off and all on: one command,
  * `test-gpu --bench --only bench_decode_opts` (by that exact name only: `--only bench` in
  * scripts/test-gpu.sh would otherwise run seven more decode benchmarks). */
 #include "gpu_test.h"
@@ -473,8 +474,49 @@ void test_decode_opts(const char *only)
 }
 
 #ifdef TIDE_CUDA
+/* The decode attention alone (Qwen3-30B's 32 / 4 heads of 128) from 100 to 32768 keys, f32 and
+ * f16 caches, TIDE_DECODE_ATTN_SPLIT off and on: where the split kernels pay and where they stop
+ * paying (200 back-to-back calls, as bench_attention times them). */
+static void bench_attn_keys(void)
+{
+    static const int keys[] = {100, 513, 1000, 2000, 4096, 16384, 32768};
+    const int nh = 32, nkv = 4, hd = 128;
+    printf("bench_decode_opts: attention of one token, 32/4 heads of 128: us a call, split off / on\n");
+    for (size_t c = 0; c < sizeof keys / sizeof keys[0]; c++) {
+        int pos = keys[c] - 1;
+        size_t kvb = (size_t)keys[c] * nkv * hd * 4;
+        float *q = dev_put(NULL, (size_t)nh * hd * 4), *o = dev_put(NULL, (size_t)nh * hd * 4);
+        float *k = dev_put(NULL, kvb), *v = dev_put(NULL, kvb);
+        gpu.i->zero(gpu.ctx, q, nh * hd);
+        gpu.i->zero(gpu.ctx, k, (int)(kvb / 4));
+        gpu.i->zero(gpu.ctx, v, (int)(kvb / 4));
+        for (int f16 = 0; f16 < 2; f16++) {
+            double us[2];
+            for (int on = 0; on < 2; on++) {
+                int old = set_opts(on, -1, -1);
+                for (int i = 0; i < 203; i++) {
+                    if (i == 3) {
+                        gpu.i->sync(gpu.ctx);
+                        us[on] = now_s();
+                    }
+                    if (f16)
+                        gpu.i->attention_f16(gpu.ctx, q, (uint16_t *)k, (uint16_t *)v, o, NULL, 1, pos, nh, nkv, hd);
+                    else
+                        gpu.i->attention(gpu.ctx, q, k, v, o, NULL, 1, pos, nh, nkv, hd);
+                }
+                gpu.i->sync(gpu.ctx);
+                us[on] = (now_s() - us[on]) / 200 * 1e6;
+                restore_opts(old);
+            }
+            printf("  %6d keys %s: %8.2f / %8.2f us\n", keys[c], f16 ? "f16" : "f32", us[0], us[1]);
+        }
+        gpu.i->free(gpu.ctx, q); gpu.i->free(gpu.ctx, o); gpu.i->free(gpu.ctx, k); gpu.i->free(gpu.ctx, v);
+    }
+}
+
 void bench_decode_opts(double d2d)
 {
+    bench_attn_keys();
     static const struct { const char *name; int attn, qonce, route; } cfg[] = {
         {"all switches off", 0, 0, 0},
         {"TIDE_DECODE_ATTN_SPLIT=1", 1, 0, 0},
