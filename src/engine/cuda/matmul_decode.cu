@@ -5,9 +5,9 @@
  * matmul3 rmsnorm it - inside every CTA, which saved a launch when launches cost ~5 us. Inside a
  * recorded step a launch costs ~1 us, and the 640 CTAs of matmul3 each redo the norm and the
  * quantisation of 2048 values before their first weight load. Here:
- *   1. qonce_quantize_kernel: one CTA a token norms (optionally) and quantises x into the
- *      scratch: xq (n, cols) int8, xd (n, cols / 32) scales; with a norm it also writes the
- *      normed x (the ops after read it);
+ *   1. qonce_quantize_kernel: a CTA for each 256 elements of each token norms (optionally)
+ *      and quantises them into the scratch: xq (n, cols) int8, xd (n, cols / 32) scales; with
+ *      a norm it also writes the normed x (the ops after read it);
  *   2. mmvq_qonce_kernel: each warp takes R consecutive rows and issues all its weight loads
  *      for R x PU pairs of blocks a lane (4 x 68 bytes for q8_0 by default: R = 4 rows of one
  *      pair a lane at 2048 columns, R = 2 rows of two pairs at 4096) before any arithmetic;
@@ -69,17 +69,36 @@ __device__ __forceinline__ void qonce_token(const float *__restrict__ x, int col
     }
 }
 
-/* Token blockIdx.x of x (n, cols) into xq (n, cols), xd (n, cols / 32), normed (and the normed
- * x written to xn) when NORM. */
+/* x (n, cols) into xq (n, cols), xd (n, cols / 32), normed (and the normed x written to xn)
+ * when NORM. Grid (cols / QO_THREADS rounded up, n): CTA (b, t) quantises elements b * 256 ..
+ * b * 256 + 255 of token t, so the SMs share the work instead of one CTA a token; with the norm
+ * each CTA sums all of the token's squares itself, in rms_scale_held's order, so every CTA has
+ * the same scale and the values are qonce_token's (and rmsnorm's). */
 template <bool NORM>
 __global__ void __launch_bounds__(QO_THREADS)
 qonce_quantize_kernel(const float *__restrict__ x, int cols, int8_t *__restrict__ xq, float *__restrict__ xd,
                       uint32_t ntype, const uint8_t *__restrict__ nw, float eps, float *__restrict__ xn)
 {
-    __shared__ float red[32];
-    size_t t = blockIdx.x;
-    qonce_token<NORM>(x + t * cols, cols, xq + t * cols, xd + t * (cols / QK), ntype, nw, eps,
-                      NORM ? xn + t * cols : NULL, red);
+    size_t t = blockIdx.y;
+    int tid = threadIdx.x, warp = tid >> 5, e = blockIdx.x * QO_THREADS + tid;
+    x += t * cols;
+    float mine = e < cols ? __ldg(x + e) : 0.0f;
+    if (NORM) {
+        __shared__ float red[32];
+        float v[QO_PER_THREAD];
+#pragma unroll
+        for (int k = 0; k < QO_PER_THREAD; k++) {
+            int i = k * QO_THREADS + tid;
+            v[k] = i < cols ? __ldg(x + i) : 0.0f;
+        }
+        float sc = rms_scale_held(v, cols, QO_THREADS, eps, red);
+        if (e < cols) {
+            mine = mine * sc * row_elem(ntype, nw, e);
+            xn[t * cols + e] = mine;
+        }
+    }
+    if ((int)blockIdx.x * QO_THREADS + warp * 32 < cols) /* warp-uniform: cols % 32 == 0 */
+        quantize_q8_elem(mine, e, xq + t * cols, xd + t * (cols / QK));
 }
 
 /* Up to three products of one quantised x: CTAs start[m] .. start[m + 1) - 1 take matrix m. */
@@ -333,11 +352,12 @@ bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w
         return true; /* the error (or the failed recording) is kept in c */
     int8_t *xq = (int8_t *)ws;          /* (n, cols) */
     float *xd = (float *)(ws + qbytes); /* (n, nb) */
+    dim3 qgrid((unsigned)((cols + QO_THREADS - 1) / QO_THREADS), (unsigned)n);
     if (norm)
-        qonce_quantize_kernel<true><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, norm->type,
-                                                                 (const uint8_t *)norm->data, eps, xn);
+        qonce_quantize_kernel<true><<<qgrid, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, norm->type,
+                                                                     (const uint8_t *)norm->data, eps, xn);
     else
-        qonce_quantize_kernel<false><<<n, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, 0, NULL, 0.0f, NULL);
+        qonce_quantize_kernel<false><<<qgrid, QO_THREADS, 0, c->st>>>(x, cols, xq, xd, 0, NULL, 0.0f, NULL);
     if (!CU_LAUNCH(c, "qonce_quantize_kernel"))
         return true;
     if (type == GGML_TYPE_Q8_0)
