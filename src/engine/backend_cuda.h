@@ -29,21 +29,6 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
  * mirrors. NULL on failure. */
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *p);
-/* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
- * them before ops are queued): the smallest n it takes (a huge value keeps the dp4a path for
- * every n), a forced tile width in tokens (16, 32 or 64; 0 = chosen per product). Each
- * returns the previous value. */
-int cuda_set_mmq_min_n(int n);
-int cuda_set_mmq_tile(int bn);
-int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
-/* Whether moe_ffn_batch runs (1, the default) or answers TIDE_EUNSUPPORTED, sending the forward
- * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
- * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
-int cuda_set_moe_grouped(int on);
-/* Whether prefill chunks with head_dim 64 or 128 take the f16 tensor-core attention kernel
- * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.
- * TIDE_ATTN_MMA=0 in the environment sets 0 at start. */
-int cuda_set_attn_mma(int on);
 /* The decode kernels of issue 21, each off by default until it has been measured on a GPU
  * (docs/CONFIG.md, docs/DESIGN.md "Decode is bound by kernel launches"):
  *   CUDA_DECODE_ATTN_SPLIT: attention of one query token in chunks of 16 keys on 128-thread
@@ -60,6 +45,21 @@ int cuda_set_attn_mma(int on);
  * the environment set them at start. */
 enum cuda_decode_opt { CUDA_DECODE_ATTN_SPLIT, CUDA_DECODE_QONCE, CUDA_MOE_ROUTE_ONCE, CUDA_DECODE_OPTS };
 int cuda_set_decode_opt(int which, int on);
+/* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
+ * them before ops are queued): the smallest n it takes (a huge value keeps the dp4a path for
+ * every n), a forced tile width in tokens (16, 32 or 64; 0 = chosen per product). Each
+ * returns the previous value. */
+int cuda_set_mmq_min_n(int n);
+int cuda_set_mmq_tile(int bn);
+int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
+/* Whether moe_ffn_batch runs (1, the default) or answers TIDE_EUNSUPPORTED, sending the forward
+ * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
+ * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
+int cuda_set_moe_grouped(int on);
+/* Whether prefill chunks with head_dim 64 or 128 take the f16 tensor-core attention kernel
+ * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.
+ * TIDE_ATTN_MMA=0 in the environment sets 0 at start. */
+int cuda_set_attn_mma(int on);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,7 @@ int backend_cuda_init(struct backend *b, int device_index, char *err, size_t err
 }
 
 void backend_cuda_free(struct backend *b) { (void)b; }
+int cuda_set_decode_opt(int which, int on) { (void)which; (void)on; return 0; }
 
 int backend_cuda_error(const struct backend *b, char *msg, size_t msglen)
 {
@@ -46,7 +47,6 @@ int cuda_set_mmq_tile(int bn) { (void)bn; return 0; }
 int cuda_set_mmq_split(int max_splits) { (void)max_splits; return 0; }
 int cuda_set_moe_grouped(int on) { (void)on; return 0; }
 int cuda_set_attn_mma(int on) { (void)on; return 0; }
-int cuda_set_decode_opt(int which, int on) { (void)which; (void)on; return 0; }
 
 int vmm_available(int dev, char *why, size_t whylen)
 {

@@ -30,14 +30,15 @@
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_q5_0", "matmul_q5_1", "matmul_iq4_xs", "matmul_mxfp4",
+    "decode_attn_split", "decode_qonce", "decode_route_once", "e2e_decode_opts", "bench_decode_opts", /* test_decode_opts.c */
     "get_rows_qb", "attention_sinks", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
-    "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "decode_attn_split", "decode_qonce", "decode_route_once", "e2e_decode_opts", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "sample_extras", "moe_ffn_table", "moe_prefill", "upload_download", "gather_copy_d2d", "vmm",
+    "qk_norm_rope", "step_at", "rows", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "sample_extras", "moe_ffn_table", "moe_prefill", "upload_download", "gather_copy_d2d", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_kv_f16_moe", "batch_kv_f16_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0",
     "kv_f16_store", "kv_f16_attention", "kv_f16_rows", "bench_batch", "bench_moe_rows",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
-    "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_decode_opts", "bench_prefill", "bench_kquant",
+    "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
     "vision_ops", "vision_encode", "bench_vision",
     "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
     "qwenvl_encode", "bench_qwenvl",
