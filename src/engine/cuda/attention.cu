@@ -469,10 +469,6 @@ static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cach
                   __FILE__, __LINE__);
         return;
     }
-    /* TIDE_DECODE_ATTN_SPLIT: the short-context kernels (attention_decode.cu) where they fit */
-    if (cuda_attention_split(c, q, k_cache, v_cache, f16, out, pos, n_head, n_head_kv, head_dim, at, n_ctx, rows, slot,
-                             slot_floats))
-        return;
     int n_keys = pos + 1, group = n_head / n_head_kv;
     int zgroups = (group + ATT_G - 1) / ATT_G;
     int hdb = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;

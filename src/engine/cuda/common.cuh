@@ -155,9 +155,10 @@ int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *sha
                             const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
                             const float *x, float *y, bool add);
 /* attention_decode.cu: attention of one query token a row (rows rows; at, n_ctx, slot as
- * attention_one takes them) by the short-context split kernels, when cuda_set_decode_opt turns
- * them on and the shape fits (head_dim <= 128, a multiple of 4, 16-byte aligned q and caches);
- * false: nothing queued, the caller runs its own kernels. */
+ * attention.cu's attention_one takes them) over a contiguous cache by the short-context split
+ * kernels, when cuda_set_decode_opt turns them on and the shape fits (head_dim <= 128, a
+ * multiple of 4, 16-byte aligned q and caches); false: nothing queued, the caller runs its own
+ * kernels. backend_cuda.cu's attention entry points call it first. */
 bool cuda_attention_split(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
                           float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at, int n_ctx,
                           int rows, const int32_t *slot, size_t slot_elems);
