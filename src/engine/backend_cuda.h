@@ -29,6 +29,22 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
  * mirrors. NULL on failure. */
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *p);
+/* The decode kernels of issue 21, each off by default until it has been measured on a GPU
+ * (docs/CONFIG.md, docs/DESIGN.md "Decode is bound by kernel launches"):
+ *   CUDA_DECODE_ATTN_SPLIT: attention of one query token in chunks of 16 keys on 128-thread
+ *     CTAs (attention_decode.cu), so that 100-2000 keys fill the SMs;
+ *   CUDA_DECODE_QONCE: q8_0 / q4_0 products of up to 8 tokens (matmul3 with its norm, matmul,
+ *     matmul_add) through a kernel that streams weights several rows a warp (matmul_decode.cu),
+ *     x quantised once into the scratch (1) or in each CTA after its weight loads (2); the same
+ *     bits as without;
+ *   CUDA_MOE_ROUTE_ONCE: the one-token MoE routes in one small kernel instead of inside every
+ *     CTA of its first kernel (moe.cu); the same bits as without.
+ * cuda_set_decode_opt(which, on): on 0 or 1 (CUDA_DECODE_QONCE: 0, 1 or 2) sets it
+ * (process-wide: set before ops are queued or a step is recorded), -1 only reads; returns the
+ * previous value. TIDE_DECODE_ATTN_SPLIT=1, TIDE_DECODE_QONCE=1|2 and TIDE_MOE_ROUTE_ONCE=1 in
+ * the environment set them at start. */
+enum cuda_decode_opt { CUDA_DECODE_ATTN_SPLIT, CUDA_DECODE_QONCE, CUDA_MOE_ROUTE_ONCE, CUDA_DECODE_OPTS };
+int cuda_set_decode_opt(int which, int on);
 /* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
  * them before ops are queued): the smallest n it takes (a huge value keeps the dp4a path for
  * every n), a forced tile width in tokens (16, 32 or 64; 0 = chosen per product). Each

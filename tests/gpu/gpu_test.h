@@ -44,6 +44,10 @@ void test_moe_ffn(void);
 void test_route(void);
 void test_moe_ffn_table(void);
 void bench_decode(double d2d, int mode);
+/* test_decode_opts.c: issue 21's decode switches on vs off vs the CPU (only: a name filter or NULL),
+ * and their benchmark (bench_decode_ops / bench_decode_graph with each switch off and on) */
+void test_decode_opts(const char *only);
+void bench_decode_opts(double d2d);
 void test_qk_norm_rope(void); /* test_fuse.c: the fused decode ops vs the separate ones */
 void test_matmul_add(void);
 void test_matmul3(void);

@@ -31,6 +31,7 @@
 static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_q5_0", "matmul_q5_1", "matmul_iq4_xs", "matmul_mxfp4",
+    "decode_attn_split", "decode_qonce", "decode_route_once", "e2e_decode_opts", "bench_decode_opts", /* test_decode_opts.c */
     "get_rows_qb", "attention_sinks", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
     "qk_norm_rope", "step_at", "rows", "moe_rows_mma", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "sample_extras", "moe_ffn_table", "moe_prefill", "upload_download", "gather_copy_d2d", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
@@ -564,6 +565,7 @@ int main(int argc, char **argv)
     if (want(only, "norm_matmul")) test_norm_matmul();
     if (want(only, "matmul_add")) test_matmul_add();
     if (want(only, "matmul3")) test_matmul3();
+    test_decode_opts(only); /* issue 21's switches: decode_*, e2e_decode_opts (test_decode_opts.c) */
     if (want(only, "attention")) test_attention(false);
     if (want(only, "attention_chunk")) test_attention(true);
     if (want(only, "kv_f16_store")) test_kv_f16_store();
@@ -603,6 +605,7 @@ int main(int argc, char **argv)
         if (want(only, "bench_decode_table_unfused")) bench_decode(d2d, 3);
         if (want(only, "bench_decode_ops")) bench_decode(d2d, 4);
         if (want(only, "bench_decode_graph")) bench_decode(d2d, 5);
+        if (only && !strcmp(only, "bench_decode_opts")) bench_decode_opts(d2d); /* its exact name only */
         if (want(only, "bench_prefill")) bench_prefill();
         if (want(only, "bench_kquant")) bench_kquant();
         if (want(only, "bench_kqmma")) bench_kqmma();

@@ -188,7 +188,10 @@ static void cu_attention_at(void *ctx, const float *q, const float *k_cache, con
                             int n_head_kv, int head_dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (cuda_enter(c))
+    /* the contiguous cache only (the paged forms have entry points of their own) */
+    if (cuda_enter(c) && !(n_ctx > 0 && n > 0 &&
+                           cuda_attention_split(c, q, k_cache, v_cache, false, out, n_ctx - 1, n_head, n_head_kv,
+                                                head_dim, at, n_ctx, n, slot, slot_floats)))
         cuda_attention_at(c, q, k_cache, v_cache, false, out, n, at, slot, slot_floats, n_ctx, n_head, n_head_kv,
                           head_dim);
 }
@@ -198,7 +201,9 @@ static void cu_attention_at_f16(void *ctx, const float *q, const uint16_t *k_cac
                                 int n_ctx, int n_head, int n_head_kv, int head_dim)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (cuda_enter(c))
+    if (cuda_enter(c) && !(n_ctx > 0 && n > 0 &&
+                           cuda_attention_split(c, q, k_cache, v_cache, true, out, n_ctx - 1, n_head, n_head_kv,
+                                                head_dim, at, n_ctx, n, slot, slot_elems)))
         cuda_attention_at(c, q, k_cache, v_cache, true, out, n, at, slot, slot_elems, n_ctx, n_head, n_head_kv,
                           head_dim);
 }
@@ -234,7 +239,10 @@ static void cu_attention(void *ctx, const float *q, const float *k_cache, const 
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     (void)att;
-    if (cuda_enter(c) && n > 0)
+    /* one token: TIDE_DECODE_ATTN_SPLIT's kernels where they take the shape (attention_decode.cu) */
+    if (cuda_enter(c) && n > 0 &&
+        !(n == 1 && cuda_attention_split(c, q, k_cache, v_cache, false, out, pos, n_head, n_head_kv, head_dim, NULL,
+                                         0, 1, NULL, 0)))
         cuda_attention(c, q, k_cache, v_cache, false, out, n, pos, n_head, n_head_kv, head_dim);
 }
 
@@ -243,7 +251,9 @@ static void cu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache,
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     (void)att;
-    if (cuda_enter(c) && n > 0)
+    if (cuda_enter(c) && n > 0 &&
+        !(n == 1 && cuda_attention_split(c, q, k_cache, v_cache, true, out, pos, n_head, n_head_kv, head_dim, NULL,
+                                         0, 1, NULL, 0)))
         cuda_attention(c, q, k_cache, v_cache, true, out, n, pos, n_head, n_head_kv, head_dim);
 }
 

@@ -162,6 +162,19 @@ int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *sh
 int cuda_moe_ffn_table_rows(struct cuda_ctx *c, const struct expert_weights *shape, const void *const *table,
                             const float *logits, int n, int n_expert, bool norm, int32_t *routed, int k,
                             const float *x, float *y, bool add);
+/* attention_decode.cu: attention of one query token a row (rows rows; at, n_ctx, slot as
+ * attention.cu's attention_one takes them) over a contiguous cache by the short-context split
+ * kernels, when cuda_set_decode_opt turns them on and the shape fits (head_dim <= 128, a
+ * multiple of 4, 16-byte aligned q and caches); false: nothing queued, the caller runs its own
+ * kernels. backend_cuda.cu's attention entry points call it first. */
+bool cuda_attention_split(struct cuda_ctx *c, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                          float *out, int pos, int n_head, int n_head_kv, int head_dim, const int32_t *at, int n_ctx,
+                          int rows, const int32_t *slot, size_t slot_elems);
+/* matmul_decode.cu: y[m] (+)= w[m] x for m < nm (1 or 3; matmul3 with its norm when norm is
+ * set) through quantise-once + the weight-streaming kernel, the bits of cuda_matmul /
+ * cuda_matmul3; false: switched off or a shape it does not take, nothing queued. */
+bool cuda_matmul_qonce(struct cuda_ctx *c, int nm, const struct tensor *const *w, const float *x, float *const *y,
+                       int n, bool add, const struct tensor *norm, float eps, float *xn);
 /* gemm_f32.cu: y(rows, n) = W x (add: +=) for f32 W with rows ldw floats apart, one launch */
 void cuda_sgemm(struct cuda_ctx *c, const float *W, size_t ldw, int rows, int cols, const float *x, int n, float *y,
                 bool add);

@@ -581,6 +581,8 @@ void cuda_matmul(struct cuda_ctx *c, const struct tensor *w, const float *x, flo
     if (cuda_matmul_kq(c, w, x, y, n, add)) /* q4_K / q5_K / q6_K (kquant.cu) */
         return;
     if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && cols % QK == 0) {
+        if (cuda_matmul_qonce(c, 1, &w, x, &y, n, add, NULL, 0.0f, NULL)) /* TIDE_DECODE_QONCE */
+            return;
         int nb = cols / QK;
         bool pairs = nb % 2 == 0 && (((uintptr_t)W | w->row_bytes) & 3) == 0;
         int nt0 = n < MM_NT ? n : MM_NT;
@@ -728,6 +730,8 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
                   const struct tensor *norm, float eps, float *xn)
 {
     if (c->err || n <= 0)
+        return true;
+    if (cuda_matmul_qonce(c, 3, w, x, y, n, false, norm, eps, xn)) /* TIDE_DECODE_QONCE: the same bits */
         return true;
     uint32_t type = w[0]->type;
     int cols = (int)w[0]->ne[0], nb = cols / QK;

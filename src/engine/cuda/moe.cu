@@ -23,6 +23,10 @@
  * quantise x), one launch fewer a layer. */
 #include "engine/cuda/kquant.cuh"
 
+extern "C" {
+#include "engine/backend_cuda.h" /* cuda_set_decode_opt */
+}
+
 #include <stdio.h>
 #include <string.h>
 
@@ -110,6 +114,90 @@ moe_gate_up_kernel(const moe_args a, const float *__restrict__ x, int8_t *__rest
             row_dot_q<QT, true>(U + (size_t)r * a.rb_gu, nb, false, xq, xd, 1, u, lane);
         }
         float gv = warp_sum(g[0]), uv = warp_sum(u[0]);
+        if (lane == 0)
+            hs[rr] = gv / (1.0f + expf(-gv)) * uv; /* as swiglu_kernel / cpu_swiglu */
+    }
+    __syncthreads();
+    if (warp == 0)
+        quantize_q8_elem(hs[lane], j * a.F + r0 + lane, hq, hd);
+}
+
+/* Route once (TIDE_MOE_ROUTE_ONCE, table form, q8_0 / q4_0 gate and up in 4-byte pairs, at most
+ * one pair of blocks a lane: E <= 2048): the routing is already in a.routed (route_kernel ran
+ * once before), so a CTA looks its expert up and issues its warps' first gate and up rows (68
+ * bytes a lane each for q8_0) before it quantises x: those loads are in flight during the
+ * quantisation instead of after it. Only the first of a warp's two rows: both would take ~92
+ * registers, one CTA an SM instead of two, and the 192 CTAs of a Qwen3-30B layer two waves.
+ * The arithmetic is row_dot2_q's and the rest moe_gate_up_kernel's, so the bits are the same. */
+template <int QT>
+__device__ __forceinline__ void moe_pf_load(const uint8_t *G, const uint8_t *U, size_t off, uint32_t (*u)[QT == 8 ? 17 : 9])
+{
+    constexpr int NU = QT == 8 ? 17 : 9;
+    const uint32_t *pg = (const uint32_t *)(G + off), *pu = (const uint32_t *)(U + off);
+#pragma unroll
+    for (int v = 0; v < NU; v++) {
+        u[0][v] = __ldg(pg + v);
+        u[1][v] = __ldg(pu + v);
+    }
+}
+
+template <int QT>
+__global__ void __launch_bounds__(MOE_GU_WARPS * 32, 2)
+moe_gate_up_pf_kernel(const moe_args a, const float *__restrict__ x, int8_t *__restrict__ hq, float *__restrict__ hd)
+{
+    constexpr int BLK = QT == 8 ? 34 : 18;
+    constexpr int NU = BLK * 2 / 4;
+    extern __shared__ __align__(16) uint8_t sm[];
+    __shared__ float hs[QK];
+    int E = a.E, nb = E / QK, np = nb / 2, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int8_t *xq = (int8_t *)sm;                                    /* (E) */
+    float *xd = (float *)(sm + (((size_t)E + 15) & ~(size_t)15)); /* (E / 32) */
+    int j = blockIdx.y, r0 = blockIdx.x * QK, e = a.routed[j];
+    const uint8_t *G = (const uint8_t *)a.table[3 * e], *U = (const uint8_t *)a.table[3 * e + 1];
+    uint32_t u[2][NU]; /* (gate / up, the lane's pair) of the row in hand */
+    if (lane < np)
+        moe_pf_load<QT>(G, U, (size_t)(r0 + warp) * a.rb_gu + (size_t)lane * 2 * BLK, u);
+    for (int b = warp; b < nb; b += MOE_GU_WARPS)
+        quantize_q8_elem(__ldg(x + (size_t)b * QK + lane), b * QK + lane, xq, xd);
+    __syncthreads();
+    for (int i = 0; i < QK / MOE_GU_WARPS; i++) {
+        int rr = warp + i * MOE_GU_WARPS;
+        if (i > 0 && lane < np)
+            moe_pf_load<QT>(G, U, (size_t)(r0 + rr) * a.rb_gu + (size_t)lane * 2 * BLK, u);
+        float gu[2] = {0.0f, 0.0f};
+        if (lane < np) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* row_dot2_q's steps for pair `lane` */
+                float s[MM_NT] = {0.0f};
+                int wq[8];
+                float d0 = f16_bits_to_f32((uint16_t)(u[r][0] & 0xFFFFu)), d1;
+                if (QT == 8) {
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        wq[v] = (int)__funnelshift_r(u[r][v], u[r][v + 1], 16);
+                    dot_block<true>(wq, d0, xq, xd, nb, 2 * lane, 1, s);
+                    d1 = f16_bits_to_f32((uint16_t)(u[r][8] >> 16));
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        wq[v] = (int)u[r][9 + v];
+                } else {
+                    uint32_t q[4];
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        q[v] = __funnelshift_r(u[r][v], u[r][v + 1], 16);
+                    unpack_q4(q, wq);
+                    dot_block<true>(wq, d0, xq, xd, nb, 2 * lane, 1, s);
+                    d1 = f16_bits_to_f32((uint16_t)(u[r][4] >> 16));
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        q[v] = u[r][5 + v];
+                    unpack_q4(q, wq);
+                }
+                dot_block<true>(wq, d1, xq, xd, nb, 2 * lane + 1, 1, s);
+                gu[r] = s[0];
+            }
+        }
+        float gv = warp_sum(gu[0]), uv = warp_sum(gu[1]);
         if (lane == 0)
             hs[rr] = gv / (1.0f + expf(-gv)) * uv; /* as swiglu_kernel / cpu_swiglu */
     }
@@ -260,7 +348,8 @@ static bool moe_shape(const struct expert_weights *ex, int k, moe_args *a)
     return sm <= 40 * 1024;
 }
 
-static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const float *x, float *y)
+static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const float *x, float *y,
+                      bool route_once = false)
 {
     int k = a.k;
     size_t sm = (((size_t)a.E + 15) & ~(size_t)15) + (size_t)(a.E / QK) * sizeof(float);
@@ -272,6 +361,14 @@ static int moe_launch(struct cuda_ctx *c, uint32_t T, const moe_args &a, const f
     float *hd = (float *)(ws + qbytes);
     dim3 g1((unsigned)(a.F / QK), (unsigned)k), g2((unsigned)((a.E + MOE_DN_WARPS - 1) / MOE_DN_WARPS));
     unsigned b1 = MOE_GU_WARPS * 32, b2 = MOE_DN_WARPS * 32;
+    /* routed once already (route_once): the gate and up loads go out before x is quantised */
+    bool pf = route_once && a.table && !a.logits && a.pairs_gu && a.E / QK / 2 <= 32 &&
+              (T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0);
+    if (pf && T == GGML_TYPE_Q8_0)
+        moe_gate_up_pf_kernel<8><<<g1, b1, sm, c->st>>>(a, x, hq, hd);
+    else if (pf)
+        moe_gate_up_pf_kernel<2><<<g1, b1, sm, c->st>>>(a, x, hq, hd);
+    else
     switch (T) { /* gate + up */
     case GGML_TYPE_Q8_0: moe_gate_up_kernel<8><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
     case GGML_TYPE_Q4_0: moe_gate_up_kernel<2><<<g1, b1, sm, c->st>>>(a, x, hq, hd); break;
@@ -361,6 +458,14 @@ int cuda_moe_ffn_table_route(struct cuda_ctx *c, const struct expert_weights *sh
     a.table = table;
     a.routed = routed;
     a.add = add;
+    if (cuda_set_decode_opt(CUDA_MOE_ROUTE_ONCE, -1)) {
+        /* route once (route()'s kernel, so the same words), then the table form without the
+         * routing in every CTA: the bits of route + moe_ffn_table, and of the fused form */
+        route_kernel<<<1, 32, 0, c->st>>>(logits, 1, n_expert, k, norm ? 1 : 0, routed);
+        if (!CU_LAUNCH(c, "route_kernel"))
+            return c->err;
+        return moe_launch(c, shape->gate.type, a, x, y, true);
+    }
     a.logits = logits;
     a.n_expert = n_expert;
     a.norm = norm;
