@@ -23,6 +23,39 @@ void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen)
         cudaMemcpy(buf + off, buf, total - off < off ? total - off : off, cudaMemcpyDeviceToDevice);
 }
 
+bool bench_product_make(struct bench_product *b, uint32_t type, int cols, int rows, int n)
+{
+    memset(b, 0, sizeof *b);
+    b->mbytes = ggml_row_size(type, cols) * rows;
+    b->nm = (int)((1ull << 30) / b->mbytes);
+    b->nm = b->nm < 2 ? 2 : b->nm > 512 ? 512 : b->nm;
+    b->buf = gpu.i->alloc(gpu.ctx, b->mbytes * b->nm);
+    b->x = dev_put(NULL, (size_t)n * cols * 4);
+    b->y = dev_put(NULL, (size_t)n * rows * 4);
+    if (!b->buf || !b->x || !b->y)
+        return false;
+    b->wf = rand_vec((size_t)cols * 64, 0.05f);
+    struct tensor th = make_tensor(type, cols, 64, b->wf);
+    b->rows64 = (void *)th.data;
+    fill_repeat(b->buf, b->mbytes * b->nm, th.data, th.row_bytes * 64);
+    b->xv = rand_vec((size_t)n * cols, 1.0f);
+    gpu.i->upload(gpu.ctx, b->x, b->xv, (size_t)n * cols * 4);
+    b->td = th;
+    b->td.ne[1] = rows;
+    return true;
+}
+
+void bench_product_free(struct bench_product *b)
+{
+    if (b->buf) gpu.i->free(gpu.ctx, b->buf);
+    if (b->x) gpu.i->free(gpu.ctx, b->x);
+    if (b->y) gpu.i->free(gpu.ctx, b->y);
+    free(b->wf);
+    free(b->xv);
+    free(b->rows64);
+    memset(b, 0, sizeof *b);
+}
+
 void bench_copy(double *d2d_gbs)
 {
     size_t bytes = 2ull << 30;
@@ -77,37 +110,25 @@ void bench_matmul(double d2d)
     for (int t = 0; t < 5; t++)
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
             int cols = shapes[s][0], rows = shapes[s][1], n = shapes[s][2];
-            size_t rb = types[t] == GGML_TYPE_Q4_0 ? (size_t)cols / 32 * 18 : ggml_row_size(types[t], cols);
-            size_t mbytes = rb * rows;
-            int nm = (int)((1ull << 30) / mbytes); /* ~1 GiB of weights, rotated: no L2 reuse */
-            if (nm < 2) nm = 2;
-            if (nm > 512) nm = 512;
-            uint8_t *buf = gpu.i->alloc(gpu.ctx, mbytes * nm);
-            float *x = dev_put(NULL, (size_t)n * cols * 4), *y = dev_put(NULL, (size_t)n * rows * 4);
-            if (!buf || !x || !y) { ok = false; continue; }
-            /* random-ish weights: a random host block repeated (dequantises to finite values) */
-            float *wf = rand_vec((size_t)cols * 64, 0.05f);
-            struct tensor th = make_tensor(types[t], cols, 64, wf);
-            fill_repeat(buf, mbytes * nm, th.data, th.row_bytes * 64);
-            float *xv = rand_vec((size_t)n * cols, 1.0f);
-            gpu.i->upload(gpu.ctx, x, xv, (size_t)n * cols * 4);
-            struct tensor td = th;
-            td.ne[1] = rows;
+            struct bench_product bp; /* ~1 GiB of weights, rotated: no L2 reuse */
+            if (!bench_product_make(&bp, types[t], cols, rows, n)) { bench_product_free(&bp); ok = false; continue; }
             int iters = n >= 64 ? 50 : 400;
-            for (int i = 0; i < nm; i++) { td.data = buf + (size_t)i * mbytes; gpu.i->matmul(gpu.ctx, &td, x, y, n); }
+            for (int i = 0; i < bp.nm; i++) {
+                bp.td.data = bp.buf + (size_t)i * bp.mbytes;
+                gpu.i->matmul(gpu.ctx, &bp.td, bp.x, bp.y, n);
+            }
             gpu.i->sync(gpu.ctx);
             double t0 = now_s();
             for (int i = 0; i < iters; i++) {
-                td.data = buf + (size_t)(i % nm) * mbytes;
-                gpu.i->matmul(gpu.ctx, &td, x, y, n);
+                bp.td.data = bp.buf + (size_t)(i % bp.nm) * bp.mbytes;
+                gpu.i->matmul(gpu.ctx, &bp.td, bp.x, bp.y, n);
             }
             gpu.i->sync(gpu.ctx);
             double dt = (now_s() - t0) / iters;
-            double gbs = mbytes / dt / 1e9, tf = 2.0 * cols * rows * n / dt / 1e12;
+            double gbs = bp.mbytes / dt / 1e9, tf = 2.0 * cols * rows * n / dt / 1e12;
             printf("  %-5s %5d x %6d n %3d: %8.2f us  %7.0f GB/s  %5.1f%%  %6.1f TFLOP/s\n", ggml_type_name(types[t]),
                    cols, rows, n, dt * 1e6, gbs, 100.0 * gbs / d2d, tf);
-            gpu.i->free(gpu.ctx, buf); gpu.i->free(gpu.ctx, x); gpu.i->free(gpu.ctx, y);
-            free(wf); free(xv); free((void *)th.data);
+            bench_product_free(&bp);
         }
     verdict("bench_matmul", ok, "%g types", 5.0);
 }

@@ -25,6 +25,22 @@ void verdict(const char *name, bool ok, const char *fmt, double v);
 struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src);
 struct tensor to_dev(const struct tensor *h);
 void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
+/* A product benchmark's operands: nm copies (2..512, ~1 GiB) of a rows x cols weight of type,
+ * each the same 64 random host rows repeated (they dequantise to finite values), so that a loop
+ * rotating through the copies reads DRAM rather than L2 (time_product); x (n, cols) random and y
+ * (n, rows) on the device; td the weight's header (its data set per copy by the timing loop). */
+struct bench_product {
+    uint8_t *buf;      /* (nm, mbytes) device */
+    size_t mbytes;     /* one copy's bytes */
+    int nm;
+    float *x, *y;      /* device (n, cols), (n, rows) */
+    struct tensor td;  /* rows x cols of type */
+    float *wf, *xv;    /* host: the 64 rows' f32 values, x */
+    void *rows64;      /* host: the 64 rows in type */
+};
+/* false when the device is out of memory (bench_product_free frees what was made) */
+bool bench_product_make(struct bench_product *b, uint32_t type, int cols, int rows, int n);
+void bench_product_free(struct bench_product *b);
 /* bench_ops.c (--bench): copy bandwidth (d2d_gbs out), products, attention */
 void bench_copy(double *d2d_gbs);
 void bench_matmul(double d2d);
@@ -58,8 +74,8 @@ void bench_moe_rows(double d2d); /* test_rows.c: the MoE of n tokens on one laye
 void test_norm_matmul(void);  /* the FFN rmsnorm + router product in one op */
 void test_mmq(void);  /* test_mmq.c: the tensor-core q8_0/q4_0 matmul vs the dp4a one */
 void bench_mmq(void);
-/* seconds a call of y = W x, td->data rotated through nm copies mbytes apart in buf (test_mmq.c) */
-double time_matmul(struct tensor *td, uint8_t *buf, size_t mbytes, int nm, const float *x, float *y, int n);
+/* seconds a call of y = W x of n tokens, W rotated through b's copies (test_mmq.c) */
+double time_product(struct bench_product *b, int n);
 /* test_kquant.c: q4_K / q5_K / q6_K products, get_rows and the fused MoE op vs the CPU */
 void test_matmul_kq(void);
 void test_get_rows_kq(void);

@@ -148,38 +148,26 @@ void bench_f16_mma(void)
     for (int ti = 0; ti < 2; ti++)
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
             int cols = shapes[s][0], rows = shapes[s][1], n = shapes[s][2];
-            size_t mbytes = (size_t)cols * 2 * rows;
-            int nm = (int)((1ull << 30) / mbytes);
-            nm = nm < 2 ? 2 : nm > 512 ? 512 : nm;
-            uint8_t *buf = gpu.i->alloc(gpu.ctx, mbytes * nm);
-            float *x = dev_put(NULL, (size_t)n * cols * 4), *y = dev_put(NULL, (size_t)n * rows * 4);
-            if (!buf || !x || !y) { ok = false; continue; }
-            float *wf = rand_vec((size_t)cols * 64, 0.05f);
-            struct tensor th = make_tensor(types[ti], cols, 64, wf);
-            fill_repeat(buf, mbytes * nm, th.data, th.row_bytes * 64);
-            float *xv = rand_vec((size_t)n * cols, 1.0f);
-            gpu.i->upload(gpu.ctx, x, xv, (size_t)n * cols * 4);
-            struct tensor td = th;
-            td.ne[1] = rows;
+            struct bench_product bp;
+            if (!bench_product_make(&bp, types[ti], cols, rows, n)) { bench_product_free(&bp); ok = false; continue; }
             double flop = 2.0 * cols * rows * n;
             int om = cuda_set_f16_mma(0);
-            double t_old = time_matmul(&td, buf, mbytes, nm, x, y, n);
+            double t_old = time_product(&bp, n);
             cuda_set_f16_mma(1);
-            double t_new = time_matmul(&td, buf, mbytes, nm, x, y, n);
+            double t_new = time_product(&bp, n);
             printf("  %-4s %5d x %5d n %4d: %8.1f us %8.1f us  x%5.2f  %6.1f %6.1f TFLOP/s",
                    ggml_type_name(types[ti]), cols, rows, n, t_old * 1e6, t_new * 1e6, t_old / t_new,
                    flop / t_old / 1e12, flop / t_new / 1e12);
             for (int bn = 64; bn <= 128; bn *= 2) {
                 cuda_set_f16_mma_tile(bn, 8);
-                printf(" %8.1f", time_matmul(&td, buf, mbytes, nm, x, y, n) * 1e6);
+                printf(" %8.1f", time_product(&bp, n) * 1e6);
             }
             cuda_set_f16_mma_tile(0, 1);
-            printf("  nosplit %8.1f\n", time_matmul(&td, buf, mbytes, nm, x, y, n) * 1e6);
+            printf("  nosplit %8.1f\n", time_product(&bp, n) * 1e6);
             cuda_set_f16_mma_tile(0, 8);
             fflush(stdout);
             cuda_set_f16_mma(om);
-            gpu.i->free(gpu.ctx, buf); gpu.i->free(gpu.ctx, x); gpu.i->free(gpu.ctx, y);
-            free(wf); free(xv); free((void *)th.data);
+            bench_product_free(&bp);
         }
     verdict("bench_f16_mma", ok, "%g shapes", 10.0);
 }

@@ -90,7 +90,7 @@ void test_matmul_kqmma(const char *only)
 }
 
 /* The five Qwen3-30B-A3B product shapes at n = 512 (and 64): the widen + f16 GEMM path (switch
- * off) against the tiles (on), W rotated through ~1 GiB of copies (time_matmul). */
+ * off) against the tiles (on), W rotated through ~1 GiB of copies (time_product). */
 void bench_kqmma(void)
 {
     static const int shapes[][2] = {{2048, 4096}, {2048, 512}, {4096, 2048}, {2048, 768}, {768, 2048}};
@@ -103,28 +103,17 @@ void bench_kqmma(void)
     for (int ti = 0; ti < 3; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int cols = shapes[s][0], rows = shapes[s][1], nmax = 512;
-            size_t rb = ggml_row_size(types[ti], cols), mbytes = rb * rows;
-            int nm = (int)((1ull << 30) / mbytes);
-            nm = nm < 2 ? 2 : nm > 512 ? 512 : nm;
-            uint8_t *buf = gpu.i->alloc(gpu.ctx, mbytes * nm);
-            float *x = dev_put(NULL, (size_t)nmax * cols * 4), *y = dev_put(NULL, (size_t)nmax * rows * 4);
-            if (!buf || !x || !y) { ok = false; continue; }
-            float *wf = rand_vec((size_t)cols * 64, 0.05f);
-            struct tensor th = make_tensor(types[ti], cols, 64, wf);
-            fill_repeat(buf, mbytes * nm, th.data, th.row_bytes * 64);
-            float *xv = rand_vec((size_t)nmax * cols, 1.0f);
-            gpu.i->upload(gpu.ctx, x, xv, (size_t)nmax * cols * 4);
-            struct tensor td = th;
-            td.ne[1] = rows;
+            struct bench_product bp;
+            if (!bench_product_make(&bp, types[ti], cols, rows, nmax)) { bench_product_free(&bp); ok = false; continue; }
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 int n = ns[k];
                 double ops = 2.0 * cols * rows * n;
                 cuda_set_kq_mma(0);
-                double t_old = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t_old = time_product(&bp, n);
                 cuda_set_kq_mma(1);
-                double t_new = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t_new = time_product(&bp, n);
                 int osp = cuda_set_mmq_split(1);
-                double t_ns = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t_ns = time_product(&bp, n);
                 cuda_set_mmq_split(osp);
                 cuda_set_kq_mma(0);
                 printf("  %-5s %5d x %5d n %3d: %8.2f us %8.2f us  x%5.2f  %6.1f %6.1f TOP/s  nosplit %8.2f us\n",
@@ -132,8 +121,7 @@ void bench_kqmma(void)
                        ops / t_old / 1e12, ops / t_new / 1e12, t_ns * 1e6);
                 fflush(stdout);
             }
-            gpu.i->free(gpu.ctx, buf); gpu.i->free(gpu.ctx, x); gpu.i->free(gpu.ctx, y);
-            free(wf); free(xv); free((void *)th.data);
+            bench_product_free(&bp);
         }
     char err[300] = "";
     if (backend_cuda_error(&gpu, err, sizeof err)) {

@@ -314,32 +314,20 @@ void bench_kquant(void)
     for (int ti = 0; ti < 4; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int cols = shapes[s][0], rows = shapes[s][1], nmax = 512;
-            size_t rb = ggml_row_size(types[ti], cols), mbytes = rb * rows;
-            int nm = (int)((1ull << 30) / mbytes);
-            nm = nm < 2 ? 2 : nm > 512 ? 512 : nm;
-            uint8_t *buf = gpu.i->alloc(gpu.ctx, mbytes * nm);
-            float *x = dev_put(NULL, (size_t)nmax * cols * 4), *y = dev_put(NULL, (size_t)nmax * rows * 4);
-            if (!buf || !x || !y) { ok = false; continue; }
-            float *wf = rand_vec((size_t)cols * 64, 0.05f);
-            struct tensor th = make_tensor(types[ti], cols, 64, wf);
-            fill_repeat(buf, mbytes * nm, th.data, th.row_bytes * 64);
-            float *xv = rand_vec((size_t)nmax * cols, 1.0f);
-            gpu.i->upload(gpu.ctx, x, xv, (size_t)nmax * cols * 4);
-            struct tensor td = th;
-            td.ne[1] = rows;
+            struct bench_product bp;
+            if (!bench_product_make(&bp, types[ti], cols, rows, nmax)) { bench_product_free(&bp); ok = false; continue; }
             printf("  %-5s %5d x %5d:", ggml_type_name(types[ti]), cols, rows);
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 int n = ns[k];
-                double t = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t = time_product(&bp, n);
                 if (n == 1)
-                    printf(" n 1 %7.2f us (%5.0f GB/s)", t * 1e6, (double)mbytes / t / 1e9);
+                    printf(" n 1 %7.2f us (%5.0f GB/s)", t * 1e6, (double)bp.mbytes / t / 1e9);
                 else
                     printf("  n %d %8.2f us (%5.1f TOP/s)", n, t * 1e6, 2.0 * cols * rows * n / t / 1e12);
             }
             printf("\n");
             fflush(stdout);
-            gpu.i->free(gpu.ctx, buf); gpu.i->free(gpu.ctx, x); gpu.i->free(gpu.ctx, y);
-            free(wf); free(xv); free((void *)th.data);
+            bench_product_free(&bp);
         }
     verdict("bench_kquant", ok, "%g shapes", 16.0);
 }

@@ -77,21 +77,22 @@ void test_mmq(void)
 }
 
 /* Seconds per call of y = W x, W rotated through ~1 GiB of copies (no L2 reuse between calls). */
-double time_matmul(struct tensor *td, uint8_t *buf, size_t mbytes, int nm, const float *x, float *y, int n)
+double time_product(struct bench_product *b, int n)
 {
-    for (int i = 0; i < 3; i++) { td->data = buf + (size_t)i % nm * mbytes; gpu.i->matmul(gpu.ctx, td, x, y, n); }
+    struct tensor *td = &b->td;
+    for (int i = 0; i < 3; i++) { td->data = b->buf + (size_t)i % b->nm * b->mbytes; gpu.i->matmul(gpu.ctx, td, b->x, b->y, n); }
     gpu.i->sync(gpu.ctx);
     double t0 = now_s();
-    td->data = buf;
-    gpu.i->matmul(gpu.ctx, td, x, y, n);
+    td->data = b->buf;
+    gpu.i->matmul(gpu.ctx, td, b->x, b->y, n);
     gpu.i->sync(gpu.ctx);
     double one = now_s() - t0;
     int iters = (int)(0.02 / (one > 1e-6 ? one : 1e-6));
     iters = iters < 5 ? 5 : iters > 400 ? 400 : iters;
     t0 = now_s();
     for (int i = 0; i < iters; i++) {
-        td->data = buf + (size_t)(i % nm) * mbytes;
-        gpu.i->matmul(gpu.ctx, td, x, y, n);
+        td->data = b->buf + (size_t)(i % b->nm) * b->mbytes;
+        gpu.i->matmul(gpu.ctx, td, b->x, b->y, n);
     }
     gpu.i->sync(gpu.ctx);
     return (now_s() - t0) / iters;
@@ -109,40 +110,27 @@ void bench_mmq(void)
            "without split-K, and (n >= 32) with tile 16/32/64\n");
     for (int ti = 0; ti < 2; ti++)
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
-            int cols = shapes[s][0], rows = shapes[s][1];
-            size_t rb = types[ti] == GGML_TYPE_Q4_0 ? (size_t)cols / 32 * 18 : ggml_row_size(types[ti], cols);
-            size_t mbytes = rb * rows;
-            int nm = (int)((1ull << 30) / mbytes);
-            nm = nm < 2 ? 2 : nm > 512 ? 512 : nm;
-            int nmax = ns[sizeof(ns) / sizeof(ns[0]) - 1];
-            uint8_t *buf = gpu.i->alloc(gpu.ctx, mbytes * nm);
-            float *x = dev_put(NULL, (size_t)nmax * cols * 4), *y = dev_put(NULL, (size_t)nmax * rows * 4);
-            if (!buf || !x || !y) { ok = false; continue; }
-            float *wf = rand_vec((size_t)cols * 64, 0.05f);
-            struct tensor th = make_tensor(types[ti], cols, 64, wf);
-            fill_repeat(buf, mbytes * nm, th.data, th.row_bytes * 64);
-            float *xv = rand_vec((size_t)nmax * cols, 1.0f);
-            gpu.i->upload(gpu.ctx, x, xv, (size_t)nmax * cols * 4);
-            struct tensor td = th;
-            td.ne[1] = rows;
+            int cols = shapes[s][0], rows = shapes[s][1], nmax = ns[sizeof(ns) / sizeof(ns[0]) - 1];
+            struct bench_product bp;
+            if (!bench_product_make(&bp, types[ti], cols, rows, nmax)) { bench_product_free(&bp); ok = false; continue; }
             for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
                 int n = ns[k];
                 if (types[ti] == GGML_TYPE_Q4_0 && (n == 8 || n == 32))
                     continue;
                 double ops = 2.0 * cols * rows * n;
                 int om = cuda_set_mmq_min_n(INT_MAX);
-                double t_old = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t_old = time_product(&bp, n);
                 cuda_set_mmq_min_n(1);
-                double t_new = time_matmul(&td, buf, mbytes, nm, x, y, n);
+                double t_new = time_product(&bp, n);
                 printf("  %-5s %5d x %5d n %3d: %8.2f us %8.2f us  x%5.2f  %6.1f %6.1f TOP/s", ggml_type_name(types[ti]),
                        cols, rows, n, t_old * 1e6, t_new * 1e6, t_old / t_new, ops / t_old / 1e12, ops / t_new / 1e12);
                 int osp = cuda_set_mmq_split(1);
-                printf("  nosplit %7.2f", time_matmul(&td, buf, mbytes, nm, x, y, n) * 1e6);
+                printf("  nosplit %7.2f", time_product(&bp, n) * 1e6);
                 cuda_set_mmq_split(osp);
                 if (n >= 32) {
                     for (int bn = 16; bn <= 64; bn *= 2) {
                         int ot = cuda_set_mmq_tile(bn);
-                        printf(" %7.2f", time_matmul(&td, buf, mbytes, nm, x, y, n) * 1e6);
+                        printf(" %7.2f", time_product(&bp, n) * 1e6);
                         cuda_set_mmq_tile(ot);
                     }
                 }
@@ -150,8 +138,7 @@ void bench_mmq(void)
                 fflush(stdout);
                 cuda_set_mmq_min_n(om);
             }
-            gpu.i->free(gpu.ctx, buf); gpu.i->free(gpu.ctx, x); gpu.i->free(gpu.ctx, y);
-            free(wf); free(xv); free((void *)th.data);
+            bench_product_free(&bp);
         }
     verdict("bench_mmq", ok, "%g shapes", 5.0);
 }
