@@ -139,6 +139,7 @@ test: deps
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
 	$(Q)$(MAKE) --no-print-directory f16-tile-emu # the f16 tensor-core tile's index math on the CPU
+	$(Q)$(MAKE) --no-print-directory decode-attn-emu # the split decode attention (TIDE_DECODE_ATTN_SPLIT) on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -276,3 +277,24 @@ $(BUILD)/f16-tile-emu: tests/gpu/emu/f16_tile_emu.cpp tests/gpu/emu/engine/cuda/
 
 f16-tile-emu: $(BUILD)/f16-tile-emu
 	$(Q)$(BUILD)/f16-tile-emu
+
+# Device code of kernels written without a GPU, compiled by g++ against the host stand-in
+# tests/gpu/emu/engine/cuda/common.cuh (threads, barriers, exchanged warp shuffles) and run over
+# whole small grids against plain references. g++ has no static array of unknown size, so the
+# header's one dynamic `extern __shared__ ... sm[];` is rewritten into a pointer to the
+# emulator's shared block in a copy under $(BUILD)/emu (the rest is the file as it is; the grep
+# fails the build if the rewrite did not happen). That copy comes first on the include path.
+EMU_CXX = $(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -I$(BUILD)/emu -Itests/gpu/emu -Isrc
+EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh $(BUILD)/libtide.a
+$(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh
+	@mkdir -p $(@D)
+	$(Q)sed 's/^\( *\)extern __shared__ __align__(16) float sm\[\];/\1float *sm = emu_dyn_smem;/' $< > $@.tmp
+	$(Q)! grep -q 'extern __shared__' $@.tmp && mv $@.tmp $@
+
+.PHONY: decode-attn-emu
+$(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/cuda/attention_decode.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+decode-attn-emu: $(BUILD)/decode-attn-emu
+	$(Q)$(BUILD)/decode-attn-emu

@@ -1,0 +1,76 @@
+/* common.cuh, host form: what the CUDA sources emulated here (attention_decode.cuh, ...) take
+ * from src/engine/cuda/common.cuh and the CUDA headers, so that g++ compiles their device code
+ * and runs it on the CPU (see emu_launch.h for the grid). This directory comes first on the
+ * include path, so it stands in for the CUDA header.
+ *
+ * A CUDA thread is a host thread (threadIdx and blockIdx thread_local), __syncthreads a barrier
+ * of the CTA's threads, a warp shuffle an exchange through the warp's 32 slots between two
+ * barriers of its 32 threads (every lane must take part, as the _sync forms require when the
+ * mask is full). __shared__ arrays are function statics (one copy, shared by the threads); the
+ * kernel's dynamic `extern __shared__` array is rewritten by the Makefile into a pointer to
+ * emu_dyn_smem (g++ has no static array of unknown size). Float arithmetic is the kernel's own
+ * (fmaf, expf, the same expressions in the same order). */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <math.h>
+#include <barrier>
+#include <algorithm>
+extern "C" {
+#include "engine/gguf.h"
+}
+#define QK 32
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
+struct emu_dim { unsigned x, y, z; };
+extern thread_local emu_dim threadIdx, blockIdx;
+extern emu_dim gridDim, blockDim;
+extern float *emu_dyn_smem;
+using std::min;
+using std::max;
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(8) uint2 { uint32_t x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct __half { uint16_t bits; };
+struct alignas(4) __half2 { __half x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+template <typename T> inline T __ldg(const T *p) { return *p; }
+inline float __half2float(__half h) { return tide_f16_to_f32(h.bits); }
+inline float2 __half22float2(__half2 h) { return {tide_f16_to_f32(h.x.bits), tide_f16_to_f32(h.y.bits)}; }
+
+extern std::barrier<> *emu_cta_bar;
+inline void __syncthreads() { emu_cta_bar->arrive_and_wait(); }
+
+/* a warp's shuffle slots, exchanged between its 32 host threads */
+struct emu_warp { uint64_t v[32]; std::barrier<> *bar; };
+extern emu_warp *emu_warps;
+template <typename T> inline T emu_shfl(T v, int src_of_lane(int, int), int arg)
+{
+    static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+    int lane = threadIdx.x & 31;
+    emu_warp &W = emu_warps[threadIdx.x >> 5];
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof v);
+    W.v[lane] = b;
+    W.bar->arrive_and_wait();
+    b = W.v[src_of_lane(lane, arg)];
+    W.bar->arrive_and_wait();
+    T r;
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+inline int emu_lane_xor(int l, int o) { return l ^ o; }
+inline int emu_lane_down(int l, int o) { return l + o < 32 ? l + o : l; }
+inline int emu_lane_idx(int, int s) { return s & 31; }
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, emu_lane_xor, o); }
+template <typename T> inline T __shfl_down_sync(unsigned, T v, int o) { return emu_shfl(v, emu_lane_down, o); }
+template <typename T> inline T __shfl_sync(unsigned, T v, int s) { return emu_shfl(v, emu_lane_idx, s); }
