@@ -140,6 +140,7 @@ test: deps
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
 	$(Q)$(MAKE) --no-print-directory f16-tile-emu # the f16 tensor-core tile's index math on the CPU
 	$(Q)$(MAKE) --no-print-directory decode-attn-emu # the split decode attention (TIDE_DECODE_ATTN_SPLIT) on the CPU
+	$(Q)$(MAKE) --no-print-directory decode-qonce-emu # TIDE_DECODE_QONCE=1/2 bit for bit the old decode kernels, on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -280,15 +281,16 @@ f16-tile-emu: $(BUILD)/f16-tile-emu
 
 # Device code of kernels written without a GPU, compiled by g++ against the host stand-in
 # tests/gpu/emu/engine/cuda/common.cuh (threads, barriers, exchanged warp shuffles) and run over
-# whole small grids against plain references. g++ has no static array of unknown size, so the
-# header's one dynamic `extern __shared__ ... sm[];` is rewritten into a pointer to the
+# whole small grids against plain references. g++ has no static array of unknown size, so a
+# header's dynamic `extern __shared__ __align__(16) T name[];` is rewritten into a pointer to the
 # emulator's shared block in a copy under $(BUILD)/emu (the rest is the file as it is; the grep
 # fails the build if the rewrite did not happen). That copy comes first on the include path.
 EMU_CXX = $(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -I$(BUILD)/emu -Itests/gpu/emu -Isrc
-EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh $(BUILD)/libtide.a
+EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh src/engine/cuda/common_device.cuh \
+           $(BUILD)/libtide.a
 $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh
 	@mkdir -p $(@D)
-	$(Q)sed 's/^\( *\)extern __shared__ __align__(16) float sm\[\];/\1float *sm = emu_dyn_smem;/' $< > $@.tmp
+	$(Q)sed 's/^\( *\)extern __shared__ __align__(16) \([a-z0-9_]*\) \([a-z_]*\)\[\];/\1\2 *\3 = (\2 *)emu_dyn_smem;/' $< > $@.tmp
 	$(Q)! grep -q 'extern __shared__' $@.tmp && mv $@.tmp $@
 
 .PHONY: decode-attn-emu
@@ -298,3 +300,12 @@ $(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/
 
 decode-attn-emu: $(BUILD)/decode-attn-emu
 	$(Q)$(BUILD)/decode-attn-emu
+
+.PHONY: decode-qonce-emu
+$(BUILD)/decode-qonce-emu: tests/gpu/emu/qonce_emu.cpp $(BUILD)/emu/engine/cuda/matmul_decode.cuh \
+                           $(BUILD)/emu/engine/cuda/mmvq_fused.cuh src/engine/cuda/mmq.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+decode-qonce-emu: $(BUILD)/decode-qonce-emu
+	$(Q)$(BUILD)/decode-qonce-emu

@@ -28,6 +28,7 @@ extern "C" {
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
+#define __constant__
 struct emu_dim { unsigned x, y, z; };
 extern thread_local emu_dim threadIdx, blockIdx;
 extern emu_dim gridDim, blockDim;
@@ -74,3 +75,28 @@ inline int emu_lane_idx(int, int s) { return s & 31; }
 template <typename T> inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, emu_lane_xor, o); }
 template <typename T> inline T __shfl_down_sync(unsigned, T v, int o) { return emu_shfl(v, emu_lane_down, o); }
 template <typename T> inline T __shfl_sync(unsigned, T v, int s) { return emu_shfl(v, emu_lane_idx, s); }
+
+/* the intrinsics under common_device.cuh, mmq.cuh and the kernels */
+inline __half __ushort_as_half(unsigned short h) { return {h}; }
+inline __half __float2half_rn(float v) { return {tide_f32_to_f16(v)}; }
+inline int __float2int_rn(float v) { return (int)rintf(v); }
+inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+inline float __uint_as_float(uint32_t v) { float f; memcpy(&f, &v, 4); return f; }
+inline int __dp4a(int a, int b, int c)
+{
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh)
+{
+    uint64_t v = ((uint64_t)hi << 32) | lo;
+    return (uint32_t)(v >> (sh & 31));
+}
+inline uint32_t __vsub4(uint32_t a, uint32_t b)
+{
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)(uint8_t)((uint8_t)(a >> 8 * i) - (uint8_t)(b >> 8 * i)) << (8 * i);
+    return r;
+}
+
+#include "engine/cuda/common_device.cuh"
