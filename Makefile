@@ -141,6 +141,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory f16-tile-emu # the f16 tensor-core tile's index math on the CPU
 	$(Q)$(MAKE) --no-print-directory decode-attn-emu # the split decode attention (TIDE_DECODE_ATTN_SPLIT) on the CPU
 	$(Q)$(MAKE) --no-print-directory decode-qonce-emu # TIDE_DECODE_QONCE=1/2 bit for bit the old decode kernels, on the CPU
+	$(Q)$(MAKE) --no-print-directory paged-attn-emu # the paged decode attention bit for bit the contiguous one, on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -309,3 +310,12 @@ $(BUILD)/decode-qonce-emu: tests/gpu/emu/qonce_emu.cpp $(BUILD)/emu/engine/cuda/
 
 decode-qonce-emu: $(BUILD)/decode-qonce-emu
 	$(Q)$(BUILD)/decode-qonce-emu
+
+.PHONY: paged-attn-emu
+$(BUILD)/paged-attn-emu: tests/gpu/emu/paged_attn_emu.cpp $(BUILD)/emu/engine/cuda/attention_chunk.cuh \
+                         src/engine/cuda/attention.cuh tests/gpu/emu/engine/cuda/mma_q.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+paged-attn-emu: $(BUILD)/paged-attn-emu
+	$(Q)$(BUILD)/paged-attn-emu

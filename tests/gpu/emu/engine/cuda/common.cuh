@@ -18,6 +18,8 @@
 #include <barrier>
 #include <algorithm>
 extern "C" {
+#include "common.h"
+#include "engine/backend.h"
 #include "engine/gguf.h"
 }
 #define QK 32
