@@ -142,6 +142,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory decode-attn-emu # the split decode attention (TIDE_DECODE_ATTN_SPLIT) on the CPU
 	$(Q)$(MAKE) --no-print-directory decode-qonce-emu # TIDE_DECODE_QONCE=1/2 bit for bit the old decode kernels, on the CPU
 	$(Q)$(MAKE) --no-print-directory paged-attn-emu # the paged decode attention bit for bit the contiguous one, on the CPU
+	$(Q)$(MAKE) --no-print-directory moe-group-emu # TIDE_MOE_ROWS_MMA: the routed pairs grouped by expert on the device, on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -283,7 +284,7 @@ f16-tile-emu: $(BUILD)/f16-tile-emu
 # Device code of kernels written without a GPU, compiled by g++ against the host stand-in
 # tests/gpu/emu/engine/cuda/common.cuh (threads, barriers, exchanged warp shuffles) and run over
 # whole small grids against plain references. g++ has no static array of unknown size, so a
-# header's dynamic `extern __shared__ __align__(16) T name[];` is rewritten into a pointer to the
+# header's dynamic `extern __shared__ [__align__(n)] T name[];` is rewritten into a pointer to the
 # emulator's shared block in a copy under $(BUILD)/emu (the rest is the file as it is; the grep
 # fails the build if the rewrite did not happen). That copy comes first on the include path.
 EMU_CXX = $(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -I$(BUILD)/emu -Itests/gpu/emu -Isrc
@@ -291,7 +292,7 @@ EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh src/e
            $(BUILD)/libtide.a
 $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh
 	@mkdir -p $(@D)
-	$(Q)sed 's/^\( *\)extern __shared__ __align__(16) \([a-z0-9_]*\) \([a-z_]*\)\[\];/\1\2 *\3 = (\2 *)emu_dyn_smem;/' $< > $@.tmp
+	$(Q)sed 's/^\( *\)extern __shared__ \(__align__([0-9]*) \)\{0,1\}\([a-z0-9_]*\) \([a-z_]*\)\[\];/\1\3 *\4 = (\3 *)emu_dyn_smem;/' $< > $@.tmp
 	$(Q)! grep -q 'extern __shared__' $@.tmp && mv $@.tmp $@
 
 .PHONY: decode-attn-emu
@@ -319,3 +320,11 @@ $(BUILD)/paged-attn-emu: tests/gpu/emu/paged_attn_emu.cpp $(BUILD)/emu/engine/cu
 
 paged-attn-emu: $(BUILD)/paged-attn-emu
 	$(Q)$(BUILD)/paged-attn-emu
+
+.PHONY: moe-group-emu
+$(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda/moe_group.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+moe-group-emu: $(BUILD)/moe-group-emu
+	$(Q)$(BUILD)/moe-group-emu
