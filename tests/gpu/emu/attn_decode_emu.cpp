@@ -14,7 +14,8 @@
  * and 40 leave threads out), groups of 1, 3, 8 and 12 query heads (12: a second, partial group
  * of 4), one key (no merge), 17 keys (a one-key tile), 33 chunks (the merge's second batch),
  * 2000 keys in 8 chunks of 16 tiles, and the attention_at form: 3 rows at positions read from
- * memory over scrambled slots, one row cut into a single chunk while the others are merged.
+ * memory over scrambled slots, one row cut into a single chunk while the others are merged;
+ * and attention_at of one row bit for bit the plain op at its position.
  * What it cannot check: the real shuffles, memory ordering on the GPU, speed (test-gpu does). */
 #include "emu_launch.h"
 #include "engine/cuda/attention_decode.cuh"
@@ -133,6 +134,32 @@ static int test(const char *what, int hd, int n_head, int n_head_kv, int pos, in
     return ok ? 0 : 1;
 }
 
+/* attention_at of one row at pos (grid sized for n_ctx) against the plain op at pos: the same
+ * cut of the same keys, so the same bits (test-gpu decode_attn_split's one-row claim) */
+template <typename T>
+static int same_bits(int hd, int n_head, int n_head_kv, int pos, int n_ctx, int sm_count)
+{
+    size_t kvd = (size_t)n_head_kv * hd, qd = (size_t)n_head * hd;
+    T *kc = (T *)aligned_alloc(64, (n_ctx * kvd * sizeof(T) + 63) & ~(size_t)63);
+    T *vc = (T *)aligned_alloc(64, (n_ctx * kvd * sizeof(T) + 63) & ~(size_t)63);
+    float *q = (float *)aligned_alloc(64, (qd * sizeof(float) + 63) & ~(size_t)63);
+    float *o1 = (float *)aligned_alloc(64, (qd * sizeof(float) + 63) & ~(size_t)63);
+    float *o2 = (float *)aligned_alloc(64, (qd * sizeof(float) + 63) & ~(size_t)63);
+    for (size_t i = 0; i < n_ctx * kvd; i++) kc[i] = to_cache<T>((float)frand()), vc[i] = to_cache<T>((float)frand());
+    for (size_t i = 0; i < qd; i++) q[i] = (float)frand() * 2.0f, o1[i] = o2[i] = NAN;
+    int ps1, ps2;
+    const int32_t at[1] = {pos};
+    split_attention<T>(q, kc, vc, o1, pos, n_head, n_head_kv, hd, NULL, 0, 1, NULL, 0, sm_count, &ps1);
+    split_attention<T>(q, kc, vc, o2, 0, n_head, n_head_kv, hd, at, n_ctx, 1, NULL, 0, sm_count, &ps2);
+    long diff = 0, nan = 0;
+    for (size_t i = 0; i < qd; i++) diff += memcmp(&o1[i], &o2[i], 4) != 0, nan += std::isnan(o2[i]);
+    bool ok = diff == 0 && nan == 0;
+    printf("attention_at one row vs plain     %s hd %3d keys %4d of %4d, chunks %d / grid %d: differing %ld, NaN %ld  %s\n",
+           sizeof(T) == 2 ? "f16" : "f32", hd, pos + 1, n_ctx, ps1, ps2, diff, nan, ok ? "ok" : "BAD");
+    free(kc); free(vc); free(q); free(o1); free(o2);
+    return ok ? 0 : 1;
+}
+
 int main(void)
 {
     int bad = 0;
@@ -146,6 +173,8 @@ int main(void)
     bad += test<float>("attention_at: rows, slots", 64, 8, 2, 0, 16, 3, at, slot, 320, 3);
     bad += test<__half>("attention_at: rows, slots", 128, 16, 2, 0, 24, 3, at, slot, 320, 3);
     bad += test<float>("attention_at: no slots", 80, 3, 1, 0, 4, 3, at, NULL, 301, 1);
+    bad += same_bits<float>(128, 32, 4, 200, 2048, 132);
+    bad += same_bits<__half>(64, 16, 2, 20, 500, 16);
     printf("%s\n", bad ? "FAILED" : "all cases agree");
     return bad ? 1 : 0;
 }
