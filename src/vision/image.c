@@ -50,10 +50,14 @@ static void stb_mem_give(size_t n)
     if (stb_mem.budget) host_budget_release(stb_mem.budget, n);
 }
 
+/* stb's blocks start zeroed: on a corrupt JPEG stb 2.27 can read decoder state (Huffman
+ * tables a stream never defined) and buffers before writing them, so whatever an earlier
+ * request left in freed heap would reach this image's pixels, and its decode would depend on
+ * that history (fuzz_image met a report that did not reproduce alone: see fuzz/ubsan.supp). */
 static void *stb_mem_malloc(size_t n)
 {
     if (n > SIZE_MAX - STB_MEM_HDR || !stb_mem_take(n)) return NULL;
-    char *p = malloc(n + STB_MEM_HDR);
+    char *p = calloc(1, n + STB_MEM_HDR);
     if (!p) { stb_mem_give(n); return NULL; }
     memcpy(p, &n, sizeof n);
     return p + STB_MEM_HDR;
@@ -79,6 +83,7 @@ static void *stb_mem_realloc(void *q, size_t n)
     char *np = realloc(p, n + STB_MEM_HDR);
     if (!np) { if (n > old) stb_mem_give(n - old); return NULL; }
     if (n < old) stb_mem_give(old - n);
+    else memset(np + STB_MEM_HDR + old, 0, n - old); /* the grown part zeroed too */
     memcpy(np, &n, sizeof n);
     return np + STB_MEM_HDR;
 }
