@@ -68,6 +68,16 @@ void test_qk_norm_rope(void); /* test_fuse.c: the fused decode ops vs the separa
 void test_matmul_add(void);
 void test_matmul3(void);
 void test_step_at(void);      /* the position-from-device ops of a recorded decode step */
+/* NE random experts of type T (down TD), E -> F -> E, in 256-aligned device slots (stride bytes
+ * apart when larger), and their device table (gate, up, down a expert), as the expert cache
+ * lays them out; shape: expert 0's views. mem NULL when out of device memory (test_rows.c). */
+struct experts {
+    uint8_t *mem;
+    void *tab_d;
+    struct expert_weights shape;
+};
+void experts_make_at(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE, size_t stride);
+void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE);
 void test_rows(void);         /* test_rows.c: a decode step's rows in one op vs one row at a time */
 void test_moe_rows_mma(void); /* test_rows.c: the same MoE on the tensor-core tiles (TIDE_MOE_ROWS_MMA) */
 void bench_moe_rows(double d2d); /* test_rows.c: the MoE of n tokens on one layer, us and GB/s */

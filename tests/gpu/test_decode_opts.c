@@ -373,29 +373,10 @@ static void test_decode_qonce(void)
  * route kernel): the routing words and y bit for bit, = and +=. */
 static bool route_case(uint32_t T, int E, int F, int k, int NE)
 {
-    size_t rbe = ggml_row_size(T, E), rbf = ggml_row_size(T, F), parts[3] = {rbe * F, rbe * F, rbf * E}, slot = 0;
-    for (int m = 0; m < 3; m++)
-        slot += (parts[m] + 255) / 256 * 256;
-    uint8_t *ex = gpu.i->alloc(gpu.ctx, slot * NE);
-    const void **tab = malloc(sizeof(void *) * 3 * NE);
-    struct tensor shp[3];
-    for (int e = 0; e < NE; e++) {
-        size_t off = 0;
-        for (int m = 0; m < 3; m++) {
-            int cols = m < 2 ? E : F, rows = m < 2 ? F : E;
-            float *wf = rand_vec((size_t)cols * rows, 1.0f / sqrtf((float)cols));
-            struct tensor h = make_tensor(T, cols, rows, wf);
-            gpu.i->upload(gpu.ctx, ex + (size_t)e * slot + off, h.data, parts[m]);
-            shp[m] = h;
-            shp[m].data = ex + (size_t)e * slot + off;
-            tab[3 * e + m] = shp[m].data;
-            off += (parts[m] + 255) / 256 * 256;
-            free((void *)h.data);
-            free(wf);
-        }
-    }
-    struct expert_weights shape = {shp[0], shp[1], shp[2]};
-    void *tab_d = dev_put(tab, sizeof(void *) * 3 * NE);
+    struct experts ex;
+    experts_make(&ex, T, T, E, F, NE);
+    if (!ex.mem)
+        return false;
     float *lg = rand_vec(NE, 2.0f), *x = rand_vec(E, 1.0f), *y0 = rand_vec(E, 1.0f);
     lg[NE - 1] = lg[NE / 2] = 9.0f; /* a tie: the lower index wins on both paths */
     float *ld = dev_put(lg, NE * 4), *xd = dev_put(x, E * 4), *yd = dev_put(NULL, E * 4);
@@ -409,7 +390,7 @@ static bool route_case(uint32_t T, int E, int F, int k, int NE)
             gpu.i->upload(gpu.ctx, yd, y0, E * 4);
             dev_poison(rd, sizeof(int32_t) * 2 * k);
             int old = set_opts(-1, -1, pass);
-            rc[pass] = gpu.i->moe_ffn_table_route(gpu.ctx, &shape, tab_d, ld, 1, NE, true, rd, k, xd, yd, add);
+            rc[pass] = gpu.i->moe_ffn_table_route(gpu.ctx, &ex.shape, ex.tab_d, ld, 1, NE, true, rd, k, xd, yd, add);
             restore_opts(old);
             y[pass] = dev_get(yd, E);
             rt[pass] = (int32_t *)dev_get(rd, 2 * (size_t)k);
@@ -425,10 +406,10 @@ static bool route_case(uint32_t T, int E, int F, int k, int NE)
             free(rt[pass]);
         }
     }
-    void *dv[] = {ex, tab_d, ld, xd, yd, rd};
+    void *dv[] = {ex.mem, ex.tab_d, ld, xd, yd, rd};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         gpu.i->free(gpu.ctx, dv[i]);
-    free(tab); free(lg); free(x); free(y0);
+    free(lg); free(x); free(y0);
     return ok;
 }
 

@@ -60,14 +60,7 @@ static bool attn_rows_case(int n, const int *sl, const int *ps, int n_slot, int 
     return ok;
 }
 
-/* NE experts of one type T (down TD) in 256-aligned device slots, and their table */
-struct experts {
-    uint8_t *mem;
-    void *tab_d;
-    struct expert_weights shape;
-};
-
-static void experts_make_at(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE, size_t stride)
+void experts_make_at(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE, size_t stride)
 {
     size_t parts[3] = {ggml_row_size(T, E) * F, ggml_row_size(T, E) * F, ggml_row_size(TD, F) * E}, slot = 0;
     for (int m = 0; m < 3; m++)
@@ -101,7 +94,7 @@ static void experts_make_at(struct experts *x, uint32_t T, uint32_t TD, int E, i
     free(tab);
 }
 
-static void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE)
+void experts_make(struct experts *x, uint32_t T, uint32_t TD, int E, int F, int NE)
 {
     experts_make_at(x, T, TD, E, F, NE, 0);
 }

@@ -71,27 +71,8 @@ static void attention_one(struct cuda_ctx *c, const float *q, const void *k_cach
     int zgroups = (group + ATT_G - 1) / ATT_G;
     int hdb = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
     size_t smem = (size_t)att_smem_floats(head_dim, att_tile(hdb)) * sizeof(float);
-    /* aim for as many CTAs per SM as are resident at once, over all (kv head, chunk, group)
-     * triples: ATT_MIN_CTAS, what the registers allow (__launch_bounds__) and, at head_dim 128
-     * and 256, shared memory too (3 x 73 KB of sm_90's 228 KB). A long context is then one
-     * wave of CTAs that each keep a tile in flight, not a wave and a tail. Depends only on
-     * the shape, so attention_at and attention cut the same way. */
-    int per_sm = ATT_MIN_CTAS;
-    int per_chunk = n_head_kv * zgroups;
-    int want = (per_sm * c->sm_count + per_chunk - 1) / per_chunk;
-    if (rows > 1) /* the rows fill the SMs too: fewer chunks each (one row cuts as before) */
-        want = (want + rows - 1) / rows;
-    int chunk, n_chunks;
-    if (at) {
-        /* the largest chunk and chunk count any position below n_ctx can need (chunk grows
-         * with the keys; the count stays under want until chunks reach their cap) */
-        att_split(n_ctx, want, &chunk, &n_chunks);
-        int cap = (n_ctx + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
-        n_chunks = n_chunks > want ? n_chunks : want;
-        n_chunks = n_chunks > cap ? n_chunks : cap;
-    } else {
-        att_split(n_keys, want, &chunk, &n_chunks);
-    }
+    int want, chunk, n_chunks;
+    att_plan(c->sm_count, n_head_kv, zgroups, rows, at != NULL, n_ctx, n_keys, &want, &chunk, &n_chunks);
     float *part_o = NULL, *part_ml = NULL;
     if (n_chunks > 1 || at) {
         size_t po = (size_t)rows * n_head * n_chunks * head_dim;

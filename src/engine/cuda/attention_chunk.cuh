@@ -34,6 +34,34 @@ __host__ __device__ inline void att_split(int n_keys, int want, int *chunk_o, in
     *n_chunks_o = n_chunks;
 }
 
+/* A call's cut (attention_one; the CPU emulator of the paged kernel runs the same): aim for as
+ * many CTAs per SM as are resident at once, over all (kv head, chunk, group) triples:
+ * ATT_MIN_CTAS, what the registers allow (__launch_bounds__) and, at head_dim 128 and 256,
+ * shared memory too (3 x 73 KB of sm_90's 228 KB). A long context is then one wave of CTAs
+ * that each keep a tile in flight, not a wave and a tail. Depends only on the shape, so
+ * attention_at and attention cut the same way. *want_o: the chunks aimed at (the kernels'
+ * want); at (attention_at, rows at positions below n_ctx): the grid's chunks; else n_keys'. */
+inline void att_plan(int sm_count, int n_head_kv, int zgroups, int rows, bool at, int n_ctx, int n_keys,
+                     int *want_o, int *chunk_o, int *n_chunks_o)
+{
+    int per_sm = ATT_MIN_CTAS;
+    int per_chunk = n_head_kv * zgroups;
+    int want = (per_sm * sm_count + per_chunk - 1) / per_chunk;
+    if (rows > 1) /* the rows fill the SMs too: fewer chunks each (one row cuts as before) */
+        want = (want + rows - 1) / rows;
+    if (at) {
+        /* the largest chunk and chunk count any position below n_ctx can need (chunk grows
+         * with the keys; the count stays under want until chunks reach their cap) */
+        att_split(n_ctx, want, chunk_o, n_chunks_o);
+        int cap = (n_ctx + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
+        *n_chunks_o = *n_chunks_o > want ? *n_chunks_o : want;
+        *n_chunks_o = *n_chunks_o > cap ? *n_chunks_o : cap;
+    } else {
+        att_split(n_keys, want, chunk_o, n_chunks_o);
+    }
+    *want_o = want;
+}
+
 /* Keys per tile for a head-dim bucket: one per lane up to 128 dims; 16 at 256 so that two
  * tile buffers stay near 75 KB. Chunks are multiples of 32, so of the tile too. */
 __host__ __device__ constexpr int att_tile(int hdb) { return hdb > 128 ? 16 : 32; }

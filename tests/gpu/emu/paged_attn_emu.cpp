@@ -5,9 +5,9 @@
  *
  * g++ compiles attention_chunk.cuh against the host stand-ins engine/cuda/common.cuh and
  * mma_q.cuh here (threads, barriers, exchanged shuffles; cp.async landing as late as
- * cp.async.wait_group allows, or at once). attention_one's host part (the cut: want, the chunk
- * count for attention_at, vec, the grid, the merge) is copied below (keep in step with
- * attention.cu). Each case builds a block pool with the sequence's blocks at scrambled places
+ * cp.async.wait_group allows, or at once). The cut (want, the chunk count for attention_at) is
+ * attention.cu's own att_plan; the rest of attention_one's host part (vec, the grid, the merge)
+ * is copied below (keep in step with attention.cu). Each case builds a block pool with the sequence's blocks at scrambled places
  * (the unused blocks NaN, so a row read through a wrong table entry shows), the contiguous cache
  * the same rows make, and runs the contiguous kernel (PAGED false, the default path) over the
  * copy and the paged one over the pool, every CTA of the grid, then the merge: the two outputs
@@ -36,20 +36,8 @@ static void attention_one(const float *q, const T *k_cache, const T *v_cache, fl
     int zgroups = (group + ATT_G - 1) / ATT_G;
     int hdb = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
     size_t smem = (size_t)att_smem_floats(head_dim, att_tile(hdb)) * sizeof(float);
-    int per_sm = ATT_MIN_CTAS;
-    int per_chunk = n_head_kv * zgroups;
-    int want = (per_sm * sm_count + per_chunk - 1) / per_chunk;
-    if (rows > 1)
-        want = (want + rows - 1) / rows;
-    int chunk, n_chunks;
-    if (at) {
-        att_split(n_ctx, want, &chunk, &n_chunks);
-        int cap = (n_ctx + ATT_MAX_CHUNK - 1) / ATT_MAX_CHUNK;
-        n_chunks = n_chunks > want ? n_chunks : want;
-        n_chunks = n_chunks > cap ? n_chunks : cap;
-    } else {
-        att_split(n_keys, want, &chunk, &n_chunks);
-    }
+    int want, chunk, n_chunks;
+    att_plan(sm_count, n_head_kv, zgroups, rows, at != NULL, n_ctx, n_keys, &want, &chunk, &n_chunks);
     *chunks_o = n_chunks;
     std::vector<float> ws;
     float *part_o = NULL, *part_ml = NULL;
