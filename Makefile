@@ -143,6 +143,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory decode-qonce-emu # TIDE_DECODE_QONCE=1/2 bit for bit the old decode kernels, on the CPU
 	$(Q)$(MAKE) --no-print-directory paged-attn-emu # the paged decode attention bit for bit the contiguous one, on the CPU
 	$(Q)$(MAKE) --no-print-directory moe-group-emu # TIDE_MOE_ROWS_MMA: the routed pairs grouped by expert on the device, on the CPU
+	$(Q)$(MAKE) --no-print-directory full-mma-emu # TIDE_VISION_TC: the vision encoder's f16 tensor-core attention, on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -339,3 +340,12 @@ $(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda
 
 moe-group-emu: $(BUILD)/moe-group-emu
 	$(Q)$(BUILD)/moe-group-emu
+
+.PHONY: full-mma-emu
+$(BUILD)/full-mma-emu: tests/gpu/emu/full_mma_emu.cpp $(BUILD)/emu/engine/cuda/attention_full_mma.cuh \
+                       tests/gpu/emu/engine/cuda/mma_16816.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+full-mma-emu: $(BUILD)/full-mma-emu
+	$(Q)$(BUILD)/full-mma-emu
