@@ -18,7 +18,11 @@
  *
  * Numerics: q, k, v and the probabilities are rounded to f16 on the way in (2^-11 relative),
  * the sums are f32: the CPU's f32 attention to ~1e-3 relative (the test holds it to 3e-3), as
- * the causal tensor-core kernel. Not bit for bit with anything. */
+ * the causal tensor-core kernel. Not bit for bit with anything.
+ *
+ * The device code (the kernel and its helpers) is in attention_full_mma.cuh, a header so that
+ * the CPU emulator (tests/gpu/emu/full_mma_emu.cpp, `make full-mma-emu`) compiles it with g++;
+ * this file keeps the switch and the launch (the emulator copies the launch: keep in step). */
 #include "engine/cuda/vision_ops.cuh"
 #include "engine/cuda/attention_full_mma.cuh"
 
