@@ -143,6 +143,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory decode-qonce-emu # TIDE_DECODE_QONCE=1/2 bit for bit the old decode kernels, on the CPU
 	$(Q)$(MAKE) --no-print-directory paged-attn-emu # the paged decode attention bit for bit the contiguous one, on the CPU
 	$(Q)$(MAKE) --no-print-directory moe-group-emu # TIDE_MOE_ROWS_MMA: the routed pairs grouped by expert on the device, on the CPU
+	$(Q)$(MAKE) --no-print-directory full-mma-emu # TIDE_VISION_TC: the vision encoder's f16 tensor-core attention, on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -291,15 +292,20 @@ f16-tile-emu: $(BUILD)/f16-tile-emu
 # tests/gpu/emu/engine/cuda/common.cuh (threads, barriers, exchanged warp shuffles) and run over
 # whole small grids against plain references. g++ has no static array of unknown size, so a
 # header's dynamic `extern __shared__ [__align__(n)] T name[];` is rewritten into a pointer to the
-# emulator's shared block in a copy under $(BUILD)/emu (the rest is the file as it is; the grep
-# fails the build if the rewrite did not happen). That copy comes first on the include path.
+# emulator's shared block in a copy under $(BUILD)/emu, and each static `__shared__ [__align__(n)]
+# T a[N];` (or `T a[N], b[M];`) gets `EMU_SHARED(a);` after it on its line, which poisons it before
+# every CTA (the rest is the file as it is; the greps fail the build if a rewrite did not happen).
+# That copy comes first on the include path.
 EMU_CXX = $(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -I$(BUILD)/emu -Itests/gpu/emu -Isrc
 EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh src/engine/cuda/common_device.cuh \
            $(BUILD)/libtide.a
-$(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh
+$(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh Makefile
 	@mkdir -p $(@D)
-	$(Q)sed 's/^\( *\)extern __shared__ \(__align__([0-9]*) \)\{0,1\}\([a-z0-9_]*\) \([a-z_]*\)\[\];/\1\3 *\4 = (\3 *)emu_dyn_smem;/' $< > $@.tmp
-	$(Q)! grep -q 'extern __shared__' $@.tmp && mv $@.tmp $@
+	$(Q)sed -e 's/^\( *\)extern __shared__ \(__align__([0-9]*) \)\{0,1\}\([a-z0-9_]*\) \([a-z_]*\)\[\];/\1\3 *\4 = (\3 *)emu_dyn_smem;/' \
+	        -e 's/^\( *__shared__ \(__align__([0-9]*) \)\{0,1\}[a-z0-9_]* \([a-z0-9_]*\)\[[^]]*\];\)/\1 EMU_SHARED(\3);/' \
+	        -e 's/^\( *__shared__ [a-z0-9_]* \([a-z0-9_]*\)\[[^]]*\], \([a-z0-9_]*\)\[[^]]*\];\)/\1 EMU_SHARED(\2); EMU_SHARED(\3);/' \
+	        $< > $@.tmp
+	$(Q)! grep -q 'extern __shared__' $@.tmp && ! grep '^ *__shared__' $@.tmp | grep -qv EMU_SHARED && mv $@.tmp $@
 
 .PHONY: decode-attn-emu
 $(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/cuda/attention_decode.cuh $(EMU_DEPS)
@@ -334,3 +340,12 @@ $(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda
 
 moe-group-emu: $(BUILD)/moe-group-emu
 	$(Q)$(BUILD)/moe-group-emu
+
+.PHONY: full-mma-emu
+$(BUILD)/full-mma-emu: tests/gpu/emu/full_mma_emu.cpp $(BUILD)/emu/engine/cuda/attention_full_mma.cuh \
+                       tests/gpu/emu/engine/cuda/mma_16816.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+full-mma-emu: $(BUILD)/full-mma-emu
+	$(Q)$(BUILD)/full-mma-emu

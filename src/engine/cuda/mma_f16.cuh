@@ -1,10 +1,12 @@
 /* mma_f16.cuh - the primitives of the f16 / bf16 tensor-core tiles (gemm_f16_mma.cuh): cp.async
- * (mma_q.cuh), ldmatrix.x4 and the m16n8k16 mma with f32 accumulate. A header of its own so
- * that tests/gpu/emu/engine/cuda/mma_f16.cuh can stand in for it on the host (f16-tile-emu). */
+ * (mma_q.cuh), ldmatrix.x4 and the m16n8k16 mma with f32 accumulate (mma_16816.cuh). A header
+ * of its own so that tests/gpu/emu/engine/cuda/mma_f16.cuh can stand in for it on the host
+ * (f16-tile-emu). */
 #ifndef TIDE_CUDA_MMA_F16_CUH
 #define TIDE_CUDA_MMA_F16_CUH
 
 #include "engine/cuda/mma_q.cuh"
+#include "engine/cuda/mma_16816.cuh"
 
 /* four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and gets, in
  * r[j], row l / 4 of matrix j, elements 2(l % 4), +1. volatile and "memory": the reads must
@@ -16,28 +18,6 @@ __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s)
                  : "memory");
-}
-
-/* d += A(16x16) B(16x8), T (__half or __nv_bfloat16) in, f32 accumulate */
-template <typename T>
-__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 #endif

@@ -7,9 +7,12 @@
  * of the CTA's threads, a warp shuffle an exchange through the warp's 32 slots between two
  * barriers of its 32 threads (every lane must take part, as the _sync forms require when the
  * mask is full). __shared__ arrays are function statics (one copy, shared by the threads); the
- * kernel's dynamic `extern __shared__` array is rewritten by the Makefile into a pointer to
- * emu_dyn_smem (g++ has no static array of unknown size). Float arithmetic is the kernel's own
- * (fmaf, expf, the same expressions in the same order). */
+ * Makefile's copy of a header follows each static one's declaration with EMU_SHARED(name), which
+ * fills it with 0xff bytes (NaN as f32 and as f16) when first reached and before every CTA
+ * (emu_launch.h), as the dynamic block is filled with NaN, so a read of a slot the CTA did not
+ * write shows; the kernel's dynamic `extern __shared__` array is rewritten by the Makefile into a
+ * pointer to emu_dyn_smem (g++ has no static array of unknown size). Float arithmetic is the
+ * kernel's own (fmaf, expf, the same expressions in the same order). */
 #pragma once
 #include <stdint.h>
 #include <stddef.h>
@@ -46,12 +49,21 @@ struct __half { uint16_t bits; };
 struct alignas(4) __half2 { __half x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
 template <typename T> inline T __ldg(const T *p) { return *p; }
 inline float __half2float(__half h) { return tide_f16_to_f32(h.bits); }
 inline float2 __half22float2(__half2 h) { return {tide_f16_to_f32(h.x.bits), tide_f16_to_f32(h.y.bits)}; }
 
 extern std::barrier<> *emu_cta_bar;
 inline void __syncthreads() { emu_cta_bar->arrive_and_wait(); }
+
+/* a static __shared__ array, registered by EMU_SHARED (the Makefile's copy of the header puts it
+ * after the declaration): emu_shared_add (emu_launch.h) poisons it now and before every CTA */
+void emu_shared_add(void *p, size_t bytes);
+struct emu_shared_reg {
+    emu_shared_reg(void *p, size_t bytes) { emu_shared_add(p, bytes); }
+};
+#define EMU_SHARED(name) static emu_shared_reg emu_shared_##name(name, sizeof name)
 
 /* a warp's shuffle slots, exchanged between its 32 host threads */
 struct emu_warp { uint64_t v[32]; std::barrier<> *bar; };
@@ -81,6 +93,7 @@ template <typename T> inline T __shfl_sync(unsigned, T v, int s) { return emu_sh
 /* the intrinsics under common_device.cuh, mmq.cuh and the kernels */
 inline __half __ushort_as_half(unsigned short h) { return {h}; }
 inline __half __float2half_rn(float v) { return {tide_f32_to_f16(v)}; }
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
 inline int __float2int_rn(float v) { return (int)rintf(v); }
 inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 inline float __uint_as_float(uint32_t v) { float f; memcpy(&f, &v, 4); return f; }
