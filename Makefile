@@ -72,15 +72,6 @@ $(BUILD)/test-gpu: $(GPU_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libtide.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(GPU_LDLIBS)
 
-# The k-quant tensor-core tiles (src/engine/cuda/mma_kq_tile.cuh) run on the CPU by g++ against
-# host shims (tests/gpu/emu/kq_tile_emu.cpp): their arithmetic checked without a GPU.
-$(BUILD)/kq-tile-emu: tests/gpu/emu/kq_tile_emu.cpp $(wildcard tests/gpu/emu/engine/cuda/*.cuh) src/engine/cuda/mma_kq_tile.cuh $(BUILD)/libtide.a
-	@echo "  LINK  $@"
-	$(Q)$(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -Itests/gpu/emu -Isrc -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-kq-tile-emu: $(BUILD)/kq-tile-emu
-	$(Q)$(BUILD)/kq-tile-emu
-
 # GPU tests: op parity CUDA vs CPU, VMM; prints SKIPPED per test without a device.
 gpu-tests: $(BUILD)/test-gpu
 	$(Q)$(BUILD)/test-gpu
@@ -134,7 +125,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/test-unit $(BUILD)/test-e2e $(BUILD)/test-gpu
 	$(Q)$(MAKE) --no-print-directory nocuda
 	$(Q)$(BUILD)/test-unit
-	$(Q)$(MAKE) --no-print-directory kq-tile-emu # the k-quant tensor-core tiles' arithmetic on the CPU
+	$(Q)$(MAKE) --no-print-directory kq-tile-emu # the k-quant tensor-core product's device code (tiles, split-K, add) on the CPU
 	$(Q)/usr/bin/python3 tests/docs/check_docs.py # every config key, flag, metric family and TIDE_* switch has its docs row
 	$(Q)/usr/bin/python3 tests/jinja/compare.py $(BUILD)/tide-jinja # chat templates: tide vs python3-jinja2, byte for byte
 	$(Q)$(BUILD)/test-gpu # without a GPU (CI): every GPU test listed as SKIPPED with the reason
@@ -306,6 +297,17 @@ $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh Makefile
 	        -e 's/^\( *__shared__ [a-z0-9_]* \([a-z0-9_]*\)\[[^]]*\], \([a-z0-9_]*\)\[[^]]*\];\)/\1 EMU_SHARED(\2); EMU_SHARED(\3);/' \
 	        $< > $@.tmp
 	$(Q)! grep -q 'extern __shared__' $@.tmp && ! grep '^ *__shared__' $@.tmp | grep -qv EMU_SHARED && mv $@.tmp $@
+
+# mmq_kquant.cu's device code (the k-quant tensor-core tiles, src/engine/cuda/kq_mma_kernel.cuh
+# and mma_kq_tile.cuh, and their x quantisation and split-K reduce) on the CPU.
+$(BUILD)/kq-tile-emu: tests/gpu/emu/kq_tile_emu.cpp $(BUILD)/emu/engine/cuda/kq_mma_kernel.cuh \
+                      src/engine/cuda/mma_kq_tile.cuh src/engine/cuda/mma_tile.cuh src/engine/cuda/kquant.cuh \
+                      src/engine/cuda/mmq.cuh tests/gpu/emu/engine/cuda/mma_q.cuh $(EMU_DEPS)
+	@echo "  LINK  $@"
+	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+
+kq-tile-emu: $(BUILD)/kq-tile-emu
+	$(Q)$(BUILD)/kq-tile-emu
 
 .PHONY: decode-attn-emu
 $(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/cuda/attention_decode.cuh $(EMU_DEPS)

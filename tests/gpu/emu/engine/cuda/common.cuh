@@ -107,10 +107,30 @@ inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh)
     uint64_t v = ((uint64_t)hi << 32) | lo;
     return (uint32_t)(v >> (sh & 31));
 }
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 4; i++) b[i] = (uint8_t)(x >> (8 * i)), b[4 + i] = (uint8_t)(y >> (8 * i));
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned sel = (s >> (4 * i)) & 15; /* bit 3: the byte's sign bit replicated */
+        r |= (uint32_t)(sel & 8 ? (b[sel & 7] & 0x80 ? 0xFF : 0) : b[sel]) << (8 * i);
+    }
+    return r;
+}
 inline uint32_t __vsub4(uint32_t a, uint32_t b)
 {
     uint32_t r = 0;
     for (int i = 0; i < 4; i++) r |= (uint32_t)(uint8_t)((uint8_t)(a >> 8 * i) - (uint8_t)(b >> 8 * i)) << (8 * i);
+    return r;
+}
+inline uint32_t __vsubss4(uint32_t a, uint32_t b) /* per byte, signed, saturated */
+{
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) {
+        int v = (int)(int8_t)(a >> 8 * i) - (int)(int8_t)(b >> 8 * i);
+        r |= (uint32_t)(uint8_t)(v < -128 ? -128 : v > 127 ? 127 : v) << (8 * i);
+    }
     return r;
 }
 
