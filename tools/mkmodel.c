@@ -15,7 +15,7 @@ static void usage(void)
             "usage: tide-mkmodel --preset dense|moe|qwen3moe|qwen2moe|gpt-oss|olmoe|granitemoe|granitemoe-shared|deepseek2|qwen3vlmoe|qwen2vl|big|qwen3-30b-a3b|qwen3-vl-30b-a3b --out FILE [--seed N]\n"
             "       [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_K|q5_K|q6_K|iq4_xs|mxfp4] [--down-type T]\n"
             "       [--mix Q4_K_M|Q5_K_M|Q6_K] [--layers N] [--embd N] [--heads N]\n"
-            "       [--kv-heads N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
+            "       [--kv-heads N] [--head-dim N] [--ff N] [--experts N] [--experts-used N] [--threads N]\n"
             "       (--down-type: ffn_down and output.weight in T, e.g. q4_K with q6_K as in Q4_K_M)\n"
             "       (qwen3-30b-a3b: Qwen3-30B-A3B's shape in q8_0, ~32 GB, for benchmarks;\n"
             "       its matrices are made by --threads threads, default all CPUs)\n"
@@ -41,6 +41,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--embd")) o.n_embd = u;
         else if (!strcmp(a, "--heads")) o.n_head = u;
         else if (!strcmp(a, "--kv-heads")) o.n_head_kv = u;
+        else if (!strcmp(a, "--head-dim")) o.head_dim = u;
         else if (!strcmp(a, "--ff")) o.n_ff = u;
         else if (!strcmp(a, "--experts")) o.n_expert = u;
         else if (!strcmp(a, "--experts-used")) o.n_expert_used = u;

@@ -1,4 +1,5 @@
-/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for q8_0 and q4_0 weights,
+/* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for the 32-value block types
+ * with one scale a block (q8_0, q4_0, q5_0 and MXFP4),
  * and a GEMM over repacked rows for prefill (the CPU backend's decode and prefill matmuls on
  * CPUs that have them; cpu_quant_vnni.h).
  *
@@ -10,14 +11,18 @@
  * multiply-multiply-add for the eight.
  *
  * vpdpbusd multiplies unsigned bytes by signed ones, so the weight codes are made unsigned:
- * q8_0 codes + 128 (a sign-bit flip), q4_0's nibbles as they are (its - 8 moved out); the
- * offset times the activation block's sum is subtracted after. All of this is exact integer
+ * q8_0 codes + 128 (a sign-bit flip), q4_0's nibbles and q5_0's five-bit codes as they are
+ * (their - 8 and - 16 moved out), MXFP4's doubled e2m1 values (mxfp4_values, -12..12) + 12,
+ * looked up from the nibbles by a byte shuffle; the offset times the activation block's sum is
+ * subtracted after. The block scale is the f16 d, or MXFP4's 2^(e - 128) made from its
+ * exponent byte with mxfp4_scale's bits. All of this is exact integer
  * arithmetic, so each lane's block sum is the integer the scalar kernel makes, and its float
  * combine is the scalar one's: (d_w * d_x) * (float)sum added to the running sum in block
  * order, rounded the same (-std=c11 keeps fp-contract off, and the intrinsics used here are
  * plain multiplies and adds). The results therefore have the bits of cpu_quant_dot. */
 #include "cpu_quant_vnni.h"
 #include "gguf.h"
+#include "quants.h"
 
 #include <string.h>
 
@@ -34,7 +39,16 @@ bool cpu_quant_vnni_cpu(void)
            __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
 }
 
-bool cpu_quant_vnni_has(uint32_t type) { return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0; }
+bool cpu_quant_vnni_has(uint32_t type)
+{
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_MXFP4;
+}
+
+/* What the unsigned weight codes exceed the signed ones by (w . x = u . x - offset * sum x). */
+static int code_offset(uint32_t type)
+{
+    return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q5_0 ? 16 : 12;
+}
 
 /* the lane sums of eight vectors, as one vector (v[k]'s sum in lane k) */
 VNNI static inline __m256i sum8x8(const __m256i v[8])
@@ -55,6 +69,33 @@ VNNI static inline __m256i codes_q4_0(const uint8_t *blk)
     __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
 }
+/* q5_0: the nibbles (at byte 6) as q4_0's, and value j's fifth bit, bit j of qh (bytes 2-5), as 16:
+ * byte j of the vector takes qh's byte j / 8 and tests its bit j % 8 */
+VNNI static inline __m256i codes_q5_0(const uint8_t *blk)
+{
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 6));
+    __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+    __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                    _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+    return _mm256_or_si256(lo, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+}
+/* MXFP4's 16 code values + 12, for a byte shuffle */
+VNNI static inline __m128i mxfp4_table(void)
+{
+    return _mm_add_epi8(_mm_loadu_si128((const __m128i *)mxfp4_values), _mm_set1_epi8(12));
+}
+/* MXFP4: the nibbles (at byte 1) in q4_0's order, each looked up as its value + 12 */
+VNNI static inline __m256i codes_mxfp4(const uint8_t *blk)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 1));
+    __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mxfp4_table()), n);
+}
 
 /* f16 as f32, exact (the scalar path's table gives the same value) */
 VNNI static inline float f16_value(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
@@ -62,9 +103,21 @@ VNNI static inline float f16_value(const uint8_t *p) { return _cvtsh_ss((unsigne
 /* eight 32-bit words' low halves, read as f16 */
 VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)); }
 
-/* The body shared by both tiles and both types: BB bytes a weight block, SHIFT log2 of the
- * weight codes' unsigned offset, CODES the decoder. */
-#define ROWS8(CODES, BB, SHIFT)                                                                        \
+/* eight 32-bit words' low bytes, read as MXFP4 exponents: 2^(e - 128), mxfp4_scale's bits */
+VNNI static inline __m256 mxfp4_scales(__m256i g)
+{
+    __m256i e = _mm256_and_si256(g, _mm256_set1_epi32(0xff));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e); /* e < 2 */
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+VNNI static inline float f16_scale(const uint8_t *blk) { return f16_value(blk); }
+VNNI static inline float mxfp4_scale1(const uint8_t *blk) { return mxfp4_scale(blk[0]); }
+
+/* The body shared by both tiles and every type: BB bytes a weight block, OFF the weight codes'
+ * unsigned offset, CODES the decoder, SCALES8 the eight rows' block scales from the 32-bit words
+ * at their blocks' starts (ROWS8), SCALE1 the one row's (VECS8). */
+#define ROWS8(CODES, BB, OFF, SCALES8)                                                                      \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
                                                 _mm256_set1_epi32((int)row_bytes));                    \
@@ -77,15 +130,15 @@ VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cv
             __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), v[8];                            \
             for (int k = 0; k < 8; k++)                                                                \
                 v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), CODES(blk + (size_t)k * row_bytes), xq); \
-            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_set1_epi32((int32_t)x[b].sum * (1 << (SHIFT))));  \
-            __m256 dw = low_f16s(_mm256_i32gather_epi32((const int *)blk, offs, 1));                   \
+            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_set1_epi32((int32_t)x[b].sum * (OFF)));        \
+            __m256 dw = SCALES8(_mm256_i32gather_epi32((const int *)blk, offs, 1));                    \
             __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));                           \
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));         \
         }                                                                                              \
         _mm256_storeu_ps(out, s);                                                                      \
     } while (0)
 
-#define VECS8(CODES, BB, SHIFT)                                                                        \
+#define VECS8(CODES, BB, OFF, SCALE1)                                                                      \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
                                                 _mm256_set1_epi32((int)act_stride));                   \
@@ -98,8 +151,9 @@ VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cv
                 v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wc,                                 \
                     _mm256_loadu_si256((const __m256i *)(xb + (size_t)k * act_stride + 4)));           \
             __m256i g = _mm256_i32gather_epi32((const int *)xb, offs, 1); /* d | sum << 16 */          \
-            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_slli_epi32(_mm256_srai_epi32(g, 16), (SHIFT))); \
-            __m256 dw = _mm256_set1_ps(f16_value(blk));                                                \
+            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_mullo_epi32(_mm256_srai_epi32(g, 16),       \
+                                                                        _mm256_set1_epi32(OFF)));      \
+            __m256 dw = _mm256_set1_ps(SCALE1(blk));                                                   \
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, low_f16s(g)), _mm256_cvtepi32_ps(is))); \
         }                                                                                              \
         _mm256_storeu_ps(out, s);                                                                      \
@@ -107,37 +161,57 @@ VNNI static inline __m256 low_f16s(__m256i g) { return _mm256_cvtph_ps(_mm256_cv
 
 VNNI static void rows8_q8_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_q8_0, 34, 7);
+    ROWS8(codes_q8_0, 34, 128, low_f16s);
 }
 VNNI static void rows8_q4_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_q4_0, 18, 3);
+    ROWS8(codes_q4_0, 18, 8, low_f16s);
+}
+VNNI static void rows8_q5_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
+{
+    ROWS8(codes_q5_0, Q5_0_BYTES, 16, low_f16s);
+}
+VNNI static void rows8_mxfp4(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
+{
+    ROWS8(codes_mxfp4, MXFP4_BYTES, 12, mxfp4_scales);
 }
 VNNI static void vecs8_q8_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_q8_0, 34, 7);
+    VECS8(codes_q8_0, 34, 128, f16_scale);
 }
 VNNI static void vecs8_q4_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_q4_0, 18, 3);
+    VECS8(codes_q4_0, 18, 8, f16_scale);
+}
+VNNI static void vecs8_q5_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
+{
+    VECS8(codes_q5_0, Q5_0_BYTES, 16, f16_scale);
+}
+VNNI static void vecs8_mxfp4(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
+{
+    VECS8(codes_mxfp4, MXFP4_BYTES, 12, mxfp4_scale1);
 }
 
 void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb,
                           float out[8])
 {
-    if (type == GGML_TYPE_Q8_0)
-        rows8_q8_0(w, row_bytes, x, nb, out);
-    else
-        rows8_q4_0(w, row_bytes, x, nb, out);
+    switch (type) {
+    case GGML_TYPE_Q8_0: rows8_q8_0(w, row_bytes, x, nb, out); break;
+    case GGML_TYPE_Q4_0: rows8_q4_0(w, row_bytes, x, nb, out); break;
+    case GGML_TYPE_Q5_0: rows8_q5_0(w, row_bytes, x, nb, out); break;
+    default: rows8_mxfp4(w, row_bytes, x, nb, out); break;
+    }
 }
 
 void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x, size_t act_stride, int nb,
                           float out[8])
 {
-    if (type == GGML_TYPE_Q8_0)
-        vecs8_q8_0(w, x, act_stride, nb, out);
-    else
-        vecs8_q4_0(w, x, act_stride, nb, out);
+    switch (type) {
+    case GGML_TYPE_Q8_0: vecs8_q8_0(w, x, act_stride, nb, out); break;
+    case GGML_TYPE_Q4_0: vecs8_q4_0(w, x, act_stride, nb, out); break;
+    case GGML_TYPE_Q5_0: vecs8_q5_0(w, x, act_stride, nb, out); break;
+    default: vecs8_mxfp4(w, x, act_stride, nb, out); break;
+    }
 }
 
 /* ---- prefill: a GEMM over weights repacked per 16 rows ----
@@ -162,26 +236,52 @@ struct packed16 {
     float dw[GEMM_BLOCKS][GEMM_ROWS];  /* the rows' block scales */
 };
 
-/* 16 rows' blocks b0..b0+nc repacked (q8_0: codes + 128; q4_0: the nibbles) */
+/* 16 rows' blocks b0..b0+nc repacked (q8_0: codes + 128; q4_0: the nibbles; q5_0: the nibbles
+ * and fifth bits; MXFP4: the values + 12), with their scales */
 VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int b0, int nc, struct packed16 *pk)
 {
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)row_bytes));
-    bool q8 = type == GGML_TYPE_Q8_0;
-    size_t bb = q8 ? 34 : 18;
+    const __m512i nib = _mm512_set1_epi8(0x0f), fp4 = _mm512_broadcast_i32x4(mxfp4_table());
+    size_t bb = ggml_row_size(type, 32);
+    /* where the codes start: the 16 nibble bytes (codes 4k..4k+3 of a row: the low nibbles of
+     * bytes 4k.. for k < 4, the high ones of bytes 4(k - 4).. after), or q8_0's 32 bytes */
+    int at = type == GGML_TYPE_Q5_0 ? 6 : type == GGML_TYPE_MXFP4 ? 1 : 2;
     for (int b = 0; b < nc; b++) {
         const uint8_t *blk = w + (size_t)(b0 + b) * bb;
         __m512i d = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
-        _mm512_storeu_ps(pk->dw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
+        if (type == GGML_TYPE_MXFP4) { /* 2^(e - 128) from the exponent byte, as mxfp4_scales */
+            __m512i e = _mm512_and_si512(d, _mm512_set1_epi32(0xff));
+            __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            d = _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, sub);
+            _mm512_storeu_ps(pk->dw[b], _mm512_castsi512_ps(d));
+        } else {
+            _mm512_storeu_ps(pk->dw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
+        }
+        __m512i qh = type == GGML_TYPE_Q5_0 ? _mm512_i32gather_epi32(rows, (const void *)(blk + 2), 1)
+                                            : _mm512_setzero_si512();
         for (int k = 0; k < 8; k++) {
             __m512i v;
-            if (q8)
-                v = _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk + 2 + 4 * k), 1),
+            if (type == GGML_TYPE_Q8_0) {
+                v = _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk + at + 4 * k), 1),
                                      _mm512_set1_epi8((char)0x80));
-            else
-                v = _mm512_and_si512(_mm512_srli_epi32(_mm512_i32gather_epi32(rows, (const void *)(blk + 2 + 4 * (k & 3)), 1),
+            } else {
+                v = _mm512_and_si512(_mm512_srli_epi32(_mm512_i32gather_epi32(rows, (const void *)(blk + at + 4 * (k & 3)), 1),
                                                        k < 4 ? 0 : 4),
-                                     _mm512_set1_epi8(0x0f));
+                                     nib);
+                if (type == GGML_TYPE_MXFP4)
+                    v = _mm512_shuffle_epi8(fp4, v);
+                if (type == GGML_TYPE_Q5_0) { /* code 4k + j's fifth bit (qh bit 4k + j) to bit 4 of byte j */
+                    __m512i t = _mm512_srli_epi32(qh, 4 * k);
+                    __m512i h = _mm512_or_si512(
+                        _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(1)), 4),
+                                        _mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(2)), 11)),
+                        _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(4)), 18),
+                                        _mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(8)), 25)));
+                    v = _mm512_or_si512(v, h);
+                }
+            }
             _mm512_storeu_si512(pk->codes[b][k], v);
         }
     }
@@ -190,7 +290,7 @@ VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int
 /* T <= GEMM_VECS vectors (x: their block b0, act_stride bytes apart) against the packed rows'
  * nc blocks: y[t * y_stride + row] for the 16 rows, continuing y's sums past block 0. */
 VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct packed16 *pk, int nc, const uint8_t *x,
-                                                                 size_t act_stride, int shift, bool first, float *y,
+                                                                 size_t act_stride, int off, bool first, float *y,
                                                                  size_t y_stride, const int T)
 {
     __m512 s[GEMM_VECS];
@@ -202,7 +302,7 @@ VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct pa
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             const struct act32 *a = (const struct act32 *)(x + (size_t)t * act_stride) + b;
-            acc[t] = _mm512_set1_epi32(-((int32_t)a->sum * (1 << shift)));
+            acc[t] = _mm512_set1_epi32(-((int32_t)a->sum * off));
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
@@ -232,7 +332,7 @@ VNNI void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes,
                               size_t act_stride, int n, int nb, float *y, size_t y_stride)
 {
     static _Thread_local struct packed16 pk; /* 36 KB: not the stack */
-    int shift = type == GGML_TYPE_Q8_0 ? 7 : 3;
+    int off = code_offset(type);
     const uint8_t *xb = (const uint8_t *)x;
     for (int r = 0; r + GEMM_ROWS <= rows; r += GEMM_ROWS)
         for (int b0 = 0; b0 < nb; b0 += GEMM_BLOCKS) {
@@ -241,12 +341,12 @@ VNNI void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes,
             const uint8_t *xc = xb + (size_t)b0 * sizeof(struct act32);
             int t = 0;
             for (; t + GEMM_VECS <= n; t += GEMM_VECS)
-                gemm_tile(&pk, nc, xc + (size_t)t * act_stride, act_stride, shift, b0 == 0,
+                gemm_tile(&pk, nc, xc + (size_t)t * act_stride, act_stride, off, b0 == 0,
                           y + (size_t)t * y_stride + r, y_stride, GEMM_VECS);
             const uint8_t *xt = xc + (size_t)t * act_stride;
             float *yt = y + (size_t)t * y_stride + r;
             switch (n - t) {
-#define CASE(k) case k: if (k < GEMM_VECS) gemm_tile(&pk, nc, xt, act_stride, shift, b0 == 0, yt, y_stride, k); break;
+#define CASE(k) case k: if (k < GEMM_VECS) gemm_tile(&pk, nc, xt, act_stride, off, b0 == 0, yt, y_stride, k); break;
             CASE(11) CASE(10) CASE(9) CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) CASE(1)
 #undef CASE
             }

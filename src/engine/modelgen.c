@@ -487,7 +487,8 @@ int modelgen_write(const struct modelgen_options *o, struct modelgen_summary *su
     if (o->n_expert) c.n_expert = o->n_expert;
     if (o->n_expert_used) c.n_used = o->n_expert_used;
     if (o->type >= 0) c.type = o->type;
-    uint32_t hd = c.head_dim && !o->n_embd && !o->n_head ? c.head_dim : c.n_embd / (c.n_head ? c.n_head : 1);
+    uint32_t hd = o->head_dim ? o->head_dim
+                  : c.head_dim && !o->n_embd && !o->n_head ? c.head_dim : c.n_embd / (c.n_head ? c.n_head : 1);
     if (!c.n_head || !c.n_head_kv || c.n_head % c.n_head_kv || c.n_embd % 32 || hd % 2 || (c.n_head * hd) % 32 ||
         c.n_ff % 32 || c.n_ff_shexp % 32 || c.n_layer == 0 || (c.n_expert && (c.n_used == 0 || c.n_used > c.n_expert)))
         return efail(err, errlen, TIDE_EINVAL, "bad shape (n_embd, head_dim, n_ff, n_head*head_dim multiples of 32; heads divisible)");

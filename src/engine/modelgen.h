@@ -19,6 +19,7 @@ struct modelgen_options {
                            * same weights for a reference run (tests) */
     /* overrides; 0 keeps the preset's value */
     uint32_t n_layer, n_embd, n_expert, n_expert_used, n_ff, n_head, n_head_kv;
+    uint32_t head_dim;    /* a head's width (0: the preset's, or n_embd / n_head once either is set) */
     int threads;          /* threads for the write-time matrices (0: all CPUs) */
     const char *chat_template;  /* tokenizer.chat_template (Jinja); NULL: the ChatML one */
 };

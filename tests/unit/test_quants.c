@@ -232,9 +232,10 @@ Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
             y[i] = calloc((size_t)ROWS * N, sizeof(float));
             if (i == 0 && !vnni)
                 continue;
-            /* two shares, as two threads would run them: 0-6 and 7-20 */
-            cpu_quant_rows(type, data, rb, 0, 7, acts, ab, N, cols, y[i], ROWS, isas[i]);
-            cpu_quant_rows(type, data, rb, 7, ROWS, acts, ab, N, cols, y[i], ROWS, isas[i]);
+            /* two shares, as two threads would run them: 0-2 (no tile of rows) and 3-20 (the
+             * VNNI GEMM's 16 rows, then two rows of eight-vector tiles) */
+            cpu_quant_rows(type, data, rb, 0, 3, acts, ab, N, cols, y[i], ROWS, isas[i]);
+            cpu_quant_rows(type, data, rb, 3, ROWS, acts, ab, N, cols, y[i], ROWS, isas[i]);
         }
         for (int v = 0; v < N; v++)
             for (int r = 0; r < ROWS; r++) {
@@ -251,6 +252,44 @@ Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
         for (int i = 0; i < 3; i++) free(y[i]);
         free(data); free(acts); free(w); free(x);
     }
+}
+
+/* MXFP4's scale 2^(e - 128) in the VNNI tiles, built from the exponent byte in vector lanes,
+ * at the exponents where mxfp4_scale's bits change form: e = 0 and 1 (subnormal floats), 2 (the
+ * smallest normal) and around 127: every tile (GEMM, eight vectors, eight rows) gives the bits
+ * of the AVX2 and scalar products. */
+Test(quants, mxfp4_tiles_take_subnormal_and_normal_scales_bit_for_bit)
+{
+    enum { ROWS = 19, N = 9, COLS = 32 * 70 };
+    if (!cpu_quant_isa_available(CPU_ISA_AVX512VNNI))
+        cr_skip_test("no AVX-512 VNNI here: no MXFP4 tiles to test");
+    static const uint8_t exps[] = {0, 1, 2, 3, 126, 127, 128, 129};
+    size_t rb = ggml_row_size(GGML_TYPE_MXFP4, COLS), ab = cpu_quant_act_bytes(GGML_TYPE_MXFP4, COLS);
+    uint8_t *data = malloc(rb * ROWS), *acts = malloc(ab * N);
+    float *x = malloc(sizeof(float) * COLS), *y[2];
+    random_blocks(GGML_TYPE_MXFP4, data, (uint64_t)COLS * ROWS, false);
+    /* every third row only tiny exponents (its sum stays where they show), the rest mixed */
+    for (int b = 0; b < ROWS * COLS / 32; b++)
+        data[(size_t)b * MXFP4_BYTES] = exps[(b * 7 + b / 5) % ((b / (COLS / 32)) % 3 ? 8 : 4)];
+    for (int v = 0; v < N; v++) {
+        for (int i = 0; i < COLS; i++) x[i] = frand() * (float)(1 + v);
+        cpu_quant_act(GGML_TYPE_MXFP4, x, COLS, acts + v * ab);
+    }
+    enum cpu_isa isas[] = {CPU_ISA_AVX512VNNI, CPU_ISA_AVX2};
+    for (int i = 0; i < 2; i++) {
+        y[i] = calloc((size_t)ROWS * N, sizeof(float));
+        cpu_quant_rows(GGML_TYPE_MXFP4, data, rb, 0, ROWS, acts, ab, N, COLS, y[i], ROWS, isas[i]); /* GEMM + vecs8 + rows8 */
+    }
+    float one[ROWS]; /* eight rows with one vector (decode) */
+    cpu_quant_rows(GGML_TYPE_MXFP4, data, rb, 0, ROWS, acts, ab, 1, COLS, one, 1, CPU_ISA_AVX512VNNI);
+    for (int v = 0; v < N; v++)
+        for (int r = 0; r < ROWS; r++) {
+            size_t k = (size_t)v * ROWS + r;
+            cr_assert(memcmp(&y[0][k], &y[1][k], 4) == 0, "row %d vector %d: vnni %a avx2 %a", r, v, y[0][k], y[1][k]);
+            if (v == 0)
+                cr_assert(memcmp(&one[r], &y[1][k], 4) == 0, "row %d alone: vnni %a avx2 %a", r, one[r], y[1][k]);
+        }
+    free(y[0]); free(y[1]); free(data); free(acts); free(x);
 }
 
 /* The k-quant tiles (cpu_kquant.c) in every shape: AVX-512 4 rows x 4 vectors, and 16, 8 and
