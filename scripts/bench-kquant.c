@@ -1,10 +1,13 @@
-/* bench-kquant.c - one thread's CPU time per k-quant product (cpu_quant_rows) on each ISA: a
+/* bench-kquant.c - one thread's CPU time per quantised product (cpu_quant_rows) on each ISA: a
  * ROWSxCOLS matrix of random blocks with 1 vector (decode) and 64 (a prefill share), the best
  * of REPS runs, so a busy neighbour costs wall time but not the numbers (up to cache sharing).
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Isrc scripts/bench-kquant.c build/libtide.a -lm -lpthread -o /tmp/bench-kquant
- *   [NV=64] /tmp/bench-kquant [ROWS COLS]     (default 2048 2048; NV: the vectors of the second run) */
+ *   [NV=64] [TYPES=q4_K,q5_K,q6_K] /tmp/bench-kquant [ROWS COLS]
+ * (default 2048 2048; NV: the vectors of the second run; TYPES: any of the quantised types by
+ * their ggml names, e.g. TYPES=mxfp4,q4_0,q5_0,q8_0) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "engine/cpu_quant.h"
@@ -20,23 +23,36 @@ static double now(void)
 int main(int argc, char **argv)
 {
     int rows = argc > 2 ? atoi(argv[1]) : 2048, cols = argc > 2 ? atoi(argv[2]) : 2048;
-    static const uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     static const enum cpu_isa isas[] = {CPU_ISA_AVX2, CPU_ISA_AVX512VNNI};
     const int NV = getenv("NV") ? atoi(getenv("NV")) : 64;
+    char names[256];
+    snprintf(names, sizeof names, "%s", getenv("TYPES") ? getenv("TYPES") : "q4_K,q5_K,q6_K");
     enum { REPS = 7 };
     srand(1);
-    for (int t = 0; t < 3; t++) {
-        uint32_t type = types[t];
+    for (char *name = strtok(names, ","); name; name = strtok(NULL, ",")) {
+        uint32_t type = 0;
+        while (type < 64 && (!ggml_block_size(type) || strcmp(ggml_type_name(type), name)))
+            type++;
+        if (type == 64 || type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) {
+            fprintf(stderr, "bench-kquant: %s is not a quantised type tide knows\n", name);
+            return 2;
+        }
+        uint32_t bs = ggml_block_size(type);
+        size_t bb = ggml_row_size(type, bs);
         size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
         uint8_t *w = malloc(rb * rows), *act = malloc(ab * NV);
         float *x = malloc(sizeof(float) * cols), *y = malloc(sizeof(float) * rows * NV);
         for (size_t i = 0; i < rb * rows; i++) w[i] = (uint8_t)rand();
-        for (int r = 0; r < rows; r++) /* finite f16 scales: 0x2000 is about 0.008 */
-            for (int b = 0; b < cols / QK_K; b++) {
-                uint8_t *blk = w + r * rb + (size_t)b * ggml_row_size(type, QK_K);
+        for (int r = 0; r < rows; r++) /* finite scales: f16 0x2000 is about 0.008, MXFP4 2^-8 */
+            for (int b = 0; b < cols / (int)bs; b++) {
+                uint8_t *blk = w + r * rb + (size_t)b * bb;
                 uint8_t *d = type == GGML_TYPE_Q6_K ? blk + 208 : blk;
+                if (type == GGML_TYPE_MXFP4) {
+                    d[0] = 120;
+                    continue;
+                }
                 d[0] = 0; d[1] = 0x20;
-                if (type != GGML_TYPE_Q6_K) { d[2] = 0; d[3] = 0x20; }
+                if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1) { d[2] = 0; d[3] = 0x20; }
             }
         for (int v = 0; v < NV; v++) {
             for (int i = 0; i < cols; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;

@@ -138,6 +138,73 @@ VNNI static inline float mxfp4_scale1(const uint8_t *blk) { return mxfp4_scale(b
         _mm256_storeu_ps(out, s);                                                                      \
     } while (0)
 
+/* ROWS8 for the nibble types (q4_0: LOOKUP the identity; MXFP4: its table; q5_0: FIFTH adds its
+ * fifth bits, the others' FIFTH does nothing): two rows' 16 code
+ * bytes share a register (row 2p in the low half, 2p + 1 in the high one), their low and high
+ * nibbles meet the vector's codes 0-15 and 16-31 broadcast to both halves, so one decode and two
+ * vpdpbusd make two rows' four partial sums each, and three horizontal adds and a permute
+ * gather the eight rows' block sums (ROWS8 unpacks each row alone and needs six). Same
+ * integers, same combine, same bits. AT: where a block's nibble bytes start. */
+#define ROWS8_PAIRED(AT, BB, OFF, LOOKUP, FIFTH, SCALES8)                                                   \
+    do {                                                                                               \
+        const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
+                                                _mm256_set1_epi32((int)row_bytes));                    \
+        const __m256i nib = _mm256_set1_epi8(0x0f), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); \
+        __m256 s = _mm256_setzero_ps();                                                                \
+        for (int b = 0; b < nb; b++) {                                                                 \
+            const uint8_t *blk = w + (size_t)b * (BB);                                                 \
+            if (!(b & 1))                                                                              \
+                for (int k = 8; k < 16; k++)                                                           \
+                    _mm_prefetch((const char *)(blk + (size_t)k * row_bytes), _MM_HINT_T0);          \
+            __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[b].q));       \
+            __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x[b].q + 16))); \
+            __m256i t[4];                                                                              \
+            for (int p = 0; p < 4; p++) {                                                              \
+                const uint8_t *r0 = blk + (size_t)(2 * p) * row_bytes + (AT);                          \
+                __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(r0 + row_bytes)),       \
+                                             _mm_loadu_si128((const __m128i *)r0));                    \
+                __m256i lo = LOOKUP(_mm256_and_si256(v, nib));                                         \
+                __m256i hi = LOOKUP(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib));                   \
+                FIFTH(&lo, &hi, r0 - (AT), r0 - (AT) + row_bytes);                                     \
+                t[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl), hi, xh); \
+            }                                                                                          \
+            __m256i sums = _mm256_permutevar8x32_epi32(                                                \
+                _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3])), order); \
+            __m256i is = _mm256_sub_epi32(sums, _mm256_set1_epi32((int32_t)x[b].sum * (OFF)));         \
+            __m256 dw = SCALES8(_mm256_i32gather_epi32((const int *)blk, offs, 1));                    \
+            __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));                           \
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));         \
+        }                                                                                              \
+        _mm256_storeu_ps(out, s);                                                                      \
+    } while (0)
+
+VNNI static inline __m256i nibbles_as_they_are(__m256i n) { return n; }
+VNNI static inline void no_fifth_bits(__m256i *lo, __m256i *hi, const uint8_t *b0, const uint8_t *b1)
+{
+    (void)lo; (void)hi; (void)b0; (void)b1;
+}
+/* q5_0's fifth bits for two rows' blocks b0 (low half) and b1 (high half): values 0-15 (lo) take
+ * bits 0-15 of the block's qh, values 16-31 (hi) bits 16-31, each as 16 */
+VNNI static inline void q5_0_fifth_bits(__m256i *lo, __m256i *hi, const uint8_t *b0, const uint8_t *b1)
+{
+    uint32_t q0, q1;
+    memcpy(&q0, b0 + 2, 4);
+    memcpy(&q1, b1 + 2, 4);
+    __m256i qh = _mm256_set_m128i(_mm_set1_epi32((int)q1), _mm_set1_epi32((int)q0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), f = _mm256_set1_epi8(0x10);
+    const __m256i sel_lo = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i sel_hi = _mm256_add_epi8(sel_lo, _mm256_set1_epi8(2));
+    __m256i l = _mm256_and_si256(_mm256_shuffle_epi8(qh, sel_lo), bit);
+    __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(qh, sel_hi), bit);
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, bit), f));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), f));
+}
+VNNI static inline __m256i nibbles_mxfp4(__m256i n)
+{
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mxfp4_table()), n);
+}
+
 #define VECS8(CODES, BB, OFF, SCALE1)                                                                      \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
@@ -165,15 +232,15 @@ VNNI static void rows8_q8_0(const uint8_t *w, size_t row_bytes, const struct act
 }
 VNNI static void rows8_q4_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_q4_0, 18, 8, low_f16s);
+    ROWS8_PAIRED(2, 18, 8, nibbles_as_they_are, no_fifth_bits, low_f16s);
 }
 VNNI static void rows8_q5_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_q5_0, Q5_0_BYTES, 16, low_f16s);
+    ROWS8_PAIRED(6, Q5_0_BYTES, 16, nibbles_as_they_are, q5_0_fifth_bits, low_f16s);
 }
 VNNI static void rows8_mxfp4(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_mxfp4, MXFP4_BYTES, 12, mxfp4_scales);
+    ROWS8_PAIRED(1, MXFP4_BYTES, 12, nibbles_mxfp4, no_fifth_bits, mxfp4_scales);
 }
 VNNI static void vecs8_q8_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
