@@ -1,11 +1,22 @@
 /* backend_cpu_oai.c - the CPU backend's ops for gpt-oss: causal attention with a learned
  * per-head sink logit and an optional sliding window, rope with a frequency per pair (yarn),
- * and the clamped SwiGLU. gpt-oss runs on CPU devices only for now (docs/MODELS.md). */
+ * and the clamped SwiGLU (the CUDA twins are engine/cuda/oai_ops.cu). The sink attention also
+ * serves deepseek2's MLA heads wider than the plain attention takes (forward_mla.c). */
 #include "engine/backend_cpu_oai.h"
 #include "engine/backend_cpu_attention.h" /* cpu_claim */
 
 #include <math.h>
 #include <string.h>
+
+/* sink_heads twice: for AVX2 (x86-64-v3) and for any x86-64, chosen at load time; its loops are
+ * lanes the compiler makes vectors of (8 floats in AVX2, 4 without), each lane the same chain
+ * of multiplies and adds, so both give the same bits. Not under ThreadSanitizer (make tsan):
+ * the clones' ifunc resolvers run before its runtime is up (as backend_cpu_attention.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define SINK_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SINK_KERNEL
+#endif
 
 struct sink_job {
     const float *q, *k_cache, *v_cache, *sinks;
@@ -14,11 +25,39 @@ struct sink_job {
     int next; /* the first head no thread has claimed (cpu_claim) */
 };
 
+/* a . b over n floats in eight partial sums (lane l takes elements l, l + 8, ...; a tail past a
+ * multiple of 8 goes to its lanes too), added pairwise at the end: the lanes are independent
+ * chains the compiler keeps in one vector register (a single running sum was one dependent add
+ * per element), and with contraction off (-std=c11) every build gives the same bits. */
+static inline float dot_lanes8(const float *a, const float *b, int n)
+{
+    float s[8] = {0};
+    int n8 = n / 8 * 8;
+    for (int i = 0; i < n8; i += 8)
+        for (int l = 0; l < 8; l++)
+            s[l] += a[i + l] * b[i + l];
+    for (int i = n8; i < n; i++)
+        s[i - n8] += a[i] * b[i];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+/* o += w v over n floats, eight at a time (restrict: o is the output, v a cache row, never the
+ * same memory, which lets the compiler keep the eight in a vector) */
+static inline void axpy_lanes8(float *restrict o, const float *restrict v, float w, int n)
+{
+    int n8 = n / 8 * 8;
+    for (int i = 0; i < n8; i += 8)
+        for (int l = 0; l < 8; l++)
+            o[i + l] += w * v[i + l];
+    for (int i = n8; i < n; i++)
+        o[i] += w * v[i];
+}
+
 /* Heads [h0, h1) of one query token at position p over kv positions t0..p: scores, then a
  * softmax whose maximum and denominator include the head's sink (exp(sink - max)), the sink
  * adding no value row. Head h keeps its scores at att + h * (p + 1), inside the (n_head, n_ctx)
  * scratch, so threads never share a row. */
-static void sink_heads(const struct sink_job *j, int h0, int h1)
+SINK_KERNEL static void sink_heads(const struct sink_job *j, int h0, int h1)
 {
     int hd = j->head_dim, kvd = j->n_head_kv * hd, group = j->n_head / j->n_head_kv, p = j->p, t0 = j->t0;
     float scale = 1.0f / sqrtf((float)hd);
@@ -29,10 +68,7 @@ static void sink_heads(const struct sink_job *j, int h0, int h1)
         float mx = j->sinks ? j->sinks[h] : -INFINITY;
         for (int t = t0; t <= p; t++) {
             const float *kt = j->k_cache + (size_t)t * kvd + (size_t)kvh * hd;
-            float d = 0;
-            for (int i = 0; i < hd; i++)
-                d += qh[i] * kt[i];
-            a[t - t0] = d * scale;
+            a[t - t0] = dot_lanes8(qh, kt, hd) * scale;
             if (a[t - t0] > mx)
                 mx = a[t - t0];
         }
@@ -45,9 +81,7 @@ static void sink_heads(const struct sink_job *j, int h0, int h1)
         memset(o, 0, sizeof(float) * (size_t)hd);
         for (int t = t0; t <= p; t++) {
             const float *vt = j->v_cache + (size_t)t * kvd + (size_t)kvh * hd;
-            float w = a[t - t0] / sum;
-            for (int i = 0; i < hd; i++)
-                o[i] += w * vt[i];
+            axpy_lanes8(o, vt, a[t - t0] / sum, hd);
         }
     }
 }
