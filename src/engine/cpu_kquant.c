@@ -1,4 +1,4 @@
-/* cpu_kquant.c - AVX-512 register tiles of int8 dot products for q4_K, q5_K and q6_K weights
+/* cpu_kquant.c - AVX-512 register tiles of int8 dot products for q4_K, q5_K, q6_K and iq4_xs weights
  * (the CPU backend's decode and prefill matmuls on CPUs with AVX-512 VNNI; cpu_kquant.h).
  *
  * Why tiles: cpu_quant.c's AVX2 kernels (in cpu_quant_isums.c) make one (row, vector) product
@@ -16,11 +16,16 @@
  * saturation) then weighted by the scale and summed in int32 (vpdpwssd). Then each lane runs
  * cpu_quant.c's combine expression for that block, with the same operations in the same order
  * (-std=c11 keeps fp-contract off: the multiplies and adds are not fused), blocks in order.
+ * iq4_xs's codes are signed (its non-linear values, -127..113), so its products take the codes'
+ * magnitudes and the activation codes with the weight's sign (|w| * (sign(w) x) = w x; at most
+ * 2 * 127 * 127 a pair, no saturation), its signed 6-bit scales weight them as the others'
+ * scales do, and it has no second integer (no mins: its offw is 0), so its combine is q6_K's.
  * So a row's result is the same bits in a tile of 16, of 4 x 4, or alone in cpu_quant_dot,
  * and does not depend on how many vectors share the matmul (docs/DESIGN.md, "One scheduler
  * step"). */
 #include "cpu_kquant.h"
 #include "cpu_quant.h"
+#include "quants.h"
 
 #include <string.h>
 
@@ -36,7 +41,14 @@
 
 bool cpu_kquant_has(uint32_t type)
 {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS;
+}
+
+/* a type's super-block bytes */
+static inline size_t kq_block_bytes(const int type)
+{
+    return type == GGML_TYPE_Q4_K ? Q4_K_BYTES : type == GGML_TYPE_Q5_K ? Q5_K_BYTES
+         : type == GGML_TYPE_Q6_K ? Q6_K_BYTES : IQ4_XS_BYTES;
 }
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -76,14 +88,32 @@ KQ2_INLINE void unpack_q6k_scales(const uint8_t *blk, struct row_block *rb)
     _mm256_storeu_si256((__m256i *)rb->offw, s16);
 }
 
+/* iq4_xs: its eight signed 6-bit scales (quants.c's iq4xs_scale: scale j's low 4 bits are
+ * nibble j of the 4 bytes at 4, its high 2 bits bits 2j, 2j + 1 of the u16 at 2; less 32), in
+ * eight lanes; no mins */
+KQ2_INLINE void unpack_iq4xs_scales(const uint8_t *blk, struct row_block *rb)
+{
+    const __m256i j4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), j2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)rd32(blk + 4)), j4), _mm256_set1_epi32(0x0f));
+    __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8), j2), _mm256_set1_epi32(3));
+    __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    _mm_storeu_si128((__m128i *)rb->sc, _mm_packs_epi32(_mm256_castsi256_si128(sc), _mm256_extracti128_si256(sc, 1)));
+    memset(rb->offw, 0, sizeof rb->offw);
+}
+
 /* A row's super-block set-up, the same in every tile: its scales into rb */
 KQ2_INLINE void unpack_row_scales(const int type, const uint8_t *blk, struct row_block *rb)
 {
     if (type == GGML_TYPE_Q6_K)
         unpack_q6k_scales(blk, rb);
+    else if (type == GGML_TYPE_IQ4_XS)
+        unpack_iq4xs_scales(blk, rb);
     else
         unpack_q45k_scales(blk, rb);
 }
+
+/* iq4_xs: whether a type's codes are signed (the products then take |w| and sign(w) x) */
+#define SIGNED_CODES(type) ((type) == GGML_TYPE_IQ4_XS)
 
 /* 64 weight codes (values 64c .. 64c + 63 of the block) as unsigned bytes. q4_K/q5_K: chunk
  * c's 32 bytes of nibbles hold values 64c.. in the low nibbles, 64c + 32.. in the high ones
@@ -93,6 +123,14 @@ KQ2_INLINE void unpack_row_scales(const int type, const uint8_t *blk, struct row
 KQ_INLINE __m512i codes64(const int type, const uint8_t *blk, const int c)
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
+    if (type == GGML_TYPE_IQ4_XS) { /* signed: sub-blocks 2c, 2c + 1, 16 nibble bytes each at 8 + 16j,
+                                     * low nibbles its values 0-15, high ones 16-31 */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * c));
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, _mm256_set1_epi8(0x0f))),
+                                       _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)), 1);
+        z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)); /* lo 0-15, hi 0-15, lo 16-31, hi 16-31 */
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values)), z);
+    }
     if (type == GGML_TYPE_Q6_K) {
         const int h = c >> 1, p = c & 1;
         __m512i l = _mm512_loadu_si512((const void *)(blk + 64 * h));
@@ -145,7 +183,7 @@ KQ_INLINE __m512i sum16x8(const __m256i v[16])
 KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, size_t row_bytes,
                     const uint8_t *act, size_t act_stride, int nb, float out[16])
 {
-    const size_t bb = type == GGML_TYPE_Q4_K ? Q4_K_BYTES : type == GGML_TYPE_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+    const size_t bb = kq_block_bytes(type);
     struct row_block rb[16];
     uint32_t dd[16] = {0}; /* each row's f16 d (| dmin << 16) */
     float xd[16] = {0};    /* each vector's scale */
@@ -185,6 +223,16 @@ KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, 
             for (int r = 0; r < R; r++) {
                 __m512i codes = codes64(type, blk[r], c);
                 __m512i sc = _mm512_permutexvar_epi16(sidx, _mm512_loadu_si512((const void *)rb[r].sc));
+                if (SIGNED_CODES(type)) {
+                    __mmask64 neg = _mm512_movepi8_mask(codes);
+                    codes = _mm512_abs_epi8(codes);
+#pragma GCC unroll 16
+                    for (int v = 0; v < V; v++)
+                        acc[r * V + v] = _mm512_dpwssd_epi32(
+                            acc[r * V + v],
+                            _mm512_maddubs_epi16(codes, _mm512_mask_sub_epi8(xq[v], neg, _mm512_setzero_si512(), xq[v])), sc);
+                    continue;
+                }
 #pragma GCC unroll 16
                 for (int v = 0; v < V; v++)
                     acc[r * V + v] = _mm512_dpwssd_epi32(acc[r * V + v], _mm512_maddubs_epi16(codes, xq[v]), sc);
@@ -207,7 +255,7 @@ KQ_INLINE void tile(const int type, const int R, const int V, const uint8_t *w, 
         __m512i g = _mm512_permutexvar_epi32(row_of, _mm512_loadu_si512((const void *)dd));
         __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         __m512 xv = _mm512_permutexvar_ps(vec_of, _mm512_loadu_ps(xd));
-        if (type == GGML_TYPE_Q6_K) {
+        if (type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS) { /* iq4_xs: off is 0 */
             __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(is, _mm512_slli_epi32(off, 5)));
             s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(xv, dv), t));
         } else {
@@ -305,6 +353,11 @@ KQ_INLINE void tile16_q45k(const int type, const uint8_t *w, size_t row_bytes, c
 KQ2_INLINE __m256i codes32(const int type, const uint8_t *blk, const int c, const int j)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0f);
+    if (type == GGML_TYPE_IQ4_XS) { /* signed: sub-block 2c + j's 16 nibble bytes, low nibbles first */
+        __m128i v = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * (2 * c + j)));
+        __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values)), n);
+    }
     if (type == GGML_TYPE_Q6_K) {
         const int h = c >> 1, k = 2 * (c & 1) + j; /* 32 values 128h + 32k.. */
         __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * j));
@@ -335,7 +388,7 @@ KQ2_INLINE __m256i scales32(const int type, const struct row_block *rb, const in
 KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_t *w, size_t row_bytes,
                           const uint8_t *act, size_t act_stride, int nb, float out[16])
 {
-    const size_t bb = type == GGML_TYPE_Q4_K ? Q4_K_BYTES : type == GGML_TYPE_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+    const size_t bb = kq_block_bytes(type);
     struct row_block rb[8];
     uint16_t dh[8] = {0}, mh[8] = {0}; /* each row's f16 d and dmin */
     float xd[8] = {0};
@@ -380,6 +433,15 @@ KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     __m256i codes = codes32(type, blk[r], c, j), sc = scales32(type, &rb[r], c, j);
+                    if (SIGNED_CODES(type)) {
+                        __m256i mag = _mm256_abs_epi8(codes);
+#pragma GCC unroll 8
+                        for (int v = 0; v < V; v++)
+                            acc[r * V + v] = _mm256_add_epi32(
+                                acc[r * V + v],
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(xq[v], codes)), sc));
+                        continue;
+                    }
 #pragma GCC unroll 8
                     for (int v = 0; v < V; v++)
                         acc[r * V + v] = _mm256_add_epi32(acc[r * V + v],
@@ -397,7 +459,7 @@ KQ2_INLINE void tile_avx2(const int type, const int R, const int V, const uint8_
         /* cpu_quant.c's combine, lane by lane */
         __m256 dv = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)), row_of);
         __m256 xv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd), vec_of);
-        if (type == GGML_TYPE_Q6_K) {
+        if (type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS) { /* iq4_xs: off is 0 */
             __m256 t = _mm256_cvtepi32_ps(_mm256_sub_epi32(is, _mm256_slli_epi32(off, 5)));
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(xv, dv), t));
         } else {
@@ -471,6 +533,7 @@ typedef void tile_fn(const uint8_t *w, size_t row_bytes, const uint8_t *act, siz
 TILES512(q4k, GGML_TYPE_Q4_K)
 TILES512(q5k, GGML_TYPE_Q5_K)
 TILES512(q6k, GGML_TYPE_Q6_K)
+TILES512(iq4xs, GGML_TYPE_IQ4_XS)
 KQ static void q4k_16x1_gathered(const uint8_t *w, size_t row_bytes, const uint8_t *act, size_t act_stride, int nb,
                                  float *out)
 {
@@ -491,7 +554,7 @@ struct tiles { int pr, pv; tile_fn *many; int rows[3]; tile_fn *one[3]; };
      {2, 4, T##_2x4_avx2, {8, 4, 2}, {T##_8x1_avx2, T##_4x1_avx2, T##_2x1_avx2}}}
 /* q4_K/q5_K decode: the 16-row tile with gathered scales where the rows' offsets fit 32 bits */
 static const struct tiles q4k_tiles[2] = TILES(q4k, q4k_16x1_gathered), q5k_tiles[2] = TILES(q5k, q5k_16x1_gathered),
-                          q6k_tiles[2] = TILES(q6k, q6k_16x1);
+                          q6k_tiles[2] = TILES(q6k, q6k_16x1), iq4xs_tiles[2] = TILES(iq4xs, iq4xs_16x1);
 static const struct tiles q4k_far[2] = TILES(q4k, q4k_16x1), q5k_far[2] = TILES(q5k, q5k_16x1);
 
 bool cpu_kquant_avx2_cpu(void)
@@ -506,7 +569,8 @@ void cpu_kquant_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, 
     bool far = row_bytes > (1u << 27); /* the gathers' offsets would not fit */
     const struct tiles *tl = &(type == GGML_TYPE_Q4_K   ? (far ? q4k_far : q4k_tiles)
                                : type == GGML_TYPE_Q5_K ? (far ? q5k_far : q5k_tiles)
-                                                        : q6k_tiles)[!avx512];
+                               : type == GGML_TYPE_Q6_K ? q6k_tiles
+                                                        : iq4xs_tiles)[!avx512];
     const int pr = tl->pr, pv = tl->pv;
     int nb = cols / QK_K, nv = n / pv * pv, r;
     float o[16];

@@ -292,7 +292,7 @@ Test(quants, mxfp4_tiles_take_subnormal_and_normal_scales_bit_for_bit)
     free(y[0]); free(y[1]); free(data); free(acts); free(x);
 }
 
-/* The k-quant tiles (cpu_kquant.c) in every shape: AVX-512 4 rows x 4 vectors, and 16, 8 and
+/* The k-quant and iq4_xs tiles (cpu_kquant.c) in every shape: AVX-512 4 rows x 4 vectors, and 16, 8 and
  * 4 rows with one vector (decode, and the vectors a group of four leaves over); AVX2 2 x 4, and
  * 8, 4 and 2 rows with one; with the rows and
  * vectors that no tile covers; each result has the bits of the 1-vector scalar product, and
@@ -302,13 +302,13 @@ Test(quants, kquant_tiles_equal_the_one_vector_product_in_every_shape)
 {
     /* shares 0-36 (AVX-512 16+16+4+1, AVX2 8x4+4+1) and 37-46 (8+2) */
     enum { ROWS = 47, N = 13, SPLIT = 37 };
-    static const uint32_t ktypes[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const uint32_t ktypes[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS};
     static const enum cpu_isa isas[] = {CPU_ISA_AVX512VNNI, CPU_ISA_AVX2};
     if (!cpu_quant_isa_available(CPU_ISA_AVX2))
         cr_skip_test("this CPU has no AVX2: no k-quant tiles to test");
     if (!cpu_quant_isa_available(CPU_ISA_AVX512VNNI))
         cr_log_warn("no AVX-512 VNNI here: only the AVX2 tiles are tested");
-    for (size_t t = 0; t < 3; t++) {
+    for (size_t t = 0; t < sizeof ktypes / sizeof ktypes[0]; t++) {
         uint32_t type = ktypes[t];
         int cols = 256 * 5;
         size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
