@@ -1,4 +1,4 @@
-/* cpu_kquant.h - register tiles of int8 dot products for the k-quants q4_K, q5_K and q6_K
+/* cpu_kquant.h - register tiles of int8 dot products for the k-quants q4_K, q5_K and q6_K, and iq4_xs
  * (cpu_kquant.c), used by cpu_quant.c's cpu_quant_rows: AVX-512 VNNI tiles where the CPU has
  * it, AVX2 ones where it has AVX2.
  *
@@ -25,7 +25,7 @@ bool cpu_kquant_avx2_cpu(void);
 /* cpu_quant_act for the 256-value blocks with AVX2 (the same bytes): nb blocks of x into o.
  * Only where cpu_kquant_avx2_cpu(). */
 void cpu_kquant_act(const float *x, int nb, struct act256 *o);
-/* Whether a type has tiles here (q4_K, q5_K, q6_K). */
+/* Whether a type has tiles here (q4_K, q5_K, q6_K, iq4_xs). */
 bool cpu_kquant_has(uint32_t type);
 /* The matmul's share, as cpu_quant_rows: y[t * y_stride + r] for r0 <= r < r1 and t < n,
  * each exactly what cpu_quant_dot gives; rows and vectors the tiles leave over go through
