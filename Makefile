@@ -288,7 +288,7 @@ f16-tile-emu: $(BUILD)/f16-tile-emu
 # every CTA (the rest is the file as it is; the greps fail the build if a rewrite did not happen).
 # That copy comes first on the include path.
 EMU_CXX = $(CXX) -std=c++20 -O1 -Wall -Wno-unknown-pragmas -I$(BUILD)/emu -Itests/gpu/emu -Isrc
-EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/engine/cuda/common.cuh src/engine/cuda/common_device.cuh \
+EMU_DEPS = tests/gpu/emu/emu_launch.h tests/gpu/emu/ref_attention.h tests/gpu/emu/engine/cuda/common.cuh src/engine/cuda/common_device.cuh \
            $(BUILD)/libtide.a
 $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh Makefile
 	@mkdir -p $(@D)

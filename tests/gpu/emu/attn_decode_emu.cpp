@@ -19,6 +19,7 @@
  * What it cannot check: the real shuffles, memory ordering on the GPU, speed (test-gpu does). */
 #include "emu_launch.h"
 #include "engine/cuda/attention_decode.cuh"
+#include "ref_attention.h"
 #include <stdio.h>
 
 /* cuda_attention_split without the context: sm_count stands for the GPU's SMs */
@@ -70,8 +71,6 @@ static double frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (d
 template <typename T> static T to_cache(float v);
 template <> float to_cache<float>(float v) { return v; }
 template <> __half to_cache<__half>(float v) { return {tide_f32_to_f16(v)}; }
-static double from_cache(float v) { return v; }
-static double from_cache(__half h) { return tide_f16_to_f32(h.bits); }
 
 /* one case: with at == NULL one row at pos (slot 0); else rows at at[r] over slot[r] */
 template <typename T>
@@ -104,19 +103,10 @@ static int test(const char *what, int hd, int n_head, int n_head_kv, int pos, in
         for (int h = 0; h < n_head; h++) {
             int kvh = h / group;
             const float *qh = q + r * qd + (size_t)h * hd;
-            std::vector<double> s(nk);
-            double m = -INFINITY, l = 0;
-            for (int t = 0; t < nk; t++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * from_cache(kc[base + t * kvd + (size_t)kvh * hd + i]);
-                s[t] = d * scale;
-                m = fmax(m, s[t]);
-            }
-            for (int t = 0; t < nk; t++) l += s[t] = exp(s[t] - m);
+            double ref[REF_MAX_HD];
+            ref_attention_head(qh, kc + base, vc + base, nk, kvd, kvh, hd, scale, ref);
             for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int t = 0; t < nk; t++) o += s[t] * from_cache(vc[base + t * kvd + (size_t)kvh * hd + i]);
-                o /= l;
+                double o = ref[i];
                 float got = out[r * qd + (size_t)h * hd + i];
                 if (std::isnan(got)) { nan++; continue; }
                 maxerr = fmax(maxerr, fabs(got - o));

@@ -20,6 +20,7 @@
  * shuffles, speed (test-gpu's paged attention tests do). */
 #include "emu_launch.h"
 #include "engine/cuda/attention_chunk.cuh"
+#include "ref_attention.h"
 #include <stdio.h>
 
 bool emu_cp_late;
@@ -86,8 +87,6 @@ static uint64_t rnd(uint64_t n) { frand(); return (rs >> 7) % n; }
 template <typename T> static T to_cache(float v);
 template <> float to_cache<float>(float v) { return v; }
 template <> __half to_cache<__half>(float v) { return {tide_f32_to_f16(v)}; }
-static double from_cache(float v) { return v; }
-static double from_cache(__half h) { return tide_f16_to_f32(h.bits); }
 
 template <typename T> static T *alloc(size_t n) { return (T *)aligned_alloc(64, (n * sizeof(T) + 63) & ~(size_t)63); }
 
@@ -154,19 +153,10 @@ static int test(const char *what, int hd, int n_head, int n_head_kv, int block_r
         for (int h = 0; h < n_head; h++) {
             int kvh = h / group;
             const float *qh = q + r * qd + (size_t)h * hd;
-            std::vector<double> s(nk);
-            double m = -INFINITY, l = 0;
-            for (int t = 0; t < nk; t++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * from_cache(K[t * kvd + (size_t)kvh * hd + i]);
-                s[t] = d * scale;
-                m = fmax(m, s[t]);
-            }
-            for (int t = 0; t < nk; t++) l += s[t] = exp(s[t] - m);
+            double ref[REF_MAX_HD];
+            ref_attention_head(qh, K, V, nk, kvd, kvh, hd, scale, ref);
             for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int t = 0; t < nk; t++) o += s[t] * from_cache(V[t * kvd + (size_t)kvh * hd + i]);
-                o /= l;
+                double o = ref[i];
                 size_t at_i = r * qd + (size_t)h * hd + i;
                 diff += memcmp(&oc[at_i], &op[at_i], 4) != 0;
                 if (std::isnan(op[at_i]) || std::isnan(oc[at_i])) { nanc++; continue; }
