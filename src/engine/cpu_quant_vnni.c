@@ -1,5 +1,5 @@
 /* cpu_quant_vnni.c - AVX-512 VNNI tiles of eight int8 dot products for the 32-value block types
- * with one scale a block (q8_0, q4_0, q5_0 and MXFP4),
+ * with one scale a block (q8_0, q4_0, q5_0 and MXFP4) or a scale and a minimum (q5_1),
  * and a GEMM over repacked rows for prefill (the CPU backend's decode and prefill matmuls on
  * CPUs that have them; cpu_quant_vnni.h).
  *
@@ -11,14 +11,15 @@
  * multiply-multiply-add for the eight.
  *
  * vpdpbusd multiplies unsigned bytes by signed ones, so the weight codes are made unsigned:
- * q8_0 codes + 128 (a sign-bit flip), q4_0's nibbles and q5_0's five-bit codes as they are
- * (their - 8 and - 16 moved out), MXFP4's doubled e2m1 values (mxfp4_values, -12..12) + 12,
- * looked up from the nibbles by a byte shuffle; the offset times the activation block's sum is
- * subtracted after. The block scale is the f16 d, or MXFP4's 2^(e - 128) made from its
- * exponent byte with mxfp4_scale's bits. All of this is exact integer
+ * q8_0 codes + 128 (a sign-bit flip), q4_0's nibbles and q5_0's and q5_1's five-bit codes as
+ * they are (q4_0's - 8 and q5_0's - 16 moved out), MXFP4's doubled e2m1 values (mxfp4_values,
+ * -12..12) + 12, looked up from the nibbles by a byte shuffle; the offset times the activation
+ * block's sum is subtracted after. The block scale is the f16 d, or MXFP4's 2^(e - 128) made
+ * from its exponent byte with mxfp4_scale's bits. All of this is exact integer
  * arithmetic, so each lane's block sum is the integer the scalar kernel makes, and its float
  * combine is the scalar one's: (d_w * d_x) * (float)sum added to the running sum in block
- * order, rounded the same (-std=c11 keeps fp-contract off, and the intrinsics used here are
+ * order, for q5_1 with its minimum's (m_w * d_x) * (float)(the activation codes' sum) added to
+ * that first, rounded the same (-std=c11 keeps fp-contract off, and the intrinsics used here are
  * plain multiplies and adds). The results therefore have the bits of cpu_quant_dot. */
 #include "cpu_quant_vnni.h"
 #include "gguf.h"
@@ -41,13 +42,15 @@ bool cpu_quant_vnni_cpu(void)
 
 bool cpu_quant_vnni_has(uint32_t type)
 {
-    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_MXFP4;
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 ||
+           type == GGML_TYPE_MXFP4;
 }
 
 /* What the unsigned weight codes exceed the signed ones by (w . x = u . x - offset * sum x). */
 static int code_offset(uint32_t type)
 {
-    return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q5_0 ? 16 : 12;
+    return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q5_0 ? 16
+           : type == GGML_TYPE_Q5_1 ? 0 : 12;
 }
 
 /* the lane sums of eight vectors, as one vector (v[k]'s sum in lane k) */
@@ -69,13 +72,13 @@ VNNI static inline __m256i codes_q4_0(const uint8_t *blk)
     __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
 }
-/* q5_0: the nibbles (at byte 6) as q4_0's, and value j's fifth bit, bit j of qh (bytes 2-5), as 16:
- * byte j of the vector takes qh's byte j / 8 and tests its bit j % 8 */
-VNNI static inline __m256i codes_q5_0(const uint8_t *blk)
+/* q5_0 and q5_1: the nibbles (after qh) as q4_0's, and value j's fifth bit, bit j of qh (q5_0:
+ * bytes 2-5; q5_1: 4-7), as 16: byte j of the vector takes qh's byte j / 8 and tests its bit j % 8 */
+VNNI static inline __m256i codes_q5(const uint8_t *blk, int qh_at)
 {
     uint32_t qh;
-    memcpy(&qh, blk + 2, 4);
-    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 6));
+    memcpy(&qh, blk + qh_at, 4);
+    __m128i v = _mm_loadu_si128((const __m128i *)(blk + qh_at + 4));
     __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
     __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
                                     _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -84,6 +87,8 @@ VNNI static inline __m256i codes_q5_0(const uint8_t *blk)
     h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
     return _mm256_or_si256(lo, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
 }
+VNNI static inline __m256i codes_q5_0(const uint8_t *blk) { return codes_q5(blk, 2); }
+VNNI static inline __m256i codes_q5_1(const uint8_t *blk) { return codes_q5(blk, 4); }
 /* MXFP4's 16 code values + 12, for a byte shuffle */
 VNNI static inline __m128i mxfp4_table(void)
 {
@@ -113,6 +118,30 @@ VNNI static inline __m256 mxfp4_scales(__m256i g)
 }
 VNNI static inline float f16_scale(const uint8_t *blk) { return f16_value(blk); }
 VNNI static inline float mxfp4_scale1(const uint8_t *blk) { return mxfp4_scale(blk[0]); }
+
+/* A block's term, t = (d_w * d_x) * sum, and for q5_1 the minimum's added to it (as combine()
+ * adds them): eight rows' (g: the words at their blocks' starts, f16 d | f16 m << 16) with one
+ * vector's d_x and code sum xs, or one row's (blk) with eight vectors' dx8 and xs8. */
+VNNI static inline __m256 no_min8(__m256 t, __m256i g, __m256 dx, int xs)
+{
+    (void)g; (void)dx; (void)xs;
+    return t;
+}
+VNNI static inline __m256 q5_1_min8(__m256 t, __m256i g, __m256 dx, int xs)
+{
+    __m256 m = low_f16s(_mm256_srli_epi32(g, 16));
+    return _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps((float)xs)));
+}
+VNNI static inline __m256 no_min1(__m256 t, const uint8_t *blk, __m256 dx8, __m256i xs8)
+{
+    (void)blk; (void)dx8; (void)xs8;
+    return t;
+}
+VNNI static inline __m256 q5_1_min1(__m256 t, const uint8_t *blk, __m256 dx8, __m256i xs8)
+{
+    __m256 m = _mm256_set1_ps(f16_value(blk + 2));
+    return _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(m, dx8), _mm256_cvtepi32_ps(xs8)));
+}
 
 /* The body shared by both tiles and every type: BB bytes a weight block, OFF the weight codes'
  * unsigned offset, CODES the decoder, SCALES8 the eight rows' block scales from the 32-bit words
@@ -145,7 +174,7 @@ VNNI static inline float mxfp4_scale1(const uint8_t *blk) { return mxfp4_scale(b
  * vpdpbusd make two rows' four partial sums each, and three horizontal adds and a permute
  * gather the eight rows' block sums (ROWS8 unpacks each row alone and needs six). Same
  * integers, same combine, same bits. AT: where a block's nibble bytes start. */
-#define ROWS8_PAIRED(AT, BB, OFF, LOOKUP, FIFTH, SCALES8)                                                   \
+#define ROWS8_PAIRED(AT, BB, OFF, LOOKUP, FIFTH, SCALES8, MIN8)                                         \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
                                                 _mm256_set1_epi32((int)row_bytes));                    \
@@ -171,9 +200,10 @@ VNNI static inline float mxfp4_scale1(const uint8_t *blk) { return mxfp4_scale(b
             __m256i sums = _mm256_permutevar8x32_epi32(                                                \
                 _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3])), order); \
             __m256i is = _mm256_sub_epi32(sums, _mm256_set1_epi32((int32_t)x[b].sum * (OFF)));         \
-            __m256 dw = SCALES8(_mm256_i32gather_epi32((const int *)blk, offs, 1));                    \
+            __m256i g = _mm256_i32gather_epi32((const int *)blk, offs, 1);                             \
             __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));                           \
-            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));         \
+            s = _mm256_add_ps(s, MIN8(_mm256_mul_ps(_mm256_mul_ps(SCALES8(g), dx), _mm256_cvtepi32_ps(is)), \
+                                      g, dx, x[b].sum));                                               \
         }                                                                                              \
         _mm256_storeu_ps(out, s);                                                                      \
     } while (0)
@@ -200,12 +230,17 @@ VNNI static inline void q5_0_fifth_bits(__m256i *lo, __m256i *hi, const uint8_t 
     *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, bit), f));
     *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), f));
 }
+/* q5_1's: the same, its qh two bytes later (after d and m) */
+VNNI static inline void q5_1_fifth_bits(__m256i *lo, __m256i *hi, const uint8_t *b0, const uint8_t *b1)
+{
+    q5_0_fifth_bits(lo, hi, b0 + 2, b1 + 2);
+}
 VNNI static inline __m256i nibbles_mxfp4(__m256i n)
 {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mxfp4_table()), n);
 }
 
-#define VECS8(CODES, BB, OFF, SCALE1)                                                                      \
+#define VECS8(CODES, BB, OFF, SCALE1, MIN1)                                                        \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
                                                 _mm256_set1_epi32((int)act_stride));                   \
@@ -218,10 +253,10 @@ VNNI static inline __m256i nibbles_mxfp4(__m256i n)
                 v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wc,                                 \
                     _mm256_loadu_si256((const __m256i *)(xb + (size_t)k * act_stride + 4)));           \
             __m256i g = _mm256_i32gather_epi32((const int *)xb, offs, 1); /* d | sum << 16 */          \
-            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_mullo_epi32(_mm256_srai_epi32(g, 16),       \
-                                                                        _mm256_set1_epi32(OFF)));      \
-            __m256 dw = _mm256_set1_ps(SCALE1(blk));                                                   \
-            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, low_f16s(g)), _mm256_cvtepi32_ps(is))); \
+            __m256i xs = _mm256_srai_epi32(g, 16);                                                     \
+            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_mullo_epi32(xs, _mm256_set1_epi32(OFF)));    \
+            __m256 dw = _mm256_set1_ps(SCALE1(blk)), dx = low_f16s(g);                                 \
+            s = _mm256_add_ps(s, MIN1(_mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)), blk, dx, xs)); \
         }                                                                                              \
         _mm256_storeu_ps(out, s);                                                                      \
     } while (0)
@@ -232,31 +267,39 @@ VNNI static void rows8_q8_0(const uint8_t *w, size_t row_bytes, const struct act
 }
 VNNI static void rows8_q4_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8_PAIRED(2, 18, 8, nibbles_as_they_are, no_fifth_bits, low_f16s);
+    ROWS8_PAIRED(2, 18, 8, nibbles_as_they_are, no_fifth_bits, low_f16s, no_min8);
 }
 VNNI static void rows8_q5_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8_PAIRED(6, Q5_0_BYTES, 16, nibbles_as_they_are, q5_0_fifth_bits, low_f16s);
+    ROWS8_PAIRED(6, Q5_0_BYTES, 16, nibbles_as_they_are, q5_0_fifth_bits, low_f16s, no_min8);
+}
+VNNI static void rows8_q5_1(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
+{
+    ROWS8_PAIRED(8, Q5_1_BYTES, 0, nibbles_as_they_are, q5_1_fifth_bits, low_f16s, q5_1_min8);
 }
 VNNI static void rows8_mxfp4(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8_PAIRED(1, MXFP4_BYTES, 12, nibbles_mxfp4, no_fifth_bits, mxfp4_scales);
+    ROWS8_PAIRED(1, MXFP4_BYTES, 12, nibbles_mxfp4, no_fifth_bits, mxfp4_scales, no_min8);
 }
 VNNI static void vecs8_q8_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_q8_0, 34, 128, f16_scale);
+    VECS8(codes_q8_0, 34, 128, f16_scale, no_min1);
 }
 VNNI static void vecs8_q4_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_q4_0, 18, 8, f16_scale);
+    VECS8(codes_q4_0, 18, 8, f16_scale, no_min1);
 }
 VNNI static void vecs8_q5_0(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_q5_0, Q5_0_BYTES, 16, f16_scale);
+    VECS8(codes_q5_0, Q5_0_BYTES, 16, f16_scale, no_min1);
+}
+VNNI static void vecs8_q5_1(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
+{
+    VECS8(codes_q5_1, Q5_1_BYTES, 0, f16_scale, q5_1_min1);
 }
 VNNI static void vecs8_mxfp4(const uint8_t *w, const struct act32 *x, size_t act_stride, int nb, float *out)
 {
-    VECS8(codes_mxfp4, MXFP4_BYTES, 12, mxfp4_scale1);
+    VECS8(codes_mxfp4, MXFP4_BYTES, 12, mxfp4_scale1, no_min1);
 }
 
 void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb,
@@ -266,6 +309,7 @@ void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, con
     case GGML_TYPE_Q8_0: rows8_q8_0(w, row_bytes, x, nb, out); break;
     case GGML_TYPE_Q4_0: rows8_q4_0(w, row_bytes, x, nb, out); break;
     case GGML_TYPE_Q5_0: rows8_q5_0(w, row_bytes, x, nb, out); break;
+    case GGML_TYPE_Q5_1: rows8_q5_1(w, row_bytes, x, nb, out); break;
     default: rows8_mxfp4(w, row_bytes, x, nb, out); break;
     }
 }
@@ -277,6 +321,7 @@ void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x
     case GGML_TYPE_Q8_0: vecs8_q8_0(w, x, act_stride, nb, out); break;
     case GGML_TYPE_Q4_0: vecs8_q4_0(w, x, act_stride, nb, out); break;
     case GGML_TYPE_Q5_0: vecs8_q5_0(w, x, act_stride, nb, out); break;
+    case GGML_TYPE_Q5_1: vecs8_q5_1(w, x, act_stride, nb, out); break;
     default: vecs8_mxfp4(w, x, act_stride, nb, out); break;
     }
 }
@@ -301,10 +346,11 @@ void cpu_quant_vnni_vecs8(uint32_t type, const uint8_t *w, const struct act32 *x
 struct packed16 {
     uint8_t codes[GEMM_BLOCKS][8][64]; /* [block][k][4 * row + j]: the row's code 4k + j, unsigned */
     float dw[GEMM_BLOCKS][GEMM_ROWS];  /* the rows' block scales */
+    float mw[GEMM_BLOCKS][GEMM_ROWS];  /* q5_1: the rows' block minimums */
 };
 
-/* 16 rows' blocks b0..b0+nc repacked (q8_0: codes + 128; q4_0: the nibbles; q5_0: the nibbles
- * and fifth bits; MXFP4: the values + 12), with their scales */
+/* 16 rows' blocks b0..b0+nc repacked (q8_0: codes + 128; q4_0: the nibbles; q5_0 and q5_1: the
+ * nibbles and fifth bits; MXFP4: the values + 12), with their scales (and q5_1's minimums) */
 VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int b0, int nc, struct packed16 *pk)
 {
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -313,7 +359,9 @@ VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int
     size_t bb = ggml_row_size(type, 32);
     /* where the codes start: the 16 nibble bytes (codes 4k..4k+3 of a row: the low nibbles of
      * bytes 4k.. for k < 4, the high ones of bytes 4(k - 4).. after), or q8_0's 32 bytes */
-    int at = type == GGML_TYPE_Q5_0 ? 6 : type == GGML_TYPE_MXFP4 ? 1 : 2;
+    bool q5 = type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1;
+    int qh_at = type == GGML_TYPE_Q5_1 ? 4 : 2;
+    int at = q5 ? qh_at + 4 : type == GGML_TYPE_MXFP4 ? 1 : 2;
     for (int b = 0; b < nc; b++) {
         const uint8_t *blk = w + (size_t)(b0 + b) * bb;
         __m512i d = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
@@ -325,9 +373,10 @@ VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int
             _mm512_storeu_ps(pk->dw[b], _mm512_castsi512_ps(d));
         } else {
             _mm512_storeu_ps(pk->dw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
+            if (type == GGML_TYPE_Q5_1)
+                _mm512_storeu_ps(pk->mw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16))));
         }
-        __m512i qh = type == GGML_TYPE_Q5_0 ? _mm512_i32gather_epi32(rows, (const void *)(blk + 2), 1)
-                                            : _mm512_setzero_si512();
+        __m512i qh = q5 ? _mm512_i32gather_epi32(rows, (const void *)(blk + qh_at), 1) : _mm512_setzero_si512();
         for (int k = 0; k < 8; k++) {
             __m512i v;
             if (type == GGML_TYPE_Q8_0) {
@@ -339,7 +388,7 @@ VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int
                                      nib);
                 if (type == GGML_TYPE_MXFP4)
                     v = _mm512_shuffle_epi8(fp4, v);
-                if (type == GGML_TYPE_Q5_0) { /* code 4k + j's fifth bit (qh bit 4k + j) to bit 4 of byte j */
+                if (q5) { /* code 4k + j's fifth bit (qh bit 4k + j) to bit 4 of byte j */
                     __m512i t = _mm512_srli_epi32(qh, 4 * k);
                     __m512i h = _mm512_or_si512(
                         _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(1)), 4),
@@ -355,10 +404,11 @@ VNNI static void repack16(uint32_t type, const uint8_t *w, size_t row_bytes, int
 }
 
 /* T <= GEMM_VECS vectors (x: their block b0, act_stride bytes apart) against the packed rows'
- * nc blocks: y[t * y_stride + row] for the 16 rows, continuing y's sums past block 0. */
+ * nc blocks: y[t * y_stride + row] for the 16 rows, continuing y's sums past block 0; with_min:
+ * the rows' minimums' terms too (q5_1). */
 VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct packed16 *pk, int nc, const uint8_t *x,
-                                                                 size_t act_stride, int off, bool first, float *y,
-                                                                 size_t y_stride, const int T)
+                                                                 size_t act_stride, int off, bool with_min, bool first,
+                                                                 float *y, size_t y_stride, const int T)
 {
     __m512 s[GEMM_VECS];
 #pragma GCC unroll 12
@@ -382,12 +432,15 @@ VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct pa
                 acc[t] = _mm512_dpbusd_epi32(acc[t], wk, _mm512_set1_epi32(q4));
             }
         }
-        __m512 dw = _mm512_loadu_ps(pk->dw[b]);
+        __m512 dw = _mm512_loadu_ps(pk->dw[b]), mw = with_min ? _mm512_loadu_ps(pk->mw[b]) : dw;
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             const struct act32 *a = (const struct act32 *)(x + (size_t)t * act_stride) + b;
             __m512 dx = _mm512_set1_ps(f16_value((const uint8_t *)&a->d));
-            s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(acc[t])));
+            __m512 term = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(acc[t]));
+            if (with_min)
+                term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_mul_ps(mw, dx), _mm512_set1_ps((float)a->sum)));
+            s[t] = _mm512_add_ps(s[t], term);
         }
     }
 #pragma GCC unroll 12
@@ -395,10 +448,29 @@ VNNI static inline __attribute__((always_inline)) void gemm_tile(const struct pa
         _mm512_storeu_ps(y + (size_t)t * y_stride, s[t]);
 }
 
+/* every vector against one packed chunk: tiles of GEMM_VECS, then the ones left (inlined twice,
+ * with_min a constant each time, so q8_0's tiles carry no q5_1 branch) */
+VNNI static inline __attribute__((always_inline)) void gemm_chunk(const struct packed16 *pk, int nc, const uint8_t *xc,
+                                                                  size_t act_stride, int n, int off, const bool with_min,
+                                                                  bool first, float *y, size_t y_stride)
+{
+    int t = 0;
+    for (; t + GEMM_VECS <= n; t += GEMM_VECS)
+        gemm_tile(pk, nc, xc + (size_t)t * act_stride, act_stride, off, with_min, first, y + (size_t)t * y_stride,
+                  y_stride, GEMM_VECS);
+    const uint8_t *xt = xc + (size_t)t * act_stride;
+    float *yt = y + (size_t)t * y_stride;
+    switch (n - t) {
+#define CASE(k) case k: if (k < GEMM_VECS) gemm_tile(pk, nc, xt, act_stride, off, with_min, first, yt, y_stride, k); break;
+    CASE(11) CASE(10) CASE(9) CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) CASE(1)
+#undef CASE
+    }
+}
+
 VNNI void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes, int rows, const struct act32 *x,
                               size_t act_stride, int n, int nb, float *y, size_t y_stride)
 {
-    static _Thread_local struct packed16 pk; /* 36 KB: not the stack */
+    static _Thread_local struct packed16 pk; /* 40 KB: not the stack */
     int off = code_offset(type);
     const uint8_t *xb = (const uint8_t *)x;
     for (int r = 0; r + GEMM_ROWS <= rows; r += GEMM_ROWS)
@@ -406,17 +478,10 @@ VNNI void cpu_quant_vnni_gemm(uint32_t type, const uint8_t *w, size_t row_bytes,
             int nc = nb - b0 < GEMM_BLOCKS ? nb - b0 : GEMM_BLOCKS;
             repack16(type, w + (size_t)r * row_bytes, row_bytes, b0, nc, &pk);
             const uint8_t *xc = xb + (size_t)b0 * sizeof(struct act32);
-            int t = 0;
-            for (; t + GEMM_VECS <= n; t += GEMM_VECS)
-                gemm_tile(&pk, nc, xc + (size_t)t * act_stride, act_stride, off, b0 == 0,
-                          y + (size_t)t * y_stride + r, y_stride, GEMM_VECS);
-            const uint8_t *xt = xc + (size_t)t * act_stride;
-            float *yt = y + (size_t)t * y_stride + r;
-            switch (n - t) {
-#define CASE(k) case k: if (k < GEMM_VECS) gemm_tile(&pk, nc, xt, act_stride, off, b0 == 0, yt, y_stride, k); break;
-            CASE(11) CASE(10) CASE(9) CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) CASE(1)
-#undef CASE
-            }
+            if (type == GGML_TYPE_Q5_1)
+                gemm_chunk(&pk, nc, xc, act_stride, n, off, true, b0 == 0, y + r, y_stride);
+            else
+                gemm_chunk(&pk, nc, xc, act_stride, n, off, false, b0 == 0, y + r, y_stride);
         }
 }
 

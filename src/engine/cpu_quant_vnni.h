@@ -21,7 +21,7 @@ struct act32 { uint16_t d; int16_t sum; int8_t q[32]; };
 
 /* Whether this CPU (and the OS) run AVX-512 F/BW/VL with VNNI and F16C. */
 bool cpu_quant_vnni_cpu(void);
-/* Whether a type has VNNI tiles here (q8_0, q4_0, q5_0, MXFP4). */
+/* Whether a type has VNNI tiles here (q8_0, q4_0, q5_0, q5_1, MXFP4). */
 bool cpu_quant_vnni_has(uint32_t type);
 /* out[k] = row (w + k * row_bytes) . x, for k < 8; nb 32-value blocks. */
 void cpu_quant_vnni_rows8(uint32_t type, const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb,

@@ -202,8 +202,9 @@ Test(quants, simd_kernels_equal_the_scalar_one_bit_for_bit)
     }
 }
 
-/* cpu_quant_rows, the matmul's share, on each ISA: the AVX-512 VNNI tiles (q8_0 and q4_0, a
- * row with eight vectors and eight rows with one; the other types fall back to AVX2 there),
+/* cpu_quant_rows, the matmul's share, on each ISA: the AVX-512 VNNI tiles (q8_0, q4_0, q5_0,
+ * q5_1 and MXFP4: a row with eight vectors and eight rows with one; the other types fall back to
+ * AVX2 there),
  * AVX2 (what a CPU without VNNI, or TIDE_CPU_ISA=avx2, runs) and scalar give the same bits,
  * and each result is within the double reference's bound. */
 Test(quants, matmul_tiles_equal_on_every_isa_and_match_the_reference)
@@ -350,7 +351,7 @@ Test(quants, kquant_tiles_equal_the_one_vector_product_in_every_shape)
     }
 }
 
-/* The prefill GEMM (cpu_quant_vnni_gemm: q8_0 and q4_0 rows repacked 16 at a time) through
+/* The prefill GEMM (cpu_quant_vnni_gemm: q8_0, q4_0, q5_0, q5_1 and MXFP4 rows repacked 16 at a time) through
  * cpu_quant_rows: shares of 20 and 17 rows (a 16-row group and rows left for the 8-vector
  * tiles), 19 vectors (two 8-vector tiles and 3 left), 75 blocks (two repacked chunks). Every
  * result has AVX2's bits and a lone vector's (decode: 8-row tiles), within the reference's
@@ -360,8 +361,8 @@ Test(quants, prefill_gemm_gives_avx2s_and_a_lone_vectors_bits)
     enum { ROWS = 37, N = 19 };
     if (!cpu_quant_isa_available(CPU_ISA_AVX512VNNI))
         cr_skip_test("this CPU has no AVX-512 VNNI");
-    const uint32_t gemm_types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
-    for (int ti = 0; ti < 2; ti++) {
+    const uint32_t gemm_types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_MXFP4};
+    for (size_t ti = 0; ti < sizeof gemm_types / sizeof gemm_types[0]; ti++) {
         uint32_t type = gemm_types[ti];
         int cols = test_cols(type);
         size_t rb = ggml_row_size(type, (uint64_t)cols), ab = cpu_quant_act_bytes(type, cols);
