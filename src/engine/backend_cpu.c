@@ -670,11 +670,6 @@ static const struct backend_i cpu_iface = {
     .sample = cpu_sample, /* sample_rows.c */
 };
 
-void backend_cpu_parallel(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg)
-{
-    pool_run(ctx, fn, arg);
-}
-
 void backend_cpu_matmul(void *ctx, const struct tensor *w, const float *x, float *y, int n)
 {
     cpu_matmul(ctx, w, x, y, n);

@@ -54,7 +54,19 @@ struct att_job {
     bool pairs; /* and heads go two at a time (attend_pair_avx512) */
     const int32_t *blocks; /* the block table, or NULL: the caches are contiguous */
     int shift;             /* log2 of block_rows */
+    const float *sinks;    /* [n_head]: a logit per head in each softmax's denominator, with no
+                            * value row (gpt-oss), or NULL */
+    int window;            /* > 0: the query at position p sees p - window + 1..p only */
 };
+
+/* The first KV row the query at position last sees: 0, or the window's first. */
+static inline int first_row(const struct att_job *j, int last)
+{
+    return j->window > 0 && last - j->window + 1 > 0 ? last - j->window + 1 : 0;
+}
+
+/* head h's sink logit, or NULL */
+static inline const float *sink_of(const struct att_job *j, int h) { return j->sinks ? j->sinks + h : NULL; }
 
 /* The element where the sequence's KV row p starts: p * kv_dim in a contiguous cache, else
  * row p % block_rows of block blocks[p / block_rows]. */
@@ -76,14 +88,14 @@ static inline __attribute__((always_inline)) int run_end(const struct att_job *j
     return block_end < end ? block_end : end;
 }
 
-/* o = sum over rows of wgt[t] / sum * v_t: the weighted value rows (v_t at element head of the
- * job's row t of v), element by element in row order (vectorised across the head's elements,
- * which leaves each element's sum as is). */
+/* o = sum over rows lo..rows-1 of wgt[t] / sum * v_t: the weighted value rows (v_t at element
+ * head of the job's row t of v), element by element in row order (vectorised across the head's
+ * elements, which leaves each element's sum as is). */
 KERNEL static void weighted_rows(float *o, const struct att_job *j, const float *v, size_t head, int kv_dim,
-                                 const float *a, int rows, float sum, int hd)
+                                 const float *a, int lo, int rows, float sum, int hd)
 {
     memset(o, 0, sizeof(float) * (size_t)hd);
-    for (int t = 0; t < rows; t++) {
+    for (int t = lo; t < rows; t++) {
         const float *vt = v + head + row_at(j, t, kv_dim);
         float wgt = a[t] / sum;
         for (int i = 0; i < hd; i++)
@@ -94,11 +106,11 @@ KERNEL static void weighted_rows(float *o, const struct att_job *j, const float 
 /* weighted_rows over f16 value rows: each row widened (exact), then the same sums. hd <=
  * CPU_ATT_F16_MAX_HD. */
 KERNEL static void weighted_rows_f16(float *o, const struct att_job *j, const uint16_t *v, size_t head,
-                                     int kv_dim, const float *a, int rows, float sum, int hd)
+                                     int kv_dim, const float *a, int lo, int rows, float sum, int hd)
 {
     float vt[CPU_ATT_F16_MAX_HD];
     memset(o, 0, sizeof(float) * (size_t)hd);
-    for (int t = 0; t < rows; t++) {
+    for (int t = lo; t < rows; t++) {
         cpu_f16_to_f32(vt, v + head + row_at(j, t, kv_dim), (size_t)hd);
         float wgt = a[t] / sum;
         for (int i = 0; i < hd; i++)
@@ -143,8 +155,9 @@ AVX2 static inline __m256 exp8_nonpos(__m256 x)
 /* The softmax of a[0..n) in place, eight lanes at a time: the max (exact in any order), e^(a -
  * max) by exp8_nonpos, the sum in eight lanes then hsum8f, each weight divided by it. The
  * scalar form (expf and a running sum, one position at a time) was about half of a prefill's
- * attention: its sum and max were chains of dependent adds. */
-AVX2 static void softmax8(float *a, int n)
+ * attention: its sum and max were chains of dependent adds. sink (or NULL): one more logit,
+ * in the max and the sum, whose weight is dropped (it has no value row). */
+AVX2 static void softmax8(float *a, int n, const float *sink)
 {
     int n8 = n / 8 * 8;
     __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - n8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -155,7 +168,10 @@ AVX2 static void softmax8(float *a, int n)
         m8 = _mm256_max_ps(m8, _mm256_blendv_ps(m8, _mm256_maskload_ps(a + n8, tail), _mm256_castsi256_ps(tail)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1))));
+    float m = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+    if (sink && *sink > m)
+        m = *sink;
+    __m256 mx = _mm256_set1_ps(m);
     __m256 s8 = _mm256_setzero_ps();
     for (int p = 0; p < n8; p += 8) {
         __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(a + p), mx));
@@ -168,7 +184,10 @@ AVX2 static void softmax8(float *a, int n)
         _mm256_maskstore_ps(a + n8, tail, e);
         s8 = _mm256_add_ps(s8, e);
     }
-    __m256 sum = _mm256_set1_ps(hsum8f(s8));
+    float total = hsum8f(s8);
+    if (sink)
+        total += expf(*sink - m);
+    __m256 sum = _mm256_set1_ps(total);
     for (int p = 0; p < n8; p += 8)
         _mm256_storeu_ps(a + p, _mm256_div_ps(_mm256_loadu_ps(a + p), sum));
     if (n8 < n)
@@ -280,11 +299,16 @@ W512 static inline __attribute__((always_inline)) void attend_pair_body(const st
                                                                         float *a0, float *a1, const bool f16)
 {
     int kv_dim = j->n_head_kv * 64, n = j->pos + t + 1, kvh = h / (j->n_head / j->n_head_kv);
+    int lo = first_row(j, n - 1);
     float scale = 1.0f / sqrtf(64.0f);
     const float *qa = j->q + ((size_t)t * j->n_head + h) * 64, *qb = qa + 64;
     const void *k = j->k_cache, *v = j->v_cache;
     size_t head = (size_t)kvh * 64; /* the KV head's first element in a row */
-    int p = 0;
+    int p = lo;
+    for (; j->blocks && p < n && (p & 15); p++) { /* a window's rows up to a tile's start */
+        a0[p] = score64_avx2(qa, k, head + row_at(j, p, kv_dim), scale, f16);
+        a1[p] = score64_avx2(qb, k, head + row_at(j, p, kv_dim), scale, f16);
+    }
     for (; p + 16 <= n; p += 16) {
         size_t kb = head + row_at(j, p, kv_dim); /* 16 rows from a multiple of 16: one block's */
         if (j->blocks && p + 16 < n && !((p + 16) & ((1 << j->shift) - 1)))
@@ -296,10 +320,10 @@ W512 static inline __attribute__((always_inline)) void attend_pair_body(const st
         a0[p] = score64_avx2(qa, k, head + row_at(j, p, kv_dim), scale, f16);
         a1[p] = score64_avx2(qb, k, head + row_at(j, p, kv_dim), scale, f16);
     }
-    softmax8(a0, n);
-    softmax8(a1, n);
+    softmax8(a0 + lo, n - lo, sink_of(j, h));
+    softmax8(a1 + lo, n - lo, sink_of(j, h + 1));
     __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-    for (p = 0; p < n;) { /* a run of rows at a time: its rows kv_dim elements apart */
+    for (p = lo; p < n;) { /* a run of rows at a time: its rows kv_dim elements apart */
         int e = run_end(j, p, n);
         if (e < n)
             prefetch_rows(v, head + row_at(j, e, kv_dim), kv_dim, 8, f16);
@@ -344,7 +368,7 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
                                                                    const bool f16)
 {
     int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, nv = hd / 8, last = j->pos + t;
-    int kvh = h / (j->n_head / j->n_head_kv);
+    int kvh = h / (j->n_head / j->n_head_kv), lo = first_row(j, last);
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
     const void *k = j->k_cache, *v = j->v_cache;
@@ -354,7 +378,7 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
         q[i] = _mm256_loadu_ps(qh + 8 * i);
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
-        int p = 0;
+        int p = lo;
         /* the 16-row tiles a run at a time; only the last run (the only one not whole blocks,
          * which are multiples of 16 rows) leaves rows to the loop below */
         while (j->wide && p <= last) {
@@ -380,7 +404,7 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
             }
         }
     }
-    for (int p = 0; p <= last && nv != 8;) {
+    for (int p = lo; p <= last && nv != 8;) {
         int e = run_end(j, p, last + 1);
         for (size_t kp = head + row_at(j, p, kv_dim); p < e; p++, kp += kv_dim) {
             __m256 acc0 = _mm256_mul_ps(q[0], load8(k, kp, f16)), acc1 = _mm256_setzero_ps();
@@ -393,14 +417,14 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
             a[p] = hsum8f(_mm256_add_ps(acc0, acc1)) * scale;
         }
     }
-    softmax8(a, last + 1);
+    softmax8(a + lo, last + 1 - lo, sink_of(j, h));
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     for (int c = 0; c < nv; c += 8) {
         int m = nv - c < 8 ? nv - c : 8;
         if (m == 8) { /* a constant count, so the eight sums stay in registers (with m they
                        * went through the stack: a store and a load per product) */
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-            for (int p = 0; p <= last;) {
+            for (int p = lo; p <= last;) {
                 int e = run_end(j, p, last + 1);
                 for (size_t vp = head + row_at(j, p, kv_dim) + 8 * c; p < e; p++, vp += kv_dim) {
                     __m256 wgt = _mm256_set1_ps(a[p]);
@@ -428,7 +452,7 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
         __m256 acc[8];
         for (int i = 0; i < 8; i++)
             acc[i] = _mm256_setzero_ps();
-        for (int p = 0; p <= last;) {
+        for (int p = lo; p <= last;) {
             int e = run_end(j, p, last + 1);
             for (size_t vp = head + row_at(j, p, kv_dim) + 8 * c; p < e; p++, vp += kv_dim) {
                 __m256 wgt = _mm256_set1_ps(a[p]);
@@ -461,11 +485,11 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
     }
 #endif
     int kv_dim = j->n_head_kv * j->head_dim, hd = j->head_dim, last = j->pos + t;
-    int kvh = h / (j->n_head / j->n_head_kv);
+    int kvh = h / (j->n_head / j->n_head_kv), lo = first_row(j, last);
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
-    float mx = -INFINITY, kt[CPU_ATT_F16_MAX_HD];
-    for (int p = 0; p <= last; p++) {
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, kt[CPU_ATT_F16_MAX_HD];
+    for (int p = lo; p <= last; p++) {
         size_t at = row_at(j, p, kv_dim) + (size_t)kvh * hd;
         const float *kp = kt;
         if (j->f16) /* widened a row at a time (exact): the f32 form's bits over those values */
@@ -476,16 +500,16 @@ static void attend_one(const struct att_job *j, int t, int h, float *a)
         if (a[p] > mx)
             mx = a[p];
     }
-    float sum = 0;
-    for (int p = 0; p <= last; p++) {
+    float sum = j->sinks ? expf(j->sinks[h] - mx) : 0.0f; /* the sink: no value row */
+    for (int p = lo; p <= last; p++) {
         a[p] = expf(a[p] - mx);
         sum += a[p];
     }
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     if (j->f16)
-        weighted_rows_f16(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, last + 1, sum, hd);
+        weighted_rows_f16(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, lo, last + 1, sum, hd);
     else
-        weighted_rows(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, last + 1, sum, hd);
+        weighted_rows(o, j, j->v_cache, (size_t)kvh * hd, kv_dim, a, lo, last + 1, sum, hd);
 }
 
 /* Head h of query token t, or heads h and h + 1 where the job goes in pairs (j->pairs: the
@@ -561,11 +585,12 @@ static void run_capped(void *ctx, cpu_job_fn fn, struct att_job *j)
 /* blocks NULL: the caches are contiguous (block_rows unused) */
 static void attention_run(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
                           const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
-                          int n_head_kv, int head_dim, enum cpu_isa isa)
+                          int n_head_kv, int head_dim, const float *sinks, int window, enum cpu_isa isa)
 {
     struct att_job j = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .att = att, .n = n, .pos = pos,
                         .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = head_dim, .f16 = f16,
-                        .blocks = blocks, .shift = blocks ? __builtin_ctz((unsigned)block_rows) : 0};
+                        .blocks = blocks, .shift = blocks ? __builtin_ctz((unsigned)block_rows) : 0,
+                        .sinks = sinks, .window = window};
 #if ATT_AVX2
     if (__atomic_load_n(&have_avx2, __ATOMIC_RELAXED) < 0) {
         __builtin_cpu_init();
@@ -599,20 +624,20 @@ static void attention_run(void *ctx, const float *q, const void *k_cache, const 
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, false, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim,
+    attention_run(ctx, q, k_cache, v_cache, false, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, NULL, 0,
                   CPU_ISA_BEST);
 }
 
 void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
 {
-    attention_run(ctx, q, k_cache, v_cache, f16, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, isa);
+    attention_run(ctx, q, k_cache, v_cache, f16, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, NULL, 0, isa);
 }
 
 void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim)
 {
-    attention_run(ctx, q, k_cache, v_cache, true, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, CPU_ISA_BEST);
+    attention_run(ctx, q, k_cache, v_cache, true, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, NULL, 0, CPU_ISA_BEST);
 }
 
 void cpu_attention_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
@@ -620,7 +645,7 @@ void cpu_attention_paged(void *ctx, const float *q, const void *k_pool, const vo
                          int n_head_kv, int head_dim)
 {
     attention_run(ctx, q, k_pool, v_pool, f16, blocks, block_rows, out, att, n, pos, n_head, n_head_kv, head_dim,
-                  CPU_ISA_BEST);
+                  NULL, 0, CPU_ISA_BEST);
 }
 
 void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
@@ -628,5 +653,13 @@ void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, cons
                              int n_head, int n_head_kv, int head_dim, enum cpu_isa isa)
 {
     attention_run(ctx, q, k_pool, v_pool, f16, blocks, block_rows, out, att, n, pos, n_head, n_head_kv, head_dim,
-                  isa);
+                  NULL, 0, isa);
+}
+
+void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
+                         float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
+                         int window)
+{
+    attention_run(ctx, q, k_cache, v_cache, false, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, sinks,
+                  window, CPU_ISA_BEST);
 }

@@ -9,41 +9,66 @@
 
 static float val(int i) { return (float)sin(1.7 * i + 0.3) * 1.5f; }
 
-/* n tokens at positions pos.. of 4 heads (2 KV heads) of 8; sinks per head; window w. */
-static void check_attention(const float *sinks, int window)
+/* n tokens at positions pos.. of h heads (hkv KV heads) of d; sinks per head (or NULL); window w
+ * (0: none), against the definition in double. The shapes pick the CPU's paths: head_dim 64 with
+ * an even GQA group runs two heads at once in AVX-512 (where the CPU has it), an odd group one
+ * head on the 16-row score tiles, other multiples of 8 the AVX2 loop, the rest the portable one. */
+static void check_attention_shape(const float *sinks, int window, int h_, int hkv, int d, int n, int pos)
 {
     struct backend be;
-    cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    enum { H = 4, HKV = 2, D = 8, CTX = 12, N = 5, POS = 7 };
-    float q[N * H * D], k[CTX * HKV * D], v[CTX * HKV * D], out[N * H * D], att[H * CTX];
-    for (int i = 0; i < N * H * D; i++) q[i] = val(i);
-    for (int i = 0; i < CTX * HKV * D; i++) k[i] = val(1000 + i), v[i] = val(2000 + i);
-    be.i->attention_sinks(be.ctx, q, k, v, out, att, N, POS, H, HKV, D, sinks, window);
-    for (int t = 0; t < N; t++)
-        for (int h = 0; h < H; h++) {
-            int p = POS + t, kh = h / (H / HKV), j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-            double s[CTX], mx = sinks ? sinks[h] : -INFINITY, z = 0;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    int ctx = pos + n;
+    float *q = malloc(sizeof(float) * n * h_ * d), *k = malloc(sizeof(float) * ctx * hkv * d);
+    float *v = malloc(sizeof(float) * ctx * hkv * d), *out = malloc(sizeof(float) * n * h_ * d);
+    float *att = malloc(sizeof(float) * h_ * ctx);
+    double *s = malloc(sizeof(double) * ctx);
+    for (int i = 0; i < n * h_ * d; i++) q[i] = val(i) * (d > 16 ? 0.4f : 1.0f);
+    for (int i = 0; i < ctx * hkv * d; i++) k[i] = val(1000 + i), v[i] = val(2000 + i);
+    be.i->attention_sinks(be.ctx, q, k, v, out, att, n, pos, h_, hkv, d, sinks, window);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < h_; h++) {
+            int p = pos + t, kh = h / (h_ / hkv), j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            double mx = sinks ? sinks[h] : -INFINITY, z = 0;
             for (int j = j0; j <= p; j++) {
-                double d = 0;
-                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * k[(j * HKV + kh) * D + i];
-                s[j] = d / sqrt(D);
+                double dd = 0;
+                for (int i = 0; i < d; i++) dd += (double)q[(t * h_ + h) * d + i] * k[(j * hkv + kh) * d + i];
+                s[j] = dd / sqrt(d);
                 mx = fmax(mx, s[j]);
             }
             for (int j = j0; j <= p; j++) z += exp(s[j] - mx);
             if (sinks) z += exp(sinks[h] - mx); /* the sink: in the denominator, no value row */
-            for (int i = 0; i < D; i++) {
+            for (int i = 0; i < d; i++) {
                 double o = 0;
-                for (int j = j0; j <= p; j++) o += exp(s[j] - mx) / z * v[(j * HKV + kh) * D + i];
-                cr_assert(fabs(out[(t * H + h) * D + i] - o) < 1e-5, "t %d h %d i %d: %g want %g", t, h, i,
-                          out[(t * H + h) * D + i], o);
+                for (int j = j0; j <= p; j++) o += exp(s[j] - mx) / z * v[(j * hkv + kh) * d + i];
+                cr_assert(fabs(out[(t * h_ + h) * d + i] - o) < 1e-5, "d %d window %d t %d h %d i %d: %g want %g", d,
+                          window, t, h, i, out[(t * h_ + h) * d + i], o);
             }
         }
+    free(q); free(k); free(v); free(out); free(att); free(s);
     backend_cpu_free(&be);
 }
+
+/* 4 heads (2 KV heads) of 8, 5 tokens at positions 7.. */
+static void check_attention(const float *sinks, int window) { check_attention_shape(sinks, window, 4, 2, 8, 5, 7); }
 
 Test(oai_ops, attention_with_sinks_and_window) { check_attention((const float[]){0.5f, -1.0f, 2.0f, 3.5f}, 3); }
 Test(oai_ops, attention_window_without_sinks) { check_attention(NULL, 4); }
 Test(oai_ops, attention_sinks_full_context) { check_attention((const float[]){1.0f, 1.0f, -2.0f, 0.0f}, 0); }
+
+/* gpt-oss's head_dim 64 on every path, a prefill of 3 tokens and a decode token, windows that
+ * start inside a 16-row tile and cover several, and none */
+Test(oai_ops, attention_sinks_head_dim_64_on_every_path)
+{
+    static const float sinks[8] = {0.5f, -1.0f, 2.0f, 3.5f, 0.0f, -4.0f, 1.25f, 6.0f};
+    static const int shapes[][3] = {{8, 2, 64}, {6, 2, 64}, {4, 4, 64}, {4, 2, 24}, {4, 2, 12}}; /* heads, KV heads, d */
+    static const int windows[] = {0, 1, 37, 128};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+            check_attention_shape(sinks, windows[w], shapes[i][0], shapes[i][1], shapes[i][2], 3, 70);
+            check_attention_shape(sinks, windows[w], shapes[i][0], shapes[i][1], shapes[i][2], 1, 93);
+            check_attention_shape(NULL, windows[w], shapes[i][0], shapes[i][1], shapes[i][2], 1, 93);
+        }
+}
 
 Test(oai_ops, swiglu_oai_clamps)
 {
@@ -103,7 +128,8 @@ Test(oai_ops, rope_freqs_turns_norm_pairs)
 }
 
 /* A long window spreads the heads over the threads: the same bits as one thread (each head is
- * computed whole by one thread either way). */
+ * computed whole by one thread either way), and a prefill's tokens the bits each gets decoded
+ * alone at its position. */
 Test(oai_ops, attention_sinks_threads_same_bits)
 {
     enum { H = 8, HKV = 2, D = 64, CTX = 100, N = 2, POS = 90 };
@@ -119,6 +145,11 @@ Test(oai_ops, attention_sinks_threads_same_bits)
         b1.i->attention_sinks(b1.ctx, q, k, v, o1, att, N, POS, H, HKV, D, sinks, window);
         b2.i->attention_sinks(b2.ctx, q, k, v, o2, att, N, POS, H, HKV, D, sinks, window);
         cr_assert_arr_eq(o1, o2, sizeof o1, "window %d", window);
+        for (int t = 0; t < N; t++) {
+            float one[H * D];
+            b2.i->attention_sinks(b2.ctx, q + t * H * D, k, v, one, att, 1, POS + t, H, HKV, D, sinks, window);
+            cr_assert_arr_eq(one, o1 + t * H * D, sizeof one, "window %d token %d alone", window, t);
+        }
     }
     backend_cpu_free(&b1);
     backend_cpu_free(&b2);
