@@ -38,7 +38,7 @@ GPU_SRC  := $(wildcard tests/gpu/*.c)
 DEFAULT_MODEL := models/tide-moe.gguf
 DEFAULT_MMPROJ := models/tide-mmproj.gguf
 
-.PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs kq-tile-emu
+.PHONY: all test unit e2e run clean deps models gpu-tests print-gpu-ldlibs
 # `make` alone builds everything (issue 27: print-gpu-ldlibs, first below, used to be the goal)
 .DEFAULT_GOAL := all
 # what a program linked against libtide.a alone needs besides it (scripts/bench-cpu.sh)
@@ -298,56 +298,29 @@ $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh Makefile
 	        $< > $@.tmp
 	$(Q)! grep -q 'extern __shared__' $@.tmp && ! grep '^ *__shared__' $@.tmp | grep -qv EMU_SHARED && mv $@.tmp $@
 
-# mmq_kquant.cu's device code (the k-quant tensor-core tiles, src/engine/cuda/kq_mma_kernel.cuh
-# and mma_kq_tile.cuh, and their x quantisation and split-K reduce) on the CPU.
+# The emulators, each its .cpp (the prerequisite ending in .cpp) and the device headers it runs:
+#   kq-tile-emu       mmq_kquant.cu's k-quant tensor-core tiles, their x quantisation and split-K reduce
+#   decode-attn-emu   the split decode attention (TIDE_DECODE_ATTN_SPLIT)
+#   decode-qonce-emu  TIDE_DECODE_QONCE's decode products against the old kernels
+#   paged-attn-emu    the paged decode attention against the contiguous one
+#   moe-group-emu     TIDE_MOE_ROWS_MMA's grouping of routed pairs by expert
+#   full-mma-emu      TIDE_VISION_TC's f16 tensor-core vision attention
+EMUS = kq-tile-emu decode-attn-emu decode-qonce-emu paged-attn-emu moe-group-emu full-mma-emu
 $(BUILD)/kq-tile-emu: tests/gpu/emu/kq_tile_emu.cpp $(BUILD)/emu/engine/cuda/kq_mma_kernel.cuh \
                       src/engine/cuda/mma_kq_tile.cuh src/engine/cuda/mma_tile.cuh src/engine/cuda/kquant.cuh \
-                      src/engine/cuda/mmq.cuh tests/gpu/emu/engine/cuda/mma_q.cuh $(EMU_DEPS)
-	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-kq-tile-emu: $(BUILD)/kq-tile-emu
-	$(Q)$(BUILD)/kq-tile-emu
-
-.PHONY: decode-attn-emu
-$(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/cuda/attention_decode.cuh $(EMU_DEPS)
-	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-decode-attn-emu: $(BUILD)/decode-attn-emu
-	$(Q)$(BUILD)/decode-attn-emu
-
-.PHONY: decode-qonce-emu
+                      src/engine/cuda/mmq.cuh tests/gpu/emu/engine/cuda/mma_q.cuh
+$(BUILD)/decode-attn-emu: tests/gpu/emu/attn_decode_emu.cpp $(BUILD)/emu/engine/cuda/attention_decode.cuh
 $(BUILD)/decode-qonce-emu: tests/gpu/emu/qonce_emu.cpp $(BUILD)/emu/engine/cuda/matmul_decode.cuh \
-                           $(BUILD)/emu/engine/cuda/mmvq_fused.cuh src/engine/cuda/mmq.cuh $(EMU_DEPS)
-	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-decode-qonce-emu: $(BUILD)/decode-qonce-emu
-	$(Q)$(BUILD)/decode-qonce-emu
-
-.PHONY: paged-attn-emu
+                           $(BUILD)/emu/engine/cuda/mmvq_fused.cuh src/engine/cuda/mmq.cuh
 $(BUILD)/paged-attn-emu: tests/gpu/emu/paged_attn_emu.cpp $(BUILD)/emu/engine/cuda/attention_chunk.cuh \
-                         src/engine/cuda/attention.cuh tests/gpu/emu/engine/cuda/mma_q.cuh $(EMU_DEPS)
-	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-paged-attn-emu: $(BUILD)/paged-attn-emu
-	$(Q)$(BUILD)/paged-attn-emu
-
-.PHONY: moe-group-emu
-$(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda/moe_group.cuh $(EMU_DEPS)
-	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
-
-moe-group-emu: $(BUILD)/moe-group-emu
-	$(Q)$(BUILD)/moe-group-emu
-
-.PHONY: full-mma-emu
+                         src/engine/cuda/attention.cuh tests/gpu/emu/engine/cuda/mma_q.cuh
+$(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda/moe_group.cuh
 $(BUILD)/full-mma-emu: tests/gpu/emu/full_mma_emu.cpp $(BUILD)/emu/engine/cuda/attention_full_mma.cuh \
-                       tests/gpu/emu/engine/cuda/mma_16816.cuh $(EMU_DEPS)
+                       tests/gpu/emu/engine/cuda/mma_16816.cuh
+$(addprefix $(BUILD)/,$(EMUS)): $(EMU_DEPS)
 	@echo "  LINK  $@"
-	$(Q)$(EMU_CXX) -o $@ $< $(BUILD)/libtide.a -lm -pthread
+	$(Q)$(EMU_CXX) -o $@ $(filter %.cpp,$^) $(BUILD)/libtide.a -lm -pthread
 
-full-mma-emu: $(BUILD)/full-mma-emu
-	$(Q)$(BUILD)/full-mma-emu
+.PHONY: $(EMUS)
+$(EMUS): %: $(BUILD)/%
+	$(Q)$(BUILD)/$@
