@@ -143,38 +143,16 @@ VNNI static inline __m256 q5_1_min1(__m256 t, const uint8_t *blk, __m256 dx8, __
     return _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(m, dx8), _mm256_cvtepi32_ps(xs8)));
 }
 
-/* The body shared by both tiles and every type: BB bytes a weight block, OFF the weight codes'
- * unsigned offset, CODES the decoder, SCALES8 the eight rows' block scales from the 32-bit words
- * at their blocks' starts (ROWS8), SCALE1 the one row's (VECS8). */
-#define ROWS8(CODES, BB, OFF, SCALES8)                                                                      \
-    do {                                                                                               \
-        const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
-                                                _mm256_set1_epi32((int)row_bytes));                    \
-        __m256 s = _mm256_setzero_ps();                                                                \
-        for (int b = 0; b < nb; b++) {                                                                 \
-            const uint8_t *blk = w + (size_t)b * (BB);                                                 \
-            if (!(b & 1)) /* the next 8 rows' lines as these stream by (see cpu_f16.c tile_direct) */   \
-                for (int k = 8; k < 16; k++)                                                           \
-                    _mm_prefetch((const char *)(blk + (size_t)k * row_bytes), _MM_HINT_T0);          \
-            __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), v[8];                            \
-            for (int k = 0; k < 8; k++)                                                                \
-                v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), CODES(blk + (size_t)k * row_bytes), xq); \
-            __m256i is = _mm256_sub_epi32(sum8x8(v), _mm256_set1_epi32((int32_t)x[b].sum * (OFF)));        \
-            __m256 dw = SCALES8(_mm256_i32gather_epi32((const int *)blk, offs, 1));                    \
-            __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));                           \
-            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));         \
-        }                                                                                              \
-        _mm256_storeu_ps(out, s);                                                                      \
-    } while (0)
-
-/* ROWS8 for the nibble types (q4_0: LOOKUP the identity; MXFP4: its table; q5_0 and q5_1: FIFTH
- * adds their fifth bits, the others' FIFTH does nothing): four rows' 16 code bytes share a 512-bit
- * register (row 4p + l in 128-bit lane l), their low and high nibbles meet the vector's codes
- * 0-15 and 16-31 broadcast to every lane, so one decode and two vpdpbusd make four rows' four
- * partial sums each, and two 64-bit unpacks, a pair swap and a permute gather the eight rows'
- * block sums (ROWS8 unpacks each row alone and needs six horizontal adds; two rows a 256-bit
- * register measured 12-17% slower). Same integers, same combine, same bits. AT: where a
- * block's nibble bytes start. */
+/* Eight rows with one vector (decode) for the nibble types (q4_0: LOOKUP the identity; MXFP4: its
+ * table; q5_0 and q5_1: FIFTH adds their fifth bits, the others' FIFTH does nothing): four rows'
+ * 16 code bytes share a 512-bit register (row 4p + l in 128-bit lane l), their low and high
+ * nibbles meet the vector's codes 0-15 and 16-31 broadcast to every lane, so one decode and two
+ * vpdpbusd make four rows' four partial sums each, and two 64-bit unpacks, a pair swap and a
+ * permute gather the eight rows' block sums (eight rows one at a time took six horizontal adds;
+ * two rows a 256-bit register measured 12-17% slower). Same integers, same combine, same bits.
+ * AT: where a block's nibble bytes start; BB: a block's bytes; OFF: the codes' unsigned offset;
+ * SCALES8: the eight rows' block scales from the 32-bit words at their blocks' starts; MIN8:
+ * q5_1's minimum term (no_min8 for the others). */
 #define ROWS8_NIBBLES(AT, BB, OFF, LOOKUP, FIFTH, SCALES8, MIN8)                                        \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
@@ -248,6 +226,8 @@ VNNI static inline void q5_1_fifth_bits(__m512i *lo, __m512i *hi, const uint8_t 
     q5_fifth_bits(lo, hi, b0, row_bytes, 4);
 }
 
+/* One row with eight vectors (prefill rows the GEMM leaves): CODES decodes the row's block once
+ * for the eight; SCALE1 is its block scale, MIN1 q5_1's minimum term (no_min1 for the others). */
 #define VECS8(CODES, BB, OFF, SCALE1, MIN1)                                                        \
     do {                                                                                               \
         const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),             \
@@ -269,9 +249,44 @@ VNNI static inline void q5_1_fifth_bits(__m512i *lo, __m512i *hi, const uint8_t 
         _mm256_storeu_ps(out, s);                                                                      \
     } while (0)
 
+/* q8_0's eight rows with one vector, two rows' 32 codes (+ 128) a 512-bit register: four vpdpbusd
+ * for the eight rows (a row a 256-bit register took eight, 10-14% slower), and their block sums
+ * gathered by unpacks, pair and lane swaps, a blend and a permute instead of six horizontal adds.
+ * The combine is VECS8's below, with the eight rows' scales: same integers, same bits. */
 VNNI static void rows8_q8_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
-    ROWS8(codes_q8_0, 34, 128, low_f16s);
+    const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)row_bytes));
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    /* after the reduction below, row r's sum is in dword pick[r] */
+    const __m512i pick = _mm512_setr_epi32(0, 8, 2, 10, 1, 9, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 s = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        if (!(b & 1)) /* the next 8 rows' lines as these stream by (see cpu_f16.c tile_direct) */
+            for (int k = 8; k < 16; k++)
+                _mm_prefetch((const char *)(blk + (size_t)k * row_bytes), _MM_HINT_T0);
+        __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[b].q)), t[4];
+        for (int p = 0; p < 4; p++) { /* rows 2p (lanes 0-1) and 2p + 1 (lanes 2-3) */
+            const uint8_t *r0 = blk + (size_t)(2 * p) * row_bytes + 2;
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
+                                           _mm256_loadu_si256((const __m256i *)(r0 + row_bytes)), 1);
+            t[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(v, flip), xq);
+        }
+        /* each 128-bit lane L's four dwords to one: u (t0, t1) and v (t2, t3) hold lane sums at
+         * dwords 0 and 2; w = [t0 L, t2 L, t1 L, t3 L] in lane L; lanes 0 + 1 and 2 + 3 added */
+        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+        __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+        u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, (_MM_PERM_ENUM)0xB1));
+        v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0xB1));
+        __m512i wl = _mm512_mask_blend_epi32(0xAAAA, u, _mm512_bslli_epi128(v, 4));
+        wl = _mm512_add_epi32(wl, _mm512_shuffle_i32x4(wl, wl, _MM_SHUFFLE(2, 3, 0, 1)));
+        __m256i sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(pick, wl));
+        __m256i is = _mm256_sub_epi32(sums, _mm256_set1_epi32((int32_t)x[b].sum * 128));
+        __m256 dw = low_f16s(_mm256_i32gather_epi32((const int *)blk, offs, 1));
+        __m256 dx = _mm256_set1_ps(f16_value((const uint8_t *)&x[b].d));
+        s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is)));
+    }
+    _mm256_storeu_ps(out, s);
 }
 VNNI static void rows8_q4_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
