@@ -112,10 +112,14 @@ struct backend_i {
     /* attention with gpt-oss's two extras. sinks (n_head floats in backend memory, or NULL):
      * head h's softmax denominator gains exp(sinks[h]), a logit whose value row is zero.
      * window > 0: the token at position p attends to kv positions max(0, p - window + 1)..p
-     * only (a sliding-window layer). Otherwise as attention. NULL where the backend has none. */
-    void (*attention_sinks)(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                            float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
-                            int window);
+     * only (a sliding-window layer). Otherwise as attention over the caches as attention_f16
+     * (f16) and attention_paged (blocks, block_rows; NULL: contiguous) read them, where
+     * attention_sinks_any_cache says the backend has those forms (else f32 contiguous only).
+     * NULL where the backend has none. */
+    void (*attention_sinks)(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                            const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,
+                            int n_head, int n_head_kv, int head_dim, const float *sinks, int window);
+    bool attention_sinks_any_cache;
     /* Rope with a frequency per pair (kind's pairs: NEOX (i, i + head_dim/2), NORM (2i, 2i+1)): n tokens of n_heads
      * heads, token t at position pos + t, pair i turned by (pos + t) * freqs[i] (head_dim / 2
      * <= 256 floats in host memory, read when the op is queued: model.rope_freqs), and the

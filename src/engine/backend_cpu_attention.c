@@ -656,10 +656,10 @@ void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, cons
                   NULL, 0, isa);
 }
 
-void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                         float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
-                         int window)
+void cpu_attention_sinks(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                         const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                         int n_head_kv, int head_dim, const float *sinks, int window)
 {
-    attention_run(ctx, q, k_cache, v_cache, false, NULL, 0, out, att, n, pos, n_head, n_head_kv, head_dim, sinks,
-                  window, CPU_ISA_BEST);
+    attention_run(ctx, q, k_cache, v_cache, f16, blocks, block_rows, out, att, n, pos, n_head, n_head_kv, head_dim,
+                  sinks, window, CPU_ISA_BEST);
 }

@@ -43,13 +43,14 @@ void cpu_attention_isa(void *ctx, const float *q, const void *k_cache, const voi
 void cpu_attention_paged(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
                          const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
                          int n_head_kv, int head_dim);
-/* backend_i.attention_sinks: cpu_attention over the f32 caches where the query at position p
- * sees rows p - window + 1..p only (window > 0) and each head h's softmax has one more logit,
- * sinks[h], in its max and its denominator, with no value row (sinks NULL: none). gpt-oss's
- * attention; deepseek2's MLA heads wider than 256 take it with neither (forward_mla.c). */
-void cpu_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                         float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
-                         int window);
+/* backend_i.attention_sinks: cpu_attention (f16: cpu_attention_f16; blocks: cpu_attention_paged)
+ * where the query at position p sees rows p - window + 1..p only (window > 0) and each head h's
+ * softmax has one more logit, sinks[h], in its max and its denominator, with no value row
+ * (sinks NULL: none). gpt-oss's attention; deepseek2's MLA heads wider than 256 take it with
+ * neither (forward_mla.c). */
+void cpu_attention_sinks(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                         const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                         int n_head_kv, int head_dim, const float *sinks, int window);
 /* cpu_attention_paged with the ISA chosen as cpu_attention_isa's (for tests) */
 void cpu_attention_paged_isa(void *ctx, const float *q, const void *k_pool, const void *v_pool, bool f16,
                              const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos,

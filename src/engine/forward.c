@@ -50,8 +50,9 @@ const char *forward_kv_paged_why(const struct model *m, const struct backend *be
 {
     if (m->cfg.kv_lora_rank)
         return "deepseek2's MLA attention (forward_mla.c) reads a slot's rows in one piece";
-    if (has_sink_attention(m))
-        return "the sink and sliding-window attention (gpt-oss) reads a slot's rows in one piece";
+    for (int i = 0; i < n && has_sink_attention(m); i++)
+        if (!be[i].i->attention_sinks_any_cache)
+            return "a device's sink and sliding-window attention (gpt-oss) reads a slot's rows in one piece";
     for (int i = 0; i < n; i++) {
         if (!be[i].i->attention_paged)
             return "a device's backend has no paged attention";
@@ -67,8 +68,9 @@ const char *forward_kv_f16_why(const struct model *m, const struct backend *be, 
     const struct model_config *c = &m->cfg;
     if (c->kv_lora_rank) /* forward_mla.c reads the latent rows as f32 in its own products */
         return "deepseek2's MLA latent cache has no f16 form yet";
-    if (has_sink_attention(m))
-        return "the sink and sliding-window attention (gpt-oss) reads f32 rows only";
+    for (int i = 0; i < n && has_sink_attention(m); i++)
+        if (!be[i].i->attention_sinks_any_cache)
+            return "a device's sink and sliding-window attention (gpt-oss) reads f32 rows only";
     if (c->head_dim % 8 || c->head_dim > 256)
         return "the f16 attention takes a head_dim that is a multiple of 8 up to 256";
     for (int i = 0; i < n; i++)

@@ -201,18 +201,24 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
                 store_run(s, st, l, R, k, v);
             /* the run's K/V rows are in its slot now: one causal attention for its rows */
             float *out = st->att_out + (size_t)R->t0 * qd;
+            bool sinks = L->attn_sinks.data || window; /* gpt-oss: sinks, and every other layer windowed */
             if (!s->kv.fixed) { /* paged: the attention reads the rows through the slot's block table */
-                B->attention_paged(bc, q, kv_layer(s, st, st->k_cache, l), kv_layer(s, st, st->v_cache, l), f16,
-                                   st->kv_tables + (size_t)R->slot * s->kv.per_slot, s->kv.block_rows, out, st->att,
-                                   R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
+                void *kp = kv_layer(s, st, st->k_cache, l), *vp = kv_layer(s, st, st->v_cache, l);
+                const int32_t *tab = st->kv_tables + (size_t)R->slot * s->kv.per_slot;
+                if (sinks)
+                    B->attention_sinks(bc, q, kp, vp, f16, tab, s->kv.block_rows, out, st->att, R->n, R->pos,
+                                       (int)c->n_head, (int)c->n_head_kv, hd, L->attn_sinks.data, window);
+                else
+                    B->attention_paged(bc, q, kp, vp, f16, tab, s->kv.block_rows, out, st->att, R->n, R->pos,
+                                       (int)c->n_head, (int)c->n_head_kv, hd);
                 continue;
             }
             void *kc = slot_rows(s, st, st->k_cache, l, R->slot), *vc = slot_rows(s, st, st->v_cache, l, R->slot);
-            if (f16)
+            if (sinks)
+                B->attention_sinks(bc, q, kc, vc, f16, NULL, 0, out, st->att, R->n, R->pos, (int)c->n_head,
+                                   (int)c->n_head_kv, hd, L->attn_sinks.data, window);
+            else if (f16)
                 B->attention_f16(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
-            else if (L->attn_sinks.data || window) /* gpt-oss: sinks, and every other layer windowed */
-                B->attention_sinks(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd,
-                                   L->attn_sinks.data, window);
             else
                 B->attention(bc, q, kc, vc, out, st->att, R->n, R->pos, (int)c->n_head, (int)c->n_head_kv, hd);
         }

@@ -79,7 +79,7 @@ int forward_mla_attention(struct forward_state *s, struct forward_stage *st, con
         const struct mla_run *R = &runs[r];
         float *q = st->q + (size_t)R->t0 * qd, *o = st->att_out + (size_t)R->t0 * qd;
         if (wide) /* V: the K rows, whose first kv_lora_rank are the latent */
-            B->attention_sinks(bc, q, R->kc, R->kc, o, st->att, R->n, R->pos, H, 1, hd, NULL, 0);
+            B->attention_sinks(bc, q, R->kc, R->kc, false, NULL, 0, o, st->att, R->n, R->pos, H, 1, hd, NULL, 0);
         else
             B->attention(bc, q, R->kc, R->kc, o, st->att, R->n, R->pos, H, 1, hd);
     }

@@ -19,13 +19,13 @@ static double sinks_case(int n, int pos, int n_head, int n_head_kv, int hd, bool
     float *q = rand_vec((size_t)n * qd, 1.0f), *k = rand_vec((size_t)n_ctx * kvd, 1.0f);
     float *v = rand_vec((size_t)n_ctx * kvd, 1.0f), *sinks = with_sinks ? rand_vec((size_t)n_head, 2.0f) : NULL;
     float *oc = malloc(sizeof(float) * (size_t)n * qd), *att = malloc(sizeof(float) * (size_t)n_head * n_ctx);
-    cpu.i->attention_sinks(cpu.ctx, q, k, v, oc, att, n, pos, n_head, n_head_kv, hd, sinks, window);
+    cpu.i->attention_sinks(cpu.ctx, q, k, v, false, NULL, 0, oc, att, n, pos, n_head, n_head_kv, hd, sinks, window);
     float *qd_ = dev_put(q, sizeof(float) * (size_t)n * qd), *kd = dev_put(k, sizeof(float) * (size_t)n_ctx * kvd);
     float *vd = dev_put(v, sizeof(float) * (size_t)n_ctx * kvd), *od = dev_put(NULL, sizeof(float) * (size_t)n * qd);
     float *sd = sinks ? dev_put(sinks, sizeof(float) * (size_t)n_head) : NULL;
     float *attd = dev_put(NULL, sizeof(float) * (size_t)n_head * n_ctx);
     dev_poison(od, sizeof(float) * (size_t)n * qd);
-    gpu.i->attention_sinks(gpu.ctx, qd_, kd, vd, od, attd, n, pos, n_head, n_head_kv, hd, sd, window);
+    gpu.i->attention_sinks(gpu.ctx, qd_, kd, vd, false, NULL, 0, od, attd, n, pos, n_head, n_head_kv, hd, sd, window);
     float *og = dev_get(od, (size_t)n * qd);
     double e = relerr(og, oc, (size_t)n * qd);
     gpu.i->free(gpu.ctx, qd_); gpu.i->free(gpu.ctx, kd); gpu.i->free(gpu.ctx, vd); gpu.i->free(gpu.ctx, od);

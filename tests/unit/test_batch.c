@@ -131,7 +131,7 @@ static void check_preset_paged(const char *preset, int type, enum kv_type kv, in
     }
     struct forward_stage_spec sp = {.be = bb, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv, .kv_block_rows = block_rows};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 4, 16, &sp, 1), 0);
-    bool can_page = !m.cfg.kv_lora_rank && strcmp(preset, "gpt-oss") != 0;
+    bool can_page = !m.cfg.kv_lora_rank;
     cr_assert_eq(!f.kv.fixed, block_rows > 0 && can_page, "%s: paged %d", preset, !f.kv.fixed);
     /* deepseek2's latent cache stays f32 (forward_kv_f16_why) */
     cr_assert_eq(f.kv_f16, kv == KV_F16 && !m.cfg.kv_lora_rank, "%s: kv_f16 %d", preset, f.kv_f16);
@@ -361,8 +361,34 @@ Test(batch, backend_draws_are_the_rows_own)
 /* gpt-oss: sliding-window layers (window 4, shorter than every prompt here but one), sinks,
  * biases and the clamped SwiGLU; MXFP4 experts as its released files have them */
 Test(batch, gptoss_f16_batched_equals_alone) { check_preset("gpt-oss", -1); }
-Test(batch, gptoss_paged_keeps_one_block_a_slot) { check_preset_paged("gpt-oss", -1, KV_F32, 16); }
+/* and its caches on the CPU as any model's: f16, paged, both (the sink attention reads them) */
+Test(batch, gptoss_f16_paged_batched_equals_alone) { check_preset_paged("gpt-oss", -1, KV_F32, 16); }
+Test(batch, gptoss_f16_kv_f16_batched_equals_alone) { check_preset_kv("gpt-oss", -1, KV_F16); }
+Test(batch, gptoss_mxfp4_kv_f16_paged_batched_equals_alone) { check_preset_paged("gpt-oss", GGML_TYPE_MXFP4, KV_F16, 16); }
 Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }
+/* beside a device whose sink attention reads a slot's f32 rows in one piece (CUDA's), gpt-oss
+ * keeps one block a slot and says why */
+Test(batch, gptoss_pages_only_where_every_device_sink_attention_can)
+{
+    char path[96], err[256] = "";
+    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-gptoss-why.gguf", (int)getpid());
+    struct modelgen_options o = {.preset = "gpt-oss", .out = path, .seed = 5, .type = -1, .threads = 1};
+    struct modelgen_summary sum;
+    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    struct model m;
+    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    struct backend cpu;
+    cr_assert_eq(backend_cpu_init(&cpu, 1), 0);
+    struct backend_i f32_sinks = *cpu.i;
+    f32_sinks.attention_sinks_any_cache = false;
+    struct backend be[2] = {cpu, {&f32_sinks, cpu.ctx}};
+    cr_assert_null(forward_kv_paged_why(&m, be, 1), "the CPU pages gpt-oss");
+    const char *why = forward_kv_paged_why(&m, be, 2);
+    cr_assert(why && strstr(why, "sink"), "%s", why ? why : "(null)");
+    backend_cpu_free(&cpu);
+    model_free(&m);
+    unlink(path);
+}
 
 /* A CUDA device pages its KV cache only with TIDE_CUDA_PAGED=1 (forward_set_cuda_paged): its
  * paged kernels have not run on a GPU yet, and the reason says so and names the switch. */

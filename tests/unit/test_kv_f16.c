@@ -183,14 +183,18 @@ Test(kv_f16, logits_near_the_f32_cache)
     unlink(path);
 }
 
-/* Models whose attention has no f16 form keep f32, asked or not, and say why. */
+/* Models whose attention has no f16 form on a device keep f32, asked or not, and say why:
+ * deepseek2's MLA anywhere, gpt-oss's sink attention on a backend whose attention_sinks reads f32
+ * only (CUDA's; here a CPU twin that says so). On the CPU itself gpt-oss takes the f16 cache. */
 Test(kv_f16, models_without_an_f16_attention_keep_f32)
 {
-    static const char *const presets[] = {"deepseek2", "gpt-oss"};
-    static const char *const why[] = {"MLA", "sink"};
+    static const char *const presets[] = {"deepseek2", "gpt-oss", "gpt-oss"};
+    static const char *const why[] = {"MLA", "sink", NULL};
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
-    for (int i = 0; i < 2; i++) {
+    struct backend_i f32_sinks = *be.i; /* a backend like CUDA's: sink attention over f32 rows only */
+    f32_sinks.attention_sinks_any_cache = false;
+    for (int i = 0; i < 3; i++) {
         char path[96], err[256] = "";
         snprintf(path, sizeof path, "/tmp/tide-test-kvf16-%d-%s.gguf", (int)getpid(), presets[i]);
         struct modelgen_options o = {.preset = presets[i], .out = path, .seed = 3, .type = -1, .threads = 1};
@@ -198,13 +202,20 @@ Test(kv_f16, models_without_an_f16_attention_keep_f32)
         cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
         struct model m;
         cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
-        const char *w = forward_kv_f16_why(&m, &be, 1);
-        cr_assert(w && strstr(w, why[i]), "%s: %s", presets[i], w ? w : "(null)");
+        struct backend b = be;
+        if (i == 1)
+            b.i = &f32_sinks;
+        const char *w = forward_kv_f16_why(&m, &b, 1);
+        if (why[i])
+            cr_assert(w && strstr(w, why[i]), "%s: %s", presets[i], w ? w : "(null)");
+        else
+            cr_assert_null(w, "%s on the CPU: %s", presets[i], w);
         struct forward_state f;
-        struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = KV_F16};
+        struct forward_stage_spec sp = {.be = b, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = KV_F16};
         cr_assert_eq(forward_init_stages(&f, &m, 64, 2, 16, &sp, 1), 0);
-        cr_expect_not(f.kv_f16, "%s", presets[i]);
-        cr_expect_eq(forward_kv_row_bytes(&f), forward_kv_bytes(&m, 1, KV_F32), "%s: f32 rows", presets[i]);
+        cr_expect_eq(f.kv_f16, !why[i], "%s (case %d)", presets[i], i);
+        cr_expect_eq(forward_kv_row_bytes(&f), forward_kv_bytes(&m, 1, why[i] ? KV_F32 : KV_F16), "%s (case %d): rows",
+                     presets[i], i);
         forward_free(&f);
         model_free(&m);
         unlink(path);

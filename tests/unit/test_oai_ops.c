@@ -6,6 +6,9 @@
 #include <stdlib.h>
 
 #include "engine/backend.h"
+#include "engine/cpu_f16.h"
+
+#include <string.h>
 
 static float val(int i) { return (float)sin(1.7 * i + 0.3) * 1.5f; }
 
@@ -24,7 +27,7 @@ static void check_attention_shape(const float *sinks, int window, int h_, int hk
     double *s = malloc(sizeof(double) * ctx);
     for (int i = 0; i < n * h_ * d; i++) q[i] = val(i) * (d > 16 ? 0.4f : 1.0f);
     for (int i = 0; i < ctx * hkv * d; i++) k[i] = val(1000 + i), v[i] = val(2000 + i);
-    be.i->attention_sinks(be.ctx, q, k, v, out, att, n, pos, h_, hkv, d, sinks, window);
+    be.i->attention_sinks(be.ctx, q, k, v, false, NULL, 0, out, att, n, pos, h_, hkv, d, sinks, window);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < h_; h++) {
             int p = pos + t, kh = h / (h_ / hkv), j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -127,6 +130,59 @@ Test(oai_ops, rope_freqs_turns_norm_pairs)
     backend_cpu_free(&be);
 }
 
+/* The f16 and paged caches (gpt-oss's slots when kv_type is f16 and kv_block_size pages them):
+ * f16 rows give the bits of the f32 op over the same rows widened, and rows in blocks of 16
+ * spread over a pool (a permuted table with gaps) the bits of the same rows one after another,
+ * with sinks and windows, on each path of check_attention_shape's shapes. */
+Test(oai_ops, attention_sinks_f16_and_paged_caches_give_the_contiguous_f32_bits)
+{
+    static const float sinks[8] = {0.5f, -1.0f, 2.0f, 3.5f, 0.0f, -4.0f, 1.25f, 6.0f};
+    static const int shapes[][3] = {{8, 2, 64}, {6, 2, 64}, {4, 2, 24}, {4, 2, 12}}; /* heads, KV heads, d */
+    static const int calls[][3] = {{3, 70, 0}, {3, 70, 37}, {1, 93, 0}, {1, 93, 20}}; /* n, pos, window */
+    enum { BR = 16, NB = 6, POOL = 11 };                                               /* rows a block, blocks, pool */
+    static const int32_t table[NB] = {7, 2, 10, 0, 5, 8};
+    struct backend be;
+    cr_assert_eq(backend_cpu_init(&be, 2), 0);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int h_ = shapes[i][0], hkv = shapes[i][1], d = shapes[i][2], kvd = hkv * d, ctx = NB * BR;
+        size_t qn = (size_t)3 * h_ * d;
+        float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * ctx * kvd), *v = malloc(sizeof(float) * ctx * kvd);
+        float *kp = calloc((size_t)POOL * BR * kvd, sizeof(float)), *vp = calloc((size_t)POOL * BR * kvd, sizeof(float));
+        uint16_t *k16 = malloc(2 * (size_t)ctx * kvd), *v16 = malloc(2 * (size_t)ctx * kvd);
+        uint16_t *kp16 = calloc((size_t)POOL * BR * kvd, 2), *vp16 = calloc((size_t)POOL * BR * kvd, 2);
+        float *want = malloc(sizeof(float) * qn), *got = malloc(sizeof(float) * qn), *att = malloc(sizeof(float) * h_ * ctx);
+        for (size_t j = 0; j < qn; j++) q[j] = val((int)j) * 0.4f;
+        for (int j = 0; j < ctx * kvd; j++) k[j] = val(1000 + j), v[j] = val(2000 + j);
+        cpu_f16_from_f32(k16, k, (size_t)ctx * kvd);
+        cpu_f16_from_f32(v16, v, (size_t)ctx * kvd);
+        for (int b = 0; b < NB; b++) { /* the sequence's block b is pool block table[b] */
+            size_t to = (size_t)table[b] * BR * kvd, from = (size_t)b * BR * kvd, m = (size_t)BR * kvd;
+            memcpy(kp + to, k + from, sizeof(float) * m);
+            memcpy(vp + to, v + from, sizeof(float) * m);
+            memcpy(kp16 + to, k16 + from, 2 * m);
+            memcpy(vp16 + to, v16 + from, 2 * m);
+        }
+        float *kw = malloc(sizeof(float) * ctx * kvd), *vw = malloc(sizeof(float) * ctx * kvd); /* f16, widened */
+        cpu_f16_to_f32(kw, k16, (size_t)ctx * kvd);
+        cpu_f16_to_f32(vw, v16, (size_t)ctx * kvd);
+        for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+            int n = calls[c][0], pos = calls[c][1], w = calls[c][2];
+            size_t on = (size_t)n * h_ * d;
+            be.i->attention_sinks(be.ctx, q, k, v, false, NULL, 0, want, att, n, pos, h_, hkv, d, sinks, w);
+            be.i->attention_sinks(be.ctx, q, kp, vp, false, table, BR, got, att, n, pos, h_, hkv, d, sinks, w);
+            cr_assert_arr_eq(got, want, sizeof(float) * on, "f32 paged, heads %d/%d d %d n %d window %d", h_, hkv, d, n, w);
+            be.i->attention_sinks(be.ctx, q, kw, vw, false, NULL, 0, want, att, n, pos, h_, hkv, d, sinks, w);
+            be.i->attention_sinks(be.ctx, q, k16, v16, true, NULL, 0, got, att, n, pos, h_, hkv, d, sinks, w);
+            cr_assert_arr_eq(got, want, sizeof(float) * on, "f16, heads %d/%d d %d n %d window %d", h_, hkv, d, n, w);
+            be.i->attention_sinks(be.ctx, q, kp16, vp16, true, table, BR, got, att, n, pos, h_, hkv, d, sinks, w);
+            cr_assert_arr_eq(got, want, sizeof(float) * on, "f16 paged, heads %d/%d d %d n %d window %d", h_, hkv, d, n, w);
+        }
+        free(q); free(k); free(v); free(kp); free(vp); free(k16); free(v16); free(kp16); free(vp16);
+        free(want); free(got); free(att); free(kw); free(vw);
+    }
+    backend_cpu_free(&be);
+}
+
 /* A long window spreads the heads over the threads: the same bits as one thread (each head is
  * computed whole by one thread either way), and a prefill's tokens the bits each gets decoded
  * alone at its position. */
@@ -142,12 +198,12 @@ Test(oai_ops, attention_sinks_threads_same_bits)
     cr_assert_eq(backend_cpu_init(&b1, 1), 0);
     cr_assert_eq(backend_cpu_init(&b2, 2), 0);
     for (int window = 0; window <= 80; window += 80) {
-        b1.i->attention_sinks(b1.ctx, q, k, v, o1, att, N, POS, H, HKV, D, sinks, window);
-        b2.i->attention_sinks(b2.ctx, q, k, v, o2, att, N, POS, H, HKV, D, sinks, window);
+        b1.i->attention_sinks(b1.ctx, q, k, v, false, NULL, 0, o1, att, N, POS, H, HKV, D, sinks, window);
+        b2.i->attention_sinks(b2.ctx, q, k, v, false, NULL, 0, o2, att, N, POS, H, HKV, D, sinks, window);
         cr_assert_arr_eq(o1, o2, sizeof o1, "window %d", window);
         for (int t = 0; t < N; t++) {
             float one[H * D];
-            b2.i->attention_sinks(b2.ctx, q + t * H * D, k, v, one, att, 1, POS + t, H, HKV, D, sinks, window);
+            b2.i->attention_sinks(b2.ctx, q + t * H * D, k, v, false, NULL, 0, one, att, 1, POS + t, H, HKV, D, sinks, window);
             cr_assert_arr_eq(one, o1 + t * H * D, sizeof one, "window %d token %d alone", window, t);
         }
     }
@@ -166,7 +222,7 @@ Test(oai_ops, attention_sinks_without_sinks_or_window_is_the_attention)
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
     be.i->attention(be.ctx, q, k, k, o1, att, N, POS, H, HKV, D);
-    be.i->attention_sinks(be.ctx, q, k, k, o2, att, N, POS, H, HKV, D, NULL, 0);
+    be.i->attention_sinks(be.ctx, q, k, k, false, NULL, 0, o2, att, N, POS, H, HKV, D, NULL, 0);
     for (int i = 0; i < N * H * D; i++)
         cr_assert(fabsf(o1[i] - o2[i]) <= 1e-5f * fmaxf(1.0f, fabsf(o1[i])), "%d: %g vs %g", i, o2[i], o1[i]);
     backend_cpu_free(&be);

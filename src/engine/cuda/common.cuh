@@ -97,9 +97,9 @@ bool cuda_matmul3(struct cuda_ctx *c, const struct tensor *const w[3], const flo
  * hands them over); false (nothing queued) for other types or shapes */
 bool cuda_matmul_qb(struct cuda_ctx *c, const struct tensor *w, const float *x, float *y, int n, bool add);
 /* oai_ops.cu: gpt-oss's ops (backend_i.attention_sinks, rope_freqs, swiglu_oai) */
-void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
-                          int window);
+void cuda_attention_sinks(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                          const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                          int n_head_kv, int head_dim, const float *sinks, int window);
 void cuda_rope_freqs(void *ctx, float *vec, int n, int n_heads, int head_dim, int pos, const float *freqs,
                      float mscale, enum rope_kind kind);
 void cuda_swiglu_oai(void *ctx, float *gate, const float *up, int n, float alpha, float limit);

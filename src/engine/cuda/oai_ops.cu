@@ -82,14 +82,19 @@ attention_sinks_kernel(const float *__restrict__ q, const float *__restrict__ kc
             oh[lane + 32 * k] = o[k] * inv;
 }
 
-void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out,
-                          float *att, int n, int pos, int n_head, int n_head_kv, int head_dim, const float *sinks,
-                          int window)
+void cuda_attention_sinks(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
+                          const int32_t *blocks, int block_rows, float *out, float *att, int n, int pos, int n_head,
+                          int n_head_kv, int head_dim, const float *sinks, int window)
 {
     (void)att;
+    (void)block_rows;
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || n <= 0)
         return;
+    if (f16 || blocks) { /* attention_sinks_any_cache is false here: the forward keeps f32 slots */
+        cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: f32 contiguous caches only", __FILE__, __LINE__);
+        return;
+    }
     if (head_dim % 32 || head_dim > SINK_MAX_HD || n_head_kv <= 0 || n_head % n_head_kv) {
         cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: head_dim not a multiple of 32 up to 576", __FILE__,
                   __LINE__);
@@ -97,8 +102,9 @@ void cuda_attention_sinks(void *ctx, const float *q, const float *k_cache, const
     }
     unsigned grid = (unsigned)(((size_t)n * n_head + SINK_WARPS - 1) / SINK_WARPS);
     size_t sm = sizeof(float) * SINK_WARPS * (size_t)head_dim;
-    attention_sinks_kernel<<<grid, SINK_WARPS * 32, sm, c->st>>>(q, k_cache, v_cache, out, n, pos, n_head, n_head_kv,
-                                                                 head_dim, sinks, window);
+    attention_sinks_kernel<<<grid, SINK_WARPS * 32, sm, c->st>>>(q, (const float *)k_cache, (const float *)v_cache,
+                                                                 out, n, pos, n_head, n_head_kv, head_dim, sinks,
+                                                                 window);
     CU_LAUNCH(c, "attention_sinks_kernel");
 }
 
