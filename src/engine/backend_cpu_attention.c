@@ -379,6 +379,9 @@ AVX2 static inline __attribute__((always_inline)) void attend_avx2(const struct 
     if (nv == 8) { /* head_dim 64: the loop below with its count known, the query in registers */
         __m256 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3], q4 = q[4], q5 = q[5], q6 = q[6], q7 = q[7];
         int p = lo;
+        if (j->wide && j->blocks) /* a window's rows up to a tile's start (then runs are whole blocks) */
+            for (; p <= last && (p & 15); p++)
+                a[p] = score64_avx2(qh, k, head + row_at(j, p, kv_dim), scale, f16);
         /* the 16-row tiles a run at a time; only the last run (the only one not whole blocks,
          * which are multiples of 16 rows) leaves rows to the loop below */
         while (j->wide && p <= last) {
