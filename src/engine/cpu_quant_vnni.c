@@ -252,7 +252,7 @@ VNNI static inline void q5_1_fifth_bits(__m512i *lo, __m512i *hi, const uint8_t 
 /* q8_0's eight rows with one vector, two rows' 32 codes (+ 128) a 512-bit register: four vpdpbusd
  * for the eight rows (a row a 256-bit register took eight, 10-14% slower), and their block sums
  * gathered by unpacks, pair and lane swaps, a blend and a permute instead of six horizontal adds.
- * The combine is VECS8's below, with the eight rows' scales: same integers, same bits. */
+ * The combine is ROWS8_NIBBLES' above, with q8_0's f16 scales: same integers, same bits. */
 VNNI static void rows8_q8_0(const uint8_t *w, size_t row_bytes, const struct act32 *x, int nb, float *out)
 {
     const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)row_bytes));

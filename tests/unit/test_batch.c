@@ -23,6 +23,7 @@
 #include "engine/modelgen.h"
 #include "engine/sample.h"
 #include "engine/sample_rows.h"
+#include "test_model.h"
 
 #define NSEQ 3
 #define NDEC 5
@@ -85,13 +86,8 @@ static bool rows_twin; /* check_preset_paged: the batched state's backend has th
 static void check_preset_paged(const char *preset, int type, enum kv_type kv, int block_rows)
 {
     char path[96];
-    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-%s-%d.gguf", (int)getpid(), preset, type);
-    struct modelgen_options o = {.preset = preset, .out = path, .seed = 7, .type = type, .threads = 1};
-    struct modelgen_summary sum;
-    char err[256] = "";
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
+    test_model_load(&m, path, sizeof path, "batch", preset, type, 7);
     uint32_t V = m.cfg.n_vocab;
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 2), 0);
@@ -235,13 +231,9 @@ Test(batch, dense_f32_batched_equals_alone) { check_preset("dense", GGML_TYPE_F3
 
 Test(batch, rejects_shared_slot_and_overflow)
 {
-    char path[96], err[256] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-bad.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 7, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    char path[96];
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    test_model_load(&m, path, sizeof path, "batch-bad", "moe", -1, 7);
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
     struct forward_state f;
@@ -266,13 +258,9 @@ Test(batch, rejects_shared_slot_and_overflow)
  * the greedy pick the argmax of its own. */
 Test(batch, backend_draws_are_the_rows_own)
 {
-    char path[96], err[256] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-draw.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 7, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    char path[96];
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    test_model_load(&m, path, sizeof path, "batch-draw", "moe", -1, 7);
     int V = (int)m.cfg.n_vocab;
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
@@ -370,13 +358,9 @@ Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TY
  * keeps one block a slot and says why */
 Test(batch, gptoss_pages_only_where_every_device_sink_attention_can)
 {
-    char path[96], err[256] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-batch-%d-gptoss-why.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "gpt-oss", .out = path, .seed = 5, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    char path[96];
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    test_model_load(&m, path, sizeof path, "batch-why", "gpt-oss", -1, 5);
     struct backend cpu;
     cr_assert_eq(backend_cpu_init(&cpu, 1), 0);
     struct backend_i f32_sinks = *cpu.i;

@@ -15,6 +15,7 @@
 #include "engine/forward.h"
 #include "engine/modelgen.h"
 #include "ref_attention.h"
+#include "test_model.h"
 #define TEST_RAND_SEED 0x2545f4914f6cdd1dULL
 #include "test_rand.h"
 
@@ -140,13 +141,9 @@ Test(kv_f16, attention_matches_double_reference_and_f32_over_widened_rows)
 /* One prompt through a model with an f32 and with an f16 cache: the logits stay close. */
 Test(kv_f16, logits_near_the_f32_cache)
 {
-    char path[96], err[256] = "";
-    snprintf(path, sizeof path, "/tmp/tide-test-kvf16-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "qwen3moe", .out = path, .seed = 11, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+    char path[96];
     struct model m;
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+    test_model_load(&m, path, sizeof path, "kvf16", "qwen3moe", -1, 11);
     struct backend be;
     cr_assert_eq(backend_cpu_init(&be, 2), 0);
     cr_assert_null(forward_kv_f16_why(&m, &be, 1));
@@ -195,13 +192,9 @@ Test(kv_f16, models_without_an_f16_attention_keep_f32)
     struct backend_i f32_sinks = *be.i; /* a backend like CUDA's: sink attention over f32 rows only */
     f32_sinks.attention_sinks_any_cache = false;
     for (int i = 0; i < 3; i++) {
-        char path[96], err[256] = "";
-        snprintf(path, sizeof path, "/tmp/tide-test-kvf16-%d-%s.gguf", (int)getpid(), presets[i]);
-        struct modelgen_options o = {.preset = presets[i], .out = path, .seed = 3, .type = -1, .threads = 1};
-        struct modelgen_summary sum;
-        cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "%s", err);
+        char path[96];
         struct model m;
-        cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "%s", err);
+        test_model_load(&m, path, sizeof path, "kvf16", presets[i], -1, 3);
         struct backend b = be;
         if (i == 1)
             b.i = &f32_sinks;

@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "engine/kv_park.h"
 #include "engine/modelgen.h"
+#include "test_model.h"
 
 static struct model m;
 static struct forward_state f;
@@ -20,12 +21,7 @@ static char path[96];
 
 static void setup_kv(enum kv_type kv)
 {
-    snprintf(path, sizeof path, "/tmp/tide-test-kvpark-%d.gguf", (int)getpid());
-    struct modelgen_options o = {.preset = "moe", .out = path, .seed = 3, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    char err[256] = "";
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
-    cr_assert_eq(model_load(&m, path, err, sizeof err), 0, "model_load: %s", err);
+    test_model_load(&m, path, sizeof path, "kvpark", "moe", -1, 3);
     cr_assert_eq(backend_cpu_init(&be, 1), 0);
     struct forward_stage_spec sp = {.be = be, .l0 = 0, .l1 = m.cfg.n_layer, .kv_type = kv};
     cr_assert_eq(forward_init_stages(&f, &m, 128, 3, 64, &sp, 1), 0);

@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "engine/modelgen.h"
 #include "engine/prefix_share.h"
+#include "test_model.h"
 
 static void ramp(int *ids, int n, int from)
 {
@@ -149,12 +150,7 @@ struct clone_fixture {
 
 static void fixture_up(struct clone_fixture *x, const char *preset, enum kv_type kv, int block_rows)
 {
-    snprintf(x->path, sizeof x->path, "/tmp/tide-test-prefix-%s-%d.gguf", preset, (int)getpid());
-    struct modelgen_options o = {.preset = preset, .out = x->path, .seed = 5, .type = -1, .threads = 1};
-    struct modelgen_summary sum;
-    char err[256] = "";
-    cr_assert_eq(modelgen_write(&o, &sum, err, sizeof err), 0, "modelgen: %s", err);
-    cr_assert_eq(model_load(&x->m, x->path, err, sizeof err), 0, "model_load: %s", err);
+    test_model_load(&x->m, x->path, sizeof x->path, "prefix", preset, -1, 5);
     cr_assert_eq(backend_cpu_init(&x->be, 1), 0);
     struct forward_stage_spec sp = {.be = x->be, .l0 = 0, .l1 = x->m.cfg.n_layer, .kv_type = kv,
                                     .kv_block_rows = block_rows};
