@@ -135,6 +135,7 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory paged-attn-emu # the paged decode attention bit for bit the contiguous one, on the CPU
 	$(Q)$(MAKE) --no-print-directory moe-group-emu # TIDE_MOE_ROWS_MMA: the routed pairs grouped by expert on the device, on the CPU
 	$(Q)$(MAKE) --no-print-directory full-mma-emu # TIDE_VISION_TC: the vision encoder's f16 tensor-core attention, on the CPU
+	$(Q)$(MAKE) --no-print-directory sinks-attn-emu # gpt-oss's sink attention over f16 and paged caches (TIDE_CUDA_PAGED), on the CPU
 	$(Q)TIDE_BIN=$(BUILD)/tide $(BUILD)/test-e2e
 	$(Q)TIDE_BIN=$(BUILD)/tide bash tests/e2e/test_prometheus.sh
 	$(Q)TIDE_BIN=$(BUILD)/tide /usr/bin/python3 tests/e2e/test_batching.py # many requests at once: overlap, equal to alone, prefix cache, vision under load
@@ -305,7 +306,8 @@ $(BUILD)/emu/engine/cuda/%.cuh: src/engine/cuda/%.cuh Makefile
 #   paged-attn-emu    the paged decode attention against the contiguous one
 #   moe-group-emu     TIDE_MOE_ROWS_MMA's grouping of routed pairs by expert
 #   full-mma-emu      TIDE_VISION_TC's f16 tensor-core vision attention
-EMUS = kq-tile-emu decode-attn-emu decode-qonce-emu paged-attn-emu moe-group-emu full-mma-emu
+#   sinks-attn-emu    gpt-oss's sink and window attention over f16 and paged caches
+EMUS = kq-tile-emu decode-attn-emu decode-qonce-emu paged-attn-emu moe-group-emu full-mma-emu sinks-attn-emu
 $(BUILD)/kq-tile-emu: tests/gpu/emu/kq_tile_emu.cpp $(BUILD)/emu/engine/cuda/kq_mma_kernel.cuh \
                       src/engine/cuda/mma_kq_tile.cuh src/engine/cuda/mma_tile.cuh src/engine/cuda/kquant.cuh \
                       src/engine/cuda/mmq.cuh tests/gpu/emu/engine/cuda/mma_q.cuh
@@ -317,6 +319,8 @@ $(BUILD)/paged-attn-emu: tests/gpu/emu/paged_attn_emu.cpp $(BUILD)/emu/engine/cu
 $(BUILD)/moe-group-emu: tests/gpu/emu/moe_group_emu.cpp $(BUILD)/emu/engine/cuda/moe_group.cuh
 $(BUILD)/full-mma-emu: tests/gpu/emu/full_mma_emu.cpp $(BUILD)/emu/engine/cuda/attention_full_mma.cuh \
                        tests/gpu/emu/engine/cuda/mma_16816.cuh
+$(BUILD)/sinks-attn-emu: tests/gpu/emu/sinks_attn_emu.cpp $(BUILD)/emu/engine/cuda/attention_sinks.cuh \
+                         src/engine/cuda/attention.cuh
 $(addprefix $(BUILD)/,$(EMUS)): $(EMU_DEPS)
 	@echo "  LINK  $@"
 	$(Q)$(EMU_CXX) -o $@ $(filter %.cpp,$^) $(BUILD)/libtide.a -lm -pthread

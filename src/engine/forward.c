@@ -32,6 +32,11 @@ static bool has_sink_attention(const struct model *m)
     return sinks;
 }
 
+static bool is_cuda(const struct backend *be)
+{
+    return be->i->name && !strcmp(be->i->name, "cuda");
+}
+
 static int cuda_paged = -1; /* -1: TIDE_CUDA_PAGED not read yet */
 
 int forward_set_cuda_paged(int on)
@@ -57,7 +62,7 @@ const char *forward_kv_paged_why(const struct model *m, const struct backend *be
         if (!be[i].i->attention_paged)
             return "a device's backend has no paged attention";
         /* compiled and tested against the CPU in test-gpu (paged_*), but not yet run on a GPU */
-        if (be[i].i->name && !strcmp(be[i].i->name, "cuda") && !forward_set_cuda_paged(-1))
+        if (is_cuda(&be[i]) && !forward_set_cuda_paged(-1))
             return "the CUDA paged attention kernels have not run on a GPU yet (TIDE_CUDA_PAGED=1 turns them on)";
     }
     return NULL;
@@ -68,9 +73,14 @@ const char *forward_kv_f16_why(const struct model *m, const struct backend *be, 
     const struct model_config *c = &m->cfg;
     if (c->kv_lora_rank) /* forward_mla.c reads the latent rows as f32 in its own products */
         return "deepseek2's MLA latent cache has no f16 form yet";
-    for (int i = 0; i < n && has_sink_attention(m); i++)
+    for (int i = 0; i < n && has_sink_attention(m); i++) {
         if (!be[i].i->attention_sinks_any_cache)
             return "a device's sink and sliding-window attention (gpt-oss) reads f32 rows only";
+        /* compiled and emulated (make sinks-attn-emu), tested against the CPU in test-gpu
+         * (attention_sinks_f16_paged), but not yet run on a GPU */
+        if (is_cuda(&be[i]) && !forward_set_cuda_paged(-1))
+            return "the CUDA sink attention's f16 form has not run on a GPU yet (TIDE_CUDA_PAGED=1 turns it on)";
+    }
     if (c->head_dim % 8 || c->head_dim > 256)
         return "the f16 attention takes a head_dim that is a multiple of 8 up to 256";
     for (int i = 0; i < n; i++)

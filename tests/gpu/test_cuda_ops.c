@@ -32,7 +32,7 @@ static const char *tests[] = {
     "matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0", "matmul_q4_0", "matmul_q4_K", "matmul_q5_K",
     "matmul_q6_K", "get_rows_kq", "moe_ffn_kq", "matmul_q5_0", "matmul_q5_1", "matmul_iq4_xs", "matmul_mxfp4",
     "decode_attn_split", "decode_qonce", "decode_route_once", "e2e_decode_opts", "bench_decode_opts", /* test_decode_opts.c */
-    "get_rows_qb", "attention_sinks", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
+    "get_rows_qb", "attention_sinks", "attention_sinks_f16_paged", "rope_freqs", "swiglu_oai", "matmul_mmq", "rmsnorm", "rope",
     "qk_norm_rope", "step_at", "rows", "moe_rows_mma", "norm_matmul", "matmul_add", "matmul3", "attention", "attention_chunk", "swiglu", "axpy", "scatter_axpy", "axpy_sigmoid", "get_row", "gather_rows", "zero", "moe_ffn", "route", "argmax", "sample", "sample_extras", "moe_ffn_table", "moe_prefill", "upload_download", "gather_copy_d2d", "vmm",
     "e2e_dense", "e2e_moe", "e2e_qwen3moe", "e2e_moe_bf16", "e2e_moe_q8_0", "e2e_dense_f16", "e2e_dense_q8_0", "e2e_qwen3moe_q8_0", "e2e_big_q8_0", "e2e_qwen2moe",
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",

@@ -1,6 +1,6 @@
 /* test_oai.c - gpt-oss's ops on the GPU (cuda/oai_ops.cu) against the CPU backend's
  * (backend_cpu_oai.c): attention with per-head sinks and a sliding window (decode rows and a
- * prefill chunk, with and without sinks, GQA, MLA's 576-wide rows), rope with a frequency per pair (NEOX and NORM
+ * prefill chunk, with and without sinks, GQA, MLA's 576-wide rows; f16 and paged caches), rope with a frequency per pair (NEOX and NORM
  * pairs, a magnitude), and the clamped SwiGLU. Every GPU output is poisoned with NaN first.
  * Limits: 1e-5 for the attention (both f32, the sums in another order), 1e-6 for the rope and
  * the SwiGLU (the same f32 formula; angles in double on both sides). */
@@ -62,6 +62,86 @@ static void test_attention_sinks(void)
     verdict("attention_sinks", ok, "max rel err %.3g", worst);
 }
 
+/* The cache's other forms (TIDE_CUDA_PAGED): f16 rows, and rows found through a block table in a
+ * pool whose other blocks are NaN. GPU and CPU read the same f16 values through the same table,
+ * so the limit stays 1e-5. */
+static double sinks_forms_case(int n, int pos, int n_head, int n_head_kv, int hd, int window, bool f16,
+                               int block_rows)
+{
+    int n_ctx = pos + n, qd = n_head * hd, kvd = n_head_kv * hd;
+    int nbs = block_rows ? (n_ctx + block_rows - 1) / block_rows : 1, rows_a_block = block_rows ? block_rows : n_ctx;
+    int pool_blocks = block_rows ? nbs + 3 : 1;
+    size_t es = f16 ? 2 : 4, pool_rows = (size_t)pool_blocks * rows_a_block, bytes = pool_rows * kvd * es;
+    float *q = rand_vec((size_t)n * qd, 1.0f), *sinks = rand_vec((size_t)n_head, 2.0f);
+    uint8_t *k = malloc(bytes), *v = malloc(bytes);
+    int32_t *tab = malloc(sizeof(int32_t) * (size_t)nbs);
+    for (int b = 0; b < nbs; b++) /* a scattered table: block b at pool_blocks - 1 - 2b, then the odd ones */
+        tab[b] = block_rows ? (2 * b < pool_blocks ? pool_blocks - 1 - 2 * b : 2 * b - pool_blocks) : 0;
+    for (size_t r = 0; r < pool_rows * kvd; r++) { /* NaN, then the sequence's rows over it */
+        if (f16)
+            ((uint16_t *)k)[r] = ((uint16_t *)v)[r] = 0x7e00;
+        else
+            ((float *)k)[r] = ((float *)v)[r] = NAN;
+    }
+    float *kr = rand_vec((size_t)n_ctx * kvd, 1.0f), *vr = rand_vec((size_t)n_ctx * kvd, 1.0f);
+    for (int p = 0; p < n_ctx; p++) {
+        size_t row = block_rows ? (size_t)tab[p / block_rows] * block_rows + p % block_rows : (size_t)p;
+        for (int i = 0; i < kvd; i++) {
+            size_t d = row * kvd + i, sidx = (size_t)p * kvd + i;
+            if (f16) {
+                ((uint16_t *)k)[d] = tide_f32_to_f16(kr[sidx]);
+                ((uint16_t *)v)[d] = tide_f32_to_f16(vr[sidx]);
+            } else {
+                ((float *)k)[d] = kr[sidx];
+                ((float *)v)[d] = vr[sidx];
+            }
+        }
+    }
+    const int32_t *tc = block_rows ? tab : NULL;
+    float *oc = malloc(sizeof(float) * (size_t)n * qd), *att = malloc(sizeof(float) * (size_t)n_head * n_ctx);
+    cpu.i->attention_sinks(cpu.ctx, q, k, v, f16, tc, block_rows, oc, att, n, pos, n_head, n_head_kv, hd, sinks,
+                           window);
+    float *qd_ = dev_put(q, sizeof(float) * (size_t)n * qd), *od = dev_put(NULL, sizeof(float) * (size_t)n * qd);
+    void *kd = dev_put(k, bytes), *vd = dev_put(v, bytes);
+    float *sd = dev_put(sinks, sizeof(float) * (size_t)n_head);
+    int32_t *td = block_rows ? dev_put(tab, sizeof(int32_t) * (size_t)nbs) : NULL;
+    float *attd = dev_put(NULL, sizeof(float) * (size_t)n_head * n_ctx);
+    dev_poison(od, sizeof(float) * (size_t)n * qd);
+    gpu.i->attention_sinks(gpu.ctx, qd_, kd, vd, f16, td, block_rows, od, attd, n, pos, n_head, n_head_kv, hd, sd,
+                           window);
+    float *og = dev_get(od, (size_t)n * qd);
+    double e = relerr(og, oc, (size_t)n * qd);
+    gpu.i->free(gpu.ctx, qd_); gpu.i->free(gpu.ctx, kd); gpu.i->free(gpu.ctx, vd); gpu.i->free(gpu.ctx, od);
+    gpu.i->free(gpu.ctx, attd); gpu.i->free(gpu.ctx, sd);
+    if (td)
+        gpu.i->free(gpu.ctx, td);
+    free(q); free(sinks); free(k); free(v); free(tab); free(kr); free(vr); free(oc); free(att); free(og);
+    return e;
+}
+
+static void test_attention_sinks_f16_paged(void)
+{
+    /* n, pos, heads, kv heads, head_dim, window, f16, block_rows (0: contiguous) */
+    static const int cases[][8] = {
+        {1, 300, 64, 8, 64, 128, 1, 0}, {1, 300, 64, 8, 64, 128, 1, 16}, {1, 300, 64, 8, 64, 0, 0, 16},
+        {64, 200, 64, 8, 64, 128, 1, 16}, {37, 90, 4, 2, 64, 4, 1, 64}, {3, 1000, 16, 2, 256, 0, 1, 32},
+        {1, 77, 16, 1, 576, 0, 1, 16},
+    };
+    bool ok = true;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int *c = cases[i];
+        double e = sinks_forms_case(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+        if (!(e < 1e-5)) {
+            ok = false;
+            printf("  attention_sinks_f16_paged n %d pos %d heads %d/%d hd %d window %d %s block %d: rel err %.3g\n",
+                   c[0], c[1], c[2], c[3], c[4], c[5], c[6] ? "f16" : "f32", c[7], e);
+        }
+        if (e > worst) worst = e;
+    }
+    verdict("attention_sinks_f16_paged", ok, "max rel err %.3g", worst);
+}
+
 static void test_rope_freqs(void)
 {
     static const int cases[][5] = {/* n, pos, heads, head_dim, NEOX */
@@ -108,11 +188,12 @@ static void test_swiglu_oai(void)
 
 void test_oai(const char *only)
 {
-    static const char *names[] = {"attention_sinks", "rope_freqs", "swiglu_oai"};
-    void (*const fn[])(void) = {test_attention_sinks, test_rope_freqs, test_swiglu_oai};
-    const void *slot[] = {(const void *)gpu.i->attention_sinks, (const void *)gpu.i->rope_freqs,
-                          (const void *)gpu.i->swiglu_oai};
-    for (int i = 0; i < 3; i++) {
+    static const char *names[] = {"attention_sinks", "attention_sinks_f16_paged", "rope_freqs", "swiglu_oai"};
+    void (*const fn[])(void) = {test_attention_sinks, test_attention_sinks_f16_paged, test_rope_freqs,
+                                test_swiglu_oai};
+    const void *slot[] = {(const void *)gpu.i->attention_sinks, (const void *)gpu.i->attention_sinks,
+                          (const void *)gpu.i->rope_freqs, (const void *)gpu.i->swiglu_oai};
+    for (int i = 0; i < 4; i++) {
         if (only && !strstr(names[i], only))
             continue;
         if (slot[i])

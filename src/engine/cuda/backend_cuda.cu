@@ -333,6 +333,7 @@ static const struct backend_i cuda_iface = {
     .attention = cu_attention,
     .swiglu = cu_swiglu,
     .attention_sinks = cuda_attention_sinks, /* gpt-oss's ops: oai_ops.cu */
+    .attention_sinks_any_cache = true, /* f16 and paged too (attention_sinks.cuh) */
     .rope_freqs = cuda_rope_freqs,
     .rope_multi = cu_rope_multi, /* M-RoPE and the ViT's 2-D rope: mrope.cu */
     .swiglu_oai = cuda_swiglu_oai,

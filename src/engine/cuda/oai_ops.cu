@@ -1,85 +1,25 @@
-/* oai_ops.cu - the CUDA backend's ops for gpt-oss (the CPU's are backend_cpu_oai.c, which
- * these follow): causal attention with a per-head sink logit and an optional sliding window,
- * rope with a frequency per pair (yarn; deepseek2's rope table too), and the clamped SwiGLU.
- *
- * The attention runs a warp per (query token, head) with an online softmax over the token's
- * window, 32 kv positions a step (a lane scores one position; the lanes then split head_dim to
- * add the values), so it needs no score buffer however long the context: correct and simple,
- * not tuned (gpt-oss's decode runs op by op anyway). Without sinks and window it is the plain
- * causal attention, which deepseek2's MLA takes for its 576-wide rows (attention.cu stops at
- * head_dim 256). */
-#include "engine/cuda/common.cuh"
+/* oai_ops.cu - the CUDA backend's ops for gpt-oss (the CPU's are backend_cpu_oai.c and
+ * backend_cpu_attention.c, which these follow): causal attention with a per-head sink logit and an
+ * optional sliding window (its kernel is attention_sinks.cuh's, over f32 or f16 rows, contiguous
+ * or paged), rope with a frequency per pair (yarn; deepseek2's rope table too), and the clamped
+ * SwiGLU. Without sinks and window the attention is the plain causal one, which deepseek2's MLA
+ * takes for its 576-wide rows (attention.cu stops at head_dim 256). */
+#include "engine/cuda/attention_sinks.cuh"
 
 #include <math.h>
 
-#define SINK_WARPS 4   /* (token, head) pairs a CTA */
-#define SINK_MAX_HD 576 /* head_dim / 32 values a lane: up to deepseek2's MLA rows (512 + 64) */
 #define ROPE_MAX_PAIRS 256
 
-/* A warp per (token t, head h): t at position pos + t attends to t0..p. The softmax's maximum
- * starts at the sink's logit and its denominator at exp(sink - max) (the sink adds no value
- * row), as cpu_attention_sinks does. */
-__global__ void __launch_bounds__(SINK_WARPS * 32)
-attention_sinks_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
-                       float *__restrict__ out, int n, int pos, int n_head, int n_head_kv, int hd,
-                       const float *__restrict__ sinks, int window)
+template <typename T, bool PAGED>
+static void sinks_launch(struct cuda_ctx *c, const float *q, const void *k, const void *v, float *out, int n,
+                         int pos, int n_head, int n_head_kv, int head_dim, const float *sinks, int window,
+                         const int32_t *tab, int shift)
 {
-    extern __shared__ float sq[]; /* SINK_WARPS query heads */
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int gw = blockIdx.x * SINK_WARPS + warp;
-    if (gw >= n * n_head)
-        return;
-    int t = gw / n_head, h = gw % n_head, p = pos + t;
-    int t0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    int kvd = n_head_kv * hd, kvh = h / (n_head / n_head_kv), per = hd / 32;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *qs = sq + (size_t)warp * hd;
-    const float *qh = q + ((size_t)t * n_head + h) * hd;
-    for (int i = lane; i < hd; i += 32)
-        qs[i] = qh[i];
-    __syncwarp();
-    float mx = sinks ? sinks[h] : -INFINITY, sum = sinks ? 1.0f : 0.0f;
-    float o[SINK_MAX_HD / 32];
-#pragma unroll
-    for (int k = 0; k < SINK_MAX_HD / 32; k++)
-        o[k] = 0.0f;
-    for (int c0 = t0; c0 <= p; c0 += 32) {
-        int tt = c0 + lane;
-        float s = -INFINITY;
-        if (tt <= p) {
-            const float4 *kr = (const float4 *)(kc + (size_t)tt * kvd + (size_t)kvh * hd);
-            const float4 *q4 = (const float4 *)qs;
-            float d = 0.0f;
-            for (int i = 0; i < hd / 4; i++) {
-                float4 a = __ldg(kr + i), b = q4[i];
-                d += b.x * a.x + b.y * a.y + b.z * a.z + b.w * a.w;
-            }
-            s = d * scale;
-        }
-        float m_new = fmaxf(mx, warp_max(s));
-        float corr = expf(mx - m_new); /* mx -inf (no sink, first step): 0 */
-        float e = tt <= p ? expf(s - m_new) : 0.0f;
-        sum = sum * corr + warp_sum(e);
-#pragma unroll
-        for (int k = 0; k < SINK_MAX_HD / 32; k++)
-            o[k] *= corr;
-        int cnt = p - c0 + 1 < 32 ? p - c0 + 1 : 32;
-        for (int j = 0; j < cnt; j++) {
-            float pj = __shfl_sync(0xffffffffu, e, j);
-            const float *vr = vc + (size_t)(c0 + j) * kvd + (size_t)kvh * hd;
-#pragma unroll
-            for (int k = 0; k < SINK_MAX_HD / 32; k++)
-                if (k < per)
-                    o[k] = fmaf(pj, __ldg(vr + lane + 32 * k), o[k]);
-        }
-        mx = m_new;
-    }
-    float inv = 1.0f / sum;
-    float *oh = out + ((size_t)t * n_head + h) * hd;
-#pragma unroll
-    for (int k = 0; k < SINK_MAX_HD / 32; k++)
-        if (k < per)
-            oh[lane + 32 * k] = o[k] * inv;
+    unsigned grid = (unsigned)(((size_t)n * n_head + SINK_WARPS - 1) / SINK_WARPS);
+    size_t sm = sizeof(float) * SINK_WARPS * (size_t)head_dim;
+    attention_sinks_kernel<T, PAGED><<<grid, SINK_WARPS * 32, sm, c->st>>>(
+        q, (const T *)k, (const T *)v, out, n, pos, n_head, n_head_kv, head_dim, sinks, window, tab, shift);
+    CU_LAUNCH(c, "attention_sinks_kernel");
 }
 
 void cuda_attention_sinks(void *ctx, const float *q, const void *k_cache, const void *v_cache, bool f16,
@@ -87,25 +27,29 @@ void cuda_attention_sinks(void *ctx, const float *q, const void *k_cache, const 
                           int n_head_kv, int head_dim, const float *sinks, int window)
 {
     (void)att;
-    (void)block_rows;
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!cuda_enter(c) || n <= 0)
         return;
-    if (f16 || blocks) { /* attention_sinks_any_cache is false here: the forward keeps f32 slots */
-        cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: f32 contiguous caches only", __FILE__, __LINE__);
-        return;
-    }
     if (head_dim % 32 || head_dim > SINK_MAX_HD || n_head_kv <= 0 || n_head % n_head_kv) {
         cuda_fail(c, cudaErrorInvalidValue, "attention_sinks: head_dim not a multiple of 32 up to 576", __FILE__,
                   __LINE__);
         return;
     }
-    unsigned grid = (unsigned)(((size_t)n * n_head + SINK_WARPS - 1) / SINK_WARPS);
-    size_t sm = sizeof(float) * SINK_WARPS * (size_t)head_dim;
-    attention_sinks_kernel<<<grid, SINK_WARPS * 32, sm, c->st>>>(q, (const float *)k_cache, (const float *)v_cache,
-                                                                 out, n, pos, n_head, n_head_kv, head_dim, sinks,
-                                                                 window);
-    CU_LAUNCH(c, "attention_sinks_kernel");
+    int shift = 0;
+    if (blocks && (shift = cuda_block_shift(c, block_rows)) < 0)
+        return;
+    if (f16 && blocks)
+        sinks_launch<__half, true>(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim, sinks, window,
+                                   blocks, shift);
+    else if (f16)
+        sinks_launch<__half, false>(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim, sinks, window,
+                                    NULL, 0);
+    else if (blocks)
+        sinks_launch<float, true>(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim, sinks, window,
+                                  blocks, shift);
+    else
+        sinks_launch<float, false>(c, q, k_cache, v_cache, out, n, pos, n_head, n_head_kv, head_dim, sinks, window,
+                                   NULL, 0);
 }
 
 /* The frequencies travel in the launch's arguments (read from host memory when the op is

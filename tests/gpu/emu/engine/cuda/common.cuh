@@ -83,6 +83,7 @@ template <typename T> inline T emu_shfl(T v, int src_of_lane(int, int), int arg)
     memcpy(&r, &b, sizeof r);
     return r;
 }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 inline int emu_lane_xor(int l, int o) { return l ^ o; }
 inline int emu_lane_down(int l, int o) { return l + o < 32 ? l + o : l; }
 inline int emu_lane_idx(int, int s) { return s & 31; }
