@@ -16,7 +16,8 @@
 #   there: CARRY=.dev-lead/gb OUT=$OUT scripts/gpu-switches.sh tests    (device tool, carry [".dev-lead/gb"])
 # Output: $OUT/<phase>.txt (the lines that matter), $OUT/<phase>-raw/ (everything).
 # The switches and what each turns on:
-#   TIDE_CUDA_PAGED=1      paged KV cache on CUDA (attention_paged, the decode rows' paged ops)
+#   TIDE_CUDA_PAGED=1      paged KV cache on CUDA (attention_paged, the decode rows' paged ops), and
+#                          gpt-oss's sink attention over f16 and paged caches
 #   TIDE_KQ_MMA=1          q4_K / q5_K / q6_K prefill products and grouped MoE on int8 tensor cores
 #   TIDE_VISION_TC=1|f16   the Qwen-VL towers' products in q8_0 / f16 and tensor-core attention
 #   TIDE_F16_MMA=1         f16 / bf16 products of n >= 64 on the big-tile mma.sync kernel
@@ -53,6 +54,7 @@ case $PHASE in
 tests)
     # each path's own tests (they turn their switch on themselves where they need it)
     tg paged 90 "" --only paged
+    tg sinks 60 "" --only attention_sinks
     tg kqmma 120 "" --only kqmma
     tg moe_prefill 60 "" --only moe_prefill
     tg moe_rows_mma 60 "" --only moe_rows_mma
