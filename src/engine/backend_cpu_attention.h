@@ -27,8 +27,9 @@ float cpu_dot_f32(const float *a, const float *b, int n);
 void cpu_attention(void *ctx, const float *q, const float *k_cache, const float *v_cache, float *out, float *att,
                    int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* backend_i.attention_f16: bit for bit cpu_attention over the caches widened to f32.
- * head_dim <= CPU_ATT_F16_MAX_HD. */
-#define CPU_ATT_F16_MAX_HD 256
+ * head_dim <= CPU_ATT_F16_MAX_HD: the widest head any attention op takes, deepseek2's MLA rows
+ * (512 + 64) through attention_sinks (the f16 rows are widened into stack buffers that size). */
+#define CPU_ATT_F16_MAX_HD 576
 void cpu_attention_f16(void *ctx, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
                        float *att, int n, int pos, int n_head, int n_head_kv, int head_dim);
 /* Either of the two (f16: the caches hold f16) with the AVX-512 scores only where isa is

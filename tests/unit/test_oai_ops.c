@@ -133,11 +133,13 @@ Test(oai_ops, rope_freqs_turns_norm_pairs)
 /* The f16 and paged caches (gpt-oss's slots when kv_type is f16 and kv_block_size pages them):
  * f16 rows give the bits of the f32 op over the same rows widened, and rows in blocks of 16
  * spread over a pool (a permuted table with gaps) the bits of the same rows one after another,
- * with sinks and windows, on each path of check_attention_shape's shapes. */
+ * with sinks and windows, on each path of check_attention_shape's shapes and at MLA's width. */
 Test(oai_ops, attention_sinks_f16_and_paged_caches_give_the_contiguous_f32_bits)
 {
     static const float sinks[8] = {0.5f, -1.0f, 2.0f, 3.5f, 0.0f, -4.0f, 1.25f, 6.0f};
-    static const int shapes[][3] = {{8, 2, 64}, {6, 2, 64}, {4, 2, 24}, {4, 2, 12}}; /* heads, KV heads, d */
+    /* heads, KV heads, d; 576: deepseek2's MLA rows, the widest head the op takes (its f16 rows
+     * are widened into stack buffers of that size) */
+    static const int shapes[][3] = {{8, 2, 64}, {6, 2, 64}, {4, 2, 24}, {4, 2, 12}, {2, 1, 576}};
     static const int calls[][3] = {{3, 70, 0}, {3, 70, 37}, {1, 93, 0}, {1, 93, 20}}; /* n, pos, window */
     enum { BR = 16, NB = 6, POOL = 11 };                                               /* rows a block, blocks, pool */
     static const int32_t table[NB] = {7, 2, 10, 0, 5, 8};
