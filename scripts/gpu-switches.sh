@@ -33,7 +33,7 @@ R=$OUT/$PHASE-raw
 S=$OUT/$PHASE.txt
 mkdir -p "$R"
 export LD_LIBRARY_PATH=$PWD/$C/gpu-libs
-ALL_ON="TIDE_CUDA_PAGED=1 TIDE_KQ_MMA=1 TIDE_F16_MMA=1 TIDE_MOE_ROWS_MMA=1 TIDE_DECODE_ATTN_SPLIT=1 TIDE_DECODE_QONCE=1 TIDE_MOE_ROUTE_ONCE=1"
+ALL_ON=${ALL_ON:-"TIDE_CUDA_PAGED=1 TIDE_KQ_MMA=1 TIDE_F16_MMA=1 TIDE_MOE_ROWS_MMA=1 TIDE_DECODE_ATTN_SPLIT=1 TIDE_DECODE_QONCE=1 TIDE_MOE_ROUTE_ONCE=1"}
 t0=$(date +%s)
 since() { echo $(( $(date +%s) - t0 )); }
 log() { echo "$*" | tee -a "$S"; }
@@ -57,7 +57,7 @@ tests)
     tg sinks 60 "" --only attention_sinks
     tg kqmma 120 "" --only kqmma
     tg moe_prefill 60 "" --only moe_prefill
-    tg moe_rows_mma 60 "" --only moe_rows_mma
+    tg moe_rows_mma 120 "" --only moe_rows_mma
     tg f16_mma 90 "" --only f16_mma
     tg vision_tc 120 "" --only _tc
     tg decode 90 "" --only decode_

@@ -108,10 +108,38 @@ static bool moe_rows_case(uint32_t T, uint32_t TD, int E, int F, int k, int NE, 
     return moe_rows_case_lim(T, TD, E, F, k, NE, n, 2e-4);
 }
 
+/* The last cases' experts, kept for the next case of the same types and shape: 128 experts of
+ * Qwen3-30B-A3B's shape are 600 MB of random weights quantised on the host, about 15 s a set,
+ * and four cases in a row use that set. moe_rows_drop frees it at the end of a test. */
+static struct experts rows_x;
+static int rows_x_key[5];
+
+static struct experts *moe_rows_experts(uint32_t T, uint32_t TD, int E, int F, int NE)
+{
+    int key[5] = {(int)T, (int)TD, E, F, NE};
+    if (rows_x.mem && !memcmp(key, rows_x_key, sizeof key))
+        return &rows_x;
+    if (rows_x.mem) {
+        gpu.i->free(gpu.ctx, rows_x.mem);
+        gpu.i->free(gpu.ctx, rows_x.tab_d);
+    }
+    experts_make(&rows_x, T, TD, E, F, NE);
+    memcpy(rows_x_key, key, sizeof key);
+    return &rows_x;
+}
+
+static void moe_rows_drop(void)
+{
+    if (rows_x.mem) {
+        gpu.i->free(gpu.ctx, rows_x.mem);
+        gpu.i->free(gpu.ctx, rows_x.tab_d);
+    }
+    memset(&rows_x, 0, sizeof rows_x);
+}
+
 static bool moe_rows_case_lim(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n, double lim)
 {
-    struct experts x;
-    experts_make(&x, T, TD, E, F, NE);
+    struct experts x = *moe_rows_experts(T, TD, E, F, NE);
     float *lg = rand_vec((size_t)n * NE, 2.0f), *xs = rand_vec((size_t)n * E, 1.0f), *y0 = rand_vec((size_t)n * E, 1.0f);
     float *ld = dev_put(lg, sizeof(float) * n * NE), *xd = dev_put(xs, sizeof(float) * n * E);
     float *ya = dev_put(y0, sizeof(float) * n * E), *yb = dev_put(y0, sizeof(float) * n * E);
@@ -135,7 +163,7 @@ static bool moe_rows_case_lim(uint32_t T, uint32_t TD, int E, int F, int k, int 
     printf("  moe rows %s/%s E %d F %d k %d of %d, %d tokens%s: rc %d/%d, routing %s, rel err %.3g (limit %.0e)\n",
            ggml_type_name(T), ggml_type_name(TD), E, F, k, NE, n, cuda_set_moe_rows_mma(-1) ? " (tensor-core tiles)" : "",
            rc, rc2, same_route ? "same" : "DIFFERS", e, lim);
-    void *dv[] = {ld, xd, ya, yb, ra, rb, x.mem, x.tab_d};
+    void *dv[] = {ld, xd, ya, yb, ra, rb};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         gpu.i->free(gpu.ctx, dv[i]);
     free(lg); free(xs); free(y0); free(h_ra); free(h_rb); free(h_ya); free(h_yb);
@@ -161,6 +189,7 @@ void test_rows(void)
             ok = moe_rows_case((uint32_t)cfg[c][0], (uint32_t)cfg[c][1], cfg[c][2], cfg[c][3], cfg[c][4], cfg[c][5],
                                cfg[c][6]) && ok;
     }
+    moe_rows_drop();
     verdict("rows", ok, "a decode step's rows in one op each = one row at a time (%.0f cases)", n_cases);
 }
 
@@ -182,6 +211,7 @@ void test_moe_rows_mma(void)
         ok = moe_rows_case_lim((uint32_t)cfg[c][0], (uint32_t)cfg[c][1], cfg[c][2], cfg[c][3], cfg[c][4], cfg[c][5],
                                cfg[c][6], 1e-3) && ok;
     cuda_set_moe_rows_mma(was);
+    moe_rows_drop();
     verdict("moe_rows_mma", ok, "a decode step's MoE on the tensor-core tiles = one token at a time (%.0f cases)", n_cases);
 }
 
