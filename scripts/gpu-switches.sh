@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# gpu-switches.sh - the first GPU run of the CUDA paths written in the tenth session, when no GPU
-# was lent: each sits behind a switch that is off by default until this has run (docs/CONFIG.md,
-# "TIDE_ switches"). One device call a phase, each under the 600 s a call may take:
+# gpu-switches.sh - the GPU runs of the CUDA paths written without a GPU, each behind a switch
+# (docs/CONFIG.md, "TIDE_ switches"; the thirteenth session's H100 run turned all but
+# TIDE_MOE_ROWS_MMA on by default, so "off" below means each =0). One device call a phase, each
+# under the 600 s a call may take:
 #   tests  every new test-gpu test (the switched paths against the CPU backend), and the whole
 #          e2e / batch parity suites again with every switch on (~5 min)
 #   bench  the switched kernels' benchmarks against the paths they would replace (~6 min)
@@ -15,7 +16,7 @@
 #          (then strip the binaries: the carry limit is 64 MiB)
 #   there: CARRY=.dev-lead/gb OUT=$OUT scripts/gpu-switches.sh tests    (device tool, carry [".dev-lead/gb"])
 # Output: $OUT/<phase>.txt (the lines that matter), $OUT/<phase>-raw/ (everything).
-# The switches and what each turns on:
+# The switches (ALL_ON / ALL_OFF name them with =1 / =0) and what each turns on:
 #   TIDE_CUDA_PAGED=1      paged KV cache on CUDA (attention_paged, the decode rows' paged ops), and
 #                          gpt-oss's sink attention over f16 and paged caches
 #   TIDE_KQ_MMA=1          q4_K / q5_K / q6_K prefill products and grouped MoE on int8 tensor cores
@@ -34,6 +35,7 @@ S=$OUT/$PHASE.txt
 mkdir -p "$R"
 export LD_LIBRARY_PATH=$PWD/$C/gpu-libs
 ALL_ON=${ALL_ON:-"TIDE_CUDA_PAGED=1 TIDE_KQ_MMA=1 TIDE_F16_MMA=1 TIDE_MOE_ROWS_MMA=1 TIDE_DECODE_ATTN_SPLIT=1 TIDE_DECODE_QONCE=1 TIDE_MOE_ROUTE_ONCE=1"}
+ALL_OFF=${ALL_OFF:-$(echo "$ALL_ON" | sed 's/=[0-9a-z]*/=0/g')}
 t0=$(date +%s)
 since() { echo $(( $(date +%s) - t0 )); }
 log() { echo "$*" | tee -a "$S"; }
@@ -83,11 +85,12 @@ bench)
     done
     ;;
 serve)
-    on=$(echo "$ALL_ON" | tr ' ' '+')
-    KEEP_MODEL=1 SKIP_TESTS=1 CLIENTS=${CLIENTS:-"1 8 32"} CARRY=$C OUT=$R VARIANTS="off on:$on" \
+    on=$(echo "$ALL_ON" | tr ' ' '+') off=$(echo "$ALL_OFF" | tr ' ' '+')
+    KEEP_MODEL=1 SKIP_TESTS=1 CLIENTS=${CLIENTS:-"1 8 32"} CARRY=$C OUT=$R VARIANTS="off:$off on:$on" \
         timeout 560 bash scripts/bench-serve.sh 2>&1 | grep -E 'label|steps|written|kept|--' | cut -c1-330 | tee -a "$S"
     ;;
 vision)
+    mkdir -p build && cp -a "$C/tide" "$C/tide-mkmodel" "$C/gpu-libs" build/ # bench-vision-gpu.sh runs build/'s
     for v in 0 1 f16; do
         TIDE_VISION_TC=$v TIDE_F16_MMA=1 CARRY=$C OUT=$R/tc-$v timeout 180 bash scripts/bench-vision-gpu.sh qwen3vl 2>&1 |
             grep -E 'cold|warm|cached|encode|FAIL' | sed "s/^/TIDE_VISION_TC=$v: /" | cut -c1-260 | tee -a "$S"

@@ -29,7 +29,7 @@ int backend_cuda_error(const struct backend *b, char *msg, size_t msglen);
  * mirrors. NULL on failure. */
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *p);
-/* The decode kernels of issue 21, each off by default until it has been measured on a GPU
+/* The decode kernels of issue 21, each on by default since its tests passed on an H100
  * (docs/CONFIG.md, docs/DESIGN.md "Decode is bound by kernel launches"):
  *   CUDA_DECODE_ATTN_SPLIT: attention of one query token in chunks of 16 keys on 128-thread
  *     CTAs (attention_decode.cu), so that 100-2000 keys fill the SMs;
@@ -41,8 +41,8 @@ void cuda_host_free(void *p);
  *     CTA of its first kernel (moe.cu); the same bits as without.
  * cuda_set_decode_opt(which, on): on 0 or 1 (CUDA_DECODE_QONCE: 0, 1 or 2) sets it
  * (process-wide: set before ops are queued or a step is recorded), -1 only reads; returns the
- * previous value. TIDE_DECODE_ATTN_SPLIT=1, TIDE_DECODE_QONCE=1|2 and TIDE_MOE_ROUTE_ONCE=1 in
- * the environment set them at start. */
+ * previous value. TIDE_DECODE_ATTN_SPLIT, TIDE_DECODE_QONCE (0, 1 or 2) and TIDE_MOE_ROUTE_ONCE
+ * in the environment set them at start (=0 off; unset: 1). */
 enum cuda_decode_opt { CUDA_DECODE_ATTN_SPLIT, CUDA_DECODE_QONCE, CUDA_MOE_ROUTE_ONCE, CUDA_DECODE_OPTS };
 int cuda_set_decode_opt(int which, int on);
 /* Tuning knobs of the q8_0/q4_0 tensor-core matmul (tests and benchmarks; process-wide, set
@@ -53,9 +53,8 @@ int cuda_set_mmq_min_n(int n);
 int cuda_set_mmq_tile(int bn);
 int cuda_set_mmq_split(int max_splits); /* most K slices (1 = no split-K), 8 by default */
 /* The int8 tensor-core path for q4_K / q5_K / q6_K products at prefill sizes, dense and in
- * moe_ffn_batch's grouped experts (mmq_kquant.cu): 1 on, 0 off (the default: it has not run
- * on a GPU yet), -1 only reads. TIDE_KQ_MMA=1 in the environment sets 1 at start. Returns the
- * previous value. */
+ * moe_ffn_batch's grouped experts (mmq_kquant.cu): 1 on (the default), 0 off, -1 only reads.
+ * TIDE_KQ_MMA=0 in the environment sets 0 at start. Returns the previous value. */
 int cuda_set_kq_mma(int on);
 /* Whether a product of this type, width (cols) and n tokens takes that path (rows aligned as
  * the loader allocates them): 1 or 0. Tests use it to know how the kernels see x. */
@@ -64,23 +63,23 @@ int cuda_kq_mma_takes(uint32_t type, int cols, int n);
  * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
  * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
 int cuda_set_moe_grouped(int on);
-/* A decode step's MoE of n > 1 tokens on the grouped tensor-core tiles (TIDE_MOE_ROWS_MMA=1 is
- * the default's switch; not run on a GPU yet): on != 0 on, 0 off, < 0 only reads; returns the
- * old value. */
+/* A decode step's MoE of n > 1 tokens on the grouped tensor-core tiles (TIDE_MOE_ROWS_MMA=1;
+ * off by default: it passed its tests on an H100 but is slower than the CUDA-core kernels below
+ * 64 rows): on != 0 on, 0 off, < 0 only reads; returns the old value. */
 int cuda_set_moe_rows_mma(int on);
 /* Whether prefill chunks with head_dim 64 or 128 take the f16 tensor-core attention kernel
  * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.
  * TIDE_ATTN_MMA=0 in the environment sets 0 at start. */
 int cuda_set_attn_mma(int on);
-/* Whether the vision encoder's attention_full takes the f16 tensor-core kernel (1) or the f32
- * one (0, the default); -1 only reads it. Returns the previous value. TIDE_VISION_TC=1 in the
- * environment sets 1 at start (docs/CONFIG.md; the Qwen-VL towers' weights follow the same
+/* Whether the vision encoder's attention_full takes the f16 tensor-core kernel (1, the default)
+ * or the f32 one (0); -1 only reads it. Returns the previous value. TIDE_VISION_TC=0 in the
+ * environment sets 0 at start (docs/CONFIG.md; the Qwen-VL towers' weights follow the same
  * switch, qwen3vl_tc.h). */
 int cuda_set_vision_tc(int on);
 
 /* Whether prefill-size (n >= 64) f16 / bf16 products take the big-tile mma.sync kernel
- * (cuda/gemm_f16_mma.cu, 1) or the wmma one (0, the default: not run on a GPU yet); -1 only
- * reads it. Returns the previous value. TIDE_F16_MMA=1 in the environment sets 1 at start. */
+ * (cuda/gemm_f16_mma.cu, 1, the default) or the wmma one (0); -1 only reads it. Returns the
+ * previous value. TIDE_F16_MMA=0 in the environment sets 0 at start. */
 int cuda_set_f16_mma(int on);
 /* Its tile width in tokens (64 or 128; 0 = chosen per product) and most K slices (1 = no
  * split-K, 8 by default), for benchmarks. Returns the previous tile width. */

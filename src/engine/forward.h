@@ -160,12 +160,11 @@ void forward_stage_size(const struct model *m, int n_ctx, int n_seq, int max_bat
                         bool first, bool last, enum kv_type kv, struct forward_stage_bytes *out);
 /* NULL when model m's KV cache can be paged on backends be[0..n) (each has attention_paged, and the
  * model's attention reads the rows through it); else why each slot keeps one block of n_ctx:
- * deepseek2's MLA latent, gpt-oss's sink attention, a backend without the op, a CUDA device
- * while TIDE_CUDA_PAGED is not 1 (its paged kernels have not run on a GPU yet). */
+ * deepseek2's MLA latent, a sink attention that reads one piece, a backend without the op, a CUDA
+ * device with TIDE_CUDA_PAGED=0. */
 const char *forward_kv_paged_why(const struct model *m, const struct backend *be, int n);
-/* Whether CUDA devices take the paged KV cache (TIDE_CUDA_PAGED=1 in the environment, read once;
- * off by default until the paged kernels have passed test-gpu on a GPU). on: 1 or 0 sets it
- * (tests), -1 only reads it. Returns the previous value. */
+/* Whether CUDA devices take the paged KV cache (on unless TIDE_CUDA_PAGED=0 in the environment,
+ * read once). on: 1 or 0 sets it (tests), -1 only reads it. Returns the previous value. */
 int forward_set_cuda_paged(int on);
 /* Bytes of a pool of `rows` positions over layers [l0, l1). */
 size_t forward_kv_pool_bytes(const struct model *m, uint32_t l0, uint32_t l1, size_t rows, enum kv_type kv);

@@ -21,13 +21,13 @@
 
 static size_t tc_align(size_t n) { return (n + TC_ALIGN - 1) / TC_ALIGN * TC_ALIGN; }
 
-static int tc_on = -1; /* -1: TIDE_VISION_TC not read yet; 0 off, 1 on, 2 on with f16 products only */
+static int tc_on = -1; /* -1: TIDE_VISION_TC not read yet; 0 off, 1 on, 2 on with f16 products only (the default) */
 
 int qwen3vl_set_tc(int on)
 {
     if (tc_on < 0) {
         const char *e = getenv("TIDE_VISION_TC");
-        tc_on = !e || !e[0] || !strcmp(e, "0") ? 0 : !strcmp(e, "f16") ? 2 : 1;
+        tc_on = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : 2;
     }
     int old = tc_on;
     if (on >= 0)

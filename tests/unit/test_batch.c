@@ -354,8 +354,9 @@ Test(batch, gptoss_f16_paged_batched_equals_alone) { check_preset_paged("gpt-oss
 Test(batch, gptoss_f16_kv_f16_batched_equals_alone) { check_preset_kv("gpt-oss", -1, KV_F16); }
 Test(batch, gptoss_mxfp4_kv_f16_paged_batched_equals_alone) { check_preset_paged("gpt-oss", GGML_TYPE_MXFP4, KV_F16, 16); }
 Test(batch, gptoss_mxfp4_batched_equals_alone) { check_preset("gpt-oss", GGML_TYPE_MXFP4); }
-/* beside a device whose sink attention reads a slot's f32 rows in one piece (CUDA's), gpt-oss
- * keeps one block a slot and says why */
+/* beside a device whose sink attention reads a slot's f32 rows in one piece, gpt-oss keeps one
+ * block a slot and says why; beside a CUDA device (whose sink kernel reads f16 and paged rows)
+ * it pages and takes f16 unless TIDE_CUDA_PAGED=0 */
 Test(batch, gptoss_pages_only_where_every_device_sink_attention_can)
 {
     char path[96];
@@ -369,14 +370,25 @@ Test(batch, gptoss_pages_only_where_every_device_sink_attention_can)
     cr_assert_null(forward_kv_paged_why(&m, be, 1), "the CPU pages gpt-oss");
     const char *why = forward_kv_paged_why(&m, be, 2);
     cr_assert(why && strstr(why, "sink"), "%s", why ? why : "(null)");
+    struct backend_i cuda_like = *cpu.i;
+    cuda_like.name = "cuda";
+    struct backend bc[2] = {cpu, {&cuda_like, cpu.ctx}};
+    int old = forward_set_cuda_paged(1);
+    cr_assert_null(forward_kv_paged_why(&m, bc, 2), "a CUDA device's sink attention pages gpt-oss");
+    cr_assert_null(forward_kv_f16_why(&m, bc, 2), "and reads f16 rows");
+    forward_set_cuda_paged(0);
+    why = forward_kv_f16_why(&m, bc, 2);
+    cr_assert(why && strstr(why, "TIDE_CUDA_PAGED=0"), "%s", why ? why : "(null)");
+    cr_assert_not_null(forward_kv_paged_why(&m, bc, 2));
+    forward_set_cuda_paged(old);
     backend_cpu_free(&cpu);
     model_free(&m);
     unlink(path);
 }
 
-/* A CUDA device pages its KV cache only with TIDE_CUDA_PAGED=1 (forward_set_cuda_paged): its
- * paged kernels have not run on a GPU yet, and the reason says so and names the switch. */
-Test(batch, cuda_pages_only_with_the_switch)
+/* A CUDA device pages its KV cache unless TIDE_CUDA_PAGED=0 (forward_set_cuda_paged), and the
+ * reason names the switch when it is off. */
+Test(batch, cuda_pages_unless_switched_off)
 {
     struct model m;
     memset(&m, 0, sizeof m); /* llama, no layers: nothing in the model keeps it from paging */
@@ -388,7 +400,7 @@ Test(batch, cuda_pages_only_with_the_switch)
     int old = forward_set_cuda_paged(0);
     cr_assert_null(forward_kv_paged_why(&m, be, 1), "the CPU pages");
     const char *why = forward_kv_paged_why(&m, be, 2);
-    cr_assert(why && strstr(why, "not run on a GPU") && strstr(why, "TIDE_CUDA_PAGED=1"), "%s", why ? why : "(null)");
+    cr_assert(why && strstr(why, "TIDE_CUDA_PAGED=0"), "%s", why ? why : "(null)");
     forward_set_cuda_paged(1);
     cr_assert_null(forward_kv_paged_why(&m, be, 2), "with the switch on CUDA pages too");
     cuda_like.attention_paged = NULL;

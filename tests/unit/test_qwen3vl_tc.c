@@ -32,6 +32,7 @@ static void write_tower(char *p, size_t len, int kind, int type, uint32_t D, uin
 
 Test(qwen3vl_tc, type_rules)
 {
+    qwen3vl_set_tc(1); /* TIDE_VISION_TC=1 (the default is f16, below) */
     /* q8_0 / q4_0 stay where the int8 mma path takes the rows (whole 128-element stages) */
     cr_assert_eq(qwen3vl_tc_type(GGML_TYPE_Q8_0, 1152), GGML_TYPE_Q8_0);
     cr_assert_eq(qwen3vl_tc_type(GGML_TYPE_Q4_0, 4608), GGML_TYPE_Q4_0);
@@ -45,12 +46,18 @@ Test(qwen3vl_tc, type_rules)
     cr_assert_eq(qwen3vl_tc_type(GGML_TYPE_BF16, 1280), GGML_TYPE_BF16);
 }
 
-Test(qwen3vl_tc, switch_is_off_unless_set)
+Test(qwen3vl_tc, switch_defaults_to_f16)
 {
     unsetenv("TIDE_VISION_TC");
-    cr_assert_eq(qwen3vl_set_tc(-1), 0);
-    cr_assert_eq(qwen3vl_set_tc(1), 0, "returns the previous value");
+    cr_assert_eq(qwen3vl_set_tc(-1), 2);
+    cr_assert_eq(qwen3vl_set_tc(1), 2, "returns the previous value");
     cr_assert_eq(qwen3vl_set_tc(-1), 1);
+}
+
+Test(qwen3vl_tc, switch_turns_off_with_0)
+{
+    setenv("TIDE_VISION_TC", "0", 1);
+    cr_assert_eq(qwen3vl_set_tc(-1), 0);
 }
 
 Test(qwen3vl_tc, switch_reads_the_environment)
@@ -70,6 +77,7 @@ Test(qwen3vl_tc, switch_reads_f16)
  * f32 one. */
 Test(qwen3vl_tc, layout_keeps_q8_0)
 {
+    qwen3vl_set_tc(1); /* TIDE_VISION_TC=1 */
     char p[96], err[200] = "";
     write_tower(p, sizeof p, 3, GGML_TYPE_Q8_0, 128, 256);
     struct qwen3vl_hparams hp;
@@ -163,6 +171,7 @@ Test(qwen3vl_tc, qwen3vl_f16_products_on_cpu)
 /* q8_0 in the file, 128 wide: the q8_0 products (x quantised to int8 blocks, as on the GPU) */
 Test(qwen3vl_tc, qwen3vl_q8_0_products_on_cpu)
 {
+    qwen3vl_set_tc(1); /* TIDE_VISION_TC=1 */
     int ty;
     double e = tc_vs_f32(3, GGML_TYPE_Q8_0, 128, 256, 96, 64, &ty);
     cr_assert_eq(ty, GGML_TYPE_Q8_0);

@@ -40,7 +40,7 @@ extern "C" int cuda_set_vision_tc(int on)
 {
     if (vision_tc < 0) {
         const char *e = getenv("TIDE_VISION_TC");
-        vision_tc = e && e[0] && strcmp(e, "0") ? 1 : 0;
+        vision_tc = !(e && !strcmp(e, "0"));
     }
     int old = vision_tc;
     if (on >= 0)

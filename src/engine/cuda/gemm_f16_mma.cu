@@ -42,7 +42,7 @@ extern "C" int cuda_set_f16_mma(int on)
 {
     if (f16_mma < 0) {
         const char *e = getenv("TIDE_F16_MMA");
-        f16_mma = e && e[0] && strcmp(e, "0") ? 1 : 0;
+        f16_mma = !(e && !strcmp(e, "0"));
     }
     int old = f16_mma;
     if (on >= 0)

@@ -10,7 +10,7 @@
  *     the product's own reads of x), then the f16 tensor-core GEMM of matmul.cu. The int8
  *     tensor-core kernel (mmq_mma.cu) takes q8_0/q4_0 blocks only, and a k-quant block's
  *     per-16/32 scales and mins do not fit its one-scale-a-block tiles;
- *   - with TIDE_KQ_MMA=1 (off by default: not run on a GPU yet), n >= cuda_mmq_min_n() goes
+ *   - unless TIDE_KQ_MMA=0 (on by default since it passed test-gpu on an H100), n >= cuda_mmq_min_n() goes
  *     to mmq_kquant.cu's int8 tensor-core tiles instead, which read the super-blocks as they are.
  * Rows need 4-byte alignment for q4_K/q5_K (every row is a multiple of 16 bytes), 2 for q6_K;
  * anything else returns false and matmul.cu's element-wise kernel runs. */

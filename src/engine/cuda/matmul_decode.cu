@@ -1,5 +1,5 @@
 /* matmul_decode.cu - decode-size q8_0 / q4_0 products with x quantised once (issue 21; behind
- * TIDE_DECODE_QONCE, off by default until measured).
+ * TIDE_DECODE_QONCE: 1 by default, 2 the other form, 0 off).
  *
  * matmul.cu's decode kernels (mmvq_fused_kernel, mmvq_fused3_kernel) quantise x - and for
  * matmul3 rmsnorm it - inside every CTA, which saved a launch when launches cost ~5 us. Inside a

@@ -10,7 +10,8 @@
  * kqt_mainloop (which moe_prefill.cu's grouped kernels share). Split-K (grid z) when the
  * tiles leave SMs idle, with the slices added in a fixed order, as mmq_mma.cu's plan does.
  *
- * Off by default (TIDE_KQ_MMA=1 or cuda_set_kq_mma turns it on): it has not run on a GPU yet.
+ * On by default since test-gpu's kqmma tests passed on an H100 (TIDE_KQ_MMA=0 or cuda_set_kq_mma(0)
+ * turns it off).
  * Rows kqt_shape_ok refuses (W not 8-byte aligned for q4_K / q5_K) stay on kquant.cu's paths. */
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +25,14 @@ extern "C" {
 
 #define KQM_MAX_SPLIT 8
 
-/* -1: not read yet; then TIDE_KQ_MMA=1 in the environment, or cuda_set_kq_mma */
+/* -1: not read yet; then on unless TIDE_KQ_MMA=0 in the environment, or cuda_set_kq_mma */
 static int kq_mma = -1;
 
 bool cuda_kq_mma_on(void)
 {
     if (kq_mma < 0) {
         const char *e = getenv("TIDE_KQ_MMA");
-        kq_mma = e && !strcmp(e, "1");
+        kq_mma = !(e && !strcmp(e, "0"));
     }
     return kq_mma != 0;
 }

@@ -6,7 +6,7 @@
 
 #include "engine/cuda/mma_kq_tile.cuh"
 
-/* TIDE_KQ_MMA=1 (read once) or cuda_set_kq_mma(1): off by default until it has run on a GPU */
+/* on unless TIDE_KQ_MMA=0 (read once) or cuda_set_kq_mma(0) */
 bool cuda_kq_mma_on(void);
 /* Whether cuda_matmul_kq sends this product here: the switch on, n >= cuda_mmq_min_n() (and
  * n > 2), a k-quant type whose rows kqt_shape_ok takes. */

@@ -27,7 +27,7 @@
  * calls (the cache size).
  *
  * k-quant experts (q4_K / q5_K / q6_K; down may differ from gate and up, as in Q4_K_M) are
- * grouped too when TIDE_KQ_MMA=1 (mmq_kquant.cu, off by default: not run on a GPU yet): the
+ * grouped too unless TIDE_KQ_MMA=0 (mmq_kquant.cu): the
  * same kernels with mma_kq_tile.cuh's kqt_mainloop, which also needs each x block's
  * dx * sum(codes) for the mins (cuda_kq_xsum after each quantisation); they are bit for bit
  * the dense k-quant kernel without split-K, as above. */
@@ -377,7 +377,8 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
  * routing. The tile list has ceil(n / 16) tiles of 16 pairs for every expert; those of experts
  * nobody chose (and the tails past an expert's pairs) have no pairs and return at once.
  * A token's pairs are combined in ascending expert order, as moe_ffn_batch's and the CPU's.
- * Not run on a GPU yet: off unless TIDE_MOE_ROWS_MMA=1 (or cuda_set_moe_rows_mma). */
+ * Off unless TIDE_MOE_ROWS_MMA=1 (or cuda_set_moe_rows_mma): it passed test-gpu moe_rows_mma on an
+ * H100, but bench_moe_rows measured it slower than moe_rows.cu at 8 rows, even at 32, faster at 64. */
 
 namespace {
 
