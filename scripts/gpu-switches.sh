@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-switches.sh - the GPU runs of the CUDA paths written without a GPU, each behind a switch
-# (docs/CONFIG.md, "TIDE_ switches"; the thirteenth session's H100 run turned all but
-# TIDE_MOE_ROWS_MMA on by default, so "off" below means each =0). One device call a phase, each
+# (docs/CONFIG.md, "TIDE_ switches"; the thirteenth session's H100 run turned them all on by
+# default, so "off" below means each =0). One device call a phase, each
 # under the 600 s a call may take:
 #   tests  every new test-gpu test (the switched paths against the CPU backend), and the whole
 #          e2e / batch parity suites again with every switch on (~5 min)

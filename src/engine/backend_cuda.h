@@ -63,9 +63,9 @@ int cuda_kq_mma_takes(uint32_t type, int cols, int n);
  * to the per-expert ops (0): before/after benchmarks and tests. Returns the previous value.
  * TIDE_MOE_GROUPED=0 in the environment sets 0 at start. */
 int cuda_set_moe_grouped(int on);
-/* A decode step's MoE of n > 1 tokens on the grouped tensor-core tiles (TIDE_MOE_ROWS_MMA=1;
- * off by default: it passed its tests on an H100 but is slower than the CUDA-core kernels below
- * 64 rows): on != 0 on, 0 off, < 0 only reads; returns the old value. */
+/* A decode step's MoE of n > 1 tokens on the grouped tensor-core tiles (on by default;
+ * TIDE_MOE_ROWS_MMA=0 keeps moe_rows.cu's CUDA-core kernels): on != 0 on, 0 off, < 0 only
+ * reads; returns the old value. */
 int cuda_set_moe_rows_mma(int on);
 /* Whether prefill chunks with head_dim 64 or 128 take the f16 tensor-core attention kernel
  * (1, the default) or the f32 one (0); -1 only reads it. Returns the previous value.

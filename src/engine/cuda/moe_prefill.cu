@@ -377,8 +377,9 @@ int cuda_moe_ffn_batch(struct cuda_ctx *c, const struct moe_batch *b, const floa
  * routing. The tile list has ceil(n / 16) tiles of 16 pairs for every expert; those of experts
  * nobody chose (and the tails past an expert's pairs) have no pairs and return at once.
  * A token's pairs are combined in ascending expert order, as moe_ffn_batch's and the CPU's.
- * Off unless TIDE_MOE_ROWS_MMA=1 (or cuda_set_moe_rows_mma): it passed test-gpu moe_rows_mma on an
- * H100, but bench_moe_rows measured it slower than moe_rows.cu at 8 rows, even at 32, faster at 64. */
+ * On unless TIDE_MOE_ROWS_MMA=0 (or cuda_set_moe_rows_mma(0)): it passed test-gpu moe_rows_mma on an
+ * H100, and the daemon's 8- and 32-client runs there were measured with it on. Alone, bench_moe_rows
+ * put it behind moe_rows.cu at 8 rows (193 against 174 us a layer), even at 32, ahead at 64. */
 
 namespace {
 
@@ -388,7 +389,7 @@ bool rows_mma(void)
 {
     if (rows_mma_on < 0) {
         const char *e = getenv("TIDE_MOE_ROWS_MMA");
-        rows_mma_on = e && e[0] == '1';
+        rows_mma_on = !(e && !strcmp(e, "0"));
     }
     return rows_mma_on != 0;
 }
