@@ -2,7 +2,7 @@
 """bench-vision-gpu.py - a cold image request on the daemon, phase by phase (issues 6 and 25).
 
 Starts build/tide on CUDA device 0 with the shipped tiny model (models/tide-shapes*.gguf) and
-a lazy encoder (idle_s 1), then sends ROUNDS image requests, each a new picture (no embedding
+a lazy encoder (idle_s 3), then sends ROUNDS image requests, each a new picture (no embedding
 cache hit) after the encoder has unloaded, so each pays hand-back, encoder load, encode,
 prefill and the first token; then one warm request (encoder loaded, new picture) and, with
 BENCH_CACHED=1, that picture once more (embedding cache hit). Phases come from /metrics
@@ -93,7 +93,9 @@ cfg = {"model": os.environ.get("BENCH_MODEL", "models/tide-shapes.gguf"),
        "mmproj": os.environ.get("BENCH_MMPROJ", "models/tide-shapes-mmproj.gguf"), "port": port,
        "context": int(os.environ.get("BENCH_CONTEXT", "4096")),
        "devices": [{"backend": os.environ.get("BENCH_BACKEND", "cuda"), "index": 0}],
-       "vision": {"lazy": True, "idle_s": 1, "device": 0}}
+       # idle_s 3: the warm request must reach the encoder before it unloads, and the readings
+       # after a request (nvidia-smi among them) took over 1 s on an H100
+       "vision": {"lazy": True, "idle_s": 3, "device": 0}}
 cached = os.environ.get("BENCH_CACHED") == "1"
 os.makedirs(out, exist_ok=True)
 cfgp = os.path.join(out, f"vision-{label}.json")
@@ -156,6 +158,9 @@ try:
         u_loaded = used_mib()
         ph["prompt"] = r["usage"]["prompt_tokens"]
         rows.append((kind, ph))
+        if kind != "cold" and ph["load"] > 0:
+            say(f"WARNING {label} {kind} #{i}: the encoder unloaded before this request reached it (load "
+                f"{ph['load']:.1f} ms): not a {kind} request")
         say(f"{label} {kind} #{i}: state {st0} -> {st1}, "
             f"hand-back {ph['handback']:.2f} ms, load {ph['load']:.2f} ms, encode {ph['encode']:.2f} ms, "
             f"prefill {ph['prefill']:.2f} ms, first token {ph['first']:.2f} ms, time to first token {ph['ttft']:.2f} ms, "
