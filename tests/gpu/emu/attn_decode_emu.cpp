@@ -65,13 +65,6 @@ static void split_attention(const float *q, const T *kc, const T *vc, float *out
     });
 }
 
-static uint64_t rs = 88172645463325252ull;
-static double frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (double)(rs >> 11) / 9007199254740992.0 * 2 - 1; }
-
-template <typename T> static T to_cache(float v);
-template <> float to_cache<float>(float v) { return v; }
-template <> __half to_cache<__half>(float v) { return {tide_f32_to_f16(v)}; }
-
 /* one case: with at == NULL one row at pos (slot 0); else rows at at[r] over slot[r] */
 template <typename T>
 static int test(const char *what, int hd, int n_head, int n_head_kv, int pos, int sm_count, int rows = 1,

@@ -80,16 +80,6 @@ static void attention_one(const float *q, const T *k_cache, const T *v_cache, fl
     });
 }
 
-static uint64_t rs = 88172645463325252ull;
-static double frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (double)(rs >> 11) / 9007199254740992.0 * 2 - 1; }
-static uint64_t rnd(uint64_t n) { frand(); return (rs >> 7) % n; }
-
-template <typename T> static T to_cache(float v);
-template <> float to_cache<float>(float v) { return v; }
-template <> __half to_cache<__half>(float v) { return {tide_f32_to_f16(v)}; }
-
-template <typename T> static T *alloc(size_t n) { return (T *)aligned_alloc(64, (n * sizeof(T) + 63) & ~(size_t)63); }
-
 /* one case: rows queries (at NULL: one at pos); sequence r has at[r] + 1 rows (pos + 1), its
  * blocks at scrambled places of one pool */
 template <typename T>

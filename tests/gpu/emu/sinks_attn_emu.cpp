@@ -17,19 +17,8 @@
  * tests do). */
 #include "emu_launch.h"
 #include "engine/cuda/attention_sinks.cuh"
+#include "ref_attention.h"
 #include <stdio.h>
-
-static uint64_t rs = 88172645463325252ull;
-static double frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (double)(rs >> 11) / 9007199254740992.0 * 2 - 1; }
-static uint64_t rnd(uint64_t n) { frand(); return (rs >> 7) % n; }
-
-template <typename T> static T to_cache(float v);
-template <> float to_cache<float>(float v) { return v; }
-template <> __half to_cache<__half>(float v) { return {tide_f32_to_f16(v)}; }
-static double from_cache(float v) { return v; }
-static double from_cache(__half h) { return tide_f16_to_f32(h.bits); }
-
-template <typename T> static T *alloc(size_t n) { return (T *)aligned_alloc(64, (n * sizeof(T) + 63) & ~(size_t)63); }
 
 /* oai_ops.cu's sinks_launch without the context */
 template <typename T, bool PAGED>
