@@ -247,6 +247,40 @@ static void mm3_go(void *arg)
     }
 }
 
+/* The weights of the last case (host tensors and their device copies), kept for the next case
+ * of the same type and shape: the cases walk n and the norm over each shape, and making the
+ * weights for each (up to 25 M random values quantised on the host) ran the test past 60 s on
+ * an H100. qonce_w_drop frees them at the end. */
+static struct {
+    uint32_t T;
+    int cols, rows[3], n_mats;
+    struct tensor th[3], td[3];
+} qw;
+
+static void qonce_w_drop(void)
+{
+    for (int m = 0; m < qw.n_mats; m++) {
+        gpu.i->free(gpu.ctx, (void *)qw.td[m].data);
+        free((void *)qw.th[m].data);
+    }
+    memset(&qw, 0, sizeof qw);
+}
+
+static void qonce_w_get(uint32_t T, int cols, const int *rows, int n_mats)
+{
+    if (qw.n_mats == n_mats && qw.T == T && qw.cols == cols && !memcmp(qw.rows, rows, sizeof(int) * n_mats))
+        return;
+    qonce_w_drop();
+    qw.T = T, qw.cols = cols, qw.n_mats = n_mats;
+    for (int m = 0; m < n_mats; m++) {
+        float *wf = rand_vec((size_t)rows[m] * cols, 1.0f / sqrtf((float)cols));
+        qw.rows[m] = rows[m];
+        qw.th[m] = make_tensor(T, cols, rows[m], wf);
+        qw.td[m] = to_dev(&qw.th[m]);
+        free(wf);
+    }
+}
+
 /* matmul3 of (cols -> r0, r1, r2) at n tokens, normed or not: off == on, and the CPU's. */
 /* norm: 0 none, 1 f32 weights, 2 f16 weights (TIDE_DECODE_QONCE=2 then falls back to mode 1) */
 static bool qonce_mm3(uint32_t T, int cols, const int rows[3], int n, int norm, double *worst)
@@ -256,13 +290,11 @@ static bool qonce_mm3(uint32_t T, int cols, const int rows[3], int n, int norm, 
     struct tensor nh = {.type = GGML_TYPE_F32, .ne = {(uint64_t)cols, 1}, .data = nv, .row_bytes = (size_t)cols * 4};
     if (norm == 2)
         nh = make_tensor(GGML_TYPE_F16, cols, 1, nv);
-    struct tensor nd = to_dev(&nh), th[3], td[3];
-    float *xd = dev_put(x, lx * 4), *xn = dev_put(NULL, lx * 4), *xn_c = malloc(lx * 4), *yd[4], *yc[3], *wf[3];
+    struct tensor nd = to_dev(&nh), *th = qw.th, *td = qw.td;
+    float *xd = dev_put(x, lx * 4), *xn = dev_put(NULL, lx * 4), *xn_c = malloc(lx * 4), *yd[4], *yc[3];
     size_t len[4];
+    qonce_w_get(T, cols, rows, 3);
     for (int m = 0; m < 3; m++) {
-        wf[m] = rand_vec((size_t)rows[m] * cols, 1.0f / sqrtf((float)cols));
-        th[m] = make_tensor(T, cols, rows[m], wf[m]);
-        td[m] = to_dev(&th[m]);
         len[m] = (size_t)n * rows[m];
         yd[m] = dev_put(NULL, len[m] * 4);
         yc[m] = malloc(len[m] * 4);
@@ -287,8 +319,8 @@ static bool qonce_mm3(uint32_t T, int cols, const int rows[3], int n, int norm, 
             ok = false;
         }
         free(g);
-        gpu.i->free(gpu.ctx, yd[m]); gpu.i->free(gpu.ctx, (void *)td[m].data);
-        free(wf[m]); free(yc[m]); free((void *)th[m].data);
+        gpu.i->free(gpu.ctx, yd[m]);
+        free(yc[m]);
     }
     gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, xn); gpu.i->free(gpu.ctx, (void *)nd.data);
     if (norm == 2)
@@ -301,9 +333,9 @@ static bool qonce_mm3(uint32_t T, int cols, const int rows[3], int n, int norm, 
 static bool qonce_mm(uint32_t T, int cols, int rows, int n, int add, double *worst)
 {
     size_t lx = (size_t)n * cols, ly = (size_t)n * rows;
-    float *x = rand_vec(lx, 1.0f), *wf = rand_vec((size_t)rows * cols, 1.0f / sqrtf((float)cols));
-    float *y0 = rand_vec(ly, 1.0f), *yc = malloc(ly * 4);
-    struct tensor th = make_tensor(T, cols, rows, wf), td = to_dev(&th);
+    float *x = rand_vec(lx, 1.0f), *y0 = rand_vec(ly, 1.0f), *yc = malloc(ly * 4);
+    qonce_w_get(T, cols, &rows, 1);
+    struct tensor th = qw.th[0], td = qw.td[0];
     float *xd = dev_put(x, lx * 4), *yd = dev_put(NULL, ly * 4);
     const struct tensor *w1[1] = {&td};
     float *const y1[1] = {yd};
@@ -330,8 +362,8 @@ static bool qonce_mm(uint32_t T, int cols, int rows, int n, int add, double *wor
         printf("  decode_qonce %s: vs cpu %.3g\n", what, e);
         ok = false;
     }
-    gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, yd); gpu.i->free(gpu.ctx, (void *)td.data);
-    free(x); free(wf); free(y0); free(yc); free(g); free((void *)th.data);
+    gpu.i->free(gpu.ctx, xd); gpu.i->free(gpu.ctx, yd);
+    free(x); free(y0); free(yc); free(g);
     return ok;
 }
 
@@ -358,6 +390,7 @@ static void test_decode_qonce(void)
                 for (int add = 0; add < 2; add++)
                     ok = qonce_mm(types[t], mm[s][0], mm[s][1], ns[i], add, &worst) && ok;
     }
+    qonce_w_drop();
     char err[300] = "";
     if (backend_cuda_error(&gpu, err, sizeof err)) {
         ok = false;
