@@ -43,7 +43,7 @@ static const char *tests[] = {
     "matmul_kqmma_q4_K", "matmul_kqmma_q5_K", "matmul_kqmma_q6_K", "moe_prefill_kq", "e2e_kqmma_big_q4_K_M",
     "e2e_shadow_kqmma_big_q4_K_M", "bench_kqmma",
     "bench_copy", "bench_matmul", "bench_mmq", "bench_attention", "bench_attention_prefill", "bench_decode", "bench_decode_fused", "bench_decode_table", "bench_decode_table_unfused", "bench_decode_ops", "bench_decode_graph", "bench_prefill", "bench_kquant",
-    "vision_ops", "vision_encode", "bench_vision",
+    "vision_ops", "vision_encode", "bench_vision", /* vision_encode ... tc attention: one of vision_encode's */
     "e2e_qwen3vlmoe", "e2e_qwen2vl", "e2e_mrope_qwen3vlmoe", "e2e_mrope_qwen2vl", "qwenvl_rope_multi", "qwenvl_rope_2d",
     "qwenvl_encode", "qwenvl_encode_tc", "vision_attention_tc", "bench_qwenvl",
     "matmul_f16_mma", "matmul_bf16_mma", "bench_f16_mma", /* test_f16_mma.c */
@@ -479,8 +479,9 @@ static void test_e2e(const char *only)
     if (want(only, "e2e_full_granitemoe_q8_0") &&
         !gpu_e2e_full(cpu, gpu, "e2e_full_granitemoe_q8_0", "granitemoe", GGML_TYPE_Q8_0, 3e-2))
         n_fail++;
-    /* A Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K): the k-quant kernels end to
-     * end, prefill through the per-expert path (moe_ffn_batch does not group k-quants), decode
+    /* A Q4_K_M-like mix (q4_K, with ffn_down and output in q6_K) with TIDE_KQ_MMA=0 (the
+     * widening path the tensor-core tiles replaced by default): the k-quant kernels end to
+     * end, prefill through the per-expert path (moe_ffn_batch then does not group k-quants), decode
      * through the fused op and, with every expert cached, its table form in recorded steps.
      * The CPU dots k-quant rows with f32 x, the GPU with x in int8 blocks (as llama.cpp's CUDA
      * backend does): on this 8-layer random model that alone moves the logits by 0.21 at the
@@ -489,6 +490,7 @@ static void test_e2e(const char *only)
      * 1e-6 noise on those inputs already gives 0.02 / 0.23: the logits are no test of the
      * kernels here (limit 1.0: finite, not garbage). The shadow run checks every op instead, on
      * identical inputs, against the CPU given x as the kernels see it. */
+    int old_kq = cuda_set_kq_mma(0);
     gpu_e2e_type_down = GGML_TYPE_Q6_K;
     if (want(only, "e2e_big_q4_K_M") && !gpu_e2e(cpu, gpu, "e2e_big_q4_K_M", "big", GGML_TYPE_Q4_K, 1.0))
         n_fail++;
@@ -499,13 +501,14 @@ static void test_e2e(const char *only)
         !gpu_e2e_shadow(cpu, gpu, "e2e_shadow_big_q4_K_M", "big", GGML_TYPE_Q4_K))
         n_fail++;
     gpu_e2e_type_down = 0;
+    cuda_set_kq_mma(old_kq);
     /* llama-quantize's Q4_K_M recipe (quant_mix.c: q4_K, with attn_v, ffn_down_exps and output
      * in q6_K on its "more bits" layers) with the k-quant tensor-core tiles on (TIDE_KQ_MMA): the
      * prefill's dense products and grouped experts through mmq_kquant.cu. The logits have the
      * limit of e2e_big_q4_K_M for its reason (x's int8 rounding, not the kernels, moves them);
      * the shadow run checks each product, now with x as the tiles see it (int8 blocks at every
      * n), and test_moe_prefill.c's moe_prefill_kq the grouped experts against those products. */
-    int old_kq = cuda_set_kq_mma(1);
+    old_kq = cuda_set_kq_mma(1);
     gpu_e2e_mix = QUANT_MIX_Q4_K_M;
     if (want(only, "e2e_kqmma_big_q4_K_M") && !gpu_e2e(cpu, gpu, "e2e_kqmma_big_q4_K_M", "big", -1, 1.0))
         n_fail++;
