@@ -468,54 +468,10 @@ void cpu_f16_rows_isa(const uint8_t *w, size_t row_bytes, int r0, int r1, const 
 }
 #endif
 
-#include <string.h>
-
-uint16_t cpu_f16_round(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, NaN (kept quiet, with its top payload bits) */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | (ax >> 13 & 0x3ffu) : 0));
-    if (ax >= 0x477ff000u) /* rounds to 65520 or above: inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: a subnormal f16 (or zero), in units of 2^-24 */
-        if (ax < 0x33000000u) /* below half of 2^-24: zero */
-            return (uint16_t)sign;
-        uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126 - e; /* value = mant * 2^(e - 150); units of 2^-24: shift right by 126 - e */
-        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1)))
-            q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t q = ((ax >> 13) - (112u << 10)), rem = ax & 0x1fffu; /* rebias 127 -> 15 */
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1)))
-        q++; /* a carry into the exponent is right, up to 0x7bff + 1 = inf, excluded above */
-    return (uint16_t)(sign | q);
-}
-
-float cpu_f16_widen(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 0x1f, mant = h & 0x3ffu, x;
-    if (e == 0x1f)
-        x = sign | 0x7f800000u | mant << 13;
-    else if (e)
-        x = sign | (e + 112) << 23 | mant << 13;
-    else if (!mant)
-        x = sign;
-    else { /* subnormal: normalise */
-        e = 113;
-        while (!(mant & 0x400u)) {
-            mant <<= 1;
-            e--;
-        }
-        x = sign | e << 23 | (mant & 0x3ffu) << 13;
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
+/* The portable forms are gguf.c's conversions: the same bits for all 2^32 floats and all
+ * 65536 halves (this file had its own copies until a check over every input found them equal). */
+uint16_t cpu_f16_round(float f) { return tide_f32_to_f16(f); }
+float cpu_f16_widen(uint16_t h) { return tide_f16_to_f32(h); }
 
 void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n)
 {

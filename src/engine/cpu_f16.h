@@ -31,7 +31,8 @@ void cpu_f16_rows_isa(const uint8_t *w, size_t row_bytes, int r0, int r1, const 
 void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n);
 /* dst[0..n) = src widened to f32 (exact). */
 void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n);
-/* One value each way, portable C (the reference the fast forms agree with). */
+/* One value each way, portable C (the reference the fast forms agree with): gguf.h's
+ * tide_f32_to_f16 and tide_f16_to_f32. */
 uint16_t cpu_f16_round(float f);
 float cpu_f16_widen(uint16_t h);
 
