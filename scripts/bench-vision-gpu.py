@@ -12,7 +12,8 @@ and max_tokens 1, so its forward steps are its prompt's chunks; tide_time_to_fir
 "first token" is the time to first token less the other four (queueing, the image's decode
 and resize, the steps' host work, sampling). GPU memory (nvidia-smi used) is read before,
 while the encoder is loaded and after it unloads. Ends with a table of the cold median, warm
-and cached rows (also in OUTDIR/table-LABEL.md).
+and cached rows (also in OUTDIR/table-LABEL.md), and a text-only prompt of about the warm
+request's length prefilled the same way (the image rows' own share of the prefill).
 
 usage: bench-vision-gpu.py LABEL OUTDIR [ROUNDS]   (env as for the daemon: TIDE_VISION_CPU=1
 gives the CPU encoder; BENCH_TIGHT=1 reserves all free GPU memory first, so that the encoder's
@@ -178,6 +179,17 @@ try:
         say(line)
     with open(os.path.join(out, f"table-{label}.md"), "w") as f:
         f.write("\n".join(table) + "\n")
+    # a text-only prompt of about the image prompt's length, prefilled the same way: how much of
+    # the image request's prefill is its length, and how much its image rows (M-RoPE, deepstack)
+    warm_ph = next(ph for k, ph in rows if k == "warm")
+    n_img, pf_img = warm_ph["prompt"], warm_ph["prefill"]
+    words = " ".join(f"w{(i * 7919) % 10007}" for i in range(int(n_img) // 5))  # ~5 tokens a word
+    m0 = metrics()
+    r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": words}], "max_tokens": 1,
+                                      "temperature": 0})
+    pf = (metrics().get(keys["prefill"], 0) - m0.get(keys["prefill"], 0)) * 1e3
+    say(f"{label} text only: {r['usage']['prompt_tokens']} prompt tokens prefilled in {pf:.1f} ms "
+        f"(the image prompt: {n_img:.0f} in {pf_img:.1f} ms)")
     for _ in range(50):
         if vstate()[0] == "unloaded":
             break
