@@ -211,6 +211,9 @@ void test_batch(const char *only)
          * the same rows off: 2.5e-3 and 1.2e-1. The limits are that class, as the q8_0 rows'
          * are the int8 x's. */
         {"batch_gptoss", "gpt-oss", -1, 1e-2, KV_F32, 0},
+        /* and gpt-oss over an f16 paged cache on both sides (attention_sinks.cuh's f16 and paged
+         * forms inside the forward; the thirteenth session made it the default on CUDA) */
+        {"batch_paged_kv_f16_gptoss", "gpt-oss", -1, 1e-2, KV_F16, 16},
         {"batch_deepseek2", "deepseek2", -1, 0.5, KV_F32, 0},
         /* wider and deeper, 16 experts: a 1e-6 difference in a router logit can flip an expert
          * choice, and a flipped choice moves that row by ~0.3 (measured 0.29 on the H200, 0.048

@@ -38,7 +38,7 @@ static const char *tests[] = {
     "e2e_olmoe", "e2e_granitemoe", "e2e_gptoss", "e2e_gptoss_mxfp4", "e2e_moe_q5_0", "e2e_moe_q5_1", "e2e_big_iq4_xs", "e2e_deepseek2", "e2e_full_olmoe_q8_0", "e2e_full_granitemoe_q8_0", "e2e_shadow_dense_q8_0", "e2e_shadow_moe_q8_0", "e2e_full_moe_q8_0", "e2e_full_qwen3moe_q8_0", "e2e_full_qwen2moe_q8_0",
     "batch_moe", "batch_qwen3moe_q8_0", "batch_kv_f16_moe", "batch_kv_f16_qwen3moe_q8_0", "batch_gptoss", "batch_deepseek2", "batch_big_q8_0",
     "kv_f16_store", "kv_f16_attention", "kv_f16_rows", "bench_batch", "bench_moe_rows",
-    "paged_attention", "paged_rows", "batch_paged_moe", "batch_paged_kv_f16_qwen3moe_q8_0",
+    "paged_attention", "paged_rows", "batch_paged_moe", "batch_paged_kv_f16_qwen3moe_q8_0", "batch_paged_kv_f16_gptoss",
     "e2e_big_q4_K_M", "e2e_full_big_q4_K_M", "e2e_shadow_big_q4_K_M",
     "matmul_kqmma_q4_K", "matmul_kqmma_q5_K", "matmul_kqmma_q6_K", "moe_prefill_kq", "e2e_kqmma_big_q4_K_M",
     "e2e_shadow_kqmma_big_q4_K_M", "bench_kqmma",
