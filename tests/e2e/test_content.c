@@ -195,13 +195,16 @@ Test(content, request_memory_metrics_return_to_zero, .init = start_small_budget,
 }
 
 /* Issue 27 item 5: a stream of n 16 with logprobs held its whole output (42.5 MiB) until it
- * ended. Now the channel holds only what the client has not read: a fraction of it. */
+ * ended. Now the channel holds only what the client has not read: part of it. How much depends
+ * on how far the HTTP thread falls behind the engine, which on two cores busy with other tests
+ * reached half of a 312 KB stream once (CI, 2026-12-05); holding the whole stream is what this
+ * catches, so the bound is three quarters of a longer one. */
 Test(content, long_stream_output_not_held, .init = start_default, .fini = harness_stop, .timeout = 180)
 {
-    struct harness_reply r = harness_req("POST", "/v1/completions", NULL, "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"n\":16,\"logprobs\":5,\"stream\":true}");
+    struct harness_reply r = harness_req("POST", "/v1/completions", NULL, "{\"prompt\":\"Once upon a time\",\"max_tokens\":96,\"n\":16,\"logprobs\":5,\"stream\":true}");
     cr_assert_eq(r.status, 200);
-    cr_assert_gt(r.len, (size_t)200 << 10, "a long stream: %zu bytes", r.len);
+    cr_assert_gt(r.len, (size_t)400 << 10, "a long stream: %zu bytes", r.len);
     double peak = metric("tide_output_buffer_peak_bytes");
-    cr_assert_lt(peak, r.len / 4, "the channel held %.0f bytes of a %zu-byte stream", peak, r.len);
+    cr_assert_lt(peak, r.len * 3 / 4, "the channel held %.0f bytes of a %zu-byte stream", peak, r.len);
     harness_reply_free(&r);
 }
