@@ -151,8 +151,9 @@ struct backend_i {
      * rows): a prompt's embeddings in a few launches instead of one a token. */
     void (*get_rows)(void *ctx, const struct tensor *t, const int *ids, int n, float *out);
     /* Host <-> device copies (plain memcpy on the CPU). upload may be asynchronous on a
-     * copy stream but is ordered before any later op on this backend; download returns
-     * once the bytes are on the host. */
+     * copy stream but is ordered before any later op on this backend; pageable (malloc'ed)
+     * src_host may be reused once it returns (CUDA stages such memory before returning), pinned
+     * memory (host_alloc) only after a sync. download returns once the bytes are on the host. */
     void (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
     void (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
     /* Device to device within this backend's memory (regions apart), ordered after the ops

@@ -48,6 +48,23 @@ struct run {
 
 /* Layer l's K (or V) rows of slot `slot` where a slot is one block (not paged): (n_ctx, kvd)
  * elements of the cache's type. */
+/* Rows [0, n) of the host array src (rows `stride` floats apart; the first `cols` floats of each)
+ * to dst (n, cols) on the backend in one upload, packed through s->host_x ((max_batch, n_embd):
+ * free while a stage computes, and n <= max_batch, cols <= n_embd). An image's rows carry their
+ * deepstack slices beside the input row, and an upload a row costs a copy-engine round trip
+ * each: a Qwen3-VL-30B-A3B prompt's 768 image rows made 4 x 768 of them. upload takes pageable
+ * host memory before it returns (backend.h), so host_x is free again after the call. */
+static void upload_rows(struct forward_state *s, const struct backend *be, float *dst, const float *src, int n,
+                        int cols, int stride)
+{
+    if (stride != cols) {
+        for (int t = 0; t < n; t++)
+            memcpy(s->host_x + (size_t)t * cols, src + (size_t)t * stride, sizeof(float) * (size_t)cols);
+        src = s->host_x;
+    }
+    be->i->upload(be->ctx, dst, src, sizeof(float) * (size_t)n * cols);
+}
+
 static void *slot_rows(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l,
                        int slot)
 {
@@ -264,9 +281,8 @@ static int stage_layers(struct forward_state *s, struct forward_stage *st, const
             const struct run *R = &rn[r];
             if (!R->embd || R->embd_stride < (int)(l + 2) * E)
                 continue;
-            for (int t = 0; t < R->n; t++)
-                B->upload(bc, st->xb + (size_t)(R->t0 + t) * E, R->embd + (size_t)t * R->embd_stride + (l + 1) * E,
-                          sizeof(float) * (size_t)E);
+            upload_rows(s, &st->be, st->xb + (size_t)R->t0 * E, R->embd + (size_t)(l + 1) * E, R->n, (int)E,
+                        R->embd_stride);
             B->axpy(bc, st->x + (size_t)R->t0 * E, st->xb + (size_t)R->t0 * E, 1.0f, R->n * E);
         }
         forward_arch_ffn_end(c, st, n);
@@ -495,12 +511,7 @@ static int eval_runs(struct forward_state *s, const struct run *rn, int nr, int 
                 for (int t = 0; t < R->n; t++)
                     st->be.i->get_row(st->be.ctx, &st->tok_embd, R->tokens[t], x + (size_t)t * E);
         } else {
-            if (R->embd_stride == E)
-                st->be.i->upload(st->be.ctx, x, R->embd, sizeof(float) * (size_t)R->n * E);
-            else
-                for (int t = 0; t < R->n; t++)
-                    st->be.i->upload(st->be.ctx, x + (size_t)t * E, R->embd + (size_t)t * R->embd_stride,
-                                     sizeof(float) * (size_t)E);
+            upload_rows(s, &st->be, x, R->embd, R->n, (int)E, R->embd_stride);
         }
     }
     if (one_embed)
