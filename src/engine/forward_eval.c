@@ -46,8 +46,6 @@ struct run {
     int out;             /* the forward_seq whose last row this is when its logits are wanted, else -1 */
 };
 
-/* Layer l's K (or V) rows of slot `slot` where a slot is one block (not paged): (n_ctx, kvd)
- * elements of the cache's type. */
 /* Rows [0, n) of the host array src (rows `stride` floats apart; the first `cols` floats of each)
  * to dst (n, cols) on the backend in one upload, packed through s->host_x ((max_batch, n_embd):
  * free while a stage computes, and n <= max_batch, cols <= n_embd). An image's rows carry their
@@ -65,6 +63,8 @@ static void upload_rows(struct forward_state *s, const struct backend *be, float
     be->i->upload(be->ctx, dst, src, sizeof(float) * (size_t)n * cols);
 }
 
+/* Layer l's K (or V) rows of slot `slot` where a slot is one block (not paged): (n_ctx, kvd)
+ * elements of the cache's type. */
 static void *slot_rows(const struct forward_state *s, const struct forward_stage *st, void *cache, uint32_t l,
                        int slot)
 {

@@ -25,6 +25,14 @@ void verdict(const char *name, bool ok, const char *fmt, double v);
 struct tensor make_tensor(uint32_t type, int cols, int rows, const float *src);
 struct tensor to_dev(const struct tensor *h);
 void fill_repeat(uint8_t *buf, size_t total, const void *blk, size_t blen);
+/* Paged KV cache fixtures (test_paged.c): a pool of nb blocks of br rows of kvd elements (es
+ * bytes each), every byte 0xff (NaN in f32 and f16); perm[0..nb) a scrambled order of the
+ * blocks; rows 0..rows-1 of the contiguous (rows, kvd) src into the pool through table tab; a
+ * malloc'ed copy of x as a cache holds it (f16: rounded by the CPU backend's store_f16). */
+uint8_t *nan_pool(int nb, int br, size_t kvd, size_t es);
+void scramble(int32_t *perm, int nb);
+void scatter_rows(uint8_t *pool, const void *src, const int32_t *tab, int br, int rows, size_t kvd, size_t es);
+void *host_cache(const float *x, size_t n, bool f16);
 /* A product benchmark's operands: nm copies (2..512, ~1 GiB) of a rows x cols weight of type,
  * each the same 64 random host rows repeated (they dequantise to finite values), so that a loop
  * rotating through the copies reads DRAM rather than L2 (time_product); x (n, cols) random and y

@@ -63,48 +63,35 @@ static void test_attention_sinks(void)
 }
 
 /* The cache's other forms (TIDE_CUDA_PAGED): f16 rows, and rows found through a block table in a
- * pool whose other blocks are NaN. GPU and CPU read the same f16 values through the same table,
- * so the limit stays 1e-5. */
+ * pool whose other blocks are NaN (test_paged.c's fixtures). GPU and CPU read the same f16 values
+ * through the same table, so the limit stays 1e-5. */
 static double sinks_forms_case(int n, int pos, int n_head, int n_head_kv, int hd, int window, bool f16,
                                int block_rows)
 {
-    int n_ctx = pos + n, qd = n_head * hd, kvd = n_head_kv * hd;
-    int nbs = block_rows ? (n_ctx + block_rows - 1) / block_rows : 1, rows_a_block = block_rows ? block_rows : n_ctx;
-    int pool_blocks = block_rows ? nbs + 3 : 1;
-    size_t es = f16 ? 2 : 4, pool_rows = (size_t)pool_blocks * rows_a_block, bytes = pool_rows * kvd * es;
+    int n_ctx = pos + n, qd = n_head * hd, nbs = 0;
+    size_t kvd = (size_t)n_head_kv * hd, es = f16 ? 2 : 4, bytes = (size_t)n_ctx * kvd * es;
     float *q = rand_vec((size_t)n * qd, 1.0f), *sinks = rand_vec((size_t)n_head, 2.0f);
-    uint8_t *k = malloc(bytes), *v = malloc(bytes);
-    int32_t *tab = malloc(sizeof(int32_t) * (size_t)nbs);
-    for (int b = 0; b < nbs; b++) /* a scattered table: block b at pool_blocks - 1 - 2b, then the odd ones */
-        tab[b] = block_rows ? (2 * b < pool_blocks ? pool_blocks - 1 - 2 * b : 2 * b - pool_blocks) : 0;
-    for (size_t r = 0; r < pool_rows * kvd; r++) { /* NaN, then the sequence's rows over it */
-        if (f16)
-            ((uint16_t *)k)[r] = ((uint16_t *)v)[r] = 0x7e00;
-        else
-            ((float *)k)[r] = ((float *)v)[r] = NAN;
-    }
     float *kr = rand_vec((size_t)n_ctx * kvd, 1.0f), *vr = rand_vec((size_t)n_ctx * kvd, 1.0f);
-    for (int p = 0; p < n_ctx; p++) {
-        size_t row = block_rows ? (size_t)tab[p / block_rows] * block_rows + p % block_rows : (size_t)p;
-        for (int i = 0; i < kvd; i++) {
-            size_t d = row * kvd + i, sidx = (size_t)p * kvd + i;
-            if (f16) {
-                ((uint16_t *)k)[d] = tide_f32_to_f16(kr[sidx]);
-                ((uint16_t *)v)[d] = tide_f32_to_f16(vr[sidx]);
-            } else {
-                ((float *)k)[d] = kr[sidx];
-                ((float *)v)[d] = vr[sidx];
-            }
-        }
+    void *k = host_cache(kr, (size_t)n_ctx * kvd, f16), *v = host_cache(vr, (size_t)n_ctx * kvd, f16);
+    int32_t *tab = NULL;
+    if (block_rows) { /* the rows at scrambled blocks of a pool with room to spare */
+        nbs = 2 * ((n_ctx - 1) / block_rows + 1) + 3;
+        tab = malloc(sizeof(int32_t) * (size_t)nbs);
+        scramble(tab, nbs);
+        uint8_t *kp = nan_pool(nbs, block_rows, kvd, es), *vp = nan_pool(nbs, block_rows, kvd, es);
+        scatter_rows(kp, k, tab, block_rows, n_ctx, kvd, es);
+        scatter_rows(vp, v, tab, block_rows, n_ctx, kvd, es);
+        free(k);
+        free(v);
+        k = kp, v = vp, bytes = (size_t)nbs * block_rows * kvd * es;
     }
-    const int32_t *tc = block_rows ? tab : NULL;
     float *oc = malloc(sizeof(float) * (size_t)n * qd), *att = malloc(sizeof(float) * (size_t)n_head * n_ctx);
-    cpu.i->attention_sinks(cpu.ctx, q, k, v, f16, tc, block_rows, oc, att, n, pos, n_head, n_head_kv, hd, sinks,
+    cpu.i->attention_sinks(cpu.ctx, q, k, v, f16, tab, block_rows, oc, att, n, pos, n_head, n_head_kv, hd, sinks,
                            window);
     float *qd_ = dev_put(q, sizeof(float) * (size_t)n * qd), *od = dev_put(NULL, sizeof(float) * (size_t)n * qd);
     void *kd = dev_put(k, bytes), *vd = dev_put(v, bytes);
     float *sd = dev_put(sinks, sizeof(float) * (size_t)n_head);
-    int32_t *td = block_rows ? dev_put(tab, sizeof(int32_t) * (size_t)nbs) : NULL;
+    int32_t *td = tab ? dev_put(tab, sizeof(int32_t) * (size_t)nbs) : NULL;
     float *attd = dev_put(NULL, sizeof(float) * (size_t)n_head * n_ctx);
     dev_poison(od, sizeof(float) * (size_t)n * qd);
     gpu.i->attention_sinks(gpu.ctx, qd_, kd, vd, f16, td, block_rows, od, attd, n, pos, n_head, n_head_kv, hd, sd,

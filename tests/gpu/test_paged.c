@@ -23,7 +23,7 @@
 
 /* A pool of nb blocks of br rows of kvd elements (es bytes each) with every byte 0xff (NaN in
  * f32 and f16), and a table of `need` distinct blocks of it in a scrambled order. */
-static uint8_t *nan_pool(int nb, int br, size_t kvd, size_t es)
+uint8_t *nan_pool(int nb, int br, size_t kvd, size_t es)
 {
     size_t bytes = (size_t)nb * br * kvd * es;
     uint8_t *p = malloc(bytes);
@@ -31,7 +31,7 @@ static uint8_t *nan_pool(int nb, int br, size_t kvd, size_t es)
     return p;
 }
 
-static void scramble(int32_t *perm, int nb)
+void scramble(int32_t *perm, int nb)
 {
     for (int i = 0; i < nb; i++)
         perm[i] = i;
@@ -44,14 +44,14 @@ static void scramble(int32_t *perm, int nb)
 }
 
 /* Rows 0..rows-1 of the contiguous (rows, kvd) src into the pool through table tab. */
-static void scatter_rows(uint8_t *pool, const void *src, const int32_t *tab, int br, int rows, size_t kvd, size_t es)
+void scatter_rows(uint8_t *pool, const void *src, const int32_t *tab, int br, int rows, size_t kvd, size_t es)
 {
     for (int p = 0; p < rows; p++)
         memcpy(pool + ((size_t)tab[p / br] * br + (size_t)(p % br)) * kvd * es, (const uint8_t *)src + (size_t)p * kvd * es,
                kvd * es);
 }
 
-static void *host_cache(const float *x, size_t n, bool f16)
+void *host_cache(const float *x, size_t n, bool f16)
 {
     if (!f16) {
         void *c = malloc(n * 4);

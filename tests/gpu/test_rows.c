@@ -114,20 +114,6 @@ static bool moe_rows_case(uint32_t T, uint32_t TD, int E, int F, int k, int NE, 
 static struct experts rows_x;
 static int rows_x_key[5];
 
-static struct experts *moe_rows_experts(uint32_t T, uint32_t TD, int E, int F, int NE)
-{
-    int key[5] = {(int)T, (int)TD, E, F, NE};
-    if (rows_x.mem && !memcmp(key, rows_x_key, sizeof key))
-        return &rows_x;
-    if (rows_x.mem) {
-        gpu.i->free(gpu.ctx, rows_x.mem);
-        gpu.i->free(gpu.ctx, rows_x.tab_d);
-    }
-    experts_make(&rows_x, T, TD, E, F, NE);
-    memcpy(rows_x_key, key, sizeof key);
-    return &rows_x;
-}
-
 static void moe_rows_drop(void)
 {
     if (rows_x.mem) {
@@ -135,6 +121,17 @@ static void moe_rows_drop(void)
         gpu.i->free(gpu.ctx, rows_x.tab_d);
     }
     memset(&rows_x, 0, sizeof rows_x);
+}
+
+static struct experts *moe_rows_experts(uint32_t T, uint32_t TD, int E, int F, int NE)
+{
+    int key[5] = {(int)T, (int)TD, E, F, NE};
+    if (rows_x.mem && !memcmp(key, rows_x_key, sizeof key))
+        return &rows_x;
+    moe_rows_drop();
+    experts_make(&rows_x, T, TD, E, F, NE);
+    memcpy(rows_x_key, key, sizeof key);
+    return &rows_x;
 }
 
 static bool moe_rows_case_lim(uint32_t T, uint32_t TD, int E, int F, int k, int NE, int n, double lim)
